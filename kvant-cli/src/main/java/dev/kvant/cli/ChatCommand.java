@@ -1,0 +1,116 @@
+package dev.kvant.cli;
+
+import dev.kvant.engine.Generator;
+import dev.kvant.engine.Session;
+import dev.kvant.model.LlamaModel;
+import dev.kvant.sample.Sampler;
+import dev.kvant.tensor.Parallel;
+import dev.kvant.tokenizer.ChatMessage;
+import dev.kvant.tokenizer.ChatTemplate;
+import dev.kvant.tokenizer.Tokenizer;
+import picocli.CommandLine.Command;
+import picocli.CommandLine.Mixin;
+import picocli.CommandLine.Option;
+
+import java.io.BufferedReader;
+import java.io.IOException;
+import java.io.InputStreamReader;
+import java.io.PrintStream;
+import java.io.UncheckedIOException;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Locale;
+
+/**
+ * Interactive chat with history. Each turn renders the whole conversation with the model's chat template; the
+ * cache keeps the tokens the new rendering shares with what it already holds, so only the new turn is computed.
+ */
+@Command(name = "chat", mixinStandardHelpOptions = true,
+        description = "Interactive chat with the model's chat template (type /exit or end input to stop).")
+final class ChatCommand implements Runnable {
+
+    @Mixin
+    ModelOptions opts;
+
+    @Mixin
+    SamplingOptions sampling;
+
+    @Option(names = {"-c", "--ctx-size"}, paramLabel = "N", defaultValue = "4096",
+            description = "context length in tokens (default ${DEFAULT-VALUE})")
+    int ctx;
+
+    @Option(names = {"-n", "--n-predict"}, paramLabel = "N", defaultValue = "512",
+            description = "most tokens per reply (default ${DEFAULT-VALUE})")
+    int nPredict;
+
+    @Option(names = "--system", paramLabel = "TEXT", description = "system prompt")
+    String system;
+
+    @Option(names = "--chat-template", paramLabel = "NAME",
+            description = "override the template detected from the model: llama3, llama2, chatml, mistral, gemma, raw")
+    String template;
+
+    @Override
+    public void run() {
+        ModelOptions.checkThreads(opts.threads);
+        PrintStream out = new PrintStream(System.out, true, StandardCharsets.UTF_8);
+        BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+        try (LlamaModel model = opts.load();
+             Parallel pool = new Parallel(opts.threads);
+             Session session = new Session(model, ctx, opts.kFormat(), opts.vFormat(), opts.prefillChunk, pool)) {
+            Tokenizer tok = model.tokenizer();
+            ChatTemplate tpl = ChatTemplate.detect(model.chatTemplate(), template);
+            Sampler sampler = new Sampler(sampling.config());
+            List<ChatMessage> history = new ArrayList<>();
+            if (system != null) {
+                history.add(new ChatMessage("system", system));
+            }
+            int[] cached = new int[0];
+            while (true) {
+                out.print("> ");
+                out.flush();
+                String line = in.readLine();
+                if (line == null || line.strip().equals("/exit")) {
+                    break;
+                }
+                if (line.isBlank()) {
+                    continue;
+                }
+                history.add(new ChatMessage("user", line));
+                int[] all = tok.encode(tpl.render(history, true), true, true);
+                int keep = commonPrefix(cached, all, session.position());
+                session.truncate(keep);
+                int[] fresh = java.util.Arrays.copyOfRange(all, keep, all.length);
+                if (fresh.length == 0) {
+                    session.truncate(keep - 1);
+                    fresh = new int[] {all[keep - 1]};
+                }
+                StringBuilder reply = new StringBuilder();
+                Generator.Stats st = Generator.generate(session, tok, fresh, nPredict, sampler, piece -> {
+                    reply.append(piece);
+                    out.print(piece);
+                    out.flush();
+                });
+                out.println();
+                System.err.printf(Locale.ROOT, "[%d new prompt tokens, %.1f t/s; %d generated, %.1f t/s]%n",
+                        st.promptTokens(), st.promptRate(), st.generatedTokens(), st.generateRate());
+                history.add(new ChatMessage("assistant", reply.toString()));
+                // The cache holds the prompt and the reply tokens that were fed back (all but the last sampled).
+                cached = java.util.Arrays.copyOf(all, session.position());
+                System.arraycopy(st.tokens(), 0, cached, all.length, session.position() - all.length);
+            }
+        } catch (IOException e) {
+            throw new UncheckedIOException(e);
+        }
+    }
+
+    private static int commonPrefix(int[] a, int[] b, int limit) {
+        int n = Math.min(Math.min(a.length, b.length), limit);
+        int i = 0;
+        while (i < n && a[i] == b[i]) {
+            i++;
+        }
+        return i;
+    }
+}

@@ -1,0 +1,45 @@
+package dev.kvant.cli;
+
+import picocli.CommandLine;
+import picocli.CommandLine.Command;
+
+/** The {@code kvant} command. */
+@Command(name = "kvant", mixinStandardHelpOptions = true, versionProvider = Main.Version.class,
+        description = "LLM inference on GGUF models with a compressed KV cache.",
+        subcommands = {RunCommand.class, ChatCommand.class, TokenizeCommand.class, PerplexityCommand.class,
+                BenchCommand.class, InfoCommand.class, CommandLine.HelpCommand.class})
+public final class Main implements Runnable {
+
+    @CommandLine.Spec
+    CommandLine.Model.CommandSpec spec;
+
+    public static void main(String[] args) {
+        System.exit(execute(args));
+    }
+
+    /** Runs the command line and returns the exit code (tests call this). */
+    public static int execute(String... args) {
+        CommandLine cl = new CommandLine(new Main());
+        cl.setExecutionExceptionHandler((e, cmd, parsed) -> {
+            cmd.getErr().println("kvant: " + (e.getMessage() != null ? e.getMessage() : e.toString()));
+            if (System.getenv("KVANT_DEBUG") != null) {
+                e.printStackTrace(cmd.getErr());
+            }
+            return 1;
+        });
+        return cl.execute(args);
+    }
+
+    @Override
+    public void run() {
+        spec.commandLine().usage(System.out);
+    }
+
+    static final class Version implements CommandLine.IVersionProvider {
+        @Override
+        public String[] getVersion() {
+            String v = Main.class.getPackage().getImplementationVersion();
+            return new String[] {"kvant " + (v != null ? v : "dev")};
+        }
+    }
+}

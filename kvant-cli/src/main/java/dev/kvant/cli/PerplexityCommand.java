@@ -1,0 +1,76 @@
+package dev.kvant.cli;
+
+import dev.kvant.engine.Perplexity;
+import dev.kvant.engine.Session;
+import dev.kvant.model.LlamaModel;
+import dev.kvant.tensor.Parallel;
+import dev.kvant.tokenizer.Tokenizer;
+import picocli.CommandLine.Command;
+import picocli.CommandLine.Mixin;
+import picocli.CommandLine.Option;
+
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.Locale;
+
+/** llama.cpp's perplexity measurement. */
+@Command(name = "perplexity", mixinStandardHelpOptions = true,
+        description = "Perplexity of a text (llama.cpp's method: chunks of -c tokens, second half of each scored).")
+final class PerplexityCommand implements Runnable {
+
+    @Mixin
+    ModelOptions opts;
+
+    @Option(names = {"-f", "--file"}, required = true, paramLabel = "FILE", description = "text file (UTF-8)")
+    Path file;
+
+    @Option(names = {"-c", "--ctx-size"}, paramLabel = "N", defaultValue = "512",
+            description = "tokens per chunk (default ${DEFAULT-VALUE})")
+    int ctx;
+
+    @Option(names = "--chunks", paramLabel = "N", defaultValue = "0", description = "at most N chunks (0 = all)")
+    int chunks;
+
+    @Option(names = "--json", description = "print one JSON object")
+    boolean json;
+
+    @Override
+    public void run() {
+        ModelOptions.checkThreads(opts.threads);
+        String text;
+        try {
+            text = Files.readString(file, StandardCharsets.UTF_8);
+        } catch (IOException e) {
+            throw new UncheckedIOException("cannot read " + file + ": " + e.getMessage(), e);
+        }
+        Progress progress = new Progress(json);
+        try (LlamaModel model = opts.load();
+             Parallel pool = new Parallel(opts.threads);
+             Session session = new Session(model, ctx, opts.kFormat(), opts.vFormat(), opts.prefillChunk, pool)) {
+            Tokenizer tok = model.tokenizer();
+            progress.update("tokenizing " + file);
+            int[] tokens = tok.encode(text, true, false);
+            int bos = tok.addBos() ? tok.bos() : -1;
+            int total = chunks > 0 ? Math.min(chunks, tokens.length / ctx) : tokens.length / ctx;
+            long t0 = System.nanoTime();
+            Perplexity.Result r = Perplexity.evaluate(session, tokens, ctx, bos, chunks, done -> {
+                double s = (System.nanoTime() - t0) / 1e9;
+                progress.update(String.format(Locale.ROOT, "chunk %d/%d, %.1f s, ~%.0f s left", done, total, s,
+                        s / done * (total - done)));
+            });
+            progress.done();
+            if (json) {
+                System.out.println(r.toJson());
+            } else {
+                System.out.printf(Locale.ROOT,
+                        "model %s, kv %s/%s, %d tokens, ctx %d, %d chunks, %d tokens scored, %.1f s%n",
+                        model.name(), opts.ctk, opts.ctv, tokens.length, r.ctx(), r.chunks(), r.tokensScored(),
+                        r.seconds());
+                System.out.printf(Locale.ROOT, "PPL = %.4f +/- %.5f%n", r.ppl(), r.pplError());
+            }
+        }
+    }
+}

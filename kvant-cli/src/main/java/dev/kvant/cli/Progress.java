@@ -1,0 +1,31 @@
+package dev.kvant.cli;
+
+import java.io.PrintStream;
+
+/** Progress lines on stderr, only when stderr is an interactive terminal and output is not JSON. */
+final class Progress {
+
+    private final boolean enabled;
+    private final PrintStream err = System.err;
+    private boolean dirty;
+
+    Progress(boolean json) {
+        this.enabled = !json && System.console() != null && System.console().isTerminal();
+    }
+
+    void update(String message) {
+        if (enabled) {
+            err.print("\r\033[K" + message);
+            err.flush();
+            dirty = true;
+        }
+    }
+
+    void done() {
+        if (enabled && dirty) {
+            err.print("\r\033[K");
+            err.flush();
+            dirty = false;
+        }
+    }
+}

@@ -1,0 +1,64 @@
+package dev.kvant.cli;
+
+import dev.kvant.engine.Generator;
+import dev.kvant.engine.Session;
+import dev.kvant.model.LlamaModel;
+import dev.kvant.sample.Sampler;
+import dev.kvant.tensor.Parallel;
+import picocli.CommandLine.Command;
+import picocli.CommandLine.Mixin;
+import picocli.CommandLine.Option;
+
+import java.io.PrintStream;
+import java.nio.charset.StandardCharsets;
+import java.util.Locale;
+
+/** Generates a continuation of a prompt. */
+@Command(name = "run", mixinStandardHelpOptions = true,
+        description = "Generate text from a prompt: the text to stdout, timings to stderr.")
+final class RunCommand implements Runnable {
+
+    @Mixin
+    ModelOptions opts;
+
+    @Mixin
+    SamplingOptions sampling;
+
+    @Option(names = {"-p", "--prompt"}, required = true, description = "the prompt")
+    String prompt;
+
+    @Option(names = {"-n", "--n-predict"}, paramLabel = "N", defaultValue = "128",
+            description = "tokens to generate (default ${DEFAULT-VALUE})")
+    int nPredict;
+
+    @Option(names = {"-c", "--ctx-size"}, paramLabel = "N", defaultValue = "4096",
+            description = "context length in tokens (default ${DEFAULT-VALUE})")
+    int ctx;
+
+    @Option(names = "--special", description = "parse special-token text (e.g. <|im_start|>) in the prompt")
+    boolean special;
+
+    @Override
+    public void run() {
+        ModelOptions.checkThreads(opts.threads);
+        if (nPredict < 0) {
+            throw new IllegalArgumentException("-n must not be negative");
+        }
+        PrintStream out = new PrintStream(System.out, true, StandardCharsets.UTF_8);
+        try (LlamaModel model = opts.load();
+             Parallel pool = new Parallel(opts.threads);
+             Session session = new Session(model, ctx, opts.kFormat(), opts.vFormat(),
+                     opts.prefillChunk, pool)) {
+            int[] tokens = model.tokenizer().encode(prompt, true, special);
+            Generator.Stats st = Generator.generate(session, model.tokenizer(), tokens, nPredict,
+                    new Sampler(sampling.config()), piece -> {
+                        out.print(piece);
+                        out.flush();
+                    });
+            out.println();
+            System.err.printf(Locale.ROOT,
+                    "prompt: %d tokens, %.2f tokens/s | generation: %d tokens, %.2f tokens/s%n",
+                    st.promptTokens(), st.promptRate(), st.generatedTokens(), st.generateRate());
+        }
+    }
+}

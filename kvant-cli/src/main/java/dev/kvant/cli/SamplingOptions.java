@@ -1,0 +1,37 @@
+package dev.kvant.cli;
+
+import dev.kvant.sample.SamplerConfig;
+import picocli.CommandLine.Option;
+
+/** Sampler options; llama.cpp's names and defaults. */
+final class SamplingOptions {
+
+    @Option(names = "--temp", paramLabel = "T", defaultValue = "0.8",
+            description = "temperature, 0 = greedy (default ${DEFAULT-VALUE})")
+    float temperature;
+
+    @Option(names = "--top-k", paramLabel = "K", defaultValue = "40", description = "top-k, 0 = off (default ${DEFAULT-VALUE})")
+    int topK;
+
+    @Option(names = "--top-p", paramLabel = "P", defaultValue = "0.95", description = "top-p, 1 = off (default ${DEFAULT-VALUE})")
+    float topP;
+
+    @Option(names = "--min-p", paramLabel = "P", defaultValue = "0.05", description = "min-p, 0 = off (default ${DEFAULT-VALUE})")
+    float minP;
+
+    @Option(names = "--repeat-penalty", paramLabel = "R", defaultValue = "1.0",
+            description = "repetition penalty, 1 = off (default ${DEFAULT-VALUE})")
+    float repeatPenalty;
+
+    @Option(names = "--repeat-last-n", paramLabel = "N", defaultValue = "64",
+            description = "tokens the repetition penalty looks back (default ${DEFAULT-VALUE})")
+    int repeatLastN;
+
+    @Option(names = {"-s", "--seed"}, paramLabel = "S", description = "random seed (default: random)")
+    Long seed;
+
+    SamplerConfig config() {
+        long s = seed != null ? seed : new java.security.SecureRandom().nextLong();
+        return new SamplerConfig(temperature, topK, topP, minP, repeatPenalty, repeatLastN, s);
+    }
+}

@@ -1,0 +1,82 @@
+package dev.kvant.cli;
+
+import org.junit.jupiter.api.Test;
+
+import java.io.ByteArrayOutputStream;
+import java.io.PrintStream;
+import java.nio.charset.StandardCharsets;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+class MainTest {
+
+    record Run(int code, String out, String err) {
+    }
+
+    static synchronized Run run(String... args) {
+        PrintStream oldOut = System.out;
+        PrintStream oldErr = System.err;
+        ByteArrayOutputStream out = new ByteArrayOutputStream();
+        ByteArrayOutputStream err = new ByteArrayOutputStream();
+        try {
+            System.setOut(new PrintStream(out, true, StandardCharsets.UTF_8));
+            System.setErr(new PrintStream(err, true, StandardCharsets.UTF_8));
+            int code = Main.execute(args);
+            return new Run(code, out.toString(StandardCharsets.UTF_8), err.toString(StandardCharsets.UTF_8));
+        } finally {
+            System.setOut(oldOut);
+            System.setErr(oldErr);
+        }
+    }
+
+    @Test
+    void benchOnSyntheticModelPrintsOneJsonRowPerTest() {
+        Run r = run("bench", "--synthetic", "tiny", "-p", "16", "-n", "4", "-d", "0,8", "-r", "2", "-t", "2",
+                "--json");
+        assertEquals(0, r.code(), r.err());
+        Matcher m = Pattern.compile("\\{\"model\":\"[^\"]+\",\"backend\":\"cpu\",\"threads\":2,\"kv\":\"f16/f16\","
+                + "\"test\":\"(pp16|tg4)\",\"depth\":(0|8),\"reps\":2,\"tps_mean\":([0-9.]+),\"tps_sd\":([0-9.]+)}")
+                .matcher(r.out());
+        int rows = 0;
+        while (m.find()) {
+            rows++;
+            assertTrue(Double.parseDouble(m.group(3)) > 0, r.out());
+        }
+        assertEquals(4, rows, r.out());
+        assertTrue(r.out().strip().startsWith("[") && r.out().strip().endsWith("]"), r.out());
+    }
+
+    @Test
+    void benchPrintsMarkdownTableByDefault() {
+        Run r = run("bench", "--synthetic", "tiny", "-p", "8", "-n", "2", "-r", "1", "--ctk", "q8_0", "--ctv",
+                "turbo3");
+        assertEquals(0, r.code(), r.err());
+        assertTrue(r.out().contains("| model | backend | threads | kv | test | t/s |"), r.out());
+        assertTrue(r.out().contains("q8_0/turbo3") && r.out().contains("| pp8 |") && r.out().contains("| tg2 |"),
+                r.out());
+    }
+
+    @Test
+    void missingModelFileIsAClearError() {
+        Run r = run("run", "-m", "/nonexistent/model.gguf", "-p", "hi");
+        assertEquals(1, r.code());
+        assertTrue(r.err().contains("model file not found: /nonexistent/model.gguf"), r.err());
+    }
+
+    @Test
+    void unknownKvFormatIsAClearError() {
+        Run r = run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--ctk", "q3_x");
+        assertEquals(1, r.code());
+        assertTrue(r.err().contains("q3_x"), r.err());
+    }
+
+    @Test
+    void unknownSyntheticShapeListsTheKnownOnes() {
+        Run r = run("bench", "--synthetic", "gpt5", "-r", "1");
+        assertEquals(1, r.code());
+        assertTrue(r.err().contains("llama3-8b") && r.err().contains("tiny"), r.err());
+    }
+}

@@ -1,0 +1,174 @@
+package dev.kvant.engine;
+
+import dev.kvant.kv.KvFormat;
+import dev.kvant.model.LlamaModel;
+import dev.kvant.tensor.Parallel;
+
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Locale;
+import java.util.SplittableRandom;
+import java.util.function.Consumer;
+
+/**
+ * llama-bench's tests: {@code pp N} times a prompt of N tokens, {@code tg N} times N tokens generated one by one;
+ * both run after the cache already holds {@code depth} tokens (filled untimed). Each test runs once untimed as a
+ * warm-up, then {@code reps} times; tokens are random ids, as llama-bench's are.
+ */
+public final class Benchmark {
+
+    /** One row of results: tokens per second, mean and sample standard deviation over the repetitions. */
+    public record Row(String model, String backend, int threads, String kv, String test, int depth, int reps,
+                      double tpsMean, double tpsSd, double[] samples) {
+        public String toJson() {
+            return String.format(Locale.ROOT,
+                    "{\"model\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"kv\":\"%s\",\"test\":\"%s\","
+                            + "\"depth\":%d,\"reps\":%d,\"tps_mean\":%.3f,\"tps_sd\":%.3f}",
+                    escape(model), backend, threads, kv, test, depth, reps, tpsMean, tpsSd);
+        }
+    }
+
+    public record Settings(int[] promptSizes, int[] genSizes, int[] depths, int reps, int threads, KvFormat kFormat,
+                           KvFormat vFormat, int prefillChunk) {
+    }
+
+    private Benchmark() {
+    }
+
+    public static List<Row> run(LlamaModel model, Settings s, Consumer<String> progress) {
+        List<Row> rows = new ArrayList<>();
+        int maxDepth = 0;
+        for (int d : s.depths()) {
+            maxDepth = Math.max(maxDepth, d);
+        }
+        int maxTest = 0;
+        for (int p : s.promptSizes()) {
+            maxTest = Math.max(maxTest, p);
+        }
+        for (int g : s.genSizes()) {
+            maxTest = Math.max(maxTest, g);
+        }
+        int ctx = maxDepth + maxTest;
+        String kv = s.kFormat().name() + "/" + s.vFormat().name();
+        SplittableRandom random = new SplittableRandom(1234);
+        int vocab = model.config().vocabSize();
+        try (Parallel pool = new Parallel(s.threads());
+             Session session = new Session(model, ctx, s.kFormat(), s.vFormat(), s.prefillChunk(), pool)) {
+            for (int depth : s.depths()) {
+                int[] fill = randomTokens(random, depth, vocab);
+                for (int p : s.promptSizes()) {
+                    if (p <= 0) {
+                        continue;
+                    }
+                    String test = "pp" + p;
+                    progress.accept(test + " @ d" + depth);
+                    int[] prompt = randomTokens(random, p, vocab);
+                    double[] tps = new double[s.reps()];
+                    for (int r = -1; r < s.reps(); r++) {
+                        resetTo(session, fill, depth);
+                        long t0 = System.nanoTime();
+                        session.prefill(prompt);
+                        long dt = System.nanoTime() - t0;
+                        if (r >= 0) {
+                            tps[r] = p / (dt / 1e9);
+                        }
+                    }
+                    rows.add(row(model, s, kv, test, depth, tps));
+                }
+                for (int g : s.genSizes()) {
+                    if (g <= 0) {
+                        continue;
+                    }
+                    String test = "tg" + g;
+                    progress.accept(test + " @ d" + depth);
+                    double[] tps = new double[s.reps()];
+                    for (int r = -1; r < s.reps(); r++) {
+                        resetTo(session, fill, depth);
+                        int token = random.nextInt(vocab);
+                        long t0 = System.nanoTime();
+                        for (int i = 0; i < g; i++) {
+                            session.decode(token);
+                            token = (token + 1) % vocab;
+                        }
+                        long dt = System.nanoTime() - t0;
+                        if (r >= 0) {
+                            tps[r] = g / (dt / 1e9);
+                        }
+                    }
+                    rows.add(row(model, s, kv, test, depth, tps));
+                }
+            }
+        }
+        return rows;
+    }
+
+    /** Brings the cache to exactly the fill tokens: prefilled once, then truncated back before each repetition. */
+    private static void resetTo(Session session, int[] fill, int depth) {
+        if (session.position() < depth) {
+            session.truncate(0);
+            session.prefill(fill);
+        }
+        session.truncate(depth);
+    }
+
+    private static Row row(LlamaModel model, Settings s, String kv, String test, int depth, double[] tps) {
+        double mean = 0;
+        for (double v : tps) {
+            mean += v;
+        }
+        mean /= tps.length;
+        double var = 0;
+        for (double v : tps) {
+            var += (v - mean) * (v - mean);
+        }
+        double sd = tps.length > 1 ? Math.sqrt(var / (tps.length - 1)) : 0;
+        return new Row(model.name(), "cpu", s.threads(), kv, test, depth, tps.length, mean, sd, tps);
+    }
+
+    private static int[] randomTokens(SplittableRandom random, int n, int vocab) {
+        int[] t = new int[n];
+        for (int i = 0; i < n; i++) {
+            t[i] = random.nextInt(vocab);
+        }
+        return t;
+    }
+
+    /** A Markdown table in llama-bench's layout. */
+    public static String markdown(List<Row> rows) {
+        StringBuilder sb = new StringBuilder();
+        sb.append("| model | backend | threads | kv | test | t/s |\n");
+        sb.append("| --- | --- | ---: | --- | ---: | ---: |\n");
+        for (Row r : rows) {
+            String test = r.depth() > 0 ? r.test() + " @ d" + r.depth() : r.test();
+            sb.append(String.format(Locale.ROOT, "| %s | %s | %d | %s | %s | %.2f ± %.2f |%n", r.model(), r.backend(),
+                    r.threads(), r.kv(), test, r.tpsMean(), r.tpsSd()));
+        }
+        return sb.toString();
+    }
+
+    public static String json(List<Row> rows) {
+        StringBuilder sb = new StringBuilder("[");
+        for (int i = 0; i < rows.size(); i++) {
+            sb.append(i == 0 ? "\n  " : ",\n  ").append(rows.get(i).toJson());
+        }
+        return sb.append("\n]").toString();
+    }
+
+    static String escape(String s) {
+        StringBuilder sb = new StringBuilder();
+        for (char c : s.toCharArray()) {
+            switch (c) {
+                case '"' -> sb.append("\\\"");
+                case '\\' -> sb.append("\\\\");
+                default -> {
+                    if (c < 0x20) {
+                        sb.append(String.format("\\u%04x", (int) c));
+                    } else {
+                        sb.append(c);
+                    }
+                }
+            }
+        }
+        return sb.toString();
+    }
+}

@@ -1,0 +1,91 @@
+package dev.kvant.engine;
+
+import java.util.function.IntConsumer;
+
+/**
+ * Perplexity as llama.cpp's {@code llama-perplexity} computes it: the token stream is cut into non-overlapping chunks
+ * of ctx tokens, each chunk starts with BOS (when the vocabulary adds one) and is evaluated from an empty cache, and
+ * the second half of each chunk is scored: the logits at positions ctx/2 .. ctx-2 predict tokens ctx/2+1 .. ctx-1.
+ */
+public final class Perplexity {
+
+    /**
+     * @param ppl          exp(mean negative log-likelihood)
+     * @param pplError     standard error of ppl (delta method: ppl times the standard error of the mean NLL)
+     * @param tokensScored how many predictions were scored
+     */
+    public record Result(double ppl, double pplError, int chunks, int ctx, long tokensScored, double seconds) {
+        public String toJson() {
+            return String.format(java.util.Locale.ROOT,
+                    "{\"ppl\":%.6f,\"ppl_err\":%.6f,\"chunks\":%d,\"ctx\":%d,\"tokens_scored\":%d}",
+                    ppl, pplError, chunks, ctx, tokensScored);
+        }
+    }
+
+    private Perplexity() {
+    }
+
+    /**
+     * @param tokens    the whole tokenized text, BOS first when the vocabulary adds one
+     * @param bos       BOS id, or -1 when the vocabulary adds none
+     * @param maxChunks at most this many chunks (0 or less: all that fit)
+     * @param progress  called with the number of chunks done after each chunk
+     */
+    public static Result evaluate(Session session, int[] tokens, int ctx, int bos, int maxChunks,
+                                  IntConsumer progress) {
+        if (ctx < 4 || ctx % 2 != 0) {
+            throw new IllegalArgumentException("perplexity context must be even and at least 4, got " + ctx);
+        }
+        if (ctx > session.contextLength()) {
+            throw new IllegalArgumentException("perplexity context " + ctx + " exceeds the session's context "
+                    + session.contextLength());
+        }
+        int available = tokens.length / ctx;
+        if (available == 0) {
+            throw new IllegalArgumentException("the text has " + tokens.length + " tokens, fewer than one chunk of "
+                    + ctx + " (use a smaller -c or a longer file)");
+        }
+        int chunks = maxChunks > 0 ? Math.min(maxChunks, available) : available;
+        int vocab = session.model().config().vocabSize();
+        int first = ctx / 2;
+        float[] logits = new float[ctx * vocab];
+        int[] chunk = new int[ctx];
+        double nll = 0;
+        double nll2 = 0;
+        long count = 0;
+        long t0 = System.nanoTime();
+        for (int c = 0; c < chunks; c++) {
+            System.arraycopy(tokens, c * ctx, chunk, 0, ctx);
+            if (bos >= 0) {
+                chunk[0] = bos;
+            }
+            session.truncate(0);
+            session.prefillAllLogits(chunk, 0, ctx, logits);
+            for (int j = first; j < ctx - 1; j++) {
+                double v = -logSoftmax(logits, j * vocab, vocab, chunk[j + 1]);
+                nll += v;
+                nll2 += v * v;
+                count++;
+            }
+            progress.accept(c + 1);
+        }
+        double mean = nll / count;
+        double var = nll2 / count - mean * mean;
+        double err = count > 1 ? Math.sqrt(Math.max(var, 0) / (count - 1)) : 0;
+        double ppl = Math.exp(mean);
+        return new Result(ppl, ppl * err, chunks, ctx, count, (System.nanoTime() - t0) / 1e9);
+    }
+
+    /** log p(target) under softmax(logits[off .. off+vocab)), in double. */
+    static double logSoftmax(float[] logits, int off, int vocab, int target) {
+        float max = Float.NEGATIVE_INFINITY;
+        for (int i = 0; i < vocab; i++) {
+            max = Math.max(max, logits[off + i]);
+        }
+        double sum = 0;
+        for (int i = 0; i < vocab; i++) {
+            sum += Math.exp(logits[off + i] - max);
+        }
+        return logits[off + target] - max - Math.log(sum);
+    }
+}

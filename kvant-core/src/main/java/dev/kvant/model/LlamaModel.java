@@ -1,0 +1,190 @@
+package dev.kvant.model;
+
+import dev.kvant.attention.CpuAttention;
+import dev.kvant.gguf.GgufFile;
+import dev.kvant.kv.KvSequence;
+import dev.kvant.tensor.Parallel;
+import dev.kvant.tensor.WeightMatrix;
+import dev.kvant.tokenizer.Tokenizer;
+import dev.kvant.tokenizer.TokenizerSpec;
+
+import java.nio.file.Path;
+
+/**
+ * A llama-family decoder (llama, qwen2, qwen3) on the CPU. {@link #forward} walks the layers top to bottom for a
+ * batch of consecutive tokens of one sequence; the speed lives in the kernels it calls.
+ */
+public final class LlamaModel implements AutoCloseable {
+
+    private final String name;
+    private final ModelConfig config;
+    private final LlamaWeights weights;
+    private final Tokenizer tokenizer;
+    private final AutoCloseable memory;
+    private String chatTemplate;
+
+    /**
+     * @param memory what holds the weights' bytes (the mapped file, an arena), closed with the model
+     */
+    public LlamaModel(String name, ModelConfig config, LlamaWeights weights, Tokenizer tokenizer,
+                      AutoCloseable memory) {
+        this.name = name;
+        this.config = config;
+        this.weights = weights;
+        this.tokenizer = tokenizer;
+        this.memory = memory;
+    }
+
+    public static LlamaModel load(Path path) {
+        return fromGguf(GgufFile.open(path));
+    }
+
+    /** Builds the model over an opened file; the model owns the file from here on. */
+    public static LlamaModel fromGguf(GgufFile file) {
+        try {
+            WeightMatrix embedding = LlamaWeights.embedding(file);
+            float[] ropeFactors = LlamaWeights.ropeFreqFactors(file);
+            ModelConfig config = ModelConfig.fromGguf(file.name(), file.metadata(), embedding.rows(), ropeFactors);
+            LlamaWeights weights = LlamaWeights.load(file, config, embedding, ropeFactors);
+            Tokenizer tokenizer = file.metadata().contains("tokenizer.ggml.model")
+                    ? Tokenizer.create(TokenizerSpec.fromGguf(file.metadata())) : null;
+            LlamaModel model = new LlamaModel(file.name(), config, weights, tokenizer, file);
+            model.chatTemplate = file.metadata().getString("tokenizer.chat_template", null);
+            return model;
+        } catch (RuntimeException e) {
+            file.close();
+            throw e;
+        }
+    }
+
+    public ModelConfig config() {
+        return config;
+    }
+
+    public LlamaWeights weights() {
+        return weights;
+    }
+
+    /** The model's tokenizer; throws when the file carries none (synthetic benchmark models). */
+    public Tokenizer tokenizer() {
+        if (tokenizer == null) {
+            throw new IllegalStateException("model " + name + " has no tokenizer");
+        }
+        return tokenizer;
+    }
+
+    public boolean hasTokenizer() {
+        return tokenizer != null;
+    }
+
+    public String name() {
+        return name;
+    }
+
+    /** The chat template text of the file ({@code tokenizer.chat_template}), or null. */
+    public String chatTemplate() {
+        return chatTemplate;
+    }
+
+    /**
+     * Runs tokens[off .. off+n) at positions seq.length() .. seq.length()+n-1, appending their keys and values to the
+     * sequence's cache. Writes the logits of every token (allLogits: n x vocab) or of the last one (vocab floats).
+     */
+    public void forward(KvSequence seq, int[] tokens, int off, int n, boolean allLogits, float[] logits,
+                        Scratch s, Parallel pool) {
+        ModelConfig c = config;
+        int start = seq.length();
+        seq.reserve(start + n);
+        s.ensure(c, n);
+        int dim = c.dim();
+        for (int t = 0; t < n; t++) {
+            int id = tokens[off + t];
+            if (id < 0 || id >= c.vocabSize()) {
+                throw new IllegalArgumentException("token id " + id + " is outside the vocabulary (0.."
+                        + (c.vocabSize() - 1) + ")");
+            }
+            weights.tokenEmbedding().dequantizeRow(id, s.x, t * dim);
+        }
+        for (int t = 0; t < n; t++) {
+            c.rope().angles(start + t, s.ropeTable[t]);
+        }
+        float scale = (float) (1.0 / Math.sqrt(c.headDimK()));
+        for (int l = 0; l < c.layers(); l++) {
+            LlamaWeights.Layer w = weights.layers()[l];
+            Ops.rmsNorm(s.x, w.attnNorm(), s.xb, n, dim, c.rmsEps());
+            w.wq().matmul(s.xb, n, s.q, pool);
+            w.wk().matmul(s.xb, n, s.k, pool);
+            w.wv().matmul(s.xb, n, s.v, pool);
+            if (w.bq() != null) {
+                Ops.addBias(s.q, w.bq(), n);
+                Ops.addBias(s.k, w.bk(), n);
+                Ops.addBias(s.v, w.bv(), n);
+            }
+            if (w.qNorm() != null) {
+                Ops.rmsNorm(s.q, w.qNorm(), s.q, n * c.heads(), c.headDimK(), c.rmsEps());
+                Ops.rmsNorm(s.k, w.kNorm(), s.k, n * c.kvHeads(), c.headDimK(), c.rmsEps());
+            }
+            for (int t = 0; t < n; t++) {
+                c.rope().apply(s.q, t * c.qDim(), c.heads(), c.headDimK(), s.ropeTable[t]);
+                c.rope().apply(s.k, t * c.kvDimK(), c.kvHeads(), c.headDimK(), s.ropeTable[t]);
+            }
+            seq.writeRows(l, start, n, s.k, 0, s.v, 0);
+            CpuAttention.attend(seq, l, s.q, n, start, c.heads(), scale, s.attnOut, pool);
+            w.wo().matmul(s.attnOut, n, s.xb, pool);
+            Ops.add(s.x, s.xb, n * dim);
+
+            Ops.rmsNorm(s.x, w.ffnNorm(), s.xb, n, dim, c.rmsEps());
+            w.wGate().matmul(s.xb, n, s.gate, pool);
+            w.wUp().matmul(s.xb, n, s.up, pool);
+            Ops.swiglu(s.gate, s.up, n * c.ffnDim());
+            w.wDown().matmul(s.gate, n, s.xb, pool);
+            Ops.add(s.x, s.xb, n * dim);
+        }
+        if (allLogits) {
+            Ops.rmsNorm(s.x, weights.outputNorm(), s.xb, n, dim, c.rmsEps());
+            weights.output().matmul(s.xb, n, logits, pool);
+        } else {
+            Ops.rmsNorm(s.x, (n - 1) * dim, weights.outputNorm(), s.xb, 0, dim, c.rmsEps());
+            weights.output().matvec(s.xb, logits, pool);
+        }
+    }
+
+    @Override
+    public void close() {
+        try {
+            memory.close();
+        } catch (Exception e) {
+            throw new IllegalStateException("closing model " + name, e);
+        }
+    }
+
+    /** Activations of one forward call, grown to the largest batch seen and reused. */
+    public static final class Scratch {
+        float[] x = new float[0];
+        float[] xb;
+        float[] q;
+        float[] k;
+        float[] v;
+        float[] attnOut;
+        float[] gate;
+        float[] up;
+        float[][] ropeTable;
+        private int capacity;
+
+        void ensure(ModelConfig c, int n) {
+            if (n <= capacity) {
+                return;
+            }
+            x = new float[n * c.dim()];
+            xb = new float[n * c.dim()];
+            q = new float[n * c.qDim()];
+            k = new float[n * c.kvDimK()];
+            v = new float[n * c.kvDimV()];
+            attnOut = new float[n * c.heads() * c.headDimV()];
+            gate = new float[n * c.ffnDim()];
+            up = new float[n * c.ffnDim()];
+            ropeTable = new float[n][c.rope().ropeDim()];
+            capacity = n;
+        }
+    }
+}

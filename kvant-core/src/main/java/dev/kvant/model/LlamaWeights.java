@@ -1,0 +1,101 @@
+package dev.kvant.model;
+
+import dev.kvant.gguf.GgufException;
+import dev.kvant.gguf.GgufFile;
+import dev.kvant.gguf.GgufTensorInfo;
+import dev.kvant.tensor.UnsupportedTensorTypeException;
+import dev.kvant.tensor.WeightFormat;
+import dev.kvant.tensor.WeightMatrix;
+
+import java.util.Optional;
+
+/** The tensors of a llama-family model, viewed in place in the mapped GGUF file (nothing is copied but norms). */
+public record LlamaWeights(WeightMatrix tokenEmbedding, float[] outputNorm, WeightMatrix output, Layer[] layers,
+                           float[] ropeFreqFactors) {
+
+    /** One transformer block. Biases and q/k norms are null where the architecture has none. */
+    public record Layer(float[] attnNorm, WeightMatrix wq, WeightMatrix wk, WeightMatrix wv, WeightMatrix wo,
+                       float[] bq, float[] bk, float[] bv, float[] qNorm, float[] kNorm,
+                       float[] ffnNorm, WeightMatrix wGate, WeightMatrix wUp, WeightMatrix wDown) {
+    }
+
+    /** Embedding table and rope factors, which the configuration needs before the layers are read. */
+    static WeightMatrix embedding(GgufFile f) {
+        return matrix(f, "token_embd.weight", -1, -1);
+    }
+
+    static float[] ropeFreqFactors(GgufFile f) {
+        return f.tensor("rope_freqs.weight").map(t -> vector(f, t.name(), (int) t.elementCount())).orElse(null);
+    }
+
+    static LlamaWeights load(GgufFile f, ModelConfig c, WeightMatrix embedding, float[] ropeFreqFactors) {
+        Layer[] layers = new Layer[c.layers()];
+        for (int i = 0; i < c.layers(); i++) {
+            String p = "blk." + i + ".";
+            layers[i] = new Layer(
+                    vector(f, p + "attn_norm.weight", c.dim()),
+                    matrix(f, p + "attn_q.weight", c.qDim(), c.dim()),
+                    matrix(f, p + "attn_k.weight", c.kvDimK(), c.dim()),
+                    matrix(f, p + "attn_v.weight", c.kvDimV(), c.dim()),
+                    matrix(f, p + "attn_output.weight", c.dim(), c.heads() * c.headDimV()),
+                    c.qkvBias() ? vector(f, p + "attn_q.bias", c.qDim()) : null,
+                    c.qkvBias() ? vector(f, p + "attn_k.bias", c.kvDimK()) : null,
+                    c.qkvBias() ? vector(f, p + "attn_v.bias", c.kvDimV()) : null,
+                    c.qkNorm() ? vector(f, p + "attn_q_norm.weight", c.headDimK()) : null,
+                    c.qkNorm() ? vector(f, p + "attn_k_norm.weight", c.headDimK()) : null,
+                    vector(f, p + "ffn_norm.weight", c.dim()),
+                    matrix(f, p + "ffn_gate.weight", c.ffnDim(), c.dim()),
+                    matrix(f, p + "ffn_up.weight", c.ffnDim(), c.dim()),
+                    matrix(f, p + "ffn_down.weight", c.dim(), c.ffnDim()));
+        }
+        Optional<GgufTensorInfo> out = f.tensor("output.weight");
+        WeightMatrix output = out.isPresent() ? matrix(f, "output.weight", c.vocabSize(), c.dim()) : embedding;
+        return new LlamaWeights(embedding, vector(f, "output_norm.weight", c.dim()), output, layers, ropeFreqFactors);
+    }
+
+    /** A 2-D weight; rows/cols of -1 accept whatever the file says. */
+    static WeightMatrix matrix(GgufFile f, String name, int rows, int cols) {
+        GgufTensorInfo t = f.requireTensor(name);
+        long fileCols = t.shape()[0];
+        long fileRows = t.dims() == 1 ? 1 : t.rows();
+        if (t.dims() > 2 || (rows >= 0 && fileRows != rows) || (cols >= 0 && fileCols != cols)) {
+            throw new GgufException("GGUF " + f.name() + ": tensor '" + name + "' has shape "
+                    + java.util.Arrays.toString(t.shape()) + ", expected [" + cols + ", " + rows + "]");
+        }
+        if (fileRows > Integer.MAX_VALUE || fileCols > Integer.MAX_VALUE) {
+            throw new GgufException("GGUF " + f.name() + ": tensor '" + name + "' is too large");
+        }
+        return new WeightMatrix(name, format(f, t), f.data(t), (int) fileRows, (int) fileCols);
+    }
+
+    /** A 1-D tensor (norm weight, bias) dequantized to floats. */
+    static float[] vector(GgufFile f, String name, int length) {
+        GgufTensorInfo t = f.requireTensor(name);
+        if (t.elementCount() != length) {
+            throw new GgufException("GGUF " + f.name() + ": tensor '" + name + "' has " + t.elementCount()
+                    + " elements, expected " + length);
+        }
+        float[] v = new float[length];
+        format(f, t).dequantize(f.data(t), 0, v, 0, length);
+        return v;
+    }
+
+    private static WeightFormat format(GgufFile f, GgufTensorInfo t) {
+        try {
+            return WeightFormat.of(t.type());
+        } catch (UnsupportedTensorTypeException e) {
+            throw new GgufException("GGUF " + f.name() + ": tensor '" + t.name() + "': " + e.getMessage());
+        }
+    }
+
+    /** Bytes of weights read by one decode step (every matrix once, one embedding row). */
+    public long bytesPerToken() {
+        long total = output.data().byteSize();
+        for (Layer l : layers) {
+            for (WeightMatrix m : new WeightMatrix[] {l.wq, l.wk, l.wv, l.wo, l.wGate, l.wUp, l.wDown}) {
+                total += m.data().byteSize();
+            }
+        }
+        return total;
+    }
+}

@@ -1,0 +1,35 @@
+package dev.kvant.sample;
+
+/**
+ * How the next token is chosen. Temperature 0 is greedy. The filters apply in llama.cpp's default order: repetition
+ * penalty, top-k, top-p, min-p, temperature, then a draw from the seeded generator.
+ *
+ * @param topK          keep the k most likely tokens (0 = off)
+ * @param topP          keep the smallest set whose probability reaches p (1 = off)
+ * @param minP          drop tokens less likely than minP times the most likely one (0 = off)
+ * @param repeatPenalty divide positive (multiply negative) logits of recently seen tokens (1 = off)
+ * @param repeatLastN   how many recent tokens the penalty looks at
+ */
+public record SamplerConfig(float temperature, int topK, float topP, float minP, float repeatPenalty, int repeatLastN,
+                            long seed) {
+
+    public SamplerConfig {
+        if (temperature < 0 || topK < 0 || topP <= 0 || topP > 1 || minP < 0 || minP > 1 || repeatPenalty <= 0
+                || repeatLastN < 0) {
+            throw new IllegalArgumentException("invalid sampler settings: " + this);
+        }
+    }
+
+    public static SamplerConfig greedy() {
+        return new SamplerConfig(0f, 0, 1f, 0f, 1f, 64, 0);
+    }
+
+    /** llama.cpp's defaults: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, no repetition penalty. */
+    public static SamplerConfig defaults(long seed) {
+        return new SamplerConfig(0.8f, 40, 0.95f, 0.05f, 1f, 64, seed);
+    }
+
+    public boolean isGreedy() {
+        return temperature == 0f;
+    }
+}

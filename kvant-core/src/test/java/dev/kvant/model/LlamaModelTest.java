@@ -1,0 +1,113 @@
+package dev.kvant.model;
+
+import dev.kvant.engine.Session;
+import dev.kvant.gguf.GgmlType;
+import dev.kvant.kv.KvFormat;
+import dev.kvant.tensor.Parallel;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.Arguments;
+import org.junit.jupiter.params.provider.MethodSource;
+
+import java.lang.foreign.Arena;
+import java.util.Arrays;
+import java.util.Random;
+import java.util.stream.Stream;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+class LlamaModelTest {
+
+    static Stream<Arguments> architecturesAndFormats() {
+        Stream.Builder<Arguments> b = Stream.builder();
+        for (String arch : new String[] {"llama", "qwen2", "qwen3"}) {
+            for (GgmlType t : new GgmlType[] {GgmlType.F32, GgmlType.F16, GgmlType.BF16, GgmlType.Q8_0,
+                    GgmlType.Q4_0, GgmlType.Q4_K, GgmlType.Q5_K, GgmlType.Q6_K}) {
+                b.add(Arguments.of(arch, t));
+            }
+        }
+        return b.build();
+    }
+
+    @ParameterizedTest(name = "{0} {1}")
+    @MethodSource("architecturesAndFormats")
+    void logitsMatchFloat64ReferenceForward(String arch, GgmlType weights) {
+        long seed = new Random().nextLong();
+        try (Arena arena = Arena.ofConfined()) {
+            TinyModels.Built built = TinyModels.build(arch, weights, seed, arena);
+            LlamaModel model = LlamaModel.fromGguf(built.file());
+            int[] prompt = randomTokens(seed, 7);
+            int vocab = TinyModels.VOCAB;
+            ReferenceForward ref = new ReferenceForward(built);
+            double[][] expected = new double[prompt.length + 2][];
+            for (int i = 0; i < prompt.length; i++) {
+                expected[i] = ref.step(prompt[i]);
+            }
+            int next1 = prompt[0];
+            int next2 = prompt[1];
+            expected[prompt.length] = ref.step(next1);
+            expected[prompt.length + 1] = ref.step(next2);
+
+            try (Parallel pool = new Parallel(2);
+                 Session s = new Session(model, 64, KvFormat.parse("f16"), KvFormat.parse("f16"), 3, pool)) {
+                float[] all = new float[prompt.length * vocab];
+                Arrays.fill(all, Float.NaN);
+                s.prefillAllLogits(prompt, 0, prompt.length, all);
+                double bound = weights == GgmlType.F32 ? 1e-6 : 1e-5;
+                for (int i = 0; i < prompt.length; i++) {
+                    double e = nmse(expected[i], all, i * vocab);
+                    assertTrue(e < bound, arch + " " + weights + " token " + i + ": NMSE " + e + " (seed " + seed
+                            + ")");
+                }
+                double e1 = nmse(expected[prompt.length], s.decode(next1), 0);
+                double e2 = nmse(expected[prompt.length + 1], s.decode(next2), 0);
+                assertTrue(e1 < bound && e2 < bound, "decode NMSE " + e1 + ", " + e2 + " (seed " + seed + ")");
+            }
+        }
+    }
+
+    @Test
+    void logitsAreBitIdenticalAtOneTwoAndThreeThreads() {
+        long seed = new Random().nextLong();
+        try (Arena arena = Arena.ofConfined()) {
+            TinyModels.Built built = TinyModels.build("qwen2", GgmlType.Q8_0, seed, arena);
+            LlamaModel model = LlamaModel.fromGguf(built.file());
+            int[] prompt = randomTokens(seed, 150);
+            float[][] results = new float[3][];
+            for (int threads = 1; threads <= 3; threads++) {
+                try (Parallel pool = new Parallel(threads);
+                     Session s = new Session(model, 256, KvFormat.parse("f16"), KvFormat.parse("f16"), 64, pool)) {
+                    float[] all = new float[prompt.length * TinyModels.VOCAB];
+                    s.prefillAllLogits(prompt, 0, prompt.length, all);
+                    float[] dec = s.decode(prompt[3]).clone();
+                    float[] joined = Arrays.copyOf(all, all.length + dec.length);
+                    System.arraycopy(dec, 0, joined, all.length, dec.length);
+                    results[threads - 1] = joined;
+                }
+            }
+            assertArrayEquals(results[0], results[1], "1 vs 2 threads (seed " + seed + ")");
+            assertArrayEquals(results[0], results[2], "1 vs 3 threads (seed " + seed + ")");
+        }
+    }
+
+    static int[] randomTokens(long seed, int n) {
+        Random r = new Random(seed ^ 0x5DEECE66DL);
+        int[] t = new int[n];
+        for (int i = 0; i < n; i++) {
+            t[i] = r.nextInt(TinyModels.VOCAB);
+        }
+        return t;
+    }
+
+    static double nmse(double[] expected, float[] actual, int off) {
+        double num = 0;
+        double den = 0;
+        for (int i = 0; i < expected.length; i++) {
+            double d = actual[off + i] - expected[i];
+            num += d * d;
+            den += expected[i] * expected[i];
+        }
+        return Double.isNaN(num) ? Double.POSITIVE_INFINITY : num / den;
+    }
+}
