@@ -16,7 +16,8 @@ package dev.kvant.tokenizer;
  * {@link #encode}: for SentencePiece it removes the one space the encoder prefixes. {@link #streamDecoder} treats ids
  * as a continuation of a sequence (generated tokens) and removes nothing.
  *
- * <p>Instances are immutable and safe to use from several threads.
+ * <p>Text is handled as UTF-8; an unpaired surrogate in a Java string is encoded as '?', as
+ * {@link String#getBytes(java.nio.charset.Charset)} does. Instances are immutable and safe to use from several threads.
  */
 public sealed interface Tokenizer permits BpeTokenizer, SpmTokenizer {
 

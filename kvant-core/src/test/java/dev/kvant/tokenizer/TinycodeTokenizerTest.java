@@ -144,6 +144,18 @@ class TinycodeTokenizerTest {
         assertArrayEquals(tokenizer.encode("b", false, false), Arrays.copyOfRange(parsed, split + 1, parsed.length));
     }
 
+    @Test
+    void randomUnicodeRoundTripsThroughTheRealVocabulary() {
+        long seed = System.nanoTime();
+        java.util.Random r = new java.util.Random(seed);
+        for (int i = 0; i < 500; i++) {
+            String text = TokenizerCorpus.randomText(r, r.nextInt(60), true);
+            for (boolean parse : new boolean[] {false, true}) {
+                assertEquals(text, tokenizer.decode(tokenizer.encode(text, false, parse)), "seed " + seed);
+            }
+        }
+    }
+
     private static String sha256(int[] ids) throws NoSuchAlgorithmException {
         ByteBuffer buf = ByteBuffer.allocate(ids.length * 4).order(ByteOrder.LITTLE_ENDIAN);
         for (int id : ids) {
