@@ -19,7 +19,10 @@ import java.util.regex.Pattern;
  * them, written for {@link java.util.regex}: {@code UNICODE_CHARACTER_CLASS} makes {@code \s} the Unicode White_Space
  * property, as in Oniguruma, which HF tokenizers uses; {@code (?i:'s|...)} is spelled {@code '[sS]|...} so that case
  * folding cannot reach non-ASCII letters (as llama.cpp does). Java's ordered alternation, greedy quantifiers and
- * backtracking into {@code \s+(?!\S)} behave as in those engines.
+ * backtracking into {@code \s+(?!\S)} behave as in those engines. One known difference from llama.cpp: for
+ * {@link #GPT4O} and {@link #TEKKEN} llama.cpp rewrites the case classes with letter lookaheads that drop combining
+ * marks ({@code \p{M}}) from words; kvant keeps the published regex (as HF tokenizers runs it), so the two split
+ * text with combining marks differently.
  */
 enum PreTokenizer {
     /** GPT-2: contractions, letter runs, digit runs and symbol runs each with one optional leading space. */
@@ -31,8 +34,8 @@ enum PreTokenizer {
     /** StarCoder, SmolLM, Command-R, Refact: single digits first, then GPT-2. */
     STARCODER("\\p{N}", Regexes.GPT2_NO_FALLBACK),
     FALCON("[\\p{P}\\$\\+<=>\\^~\\|`]+", Regexes.GPT2_NO_FALLBACK, "[0-9][0-9][0-9]"),
-    DEEPSEEK_CODER("[\\r\\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", "[一-龥ࠀ-一가-퟿]+", "\\p{N}"),
-    DEEPSEEK_V3("\\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+",
+    DEEPSEEK_CODER("[\\r\\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", "[\\x{4E00}-\\x{9FA5}\\x{0800}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+", "\\p{N}"),
+    DEEPSEEK_V3("\\p{N}{1,3}", "[\\x{4E00}-\\x{9FA5}\\x{3040}-\\x{309F}\\x{30A0}-\\x{30FF}]+",
             "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
                     + "| ?[\\p{P}\\p{S}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"),
     /** GPT-4o and Llama 4: upper/lower-case aware words with attached contractions. */
