@@ -1,0 +1,205 @@
+package dev.kvant.tokenizer;
+
+import java.util.Arrays;
+import java.util.List;
+import java.util.stream.Collectors;
+
+/**
+ * The prompt formats of common chat models, built in.
+ *
+ * <p>A GGUF file carries its chat format as a Jinja program ({@code tokenizer.chat_template}). kvant does not run
+ * Jinja: kvant-core depends on nothing but the JDK, and no maintained Java Jinja engine exists without a large
+ * transitive dependency tree. Instead {@link #detect} recognises the format by markers in the template text and
+ * renders it with plain code here, as llama.cpp's built-in templates do; a user can name a format to override.
+ * Each format follows the model family's published template (model card / HF {@code tokenizer_config.json}); where
+ * a family has several revisions the one followed is named below.
+ *
+ * <p>The rendered text never starts with BOS: the tokenizer adds it ({@code encode(prompt, true, true)}), and a BOS
+ * in the text as well would give two. Markers inside the conversation ({@code <|eot_id|>}, {@code </s>}, ...) are
+ * written as text and become control tokens only when the prompt is encoded with {@code parseSpecial = true}.
+ */
+public enum ChatTemplate {
+    /**
+     * Llama 3 / 3.1 / 3.2: {@code <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|>}, content trimmed.
+     * No default system prompt (3.1's "Cutting Knowledge Date" header) is added.
+     */
+    LLAMA3("llama3"),
+    /**
+     * Llama 2 chat (Meta's HF template): {@code [INST] <<SYS>>\nsystem\n<</SYS>>\n\nuser [/INST] answer </s><s>[INST] ...},
+     * user and answer trimmed; the system prompt goes inside the first user turn.
+     */
+    LLAMA2("llama2"),
+    /** ChatML (Qwen, Yi, many fine-tunes): {@code <|im_start|>role\ncontent<|im_end|>\n}; no default system prompt. */
+    CHATML("chatml"),
+    /**
+     * Mistral 7B Instruct v0.1 / Mixtral 8x7B: {@code [INST] user [/INST]answer</s>[INST] ...}; a system prompt, which
+     * those templates lack, is put before the first user message with a blank line between (as later Mistral
+     * templates and llama.cpp do).
+     */
+    MISTRAL("mistral"),
+    /**
+     * Gemma: {@code <start_of_turn>user\ncontent<end_of_turn>\n}, the assistant's role written {@code model}, content
+     * trimmed; a system prompt goes before the first user message with a blank line between (Gemma 2/3 templates).
+     */
+    GEMMA("gemma"),
+    /** No markers: the contents concatenated, for base models, which complete text rather than chat. */
+    RAW("raw");
+
+    private final String templateName;
+
+    ChatTemplate(String templateName) {
+        this.templateName = templateName;
+    }
+
+    /** The name users select the format by. */
+    public String templateName() {
+        return templateName;
+    }
+
+    /**
+     * The format to use: the one named by {@code nameOverrideOrNull} if given, otherwise the one whose markers the
+     * model's template shows; {@link #RAW} when the model has no template.
+     *
+     * @throws IllegalArgumentException for an unknown name, or a template of no known format, listing the names
+     */
+    public static ChatTemplate detect(String jinjaTemplateOrNull, String nameOverrideOrNull) {
+        if (nameOverrideOrNull != null) {
+            return named(nameOverrideOrNull);
+        }
+        String t = jinjaTemplateOrNull;
+        if (t == null || t.isBlank()) {
+            return RAW;
+        }
+        if (t.contains("<|start_header_id|>")) {
+            return LLAMA3;
+        }
+        if (t.contains("<|im_start|>")) {
+            return CHATML;
+        }
+        if (t.contains("<start_of_turn>")) {
+            return GEMMA;
+        }
+        if (t.contains("[INST]")) {
+            return t.contains("<<SYS>>") ? LLAMA2 : MISTRAL;
+        }
+        String head = t.length() > 80 ? t.substring(0, 80) + "..." : t;
+        throw new IllegalArgumentException("the model's chat template (tokenizer.chat_template, starting '"
+                + head.replace("\n", "\\n") + "') is none of the built-in formats; choose one by name: " + names());
+    }
+
+    /**
+     * The format with this name.
+     *
+     * @throws IllegalArgumentException listing the names
+     */
+    public static ChatTemplate named(String name) {
+        for (ChatTemplate c : values()) {
+            if (c.templateName.equals(name)) {
+                return c;
+            }
+        }
+        throw new IllegalArgumentException("unknown chat template '" + name + "'; built-in templates: " + names());
+    }
+
+    private static String names() {
+        return Arrays.stream(values()).map(ChatTemplate::templateName).collect(Collectors.joining(", "));
+    }
+
+    /**
+     * The prompt text for a conversation.
+     *
+     * @param addGenerationPrompt end with the opening of an assistant turn, for the model to continue (formats whose
+     *                            user turn already ends in the cue, llama2 and mistral, add nothing)
+     * @throws IllegalArgumentException for a role the format cannot express
+     */
+    public String render(List<ChatMessage> messages, boolean addGenerationPrompt) {
+        StringBuilder sb = new StringBuilder();
+        switch (this) {
+            case LLAMA3 -> {
+                for (ChatMessage m : messages) {
+                    sb.append("<|start_header_id|>").append(m.role()).append("<|end_header_id|>\n\n")
+                            .append(m.content().strip()).append("<|eot_id|>");
+                }
+                if (addGenerationPrompt) {
+                    sb.append("<|start_header_id|>assistant<|end_header_id|>\n\n");
+                }
+            }
+            case CHATML -> {
+                for (ChatMessage m : messages) {
+                    sb.append("<|im_start|>").append(m.role()).append('\n').append(m.content()).append("<|im_end|>\n");
+                }
+                if (addGenerationPrompt) {
+                    sb.append("<|im_start|>assistant\n");
+                }
+            }
+            case LLAMA2 -> {
+                String system = null;
+                boolean firstUser = true;
+                for (ChatMessage m : messages) {
+                    switch (role(m)) {
+                        case "system" -> system = m.content();
+                        case "user" -> {
+                            String content = m.content();
+                            if (system != null) {
+                                content = "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content;
+                                system = null;
+                            }
+                            sb.append(firstUser ? "" : "<s>").append("[INST] ").append(content.strip()).append(" [/INST]");
+                            firstUser = false;
+                        }
+                        default -> sb.append(' ').append(m.content().strip()).append(" </s>");
+                    }
+                }
+            }
+            case MISTRAL -> {
+                String system = null;
+                for (ChatMessage m : messages) {
+                    switch (role(m)) {
+                        case "system" -> system = m.content();
+                        case "user" -> {
+                            String content = system != null ? system + "\n\n" + m.content() : m.content();
+                            system = null;
+                            sb.append("[INST] ").append(content).append(" [/INST]");
+                        }
+                        default -> sb.append(m.content()).append("</s>");
+                    }
+                }
+            }
+            case GEMMA -> {
+                String system = null;
+                for (ChatMessage m : messages) {
+                    String role = role(m);
+                    if (role.equals("system")) {
+                        system = m.content().strip();
+                        continue;
+                    }
+                    String content = m.content().strip();
+                    if (role.equals("user") && system != null) {
+                        content = system + "\n\n" + content;
+                        system = null;
+                    }
+                    sb.append("<start_of_turn>").append(role.equals("assistant") ? "model" : "user").append('\n')
+                            .append(content).append("<end_of_turn>\n");
+                }
+                if (addGenerationPrompt) {
+                    sb.append("<start_of_turn>model\n");
+                }
+            }
+            case RAW -> {
+                for (ChatMessage m : messages) {
+                    sb.append(m.content());
+                }
+            }
+        }
+        return sb.toString();
+    }
+
+    /** The role of a message in a format that knows only system, user and assistant. */
+    private String role(ChatMessage m) {
+        return switch (m.role()) {
+            case "system", "user", "assistant" -> m.role();
+            default -> throw new IllegalArgumentException("chat template '" + templateName + "' has no role '" + m.role()
+                    + "'; it knows system, user and assistant");
+        };
+    }
+}

@@ -1,0 +1,240 @@
+package dev.kvant.tokenizer;
+
+import java.io.ByteArrayOutputStream;
+import java.nio.charset.StandardCharsets;
+import java.util.PriorityQueue;
+
+/**
+ * SentencePiece BPE ({@code tokenizer.ggml.model = llama}): Llama 1/2, Mistral, CodeLlama and relatives.
+ *
+ * <p>Each plain-text span (between special tokens) gets one leading space when {@code add_space_prefix} is set and
+ * the span starts the text or follows a special token (as llama.cpp does), spaces become U+2581 "▁", and the span
+ * starts as one symbol per code point. The adjacent pair whose concatenation is a vocabulary piece with the highest
+ * score is merged, leftmost first among equal scores, until no pair forms a piece. A symbol that is no piece is
+ * written as its UTF-8 bytes with the byte-fallback tokens {@code <0xNN>}, or as the unknown token when the
+ * vocabulary lacks them.
+ *
+ * <p>{@link #decode} turns "▁" back into spaces and drops the one space the encoder added at each of those places, so
+ * it inverts {@link #encode} exactly; the stream decoder keeps every space, since generated text continues a prompt.
+ */
+public final class SpmTokenizer implements Tokenizer {
+
+    private static final char SPACE_MARK = '\u2581';
+
+    private final Vocabulary vocab;
+    private final boolean addSpacePrefix;
+    /** The id of {@code <0xNN>} for each byte, -1 where the vocabulary lacks it. */
+    private final int[] byteTokens = new int[256];
+    private final byte[][] tokenBytes;
+
+    SpmTokenizer(TokenizerSpec spec) {
+        vocab = new Vocabulary(spec);
+        addSpacePrefix = spec.addSpacePrefix();
+        for (int b = 0; b < 256; b++) {
+            byteTokens[b] = vocab.id(String.format("<0x%02X>", b));
+        }
+        tokenBytes = new byte[vocab.size()][];
+        for (int id = 0; id < vocab.size(); id++) {
+            String text = vocab.text(id);
+            TokenType type = vocab.type(id);
+            int b = type == TokenType.BYTE ? byteTokenValue(text) : -1;
+            if (b >= 0) {
+                tokenBytes[id] = new byte[] {(byte) b};
+            } else if (type.isText()) {
+                tokenBytes[id] = text.replace(SPACE_MARK, ' ').getBytes(StandardCharsets.UTF_8);
+            } else {
+                tokenBytes[id] = text.getBytes(StandardCharsets.UTF_8);
+            }
+        }
+    }
+
+    /** The byte a {@code <0xNN>} token stands for, or -1 if the text is not of that form. */
+    static int byteTokenValue(String text) {
+        if (text.length() != 6 || !text.startsWith("<0x") || text.charAt(5) != '>') {
+            return -1;
+        }
+        int hi = Character.digit(text.charAt(3), 16);
+        int lo = Character.digit(text.charAt(4), 16);
+        return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
+    }
+
+    @Override
+    public int[] encode(String text, boolean addSpecial, boolean parseSpecial) {
+        IdList out = new IdList();
+        if (addSpecial && vocab.addBos) {
+            out.add(vocab.bos);
+        }
+        boolean afterSpecial = true;
+        for (Vocabulary.Fragment f : vocab.partition(text, parseSpecial)) {
+            if (f.isToken()) {
+                out.add(f.token());
+                afterSpecial = true;
+                continue;
+            }
+            String span = text.substring(f.start(), f.end());
+            if (addSpacePrefix && afterSpecial) {
+                span = " " + span;
+            }
+            encodeSpan(span.replace(' ', SPACE_MARK), out);
+            afterSpecial = false;
+        }
+        if (addSpecial && vocab.addEos) {
+            out.add(vocab.eos);
+        }
+        return out.toArray();
+    }
+
+    private record Bigram(float score, int left, int right, int length) {
+    }
+
+    private void encodeSpan(String s, IdList out) {
+        int n = s.codePointCount(0, s.length());
+        int[] start = new int[n];
+        int[] length = new int[n];
+        int[] prev = new int[n];
+        int[] next = new int[n];
+        for (int i = 0, pos = 0; i < n; i++) {
+            start[i] = pos;
+            length[i] = Character.charCount(s.codePointAt(pos));
+            pos += length[i];
+            prev[i] = i - 1;
+            next[i] = i + 1 < n ? i + 1 : -1;
+        }
+        PriorityQueue<Bigram> queue = new PriorityQueue<>(Math.max(1, n), (a, b) -> a.score != b.score
+                ? Float.compare(b.score, a.score) : Integer.compare(a.left, b.left));
+        for (int i = 0; i + 1 < n; i++) {
+            offer(queue, s, start, length, i, i + 1);
+        }
+        while (!queue.isEmpty()) {
+            Bigram bg = queue.poll();
+            int l = bg.left;
+            int r = bg.right;
+            // Stale when either side has been merged away or grown since the pair was offered.
+            if (length[l] == 0 || length[r] == 0 || length[l] + length[r] != bg.length) {
+                continue;
+            }
+            length[l] += length[r];
+            length[r] = 0;
+            next[l] = next[r];
+            if (next[r] >= 0) {
+                prev[next[r]] = l;
+            }
+            if (prev[l] >= 0) {
+                offer(queue, s, start, length, prev[l], l);
+            }
+            if (next[l] >= 0) {
+                offer(queue, s, start, length, l, next[l]);
+            }
+        }
+        for (int i = 0; i >= 0 && n > 0; i = next[i]) {
+            String piece = s.substring(start[i], start[i] + length[i]);
+            int id = pieceId(piece);
+            if (id >= 0) {
+                out.add(id);
+            } else {
+                fallback(piece, out);
+            }
+        }
+    }
+
+    private void offer(PriorityQueue<Bigram> queue, String s, int[] start, int[] length, int l, int r) {
+        int id = pieceId(s.substring(start[l], start[r] + length[r]));
+        if (id >= 0) {
+            queue.add(new Bigram(vocab.score(id), l, r, length[l] + length[r]));
+        }
+    }
+
+    /**
+     * The id of a piece the merge may produce. Only normal pieces qualify: control, unknown, unused and byte tokens
+     * are never made from text, and user-defined ones were split out before (so decode can tell where the encoder
+     * added a space).
+     */
+    private int pieceId(String piece) {
+        int id = vocab.id(piece);
+        return id >= 0 && vocab.type(id).isText() ? id : -1;
+    }
+
+    private void fallback(String piece, IdList out) {
+        byte[] bytes = piece.getBytes(StandardCharsets.UTF_8);
+        boolean allBytes = true;
+        for (byte b : bytes) {
+            allBytes &= byteTokens[b & 0xFF] >= 0;
+        }
+        if (allBytes) {
+            for (byte b : bytes) {
+                out.add(byteTokens[b & 0xFF]);
+            }
+        } else if (vocab.unk >= 0) {
+            out.add(vocab.unk);
+        } else {
+            throw new IllegalArgumentException("cannot encode '" + piece + "': the vocabulary has neither byte tokens"
+                    + " <0xNN> for it nor an unknown token (tokenizer.ggml.unknown_token_id)");
+        }
+    }
+
+    @Override
+    public String decode(int[] ids) {
+        ByteArrayOutputStream out = new ByteArrayOutputStream(ids.length * 4);
+        boolean dropSpace = addSpacePrefix;
+        for (int id : ids) {
+            vocab.checkRange(id);
+            byte[] b = tokenBytes[id];
+            TokenType t = vocab.type(id);
+            if (t == TokenType.CONTROL || t == TokenType.USER_DEFINED) {
+                out.writeBytes(b);
+                dropSpace = addSpacePrefix;
+                continue;
+            }
+            if (dropSpace && b.length > 0 && b[0] == ' ') {
+                out.write(b, 1, b.length - 1);
+            } else {
+                out.writeBytes(b);
+            }
+            if (b.length > 0) {
+                dropSpace = false;
+            }
+        }
+        return out.toString(StandardCharsets.UTF_8);
+    }
+
+    @Override
+    public byte[] tokenBytes(int id) {
+        vocab.checkRange(id);
+        return tokenBytes[id].clone();
+    }
+
+    @Override
+    public String tokenText(int id) {
+        return vocab.text(id);
+    }
+
+    @Override
+    public TokenType tokenType(int id) {
+        return vocab.type(id);
+    }
+
+    @Override
+    public int vocabSize() {
+        return vocab.size();
+    }
+
+    @Override
+    public int bos() {
+        return vocab.bos;
+    }
+
+    @Override
+    public int eos() {
+        return vocab.eos;
+    }
+
+    @Override
+    public boolean addBos() {
+        return vocab.addBos;
+    }
+
+    @Override
+    public boolean isEndOfGeneration(int id) {
+        return vocab.isEndOfGeneration(id);
+    }
+}

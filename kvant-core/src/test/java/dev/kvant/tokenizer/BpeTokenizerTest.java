@@ -1,0 +1,128 @@
+package dev.kvant.tokenizer;
+
+import org.junit.jupiter.api.Test;
+
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+
+import static dev.kvant.tokenizer.SyntheticVocab.AA;
+import static dev.kvant.tokenizer.SyntheticVocab.HE;
+import static dev.kvant.tokenizer.SyntheticVocab.HELL;
+import static dev.kvant.tokenizer.SyntheticVocab.HELLO;
+import static dev.kvant.tokenizer.SyntheticVocab.IM_END;
+import static dev.kvant.tokenizer.SyntheticVocab.IM_START;
+import static dev.kvant.tokenizer.SyntheticVocab.LD;
+import static dev.kvant.tokenizer.SyntheticVocab.LL;
+import static dev.kvant.tokenizer.SyntheticVocab.OR;
+import static dev.kvant.tokenizer.SyntheticVocab.SPACE_WORLD;
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+/** Byte-level BPE on a hand-made vocabulary (ids 0..255 are the bytes; see {@link SyntheticVocab#BPE_MERGES}). */
+class BpeTokenizerTest {
+
+    private final Tokenizer tok = Tokenizer.create(SyntheticVocab.bpe("gpt-2"));
+
+    private int[] enc(String text) {
+        return tok.encode(text, false, false);
+    }
+
+    @Test
+    void mergesApplyInRankOrderWithinEachPiece() {
+        // "hello" -> h e l l o: "h e" (rank 0) then "l l" (1) then "he ll" (2) then "hell o" (3).
+        // " world" -> Ġ w o r l d: "Ġ w" (4), "o r" (5), "Ġw or" (6), "l d" (7), "Ġwor ld" (8).
+        assertArrayEquals(new int[] {HELLO, SPACE_WORLD}, enc("hello world"));
+        assertArrayEquals(new int[] {HELL}, enc("hell"));
+        // Without its leading space "world" never reaches "Ġw", so "or" and "ld" stay apart from 'w'.
+        assertArrayEquals(new int[] {'w', OR, LD}, enc("world"));
+    }
+
+    @Test
+    void equalRanksMergeLeftmostFirst() {
+        assertArrayEquals(new int[] {AA, 'a'}, enc("aaa"));
+        assertArrayEquals(new int[] {AA, AA, 'a'}, enc("aaaaa"));
+    }
+
+    @Test
+    void mergesNeverCrossPreTokenizerPieces() {
+        // "he llo": the space starts a new piece " llo" = Ġ l l o, so "he" and "llo" are never joined.
+        assertArrayEquals(new int[] {HE, ' ', LL, 'o'}, enc("he llo"));
+    }
+
+    @Test
+    void bytesWithoutMergesAreTheirOwnTokens() {
+        assertArrayEquals(new int[] {0xE2, 0x82, 0xAC}, enc("€"));
+        assertArrayEquals(new int[] {0xF0, 0x9F, 0x98, 0x80}, enc("😀"));
+        assertEquals("€😀", tok.decode(new int[] {0xE2, 0x82, 0xAC, 0xF0, 0x9F, 0x98, 0x80}));
+    }
+
+    @Test
+    void controlTokensAreRecognisedOnlyWhenParsingSpecialTokens() {
+        String text = "<|im_start|>hello<|im_end|>";
+        assertArrayEquals(new int[] {IM_START, HELLO, IM_END}, tok.encode(text, false, true));
+        int[] plain = tok.encode(text, false, false);
+        assertFalse(Arrays.stream(plain).anyMatch(id -> id == IM_START || id == IM_END), Arrays.toString(plain));
+        assertEquals(text, tok.decode(plain));
+        assertEquals(text, tok.decode(tok.encode(text, false, true)));
+        // A cut-off marker is plain text even when parsing.
+        assertFalse(Arrays.stream(tok.encode("<|im_start|", false, true)).anyMatch(id -> id == IM_START));
+    }
+
+    @Test
+    void addSpecialFollowsTheVocabularyFlags() {
+        TokenizerSpec s = SyntheticVocab.bpe("gpt-2");
+        Tokenizer withBoth = Tokenizer.create(new TokenizerSpec(s.model(), s.pre(), s.tokens(), s.scores(),
+                s.tokenTypes(), s.merges(), IM_START, IM_END, -1, -1, -1, true, true, false, null));
+        assertArrayEquals(new int[] {IM_START, HELLO, IM_END}, withBoth.encode("hello", true, false));
+        assertArrayEquals(new int[] {HELLO}, withBoth.encode("hello", false, false));
+        assertArrayEquals(new int[] {HELLO}, tok.encode("hello", true, false), "flags off: nothing added");
+        assertArrayEquals(new int[0], tok.encode("", false, true));
+    }
+
+    @Test
+    void endOfGenerationCoversEosAndEndOfTurnMarkers() {
+        assertEquals(IM_END, tok.eos());
+        assertTrue(tok.isEndOfGeneration(IM_END));
+        assertFalse(tok.isEndOfGeneration(IM_START));
+        assertFalse(tok.isEndOfGeneration(HELLO));
+        assertFalse(tok.isEndOfGeneration(-1));
+    }
+
+    @Test
+    void llama3PiecesThatAreTokensSkipTheMerges() {
+        // Under llama-bpe (HF ignore_merges) a piece spelled by one token is that token even when the merges would
+        // not build it: "lld" is no merge result, but add it as a token and "lld" becomes one id.
+        TokenizerSpec s = SyntheticVocab.bpe("llama-bpe");
+        List<String> tokens = new ArrayList<>(s.tokens());
+        tokens.add("lld");
+        int[] types = Arrays.copyOf(s.tokenTypes(), tokens.size());
+        types[tokens.size() - 1] = 1;
+        TokenizerSpec withLld = new TokenizerSpec("gpt2", "llama-bpe", tokens, null, types, s.merges(), -1, -1, -1, -1,
+                -1, false, false, false, null);
+        assertArrayEquals(new int[] {tokens.size() - 1}, Tokenizer.create(withLld).encode("lld", false, false));
+        TokenizerSpec gpt2 = new TokenizerSpec("gpt2", "gpt-2", tokens, null, types, s.merges(), -1, -1, -1, -1, -1,
+                false, false, false, null);
+        assertArrayEquals(new int[] {LL, 'd'}, Tokenizer.create(gpt2).encode("lld", false, false));
+    }
+
+    @Test
+    void mergeNamingAMissingTokenIsRejectedWithItsIndex() {
+        TokenizerSpec s = SyntheticVocab.bpe("gpt-2");
+        List<String> merges = new ArrayList<>(s.merges());
+        merges.add("x y");
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> Tokenizer.create(
+                new TokenizerSpec("gpt2", "gpt-2", s.tokens(), null, s.tokenTypes(), merges, -1, -1, -1, -1, -1,
+                        false, false, false, null)));
+        assertTrue(e.getMessage().contains("tokenizer.ggml.merges[10] = 'x y'"), e.getMessage());
+    }
+
+    @Test
+    void decodeRejectsIdsOutsideTheVocabulary() {
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> tok.decode(new int[] {5000}));
+        assertTrue(e.getMessage().contains("5000"), e.getMessage());
+    }
+}

@@ -1,0 +1,127 @@
+package dev.kvant.tokenizer;
+
+import org.junit.jupiter.api.Test;
+
+import java.util.List;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+/** Each built-in format renders a fixed conversation to the exact text of the family's published template. */
+class ChatTemplateTest {
+
+    private static final List<ChatMessage> CONVERSATION = List.of(
+            ChatMessage.system("You are terse."),
+            ChatMessage.user("What is 2+2?"),
+            ChatMessage.assistant("4"));
+    private static final List<ChatMessage> QUESTION = CONVERSATION.subList(0, 2);
+
+    @Test
+    void llama3() {
+        assertEquals("<|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>"
+                + "<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>"
+                + "<|start_header_id|>assistant<|end_header_id|>\n\n4<|eot_id|>",
+                ChatTemplate.LLAMA3.render(CONVERSATION, false));
+        assertTrue(ChatTemplate.LLAMA3.render(QUESTION, true)
+                .endsWith("What is 2+2?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"));
+        // Llama 3's template trims every message.
+        assertEquals("<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>",
+                ChatTemplate.LLAMA3.render(List.of(ChatMessage.user("  hi \n")), false));
+    }
+
+    @Test
+    void chatml() {
+        assertEquals("<|im_start|>system\nYou are terse.<|im_end|>\n"
+                + "<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+                + "<|im_start|>assistant\n4<|im_end|>\n",
+                ChatTemplate.CHATML.render(CONVERSATION, false));
+        assertEquals("<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+                + "<|im_start|>assistant\n", ChatTemplate.CHATML.render(QUESTION, true));
+    }
+
+    @Test
+    void llama2() {
+        assertEquals("[INST] <<SYS>>\nYou are terse.\n<</SYS>>\n\nWhat is 2+2? [/INST] 4 </s>",
+                ChatTemplate.LLAMA2.render(CONVERSATION, false));
+        // Later turns open with the BOS text; the first one's BOS comes from the tokenizer.
+        List<ChatMessage> twoTurns = List.of(ChatMessage.user("Hi"), ChatMessage.assistant("Hello"),
+                ChatMessage.user("Bye"));
+        assertEquals("[INST] Hi [/INST] Hello </s><s>[INST] Bye [/INST]", ChatTemplate.LLAMA2.render(twoTurns, true));
+    }
+
+    @Test
+    void mistral() {
+        assertEquals("[INST] You are terse.\n\nWhat is 2+2? [/INST]4</s>", ChatTemplate.MISTRAL.render(CONVERSATION, false));
+        assertEquals("[INST] Hi [/INST]Hello</s>[INST] Bye [/INST]", ChatTemplate.MISTRAL.render(List.of(
+                ChatMessage.user("Hi"), ChatMessage.assistant("Hello"), ChatMessage.user("Bye")), true));
+    }
+
+    @Test
+    void gemma() {
+        assertEquals("<start_of_turn>user\nYou are terse.\n\nWhat is 2+2?<end_of_turn>\n"
+                + "<start_of_turn>model\n4<end_of_turn>\n",
+                ChatTemplate.GEMMA.render(CONVERSATION, false));
+        assertTrue(ChatTemplate.GEMMA.render(QUESTION, true).endsWith("<end_of_turn>\n<start_of_turn>model\n"));
+    }
+
+    @Test
+    void raw() {
+        assertEquals("You are terse.What is 2+2?4", ChatTemplate.RAW.render(CONVERSATION, false));
+        assertEquals("You are terse.What is 2+2?", ChatTemplate.RAW.render(QUESTION, true));
+    }
+
+    @Test
+    void formatsAreRecognisedByTheirMarkers() {
+        assertEquals(ChatTemplate.LLAMA3, ChatTemplate.detect("{% set content = '<|start_header_id|>' + message['role']"
+                + " + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' %}", null));
+        assertEquals(ChatTemplate.CHATML, ChatTemplate.detect("{% for message in messages %}{{'<|im_start|>' + "
+                + "message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}", null));
+        assertEquals(ChatTemplate.GEMMA, ChatTemplate.detect("{{ '<start_of_turn>' + role + '\\n' + message['content']"
+                + " | trim + '<end_of_turn>\\n' }}", null));
+        assertEquals(ChatTemplate.LLAMA2, ChatTemplate.detect("{% set content = '<<SYS>>\\n' + system_message + "
+                + "'\\n<</SYS>>\\n\\n' + message['content'] %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}",
+                null));
+        assertEquals(ChatTemplate.MISTRAL, ChatTemplate.detect("{{ bos_token }}{% for message in messages %}"
+                + "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% endfor %}", null));
+        assertEquals(ChatTemplate.RAW, ChatTemplate.detect(null, null));
+    }
+
+    @Test
+    void aNameOverridesTheModelsTemplate() {
+        assertEquals(ChatTemplate.CHATML, ChatTemplate.detect("<|start_header_id|>", "chatml"));
+        assertEquals(ChatTemplate.RAW, ChatTemplate.detect("<|im_start|>", "raw"));
+    }
+
+    @Test
+    void unknownNamesAndTemplatesAreRejectedWithTheListOfNames() {
+        IllegalArgumentException byName = assertThrows(IllegalArgumentException.class,
+                () -> ChatTemplate.detect(null, "vicuna"));
+        assertTrue(byName.getMessage().contains("'vicuna'")
+                && byName.getMessage().contains("llama3, llama2, chatml, mistral, gemma, raw"), byName.getMessage());
+        IllegalArgumentException byText = assertThrows(IllegalArgumentException.class,
+                () -> ChatTemplate.detect("{{ 'USER: ' + message['content'] }}", null));
+        assertTrue(byText.getMessage().contains("tokenizer.chat_template")
+                && byText.getMessage().contains("llama3, llama2, chatml, mistral, gemma, raw"), byText.getMessage());
+    }
+
+    @Test
+    void formatsWithFixedRolesRejectOthers() {
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                () -> ChatTemplate.GEMMA.render(List.of(new ChatMessage("tool", "x")), true));
+        assertTrue(e.getMessage().contains("'tool'"), e.getMessage());
+        assertEquals("<|im_start|>tool\nx<|im_end|>\n",
+                ChatTemplate.CHATML.render(List.of(new ChatMessage("tool", "x")), false));
+    }
+
+    @Test
+    void renderedChatmlEncodesItsMarkersAsControlTokens() {
+        Tokenizer tok = Tokenizer.create(SyntheticVocab.bpe("qwen2"));
+        String prompt = ChatTemplate.CHATML.render(List.of(ChatMessage.user("hello")), true);
+        int[] ids = tok.encode(prompt, true, true);
+        assertEquals(SyntheticVocab.IM_START, ids[0]);
+        assertEquals(2, java.util.Arrays.stream(ids).filter(id -> id == SyntheticVocab.IM_START).count());
+        assertEquals(1, java.util.Arrays.stream(ids).filter(id -> id == SyntheticVocab.IM_END).count());
+        assertEquals(prompt, tok.decode(ids));
+    }
+}

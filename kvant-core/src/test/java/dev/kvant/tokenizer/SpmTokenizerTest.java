@@ -1,0 +1,85 @@
+package dev.kvant.tokenizer;
+
+import org.junit.jupiter.api.Test;
+
+import static dev.kvant.tokenizer.SyntheticVocab.BYTE0;
+import static dev.kvant.tokenizer.SyntheticVocab.SPM_IM_START;
+import static dev.kvant.tokenizer.SyntheticVocab.piece;
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertInstanceOf;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+/** SentencePiece on a hand-made vocabulary with scores and byte fallback (see {@link SyntheticVocab#SPM_PIECES}). */
+class SpmTokenizerTest {
+
+    private final Tokenizer tok = Tokenizer.create(SyntheticVocab.spm(true));
+
+    @Test
+    void highestScoringPairMergesFirst() {
+        // "hello world" -> "▁hello▁world" -> ▁ h e l l o ▁ w o r l d. By score: ll(-1), he(-2), llo(-3), ▁he(-4),
+        // ▁w(-5), or(-6), ld(-7), ▁wor(-8), ▁world(-9). "hello" and "▁hello" are no pieces, so ▁he + llo remain.
+        assertInstanceOf(SpmTokenizer.class, tok);
+        assertArrayEquals(new int[] {piece("▁he"), piece("llo"), piece("▁world")}, tok.encode("hello world", false, false));
+    }
+
+    @Test
+    void equalScoresMergeLeftmostFirst() {
+        assertArrayEquals(new int[] {piece("▁"), piece("aa"), piece("a")}, tok.encode("aaa", false, false));
+    }
+
+    @Test
+    void charactersThatAreNoPieceFallBackToTheirUtf8Bytes() {
+        // 'é' is C3 A9, and byte token <0xNN> has id 3 + NN.
+        assertArrayEquals(new int[] {piece("▁"), piece("h"), BYTE0 + 0xC3, BYTE0 + 0xA9}, tok.encode("hé", false, false));
+        assertArrayEquals(new int[] {piece("▁"), BYTE0 + 0xF0, BYTE0 + 0x9F, BYTE0 + 0x98, BYTE0 + 0x80},
+                tok.encode("😀", false, false));
+        assertEquals("hé😀", tok.decode(tok.encode("hé😀", false, false)));
+    }
+
+    @Test
+    void withoutByteTokensAnUnknownCharacterIsOneUnknownToken() {
+        Tokenizer noBytes = Tokenizer.create(SyntheticVocab.spm(false));
+        assertArrayEquals(new int[] {piece("▁"), piece("h"), 0, piece("i")}, noBytes.encode("h😀i", false, false));
+        assertEquals("h<unk>i", noBytes.decode(noBytes.encode("h😀i", false, false)));
+    }
+
+    @Test
+    void bosIsAddedAndTheAddedSpaceIsRemovedOnDecode() {
+        int[] ids = tok.encode("hello", true, false);
+        assertArrayEquals(new int[] {1, piece("▁he"), piece("llo")}, ids);
+        assertEquals("<s>hello", tok.decode(ids));
+        // A real leading space survives: "  " + ... -> the encoder adds one, decode removes one.
+        assertEquals(" hello", tok.decode(tok.encode(" hello", false, false)));
+        assertEquals("", tok.decode(tok.encode("", false, false)));
+    }
+
+    @Test
+    void controlTokensSplitTheTextAndRestartTheSpacePrefix() {
+        // After a special token llama.cpp prefixes the next span with a space again.
+        int[] ids = tok.encode("<|im_start|>hi", false, true);
+        assertArrayEquals(new int[] {SPM_IM_START, piece("▁"), piece("h"), piece("i")}, ids);
+        assertEquals("<|im_start|>hi", tok.decode(ids));
+        int[] plain = tok.encode("<|im_start|>hi", false, false);
+        assertTrue(java.util.Arrays.stream(plain).noneMatch(id -> id == SPM_IM_START));
+        assertEquals("<|im_start|>hi", tok.decode(plain));
+    }
+
+    @Test
+    void streamDecoderKeepsTheLeadingSpaceOfAContinuation() {
+        StreamDecoder d = tok.streamDecoder();
+        StringBuilder sb = new StringBuilder();
+        for (int id : tok.encode("hello world", false, false)) {
+            sb.append(d.feed(id));
+        }
+        assertEquals(" hello world", sb + d.flush());
+    }
+
+    @Test
+    void tokenTextsKeepTheSpaceMark() {
+        assertEquals("▁world", tok.tokenText(piece("▁world")));
+        assertEquals(TokenType.BYTE, tok.tokenType(BYTE0 + 0x41));
+        assertArrayEquals(new byte[] {0x41}, tok.tokenBytes(BYTE0 + 0x41));
+        assertArrayEquals(" world".getBytes(java.nio.charset.StandardCharsets.UTF_8), tok.tokenBytes(piece("▁world")));
+    }
+}
