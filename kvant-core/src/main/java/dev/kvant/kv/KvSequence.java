@@ -1,0 +1,240 @@
+package dev.kvant.kv;
+
+import java.util.Arrays;
+import java.util.Objects;
+
+/**
+ * One sequence's view of a {@link KvCache}: a page table (logical page → physical page id, valid in every layer)
+ * and the length written so far. Positions [0, pageCount × pageTokens) have pages; writes reserve pages as needed
+ * and copy a shared page before writing into it.
+ *
+ * <p>Not thread-safe: one thread at a time uses a sequence (different sequences may be used concurrently).
+ */
+public final class KvSequence implements AutoCloseable {
+    private final KvCache cache;
+    private final PageAllocator allocator;
+    private final int pageTokens;
+    private int[] table = new int[4];
+    private int pageCount;
+    private int length;
+    private boolean closed;
+
+    KvSequence(KvCache cache) {
+        this.cache = cache;
+        this.allocator = cache.allocator;
+        this.pageTokens = cache.pageTokens();
+    }
+
+    /** Tokens written so far: the largest written position + 1 (or the fork's prefix, or the truncated length). */
+    public int length() {
+        return length;
+    }
+
+    /** Pages in the page table. */
+    public int pageCount() {
+        return pageCount;
+    }
+
+    public KvCache cache() {
+        return cache;
+    }
+
+    /**
+     * Ensures pages for positions [0, tokens).
+     *
+     * @throws KvCacheFullException when the free pages do not suffice; nothing is allocated then
+     */
+    public void reserve(int tokens) {
+        checkOpen();
+        if (tokens < 0) {
+            throw new IllegalArgumentException("cannot reserve a negative number of tokens: " + tokens);
+        }
+        synchronized (allocator) {
+            prepare(tokens, tokens);
+        }
+    }
+
+    /** Writes all kv heads of one token: k is [kvHeads][headDimK], v is [kvHeads][headDimV], both unrotated. */
+    public void write(int layer, int pos, float[] k, int kOff, float[] v, int vOff) {
+        writeRows(layer, pos, 1, k, kOff, v, vOff);
+    }
+
+    /**
+     * Writes n consecutive tokens from pos: k is [n][kvHeads][headDimK], v is [n][kvHeads][headDimV]. The bytes
+     * equal those of n single {@link #write}s.
+     *
+     * @throws KvCacheFullException when pages for [0, pos+n) (or copies of shared pages in range) do not fit;
+     *                              nothing is written or allocated then
+     */
+    public void writeRows(int layer, int pos, int n, float[] k, int kOff, float[] v, int vOff) {
+        checkOpen();
+        KvGeometry g = cache.geometry();
+        Objects.checkIndex(layer, g.layers());
+        if (pos < 0 || n < 0) {
+            throw new IllegalArgumentException("write of " + n + " tokens at position " + pos);
+        }
+        if (n == 0) {
+            return;
+        }
+        int kRow = g.kvHeads() * g.headDimK();
+        int vRow = g.kvHeads() * g.headDimV();
+        Objects.checkFromIndexSize(kOff, Math.multiplyExact(n, kRow), k.length);
+        Objects.checkFromIndexSize(vOff, Math.multiplyExact(n, vRow), v.length);
+        int end = Math.addExact(pos, n);
+        synchronized (allocator) {
+            prepare(end, pos);
+        }
+        KvFormat kf = cache.kFormat();
+        KvFormat vf = cache.vFormat();
+        for (int t = pos; t < end; ) {
+            int page = table[t / pageTokens];
+            int inPage = t % pageTokens;
+            int span = Math.min(end - t, pageTokens - inPage);
+            int done = t - pos;
+            kf.encodeRows(k, kOff + done * kRow, span * g.kvHeads(), g.headDimK(), cache.kPool(layer),
+                    page * cache.kPageBytes() + cache.kRowOffset(inPage, 0), cache.kRowBytes());
+            vf.encodeRows(v, vOff + done * vRow, span * g.kvHeads(), g.headDimV(), cache.vPool(layer),
+                    page * cache.vPageBytes() + cache.vRowOffset(inPage, 0), cache.vRowBytes());
+            t += span;
+        }
+        length = Math.max(length, end);
+    }
+
+    /**
+     * Gives this sequence pages for [0, tokens) and private copies of the shared pages that positions
+     * [writeFrom, tokens) fall in; all or nothing. Caller holds the allocator's lock.
+     */
+    private void prepare(int tokens, int writeFrom) {
+        int needed = (int) (((long) tokens + pageTokens - 1) / pageTokens);
+        int fresh = Math.max(0, needed - pageCount);
+        int firstWritten = writeFrom < tokens ? writeFrom / pageTokens : needed;
+        int copies = 0;
+        for (int p = firstWritten; p < Math.min(needed, pageCount); p++) {
+            if (allocator.refCount(table[p]) > 1) {
+                copies++;
+            }
+        }
+        if (fresh + copies > allocator.free()) {
+            int fits = (int) Math.min((long) (pageCount + allocator.free() - copies) * pageTokens, Integer.MAX_VALUE);
+            throw new KvCacheFullException("KV cache full: the sequence needs pages for " + tokens + " tokens ("
+                    + fresh + " new page(s)" + (copies > 0 ? " and " + copies + " copy-on-write page(s)" : "")
+                    + " of " + pageTokens + " tokens) but " + allocator.free() + " of " + allocator.total()
+                    + " pages are free, so it fits " + Math.max(fits, 0) + " tokens", tokens, Math.max(fits, 0));
+        }
+        for (int p = firstWritten; p < Math.min(needed, pageCount); p++) {
+            int old = table[p];
+            if (allocator.refCount(old) > 1) {
+                int copy = allocator.allocate();
+                cache.copyPage(old, copy, pageTokens);
+                allocator.release(old);
+                table[p] = copy;
+            }
+        }
+        while (pageCount < needed) {
+            append(allocator.allocate());
+        }
+    }
+
+    private void append(int page) {
+        if (pageCount == table.length) {
+            table = Arrays.copyOf(table, table.length * 2);
+        }
+        table[pageCount++] = page;
+    }
+
+    /** Drops the tokens from length on; pages wholly past it go back to the cache. */
+    public void truncate(int length) {
+        checkOpen();
+        if (length < 0 || length > this.length) {
+            throw new IllegalArgumentException("cannot truncate a sequence of " + this.length + " tokens to " + length);
+        }
+        int keep = (length + pageTokens - 1) / pageTokens;
+        synchronized (allocator) {
+            while (pageCount > keep) {
+                allocator.release(table[--pageCount]);
+            }
+        }
+        this.length = length;
+    }
+
+    /** The physical page id of a logical page. */
+    public int page(int logicalPage) {
+        Objects.checkIndex(logicalPage, pageCount);
+        return table[logicalPage];
+    }
+
+    /** Dequantizes the K row of one head at pos into {@code dst[off, off+kFormat.domainDim(headDimK))}. */
+    public void decodeK(int layer, int pos, int head, float[] dst, int off) {
+        checkRead(layer, pos, head);
+        int page = table[pos / pageTokens];
+        cache.kFormat().decode(cache.kPool(layer), page * cache.kPageBytes() + cache.kRowOffset(pos % pageTokens, head),
+                cache.geometry().headDimK(), dst, off);
+    }
+
+    public void decodeV(int layer, int pos, int head, float[] dst, int off) {
+        checkRead(layer, pos, head);
+        int page = table[pos / pageTokens];
+        cache.vFormat().decode(cache.vPool(layer), page * cache.vPageBytes() + cache.vRowOffset(pos % pageTokens, head),
+                cache.geometry().headDimV(), dst, off);
+    }
+
+    private void checkRead(int layer, int pos, int head) {
+        checkOpen();
+        Objects.checkIndex(layer, cache.geometry().layers());
+        Objects.checkIndex(head, cache.geometry().kvHeads());
+        if (pos < 0 || pos >= length) {
+            throw new IndexOutOfBoundsException("position " + pos + " is outside the sequence's " + length + " tokens");
+        }
+    }
+
+    KvSequence fork(int prefixTokens) {
+        checkOpen();
+        if (prefixTokens < 0 || prefixTokens > length) {
+            throw new IllegalArgumentException("cannot fork a prefix of " + prefixTokens + " tokens from a sequence of "
+                    + length);
+        }
+        int shared = prefixTokens / pageTokens;
+        int partial = prefixTokens % pageTokens;
+        KvSequence child = new KvSequence(cache);
+        synchronized (allocator) {
+            if (partial > 0 && allocator.free() == 0) {
+                throw new KvCacheFullException("KV cache full: forking a prefix of " + prefixTokens
+                        + " tokens needs a free page to copy the page it ends in; none of " + allocator.total()
+                        + " is free, so only " + shared * pageTokens + " tokens can be forked", prefixTokens,
+                        shared * pageTokens);
+            }
+            for (int p = 0; p < shared; p++) {
+                allocator.retain(table[p]);
+                child.append(table[p]);
+            }
+            if (partial > 0) {
+                int copy = allocator.allocate();
+                cache.copyPage(table[shared], copy, partial);
+                child.append(copy);
+            }
+        }
+        child.length = prefixTokens;
+        return child;
+    }
+
+    /** Returns the sequence's pages (dropping its share of shared ones); idempotent. */
+    @Override
+    public void close() {
+        if (closed) {
+            return;
+        }
+        synchronized (allocator) {
+            while (pageCount > 0) {
+                allocator.release(table[--pageCount]);
+            }
+        }
+        length = 0;
+        closed = true;
+    }
+
+    private void checkOpen() {
+        if (closed) {
+            throw new IllegalStateException("KV sequence is closed");
+        }
+    }
+}

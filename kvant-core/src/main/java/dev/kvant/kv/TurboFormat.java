@@ -1,0 +1,209 @@
+package dev.kvant.kv;
+
+import static dev.kvant.kv.KvLanes.F;
+import static dev.kvant.kv.KvLanes.I;
+import static dev.kvant.kv.KvLanes.L;
+import static dev.kvant.kv.KvLanes.LE_SHORT;
+
+import java.lang.foreign.MemorySegment;
+import java.util.Objects;
+import jdk.incubator.vector.FloatVector;
+import jdk.incubator.vector.IntVector;
+import jdk.incubator.vector.VectorOperators;
+
+/**
+ * TurboQuant (Zandieh et al., arXiv 2504.19874) applied per block of n = 128 (or 64) values of a head row, in
+ * the rotated domain of {@link Rotation}:
+ * <ol>
+ * <li>y = R·x; s = ‖y‖ (= ‖x‖, R being orthogonal);</li>
+ * <li>code_i = the {@link Codebook#sphere} centroid nearest to y_i / s (the number of boundaries below it);</li>
+ * <li>store g = s / ‖ĉ‖, where ĉ is the vector of chosen centroids, so the decoded block g·ĉ has length exactly s
+ * (up to the fp16 rounding of g).</li>
+ * </ol>
+ * A block is the fp16 g followed by the codes in {@link PackedCodes} planes: {@code 2 + n·bits/8} bytes, so 66,
+ * 50 and 34 bytes for a 128-block of turbo4, turbo3, turbo2. Decoding gives rotated-domain values g·c[code_i].
+ *
+ * <p>Renormalizing costs a little squared error (2 - 2√(1-D) instead of D for a codebook of unit-vector error D)
+ * but removes the bias of plain Lloyd-Max reconstruction, which shrinks every vector by about D/2 and with it
+ * every attention logit.
+ */
+public final class TurboFormat implements KvFormat {
+    public static final TurboFormat TURBO4 = new TurboFormat(4);
+    public static final TurboFormat TURBO3 = new TurboFormat(3);
+    public static final TurboFormat TURBO2 = new TurboFormat(2);
+
+    private final int bits;
+    private volatile Tables tables64;
+    private volatile Tables tables128;
+
+    /** A block size's codebook as the kernels use it. */
+    private record Tables(int n, Codebook codebook, float[] boundaries, int[] centroidBits, boolean twoTables) {
+        static Tables of(int bits, int n) {
+            Codebook cb = Codebook.sphere(bits, n);
+            float[] c = cb.centroidsAsFloat();
+            int[] tableBits = new int[Math.max(L, c.length)];
+            for (int i = 0; i < c.length; i++) {
+                tableBits[i] = Float.floatToRawIntBits(c[i]);
+            }
+            return new Tables(n, cb, cb.boundaries(), tableBits, c.length > L);
+        }
+    }
+
+    private TurboFormat(int bits) {
+        this.bits = bits;
+    }
+
+    @Override
+    public String name() {
+        return "turbo" + bits;
+    }
+
+    /** Bits per code. */
+    public int bits() {
+        return bits;
+    }
+
+    @Override
+    public double bitsPerValue() {
+        return 8.0 * blockBytes(128) / 128;
+    }
+
+    /** Bytes of one block of n values: fp16 corrected norm + n·bits/8 bytes of codes. */
+    public int blockBytes(int n) {
+        return 2 + n * bits / 8;
+    }
+
+    @Override
+    public long rowBytes(int headDim) {
+        int n = Rotation.blockSize(headDim);
+        return (long) (Rotation.paddedDim(headDim) / n) * blockBytes(n);
+    }
+
+    @Override
+    public boolean rotated() {
+        return true;
+    }
+
+    /** The codebook of the blocks a head of this size is cut into. */
+    public Codebook codebook(int headDim) {
+        return tables(Rotation.blockSize(headDim)).codebook;
+    }
+
+    private Tables tables(int n) {
+        Tables t = n == 128 ? tables128 : tables64;
+        if (t == null) {
+            t = Tables.of(bits, n);
+            if (n == 128) {
+                tables128 = t;
+            } else {
+                tables64 = t;
+            }
+        }
+        return t;
+    }
+
+    @Override
+    public void encode(float[] src, int srcOff, int headDim, MemorySegment dst, long dstOff) {
+        encodeRows(src, srcOff, 1, headDim, dst, dstOff, 0);
+    }
+
+    @Override
+    public void encodeRows(float[] src, int srcOff, int rows, int headDim, MemorySegment dst, long dstOff, long dstStride) {
+        Objects.checkFromIndexSize(srcOff, rows * headDim, src.length);
+        int padded = Rotation.paddedDim(headDim);
+        Tables t = tables(Rotation.blockSize(headDim));
+        int n = t.n;
+        float[] y = new float[padded];
+        int[] codes = new int[n];
+        for (int r = 0; r < rows; r++) {
+            System.arraycopy(src, srcOff + r * headDim, y, 0, headDim);
+            Rotation.forwardRow(y, 0, headDim);
+            long out = dstOff + r * dstStride;
+            for (int b = 0; b < padded; b += n) {
+                encodeBlock(t, y, b, codes, dst, out + (long) (b / n) * blockBytes(n));
+            }
+        }
+    }
+
+    private void encodeBlock(Tables t, float[] y, int off, int[] codes, MemorySegment dst, long out) {
+        int n = t.n;
+        FloatVector sq = FloatVector.zero(F);
+        for (int i = 0; i < n; i += L) {
+            FloatVector v = FloatVector.fromArray(F, y, off + i);
+            sq = v.fma(v, sq);
+        }
+        float s = (float) Math.sqrt(KvLanes.sumLanes(sq));
+        float inv = s > 0 ? 1f / s : 0f;
+        float[] bounds = t.boundaries;
+        IntVector t0 = IntVector.fromArray(I, t.centroidBits, 0);
+        IntVector t1 = t.twoTables ? IntVector.fromArray(I, t.centroidBits, L) : t0;
+        FloatVector one = FloatVector.broadcast(F, 1f);
+        FloatVector cc = FloatVector.zero(F);
+        for (int i = 0; i < n; i += L) {
+            FloatVector u = FloatVector.fromArray(F, y, off + i).mul(inv);
+            FloatVector code = FloatVector.zero(F);
+            for (float bound : bounds) {
+                code = code.add(one, u.compare(VectorOperators.GT, bound));
+            }
+            IntVector ci = (IntVector) code.convert(VectorOperators.F2I, 0);
+            ci.intoArray(codes, i);
+            FloatVector c = lookup(ci, t0, t1, t.twoTables);
+            cc = c.fma(c, cc);
+        }
+        float g = s / (float) Math.sqrt(KvLanes.sumLanes(cc));
+        dst.set(LE_SHORT, out, KvLanes.toHalf(g));
+        pack(codes, n, dst, out + 2);
+    }
+
+    private static FloatVector lookup(IntVector codes, IntVector t0, IntVector t1, boolean twoTables) {
+        return (twoTables ? codes.selectFrom(t0, t1) : codes.selectFrom(t0)).reinterpretAsFloats();
+    }
+
+    private void pack(int[] codes, int n, MemorySegment dst, long at) {
+        switch (bits) {
+            case 4 -> PackedCodes.pack(codes, 0, 4, n / 2, dst, at);
+            case 2 -> PackedCodes.pack(codes, 0, 2, n / 4, dst, at);
+            case 3 -> {
+                PackedCodes.pack(codes, 0, 2, n / 4, dst, at);
+                PackedCodes.pack(codes, 2, 1, n / 8, dst, at + n / 4);
+            }
+            default -> throw new IllegalStateException("turbo formats have 2, 3 or 4 bits, not " + bits);
+        }
+    }
+
+    private void unpack(MemorySegment src, long at, int n, int[] codes) {
+        switch (bits) {
+            case 4 -> PackedCodes.unpack(src, at, 0, 4, n / 2, codes, true);
+            case 2 -> PackedCodes.unpack(src, at, 0, 2, n / 4, codes, true);
+            case 3 -> {
+                PackedCodes.unpack(src, at, 0, 2, n / 4, codes, true);
+                PackedCodes.unpack(src, at + n / 4, 2, 1, n / 8, codes, false);
+            }
+            default -> throw new IllegalStateException("turbo formats have 2, 3 or 4 bits, not " + bits);
+        }
+    }
+
+    @Override
+    public void decode(MemorySegment src, long srcOff, int headDim, float[] dst, int dstOff) {
+        int padded = Rotation.paddedDim(headDim);
+        Objects.checkFromIndexSize(dstOff, padded, dst.length);
+        Tables t = tables(Rotation.blockSize(headDim));
+        int n = t.n;
+        int[] codes = new int[n];
+        IntVector t0 = IntVector.fromArray(I, t.centroidBits, 0);
+        IntVector t1 = t.twoTables ? IntVector.fromArray(I, t.centroidBits, L) : t0;
+        for (int b = 0; b < padded; b += n) {
+            long in = srcOff + (long) (b / n) * blockBytes(n);
+            float g = KvLanes.fromHalf(src.get(LE_SHORT, in));
+            unpack(src, in + 2, n, codes);
+            for (int i = 0; i < n; i += L) {
+                lookup(IntVector.fromArray(I, codes, i), t0, t1, t.twoTables).mul(g).intoArray(dst, dstOff + b + i);
+            }
+        }
+    }
+
+    @Override
+    public String toString() {
+        return name();
+    }
+}
