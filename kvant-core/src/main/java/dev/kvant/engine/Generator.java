@@ -60,7 +60,7 @@ public final class Generator {
             }
             ids[generated++] = next;
             sampler.accept(next);
-            String piece = decoder.accept(next);
+            String piece = decoder.feed(next);
             if (!piece.isEmpty()) {
                 out.accept(piece);
             }

@@ -1,5 +1,7 @@
 package dev.kvant.tokenizer;
 
+import dev.kvant.gguf.GgufMetadata;
+
 import java.util.List;
 
 /**
@@ -49,5 +51,27 @@ public record TokenizerSpec(
                          String chatTemplate) {
         this(model, pre, tokens, scores, tokenTypes, merges, bos, eos, eot,
                 "llama".equals(model) ? 0 : -1, pad, addBos, addEos, "llama".equals(model), chatTemplate);
+    }
+
+    /** Reads the {@code tokenizer.*} keys of a GGUF file; missing optional keys take llama.cpp's defaults. */
+    public static TokenizerSpec fromGguf(GgufMetadata md) {
+        String model = md.getString("tokenizer.ggml.model");
+        boolean llama = "llama".equals(model);
+        return new TokenizerSpec(
+                model,
+                md.getString("tokenizer.ggml.pre", null),
+                md.getStringArray("tokenizer.ggml.tokens"),
+                md.contains("tokenizer.ggml.scores") ? md.getFloatArray("tokenizer.ggml.scores") : null,
+                md.contains("tokenizer.ggml.token_type") ? md.getIntArray("tokenizer.ggml.token_type") : null,
+                md.contains("tokenizer.ggml.merges") ? md.getStringArray("tokenizer.ggml.merges") : null,
+                md.getInt("tokenizer.ggml.bos_token_id", -1),
+                md.getInt("tokenizer.ggml.eos_token_id", -1),
+                md.getInt("tokenizer.ggml.eot_token_id", -1),
+                md.getInt("tokenizer.ggml.unknown_token_id", llama ? 0 : -1),
+                md.getInt("tokenizer.ggml.padding_token_id", -1),
+                md.getBoolean("tokenizer.ggml.add_bos_token", llama),
+                md.getBoolean("tokenizer.ggml.add_eos_token", false),
+                md.getBoolean("tokenizer.ggml.add_space_prefix", llama),
+                md.getString("tokenizer.chat_template", null));
     }
 }

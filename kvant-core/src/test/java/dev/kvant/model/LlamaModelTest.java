@@ -34,7 +34,7 @@ class LlamaModelTest {
     @MethodSource("architecturesAndFormats")
     void logitsMatchFloat64ReferenceForward(String arch, GgmlType weights) {
         long seed = new Random().nextLong();
-        try (Arena arena = Arena.ofConfined()) {
+        try (Arena arena = Arena.ofShared()) {
             TinyModels.Built built = TinyModels.build(arch, weights, seed, arena);
             LlamaModel model = LlamaModel.fromGguf(built.file());
             int[] prompt = randomTokens(seed, 7);
@@ -70,7 +70,7 @@ class LlamaModelTest {
     @Test
     void logitsAreBitIdenticalAtOneTwoAndThreeThreads() {
         long seed = new Random().nextLong();
-        try (Arena arena = Arena.ofConfined()) {
+        try (Arena arena = Arena.ofShared()) {
             TinyModels.Built built = TinyModels.build("qwen2", GgmlType.Q8_0, seed, arena);
             LlamaModel model = LlamaModel.fromGguf(built.file());
             int[] prompt = randomTokens(seed, 150);
