@@ -2,6 +2,7 @@ package dev.kvant.cuda;
 
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Tag;
 import org.junit.jupiter.api.Test;
 
@@ -27,10 +28,16 @@ class CublasLtGpuTest {
 
     @BeforeAll
     static void open() {
+        if (Cuda.available().ok()) {
+            context = CudaContext.open();
+            blas = CublasLt.create(context);
+            System.out.println("cuBLASLt " + CublasLt.libraryVersion() + " from " + CublasLt.libraryPath());
+        }
+    }
+
+    @BeforeEach
+    void requireGpu() {
         GpuFixture.assumeCuda();
-        context = CudaContext.open();
-        blas = CublasLt.create(context);
-        System.out.println("cuBLASLt " + CublasLt.libraryVersion() + " from " + CublasLt.libraryPath());
     }
 
     @AfterAll

@@ -2,6 +2,7 @@ package dev.kvant.cuda;
 
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Tag;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
@@ -27,9 +28,18 @@ class CudaGraphGpuTest {
 
     @BeforeAll
     static void open() {
+        if (Cuda.available().ok()) {
+            context = CudaContext.open();
+        }
+    }
+
+    @BeforeEach
+    void requireGpuAndNvrtc() {
         GpuFixture.assumeCuda();
-        context = CudaContext.open();
-        cache = new KernelCache(cacheDir, GpuFixture.assumeNvrtc(), context.driverVersion());
+        Nvrtc nvrtc = GpuFixture.assumeNvrtc();
+        if (cache == null) {
+            cache = new KernelCache(cacheDir, nvrtc, context.driverVersion());
+        }
     }
 
     @AfterAll

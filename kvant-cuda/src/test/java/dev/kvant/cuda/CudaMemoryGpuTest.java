@@ -2,6 +2,7 @@ package dev.kvant.cuda;
 
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Tag;
 import org.junit.jupiter.api.Test;
 
@@ -24,9 +25,15 @@ class CudaMemoryGpuTest {
 
     @BeforeAll
     static void open() {
+        if (Cuda.available().ok()) {
+            context = CudaContext.open();
+            System.out.println(context + ", driver CUDA " + Cuda.versionString(context.driverVersion()));
+        }
+    }
+
+    @BeforeEach
+    void requireGpu() {
         GpuFixture.assumeCuda();
-        context = CudaContext.open();
-        System.out.println(context + ", driver CUDA " + Cuda.versionString(context.driverVersion()));
     }
 
     @AfterAll
@@ -43,7 +50,8 @@ class CudaMemoryGpuTest {
         assertTrue(context.multiprocessors() > 0, context.toString());
         CudaDriver.MemoryInfo memory = context.memoryInfo();
         assertTrue(memory.free() > 0 && memory.free() <= memory.total(), memory.toString());
-        assertEquals(context.totalMemory(), memory.total(), "cuDeviceTotalMem and cuMemGetInfo agree");
+        assertTrue(Math.abs(context.totalMemory() - memory.total()) <= context.totalMemory() / 100,
+                "cuDeviceTotalMem " + context.totalMemory() + " and cuMemGetInfo " + memory.total() + " agree");
         assertTrue(context.maxSharedMemoryPerBlockOptin() >= 48 << 10, context.toString());
     }
 
@@ -187,7 +195,7 @@ class CudaMemoryGpuTest {
         long seed = GpuFixture.seed("poolHandsOutAlignedDisjointScratchAndTheSameAddressesAfterReset");
         SplittableRandom r = new SplittableRandom(seed);
         try (DevicePool pool = context.createPool(64L << 20); Arena arena = Arena.ofConfined()) {
-            long[] sizes = r.longs(20, 1, 1 << 20).toArray();
+            long[] sizes = r.longs(20, 4, 1 << 20).toArray();
             long[] first = new long[sizes.length];
             DeviceBuffer[] buffers = new DeviceBuffer[sizes.length];
             for (int i = 0; i < sizes.length; i++) {
@@ -197,16 +205,15 @@ class CudaMemoryGpuTest {
                 assertEquals(sizes[i], buffers[i].byteSize());
             }
             for (int i = 0; i < sizes.length; i++) {
-                buffers[i].fillInts(i);
+                buffers[i].slice(0, sizes[i] & -4L).fillInts(i);
             }
             for (int i = 0; i < sizes.length; i++) {
                 MemorySegment back = arena.allocate(sizes[i] & -4L);
-                if (back.byteSize() > 0) {
-                    buffers[i].copyToHost(back);
-                    for (long w = 0; w < back.byteSize() / 4; w += 997) {
-                        assertEquals(i, back.getAtIndex(JAVA_INT, w), "slice " + i + " was overwritten; seed " + seed);
-                    }
+                buffers[i].copyToHost(back);
+                for (long w = 0; w < back.byteSize() / 4; w += 997) {
+                    assertEquals(i, back.getAtIndex(JAVA_INT, w), "slice " + i + " was overwritten; seed " + seed);
                 }
+                assertEquals(i, back.getAtIndex(JAVA_INT, back.byteSize() / 4 - 1), "last word; seed " + seed);
             }
             long used = pool.used();
             pool.reset();
