@@ -1,0 +1,57 @@
+package dev.kvant.cuda;
+
+import java.lang.foreign.MemorySegment;
+
+/** A queue of device work that runs in order; work on different streams may overlap. */
+public final class CudaStream implements AutoCloseable {
+    private final CudaContext context;
+    private final MemorySegment handle;
+    private final boolean owned;
+    private boolean closed;
+
+    CudaStream(CudaContext context, MemorySegment handle, boolean owned) {
+        this.context = context;
+        this.handle = handle;
+        this.owned = owned;
+    }
+
+    static CudaStream legacyDefault(CudaContext context) {
+        return new CudaStream(context, MemorySegment.NULL, false);
+    }
+
+    /** The CUstream handle (NULL for the legacy default stream). */
+    public MemorySegment handle() {
+        if (closed) {
+            throw new IllegalStateException("CUDA stream " + CudaDriver.hex(handle) + " was used after close()");
+        }
+        return handle;
+    }
+
+    public CudaContext context() {
+        return context;
+    }
+
+    /** Whether this is the legacy default stream, which cannot be captured into a graph. */
+    public boolean isLegacyDefault() {
+        return handle.equals(MemorySegment.NULL);
+    }
+
+    /** Waits until every piece of work queued so far has finished. */
+    public void synchronize() {
+        context.makeCurrent();
+        context.driver().streamSynchronize(handle());
+    }
+
+    /** Destroys a stream this context created (work already queued still completes); idempotent. */
+    @Override
+    public synchronized void close() {
+        if (closed || !owned) {
+            return;
+        }
+        closed = true;
+        if (!context.isClosed()) {
+            context.makeCurrent();
+            context.driver().streamDestroy(handle);
+        }
+    }
+}
