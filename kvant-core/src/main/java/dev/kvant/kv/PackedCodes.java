@@ -52,8 +52,8 @@ final class PackedCodes {
     }
 
     /**
-     * Reads a plane written by {@link #pack} and ORs each slice, shifted left by shift, into codes. Callers
-     * clear codes (or unpack the low plane first, with shift 0, which overwrites).
+     * Reads a plane written by {@link #pack}: each slice, shifted left by shift, is stored into codes
+     * (overwrite) or ORed into what is there (a plane of higher bits after the low plane).
      */
     static void unpack(MemorySegment src, long off, int shift, int width, int planeBytes, int[] codes, boolean overwrite) {
         int fields = 8 / width;

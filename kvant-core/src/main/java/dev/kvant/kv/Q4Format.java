@@ -31,8 +31,10 @@ public final class Q4Format implements KvFormat {
     public static final Q4Format Q4_0 = new Q4Format("q4_0", false);
     public static final Q4Format Q4_0H = new Q4Format("q4_0h", true);
 
-    static final int BLOCK = 32;
-    static final int BLOCK_BYTES = 18;
+    /** Values per block. */
+    public static final int BLOCK = 32;
+    /** Bytes per block: fp16 d + 16 bytes of nibbles. */
+    public static final int BLOCK_BYTES = 18;
 
     private final String name;
     private final boolean rotated;
