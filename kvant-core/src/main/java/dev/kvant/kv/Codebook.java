@@ -17,7 +17,9 @@ import java.util.function.DoubleUnaryOperator;
  * <p>Lloyd iteration: boundaries are the midpoints of neighbouring centroids, each centroid is the conditional mean
  * of its cell, repeated until no centroid moves by more than 1e-14 σ. Only the positive half is iterated; the
  * negative half is its mirror, so the codebook is exactly symmetric and the middle boundary is exactly 0. Cell
- * integrals use composite 16-point Gauss-Legendre with panels no wider than σ/4.
+ * integrals use composite 16-point Gauss-Legendre with panels no wider than σ/4. Everything is computed with
+ * StrictMath in Java's IEEE double arithmetic, so every platform derives the same float centroids: they are
+ * constants of kv-format v1 (docs/KV_FORMATS.md lists them).
  */
 public final class Codebook {
     private static final int GL_POINTS = 16;
@@ -42,12 +44,12 @@ public final class Codebook {
     private record Distribution(DoubleUnaryOperator pdf, double sigma, double hi, String description) {
         static Distribution sphere(int n) {
             double k = (n - 3) / 2.0;
-            return new Distribution(t -> Math.exp(k * Math.log1p(-t * t)), 1 / Math.sqrt(n), 1.0,
+            return new Distribution(t -> StrictMath.exp(k * StrictMath.log1p(-t * t)), 1 / Math.sqrt(n), 1.0,
                     "coordinate of a uniform point on S^" + (n - 1) + ": f(t) ∝ (1-t²)^" + k + " on [-1,1]");
         }
 
         static Distribution standardNormal() {
-            return new Distribution(t -> Math.exp(-0.5 * t * t), 1.0, 12.0, "standard normal N(0,1)");
+            return new Distribution(t -> StrictMath.exp(-0.5 * t * t), 1.0, 12.0, "standard normal N(0,1)");
         }
     }
 
@@ -216,7 +218,7 @@ public final class Codebook {
     private static void gaussLegendre(double[] x, double[] w) {
         int m = x.length;
         for (int i = 0; i < m; i++) {
-            double r = Math.cos(Math.PI * (i + 0.75) / (m + 0.5));
+            double r = StrictMath.cos(Math.PI * (i + 0.75) / (m + 0.5));
             double dp = 0;
             for (int it = 0; it < 100; it++) {
                 double p0 = 1;

@@ -79,7 +79,7 @@ public final class Int8Format implements KvFormat {
     public void encodeRows(float[] src, int srcOff, int rows, int headDim, MemorySegment dst, long dstOff, long dstStride) {
         Objects.checkFromIndexSize(srcOff, rows * headDim, src.length);
         int full = headDim / block;
-        float[] tail = headDim % block == 0 ? null : new float[block];
+        float[] tail = headDim % block == 0 ? null : KernelScratch.get().row(block);
         for (int r = 0; r < rows; r++) {
             int row = srcOff + r * headDim;
             long out = dstOff + r * dstStride;
@@ -87,7 +87,7 @@ public final class Int8Format implements KvFormat {
                 encodeBlock(src, row + b * block, dst, out + (long) b * blockBytes());
             }
             if (tail != null) {
-                Arrays.fill(tail, 0f);
+                Arrays.fill(tail, 0, block, 0f);
                 System.arraycopy(src, row + full * block, tail, 0, headDim - full * block);
                 encodeBlock(tail, 0, dst, out + (long) full * blockBytes());
             }
@@ -118,7 +118,7 @@ public final class Int8Format implements KvFormat {
             decodeBlock(src, srcOff + (long) b * blockBytes(), dst, dstOff + b * block);
         }
         if (headDim % block != 0) {
-            float[] tail = new float[block];
+            float[] tail = KernelScratch.get().row(block);
             decodeBlock(src, srcOff + (long) full * blockBytes(), tail, 0);
             System.arraycopy(tail, 0, dst, dstOff + full * block, headDim - full * block);
         }

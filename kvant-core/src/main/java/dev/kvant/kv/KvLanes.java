@@ -14,8 +14,8 @@ import jdk.incubator.vector.VectorSpecies;
  * The vector shapes every KV kernel shares: L float lanes, and the int, short and byte species with the same
  * lane count so that codes, halves and bytes convert lane for lane.
  *
- * <p>L is the preferred float width, but at least 8: a byte species needs 64 bits, and the layouts' smallest
- * vector-friendly group is 8 codes; and at most 16, half a q4_0 block. On hardware narrower than 256 bits the 256-bit species runs in software.
+ * <p>L is the preferred float width, but at least 8 (a byte species needs 64 bits) and at most 16 (half a q4_0
+ * block). On hardware narrower than 256 bits the 256-bit species runs in software.
  */
 final class KvLanes {
     static final VectorSpecies<Float> F = FloatVector.SPECIES_PREFERRED.length() >= 8
@@ -32,25 +32,13 @@ final class KvLanes {
     /** Largest finite fp16; scales and norms are clamped to it rather than overflowing to infinity. */
     static final float HALF_MAX = 65504f;
 
-    /** {@code XOR[h]} exchanges lanes i and i^h. */
-    private static final VectorShuffle<Float>[] XOR = xorShuffles();
+    /** Lane exchanges i ↔ i^h for h = 1, 2, 4, 8 (the last only when L = 16). */
+    static final VectorShuffle<Float> X1 = VectorShuffle.fromOp(F, i -> i ^ 1);
+    static final VectorShuffle<Float> X2 = VectorShuffle.fromOp(F, i -> i ^ 2);
+    static final VectorShuffle<Float> X4 = VectorShuffle.fromOp(F, i -> i ^ 4);
+    static final VectorShuffle<Float> X8 = L > 8 ? VectorShuffle.fromOp(F, i -> i ^ 8) : X4;
 
     private KvLanes() {
-    }
-
-    @SuppressWarnings("unchecked")
-    private static VectorShuffle<Float>[] xorShuffles() {
-        VectorShuffle<Float>[] xor = new VectorShuffle[L];
-        for (int h = 1; h < L; h <<= 1) {
-            final int d = h;
-            xor[h] = VectorShuffle.fromOp(F, i -> i ^ d);
-        }
-        return xor;
-    }
-
-    /** The shuffle exchanging lanes i and i^h, for h a power of two below L. */
-    static VectorShuffle<Float> xor(int h) {
-        return XOR[h];
     }
 
     /**
@@ -59,9 +47,12 @@ final class KvLanes {
      * is unspecified.
      */
     static float sumLanes(FloatVector v) {
-        for (int h = L / 2; h >= 1; h >>= 1) {
-            v = v.add(v.rearrange(XOR[h]));
+        if (L > 8) {
+            v = v.add(v.rearrange(X8));
         }
+        v = v.add(v.rearrange(X4));
+        v = v.add(v.rearrange(X2));
+        v = v.add(v.rearrange(X1));
         return v.lane(0);
     }
 

@@ -52,23 +52,32 @@ final class PackedCodes {
     }
 
     /**
-     * Reads a plane written by {@link #pack} and ORs each slice, shifted left by shift, into codes. Callers
-     * clear codes (or unpack the low plane first, with shift 0, which overwrites).
+     * Reads a plane written by {@link #pack}: each slice, shifted left by shift, is stored into codes
+     * (overwrite) or ORed into what is there (a plane of higher bits after the low plane).
      */
     static void unpack(MemorySegment src, long off, int shift, int width, int planeBytes, int[] codes, boolean overwrite) {
         int fields = 8 / width;
         int mask = (1 << width) - 1;
         if (planeBytes % L == 0) {
-            for (int j = 0; j < planeBytes; j += L) {
-                IntVector b = ((IntVector) ByteVector.fromMemorySegment(B, src, off + j, LE)
-                        .convertShape(VectorOperators.B2I, I, 0)).and(0xFF);
-                for (int q = 0; q < fields; q++) {
-                    IntVector c = b.lanewise(VectorOperators.LSHR, q * width).and(mask).lanewise(VectorOperators.LSHL, shift);
-                    int at = j + q * planeBytes;
-                    if (!overwrite) {
-                        c = c.or(IntVector.fromArray(I, codes, at));
+            // Two loops rather than one with a choice between vector values: C2 boxes vectors merged at a branch.
+            if (overwrite) {
+                for (int j = 0; j < planeBytes; j += L) {
+                    IntVector b = ((IntVector) ByteVector.fromMemorySegment(B, src, off + j, LE)
+                            .convertShape(VectorOperators.B2I, I, 0)).and(0xFF);
+                    for (int q = 0; q < fields; q++) {
+                        b.lanewise(VectorOperators.LSHR, q * width).and(mask).lanewise(VectorOperators.LSHL, shift)
+                                .intoArray(codes, j + q * planeBytes);
                     }
-                    c.intoArray(codes, at);
+                }
+            } else {
+                for (int j = 0; j < planeBytes; j += L) {
+                    IntVector b = ((IntVector) ByteVector.fromMemorySegment(B, src, off + j, LE)
+                            .convertShape(VectorOperators.B2I, I, 0)).and(0xFF);
+                    for (int q = 0; q < fields; q++) {
+                        int at = j + q * planeBytes;
+                        b.lanewise(VectorOperators.LSHR, q * width).and(mask).lanewise(VectorOperators.LSHL, shift)
+                                .or(IntVector.fromArray(I, codes, at)).intoArray(codes, at);
+                    }
                 }
             }
         } else {

@@ -31,8 +31,10 @@ public final class Q4Format implements KvFormat {
     public static final Q4Format Q4_0 = new Q4Format("q4_0", false);
     public static final Q4Format Q4_0H = new Q4Format("q4_0h", true);
 
-    static final int BLOCK = 32;
-    static final int BLOCK_BYTES = 18;
+    /** Values per block. */
+    public static final int BLOCK = 32;
+    /** Bytes per block: fp16 d + 16 bytes of nibbles. */
+    public static final int BLOCK_BYTES = 18;
 
     private final String name;
     private final boolean rotated;
@@ -76,7 +78,7 @@ public final class Q4Format implements KvFormat {
         Objects.checkFromIndexSize(srcOff, rows * headDim, src.length);
         int blocks = blocks(headDim);
         boolean direct = !rotated && headDim % BLOCK == 0;
-        float[] scratch = direct ? null : new float[blocks * BLOCK];
+        float[] scratch = direct ? null : KernelScratch.get().row(blocks * BLOCK);
         for (int r = 0; r < rows; r++) {
             int row = srcOff + r * headDim;
             long out = dstOff + r * dstStride;
@@ -84,7 +86,7 @@ public final class Q4Format implements KvFormat {
             int off = row;
             if (!direct) {
                 System.arraycopy(src, row, scratch, 0, headDim);
-                Arrays.fill(scratch, headDim, scratch.length, 0f);
+                Arrays.fill(scratch, headDim, blocks * BLOCK, 0f);
                 if (rotated) {
                     Rotation.forwardRow(scratch, 0, headDim);
                 }
@@ -133,7 +135,7 @@ public final class Q4Format implements KvFormat {
             decodeBlock(src, srcOff + (long) b * BLOCK_BYTES, dst, dstOff + b * BLOCK);
         }
         if (n % BLOCK != 0) {
-            float[] tail = new float[BLOCK];
+            float[] tail = KernelScratch.get().row(BLOCK);
             decodeBlock(src, srcOff + (long) full * BLOCK_BYTES, tail, 0);
             System.arraycopy(tail, 0, dst, dstOff + full * BLOCK, n - full * BLOCK);
         }

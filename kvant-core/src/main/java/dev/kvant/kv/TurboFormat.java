@@ -6,6 +6,7 @@ import static dev.kvant.kv.KvLanes.L;
 import static dev.kvant.kv.KvLanes.LE_SHORT;
 
 import java.lang.foreign.MemorySegment;
+import java.util.Arrays;
 import java.util.Objects;
 import jdk.incubator.vector.FloatVector;
 import jdk.incubator.vector.IntVector;
@@ -23,29 +24,46 @@ import jdk.incubator.vector.VectorOperators;
  * A block is the fp16 g followed by the codes in {@link PackedCodes} planes: {@code 2 + n·bits/8} bytes, so 66,
  * 50 and 34 bytes for a 128-block of turbo4, turbo3, turbo2. Decoding gives rotated-domain values g·c[code_i].
  *
- * <p>Renormalizing costs a little squared error (2 - 2√(1-D) instead of D for a codebook of unit-vector error D)
- * but removes the bias of plain Lloyd-Max reconstruction, which shrinks every vector by about D/2 and with it
- * every attention logit.
+ * <p>Renormalizing removes the bias of plain Lloyd-Max reconstruction, which shrinks every vector by about D/2
+ * (D the codebook's unit-vector error) and with it every attention logit. It costs no accuracy: to first order
+ * the squared error goes from D to 2 - 2√(1-D) ≈ D + D²/4, and on the sphere it measures 1-4% below that, below
+ * D itself at 3 and 4 bits.
  */
 public final class TurboFormat implements KvFormat {
     public static final TurboFormat TURBO4 = new TurboFormat(4);
     public static final TurboFormat TURBO3 = new TurboFormat(3);
     public static final TurboFormat TURBO2 = new TurboFormat(2);
 
+    /**
+     * Whether 16 codes need two vectors of table: decided once for the machine (L = 8), never per format, so the
+     * kernels have no data-dependent choice between vector values.
+     */
+    private static final boolean TWO_TABLES = L < 16;
+
     private final int bits;
     private volatile Tables tables64;
     private volatile Tables tables128;
 
-    /** A block size's codebook as the kernels use it. */
-    private record Tables(int n, Codebook codebook, float[] boundaries, int[] centroidBits, boolean twoTables) {
+    /**
+     * A block size's codebook as the kernels use it: centroids and decision boundaries as raw float bits, padded
+     * to whole vectors for in-register table lookups ({@code selectFrom}, one table of L lanes or two).
+     */
+    private record Tables(int n, Codebook codebook, int[] boundaryBits, int[] centroidBits) {
         static Tables of(int bits, int n) {
             Codebook cb = Codebook.sphere(bits, n);
             float[] c = cb.centroidsAsFloat();
-            int[] tableBits = new int[Math.max(L, c.length)];
+            float[] b = cb.boundaries();
+            int size = TWO_TABLES ? 2 * L : L;
+            int[] centroidBits = new int[size];
+            int[] boundaryBits = new int[size];
+            Arrays.fill(boundaryBits, Float.floatToRawIntBits(Float.POSITIVE_INFINITY));
             for (int i = 0; i < c.length; i++) {
-                tableBits[i] = Float.floatToRawIntBits(c[i]);
+                centroidBits[i] = Float.floatToRawIntBits(c[i]);
             }
-            return new Tables(n, cb, cb.boundaries(), tableBits, c.length > L);
+            for (int i = 0; i < b.length; i++) {
+                boundaryBits[i] = Float.floatToRawIntBits(b[i]);
+            }
+            return new Tables(n, cb, boundaryBits, centroidBits);
         }
     }
 
@@ -113,8 +131,9 @@ public final class TurboFormat implements KvFormat {
         int padded = Rotation.paddedDim(headDim);
         Tables t = tables(Rotation.blockSize(headDim));
         int n = t.n;
-        float[] y = new float[padded];
-        int[] codes = new int[n];
+        KernelScratch scratch = KernelScratch.get();
+        float[] y = scratch.row(padded);
+        int[] codes = scratch.codes(n);
         for (int r = 0; r < rows; r++) {
             System.arraycopy(src, srcOff + r * headDim, y, 0, headDim);
             Rotation.forwardRow(y, 0, headDim);
@@ -125,6 +144,12 @@ public final class TurboFormat implements KvFormat {
         }
     }
 
+    /**
+     * Quantizes the rotated block y[off, off+n): codes by a branchless binary search over the sorted boundaries
+     * (bits steps of table lookup, compare and masked add; it counts the boundaries strictly below each value,
+     * as a linear scan would, with 4 instead of 15 compare steps at 4 bits), and the corrected norm from the
+     * chosen centroids. Sums run through {@link KvLanes#sumLanes}, so the bytes do not depend on JIT state.
+     */
     private void encodeBlock(Tables t, float[] y, int off, int[] codes, MemorySegment dst, long out) {
         int n = t.n;
         FloatVector sq = FloatVector.zero(F);
@@ -134,20 +159,20 @@ public final class TurboFormat implements KvFormat {
         }
         float s = (float) Math.sqrt(KvLanes.sumLanes(sq));
         float inv = s > 0 ? 1f / s : 0f;
-        float[] bounds = t.boundaries;
-        IntVector t0 = IntVector.fromArray(I, t.centroidBits, 0);
-        IntVector t1 = t.twoTables ? IntVector.fromArray(I, t.centroidBits, L) : t0;
-        FloatVector one = FloatVector.broadcast(F, 1f);
+        IntVector c0 = IntVector.fromArray(I, t.centroidBits, 0);
+        IntVector c1 = TWO_TABLES ? IntVector.fromArray(I, t.centroidBits, L) : c0;
+        IntVector b0 = IntVector.fromArray(I, t.boundaryBits, 0);
+        IntVector b1 = TWO_TABLES ? IntVector.fromArray(I, t.boundaryBits, L) : b0;
         FloatVector cc = FloatVector.zero(F);
         for (int i = 0; i < n; i += L) {
             FloatVector u = FloatVector.fromArray(F, y, off + i).mul(inv);
-            FloatVector code = FloatVector.zero(F);
-            for (float bound : bounds) {
-                code = code.add(one, u.compare(VectorOperators.GT, bound));
+            IntVector code = IntVector.zero(I);
+            for (int step = 1 << (bits - 1); step > 0; step >>= 1) {
+                FloatVector bound = lookup(code.add(step - 1), b0, b1);
+                code = code.add(step, u.compare(VectorOperators.GT, bound).cast(I));
             }
-            IntVector ci = (IntVector) code.convert(VectorOperators.F2I, 0);
-            ci.intoArray(codes, i);
-            FloatVector c = lookup(ci, t0, t1, t.twoTables);
+            code.intoArray(codes, i);
+            FloatVector c = lookup(code, c0, c1);
             cc = c.fma(c, cc);
         }
         float g = s / (float) Math.sqrt(KvLanes.sumLanes(cc));
@@ -155,8 +180,8 @@ public final class TurboFormat implements KvFormat {
         pack(codes, n, dst, out + 2);
     }
 
-    private static FloatVector lookup(IntVector codes, IntVector t0, IntVector t1, boolean twoTables) {
-        return (twoTables ? codes.selectFrom(t0, t1) : codes.selectFrom(t0)).reinterpretAsFloats();
+    private static FloatVector lookup(IntVector codes, IntVector t0, IntVector t1) {
+        return (TWO_TABLES ? codes.selectFrom(t0, t1) : codes.selectFrom(t0)).reinterpretAsFloats();
     }
 
     private void pack(int[] codes, int n, MemorySegment dst, long at) {
@@ -189,15 +214,15 @@ public final class TurboFormat implements KvFormat {
         Objects.checkFromIndexSize(dstOff, padded, dst.length);
         Tables t = tables(Rotation.blockSize(headDim));
         int n = t.n;
-        int[] codes = new int[n];
-        IntVector t0 = IntVector.fromArray(I, t.centroidBits, 0);
-        IntVector t1 = t.twoTables ? IntVector.fromArray(I, t.centroidBits, L) : t0;
+        int[] codes = KernelScratch.get().codes(n);
+        IntVector c0 = IntVector.fromArray(I, t.centroidBits, 0);
+        IntVector c1 = TWO_TABLES ? IntVector.fromArray(I, t.centroidBits, L) : c0;
         for (int b = 0; b < padded; b += n) {
             long in = srcOff + (long) (b / n) * blockBytes(n);
             float g = KvLanes.fromHalf(src.get(LE_SHORT, in));
             unpack(src, in + 2, n, codes);
             for (int i = 0; i < n; i += L) {
-                lookup(IntVector.fromArray(I, codes, i), t0, t1, t.twoTables).mul(g).intoArray(dst, dstOff + b + i);
+                lookup(IntVector.fromArray(I, codes, i), c0, c1).mul(g).intoArray(dst, dstOff + b + i);
             }
         }
     }

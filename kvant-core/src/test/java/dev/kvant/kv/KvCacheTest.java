@@ -83,6 +83,10 @@ class KvCacheTest {
         }
     }
 
+    /**
+     * Rows come back from where they were written: each decoded row is close to its own input (a misplaced row,
+     * unrelated to it, would have relative error about 2; turbo2's worst single rows reach about 0.3).
+     */
     @Test
     void decodedRowsAreWhatWasWritten() {
         long seed = System.nanoTime();
@@ -108,7 +112,7 @@ class KvCacheTest {
                             err += (expected[i] - got[i]) * (expected[i] - got[i]);
                             norm += expected[i] * expected[i];
                         }
-                        assertTrue(err / norm < 0.2, "seed " + seed + " " + k + ": K row " + pos + "/" + h + " error " + err / norm);
+                        assertTrue(err / norm < 0.5, "seed " + seed + " " + k + ": K row " + pos + "/" + h + " error " + err / norm);
                         s.decodeV(0, pos, h, got, 0);
                         System.arraycopy(vx, (pos * 2 + h) * 64, expected, 0, 64);
                         v.rotate(expected, 0, 64);
@@ -118,7 +122,7 @@ class KvCacheTest {
                             err += (expected[i] - got[i]) * (expected[i] - got[i]);
                             norm += expected[i] * expected[i];
                         }
-                        assertTrue(err / norm < 0.2, "seed " + seed + " " + v + ": V row " + pos + "/" + h + " error " + err / norm);
+                        assertTrue(err / norm < 0.5, "seed " + seed + " " + v + ": V row " + pos + "/" + h + " error " + err / norm);
                     }
                 }
             }

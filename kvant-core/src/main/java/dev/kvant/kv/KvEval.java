@@ -1,0 +1,173 @@
+package dev.kvant.kv;
+
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Locale;
+import java.util.SplittableRandom;
+
+/**
+ * Measures what a KV format costs and loses on a set of rows (keys or values of one head size):
+ * <ul>
+ * <li>{@code mseRel} = Σ‖x - x̂‖² / Σ‖x‖² over all rows, x̂ decoded and rotated back to the original domain;</li>
+ * <li>{@code ipErrRel} = √(Σ(⟨q,x⟩ - ⟨q,x̂⟩)² / Σ⟨q,x⟩²) over all pairs of rows and {@value #QUERIES} queries:
+ * the RMS error of attention logits relative to their RMS. Queries are N(0, I) for {@code ipErrRel}, and for
+ * {@code ipErrRelOutlierQ} N(0, diag(s²)) with s = {@value #OUTLIER_SCALE} on two RoPE channel pairs (i, i +
+ * headDim/2) and 1 elsewhere, like the massive channels of real queries. For isotropic queries ipErrRel ≈
+ * √mseRel; outlier queries weigh the error in those channels, which rotation spreads evenly and per-block
+ * scaling does not.</li>
+ * </ul>
+ * The reference figures are the TurboQuant paper's: the Lloyd-Max error per coordinate of a unit Gaussian, which
+ * is the expected squared error of a quantized random unit vector, and its general upper bound √3·π/2·4^-b.
+ */
+public final class KvEval {
+    static final int QUERIES = 16;
+    static final double OUTLIER_SCALE = 10;
+
+    /** One format's figures on one row set; bitsPerValue counts padding (rowBytes·8/headDim). */
+    public record Row(String format, double bitsPerValue, long rowBytes, double mseRel, double ipErrRel,
+                      double ipErrRelOutlierQ, String source) {
+    }
+
+    private KvEval() {
+    }
+
+    /** The Lloyd-Max squared error per coordinate of a unit Gaussian at 1..4 bits (Max 1960; the paper's D_mse). */
+    public static double lloydMaxGaussianMse(int bits) {
+        return switch (bits) {
+            case 1 -> 0.3634;
+            case 2 -> 0.1175;
+            case 3 -> 0.03454;
+            case 4 -> 0.009497;
+            default -> throw new IllegalArgumentException("reference figures exist for 1 to 4 bits, not " + bits);
+        };
+    }
+
+    /** The paper's upper bound on the MSE of a b-bit quantized unit vector: √3·π/2·4^-b. */
+    public static double paperMseBound(int bits) {
+        return Math.sqrt(3) * Math.PI / 2 * Math.pow(4, -bits);
+    }
+
+    /** n rows of independent N(0, 1) values. */
+    public static float[][] gaussianRows(int n, int headDim, long seed) {
+        SplittableRandom rnd = new SplittableRandom(seed);
+        float[][] rows = new float[n][headDim];
+        for (float[] row : rows) {
+            for (int i = 0; i < headDim; i++) {
+                row[i] = (float) rnd.nextGaussian();
+            }
+        }
+        return rows;
+    }
+
+    /**
+     * Rows like real keys: N(0, 1) values with two RoPE channel pairs (fixed by the seed) scaled by
+     * {@value #OUTLIER_SCALE}, the outlier channels that make per-block scales coarse.
+     */
+    public static float[][] outlierRows(int n, int headDim, long seed) {
+        float[] scale = outlierScales(headDim, new SplittableRandom(seed ^ 0x5DEECE66DL));
+        float[][] rows = gaussianRows(n, headDim, seed);
+        for (float[] row : rows) {
+            for (int i = 0; i < headDim; i++) {
+                row[i] *= scale[i];
+            }
+        }
+        return rows;
+    }
+
+    private static float[] outlierScales(int headDim, SplittableRandom rnd) {
+        float[] s = new float[headDim];
+        java.util.Arrays.fill(s, 1f);
+        int half = Math.max(1, headDim / 2);
+        for (int p = 0; p < 2; p++) {
+            int c = rnd.nextInt(half);
+            s[c] = (float) OUTLIER_SCALE;
+            if (c + half < headDim) {
+                s[c + half] = (float) OUTLIER_SCALE;
+            }
+        }
+        return s;
+    }
+
+    /** Each format's figures over rows (all of length headDim), queries drawn from seed. */
+    public static List<Row> evaluate(List<KvFormat> formats, float[][] rows, int headDim, long seed, String source) {
+        for (float[] r : rows) {
+            if (r.length != headDim) {
+                throw new IllegalArgumentException("rows of " + source + " must have " + headDim + " values, one has " + r.length);
+            }
+        }
+        SplittableRandom rnd = new SplittableRandom(seed);
+        double[][] gaussQ = new double[QUERIES][headDim];
+        double[][] outlierQ = new double[QUERIES][headDim];
+        float[] scales = outlierScales(headDim, rnd);
+        for (int q = 0; q < QUERIES; q++) {
+            for (int i = 0; i < headDim; i++) {
+                gaussQ[q][i] = rnd.nextGaussian();
+                outlierQ[q][i] = rnd.nextGaussian() * scales[i];
+            }
+        }
+        List<Row> out = new ArrayList<>();
+        try (Arena arena = Arena.ofConfined()) {
+            for (KvFormat f : formats) {
+                long rb = f.rowBytes(headDim);
+                MemorySegment buf = arena.allocate(rb);
+                float[] dec = new float[f.domainDim(headDim)];
+                double err = 0;
+                double norm = 0;
+                double[] ipErr = new double[2];
+                double[] ipRef = new double[2];
+                for (float[] x : rows) {
+                    f.encode(x, 0, headDim, buf, 0);
+                    f.decode(buf, 0, headDim, dec, 0);
+                    f.unrotate(dec, 0, headDim);
+                    for (int i = 0; i < headDim; i++) {
+                        double e = x[i] - (double) dec[i];
+                        err += e * e;
+                        norm += (double) x[i] * x[i];
+                    }
+                    for (int kind = 0; kind < 2; kind++) {
+                        for (double[] q : kind == 0 ? gaussQ : outlierQ) {
+                            double exact = 0;
+                            double approx = 0;
+                            for (int i = 0; i < headDim; i++) {
+                                exact += q[i] * x[i];
+                                approx += q[i] * dec[i];
+                            }
+                            ipErr[kind] += (exact - approx) * (exact - approx);
+                            ipRef[kind] += exact * exact;
+                        }
+                    }
+                }
+                out.add(new Row(f.name(), 8.0 * rb / headDim, rb, err / norm, Math.sqrt(ipErr[0] / ipRef[0]),
+                        Math.sqrt(ipErr[1] / ipRef[1]), source));
+            }
+        }
+        return out;
+    }
+
+    /** Prints the figures of every format on Gaussian and outlier rows: {@code KvEval [headDim] [rows] [seed]}. */
+    public static void main(String[] args) {
+        int headDim = args.length > 0 ? Integer.parseInt(args[0]) : 128;
+        int n = args.length > 1 ? Integer.parseInt(args[1]) : 4096;
+        long seed = args.length > 2 ? Long.parseLong(args[2]) : 42;
+        System.out.printf(Locale.ROOT, "kv-format v%d, head_dim %d, %d rows, seed %d%n", KvFormat.VERSION, headDim, n, seed);
+        System.out.printf(Locale.ROOT, "%-8s %-9s %6s %9s %11s %11s %11s%n", "format", "rows", "bits", "bytes/row",
+                "mseRel", "ipErrRel", "ipErrOutQ");
+        for (String source : List.of("gaussian", "outlier")) {
+            float[][] rows = source.equals("gaussian") ? gaussianRows(n, headDim, seed) : outlierRows(n, headDim, seed);
+            for (Row r : evaluate(KvFormat.all(), rows, headDim, seed + 1, source)) {
+                System.out.printf(Locale.ROOT, "%-8s %-9s %6.3f %9d %11.3e %11.3e %11.3e%n", r.format(), r.source(),
+                        r.bitsPerValue(), r.rowBytes(), r.mseRel(), r.ipErrRel(), r.ipErrRelOutlierQ());
+            }
+        }
+        int n0 = Rotation.blockSize(headDim);
+        System.out.printf(Locale.ROOT, "%nunit-vector MSE E|u-c|^2 of the codebooks (n = %d) vs the paper%n", n0);
+        System.out.printf(Locale.ROOT, "%-5s %12s %14s %14s %12s%n", "bits", "sphere(n)", "Lloyd-Max N(0,1)",
+                "paper figure", "paper bound");
+        for (int b = 2; b <= 4; b++) {
+            System.out.printf(Locale.ROOT, "%-5d %12.5f %14.5f %14.5f %12.5f%n", b, Codebook.sphere(b, n0).unitVectorMse(),
+                    Codebook.gaussian(b).unitVectorMse(), lloydMaxGaussianMse(b), paperMseBound(b));
+        }
+    }
+}

@@ -1,0 +1,69 @@
+package dev.kvant.kv;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.util.List;
+import java.util.Map;
+import java.util.function.Function;
+import java.util.stream.Collectors;
+import org.junit.jupiter.api.Test;
+
+class KvEvalTest {
+    private static Map<String, KvEval.Row> byFormat(List<KvEval.Row> rows) {
+        return rows.stream().collect(Collectors.toMap(KvEval.Row::format, Function.identity()));
+    }
+
+    /**
+     * For N(0, I) queries E⟨q, e⟩² = ‖e‖², so the squared RMS inner-product error equals the relative MSE up to
+     * sampling (512 rows × 16 queries: about 2% relative; 15% allowed).
+     */
+    @Test
+    void gaussianQueryErrorIsTheSquareRootOfTheRelativeMse() {
+        long seed = System.nanoTime();
+        float[][] rows = KvEval.gaussianRows(512, 128, seed);
+        Map<String, KvEval.Row> r = byFormat(KvEval.evaluate(KvFormat.all(), rows, 128, seed + 1, "gaussian"));
+        for (KvEval.Row row : r.values()) {
+            assertEquals(1.0, row.ipErrRel() * row.ipErrRel() / row.mseRel(), 0.15, "seed " + seed + " " + row);
+            assertEquals("gaussian", row.source());
+        }
+        assertTrue(r.get("f16").mseRel() < 1e-6);
+        assertTrue(r.get("q8_0").mseRel() < 1e-4);
+        assertTrue(r.get("turbo2").mseRel() > r.get("turbo3").mseRel());
+        assertTrue(r.get("turbo3").mseRel() > r.get("turbo4").mseRel());
+        double d = Codebook.sphere(4, 128).unitVectorMse();
+        assertEquals(2 - 2 * Math.sqrt(1 - d), r.get("turbo4").mseRel(), 0.05 * d, "seed " + seed);
+    }
+
+    /** Rotation spreads outlier channels over the block: q4_0h loses several times less than q4_0 on such rows. */
+    @Test
+    void rotationHelpsRowsWithOutlierChannels() {
+        long seed = System.nanoTime();
+        float[][] rows = KvEval.outlierRows(512, 128, seed);
+        Map<String, KvEval.Row> r = byFormat(KvEval.evaluate(List.of(Q4Format.Q4_0, Q4Format.Q4_0H), rows, 128, seed, "outlier"));
+        assertTrue(r.get("q4_0h").mseRel() * 3 < r.get("q4_0").mseRel(), "seed " + seed + ": " + r);
+    }
+
+    @Test
+    void bitsPerValueCountPaddingAndRowsMustMatchTheHeadSize() {
+        float[][] rows = KvEval.gaussianRows(8, 80, 1);
+        Map<String, KvEval.Row> r = byFormat(KvEval.evaluate(List.of(Q4Format.Q4_0, Q4Format.Q4_0H, TurboFormat.TURBO3), rows, 80, 2, "x"));
+        assertEquals(54, r.get("q4_0").rowBytes());
+        assertEquals(4.5 * 128 / 80, r.get("q4_0h").bitsPerValue(), 1e-12);
+        assertEquals(50 * 8.0 / 80, r.get("turbo3").bitsPerValue(), 1e-12);
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                () -> KvEval.evaluate(KvFormat.all(), new float[][] {new float[80], new float[81]}, 80, 1, "mixed"));
+        assertTrue(e.getMessage().contains("mixed"), e.getMessage());
+    }
+
+    @Test
+    void paperReferenceFiguresAreTheLloydMaxErrors() {
+        for (int bits = 1; bits <= 4; bits++) {
+            assertEquals(KvEval.lloydMaxGaussianMse(bits), Codebook.gaussian(bits).unitVectorMse(),
+                    1e-3 * KvEval.lloydMaxGaussianMse(bits));
+            assertTrue(KvEval.lloydMaxGaussianMse(bits) < KvEval.paperMseBound(bits));
+        }
+        assertEquals(Math.sqrt(3) * Math.PI / 2 / 64, KvEval.paperMseBound(3), 1e-15);
+    }
+}
