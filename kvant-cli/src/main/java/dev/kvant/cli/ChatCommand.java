@@ -36,9 +36,9 @@ final class ChatCommand implements Runnable {
     @Mixin
     SamplingOptions sampling;
 
-    @Option(names = {"-c", "--ctx-size"}, paramLabel = "N", defaultValue = "4096",
-            description = "context length in tokens (default ${DEFAULT-VALUE})")
-    int ctx;
+    @Option(names = {"-c", "--ctx-size"}, paramLabel = "N",
+            description = "context length in tokens (default 4096, or what --kv-mem holds)")
+    Integer ctx;
 
     @Option(names = {"-n", "--n-predict"}, paramLabel = "N", defaultValue = "512",
             description = "most tokens per reply (default ${DEFAULT-VALUE})")
@@ -58,7 +58,8 @@ final class ChatCommand implements Runnable {
         BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
         try (LlamaModel model = opts.load();
              Parallel pool = new Parallel(opts.threads);
-             Session session = new Session(model, ctx, opts.kFormat(), opts.vFormat(), opts.prefillChunk, pool)) {
+             Session session = new Session(model, opts.contextLength(model, ctx, 4096), opts.kFormat(),
+                     opts.vFormat(), opts.prefillChunk, pool)) {
             Tokenizer tok = model.tokenizer();
             ChatTemplate tpl = ChatTemplate.detect(model.chatTemplate(), template);
             Sampler sampler = new Sampler(sampling.config());

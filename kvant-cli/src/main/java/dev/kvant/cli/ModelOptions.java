@@ -31,6 +31,58 @@ final class ModelOptions {
             description = "prompt tokens per forward pass (default ${DEFAULT-VALUE})")
     int prefillChunk;
 
+    @Option(names = "--kv-mem", paramLabel = "SIZE",
+            description = "KV cache memory budget (e.g. 8G, 512M); the context becomes what fits, capped by -c if given")
+    String kvMem;
+
+    /**
+     * The context length: -c when no budget is given, else what the budget holds for this model and these formats
+     * (capped by an explicit -c). Reports the plan on stderr.
+     */
+    int contextLength(LlamaModel model, Integer ctxOption, int dflt) {
+        if (kvMem == null) {
+            return ctxOption != null ? ctxOption : dflt;
+        }
+        long bytes = parseSize(kvMem);
+        int fits = dev.kvant.engine.Session.contextForBudget(model.config(), kFormat(), vFormat(), bytes);
+        int ctx = ctxOption != null ? Math.min(ctxOption, fits) : fits;
+        System.err.printf(java.util.Locale.ROOT, "KV cache %s/%s: %d bytes/token, budget %s holds %d tokens; context %d%n",
+                ctk, ctv, dev.kvant.engine.Session.kvBytesPerToken(model.config(), kFormat(), vFormat()), kvMem, fits,
+                ctx);
+        return ctx;
+    }
+
+    /** "8G", "512M", "64k" or a plain byte count; binary units. */
+    static long parseSize(String s) {
+        String t = s.strip().toUpperCase(java.util.Locale.ROOT);
+        if (t.endsWith("B")) {
+            t = t.substring(0, t.length() - 1);
+        }
+        if (t.endsWith("I")) {
+            t = t.substring(0, t.length() - 1);
+        }
+        long mult = 1;
+        if (!t.isEmpty()) {
+            switch (t.charAt(t.length() - 1)) {
+                case 'K' -> mult = 1L << 10;
+                case 'M' -> mult = 1L << 20;
+                case 'G' -> mult = 1L << 30;
+                case 'T' -> mult = 1L << 40;
+                default -> mult = 1;
+            }
+        }
+        String num = mult == 1 ? t : t.substring(0, t.length() - 1);
+        try {
+            double v = Double.parseDouble(num);
+            if (!(v > 0) || v * mult > Long.MAX_VALUE) {
+                throw new NumberFormatException();
+            }
+            return (long) (v * mult);
+        } catch (NumberFormatException e) {
+            throw new IllegalArgumentException("--kv-mem: cannot read '" + s + "' as a size (e.g. 8G, 512M)");
+        }
+    }
+
     KvFormat kFormat() {
         return KvFormat.parse(ctk);
     }

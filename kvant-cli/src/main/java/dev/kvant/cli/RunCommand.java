@@ -31,9 +31,9 @@ final class RunCommand implements Runnable {
             description = "tokens to generate (default ${DEFAULT-VALUE})")
     int nPredict;
 
-    @Option(names = {"-c", "--ctx-size"}, paramLabel = "N", defaultValue = "4096",
-            description = "context length in tokens (default ${DEFAULT-VALUE})")
-    int ctx;
+    @Option(names = {"-c", "--ctx-size"}, paramLabel = "N",
+            description = "context length in tokens (default 4096, or what --kv-mem holds)")
+    Integer ctx;
 
     @Option(names = "--special", description = "parse special-token text (e.g. <|im_start|>) in the prompt")
     boolean special;
@@ -47,7 +47,7 @@ final class RunCommand implements Runnable {
         PrintStream out = new PrintStream(System.out, true, StandardCharsets.UTF_8);
         try (LlamaModel model = opts.load();
              Parallel pool = new Parallel(opts.threads);
-             Session session = new Session(model, ctx, opts.kFormat(), opts.vFormat(),
+             Session session = new Session(model, opts.contextLength(model, ctx, 4096), opts.kFormat(), opts.vFormat(),
                      opts.prefillChunk, pool)) {
             int[] tokens = model.tokenizer().encode(prompt, true, special);
             Generator.Stats st = Generator.generate(session, model.tokenizer(), tokens, nPredict,

@@ -36,8 +36,7 @@ public final class Session implements AutoCloseable {
         }
         ModelConfig c = model.config();
         this.model = model;
-        this.cache = KvCache.forTokens(new KvGeometry(c.layers(), c.kvHeads(), c.headDimK(), c.headDimV()),
-                kFormat, vFormat, PAGE_TOKENS, contextLength);
+        this.cache = KvCache.forTokens(geometry(c), kFormat, vFormat, PAGE_TOKENS, contextLength);
         this.seq = cache.newSequence();
         this.pool = pool;
         this.contextLength = contextLength;
@@ -55,6 +54,31 @@ public final class Session implements AutoCloseable {
 
     public KvCache cache() {
         return cache;
+    }
+
+    public KvSequence sequence() {
+        return seq;
+    }
+
+    /** Bytes of KV cache one token takes for a model and a pair of formats. */
+    public static long kvBytesPerToken(ModelConfig c, KvFormat kFormat, KvFormat vFormat) {
+        return KvCache.bytesPerToken(geometry(c), kFormat, vFormat);
+    }
+
+    /** The context (in whole pages) that a KV memory budget holds for a model and a pair of formats. */
+    public static int contextForBudget(ModelConfig c, KvFormat kFormat, KvFormat vFormat, long bytes) {
+        long perPage = kvBytesPerToken(c, kFormat, vFormat) * PAGE_TOKENS;
+        long pages = bytes / perPage;
+        if (pages < 1) {
+            throw new IllegalArgumentException("a KV budget of " + bytes + " bytes holds less than one page of "
+                    + PAGE_TOKENS + " tokens (" + perPage + " bytes with K " + kFormat.name() + ", V "
+                    + vFormat.name() + ")");
+        }
+        return (int) Math.min(pages * PAGE_TOKENS, Integer.MAX_VALUE - PAGE_TOKENS);
+    }
+
+    private static KvGeometry geometry(ModelConfig c) {
+        return new KvGeometry(c.layers(), c.kvHeads(), c.headDimK(), c.headDimV());
     }
 
     public LlamaModel model() {
