@@ -122,7 +122,13 @@ public final class Benchmark {
             var += (v - mean) * (v - mean);
         }
         double sd = tps.length > 1 ? Math.sqrt(var / (tps.length - 1)) : 0;
-        return new Row(model.name(), "cpu", s.threads(), kv, test, depth, tps.length, mean, sd, tps);
+        return new Row(displayName(model.name()), "cpu", s.threads(), kv, test, depth, tps.length, mean, sd, tps);
+    }
+
+    /** A file's name without its folders; synthetic names unchanged. */
+    static String displayName(String name) {
+        int slash = name.lastIndexOf('/');
+        return slash >= 0 && !name.startsWith("synthetic") ? name.substring(slash + 1) : name;
     }
 
     private static int[] randomTokens(SplittableRandom random, int n, int vocab) {
