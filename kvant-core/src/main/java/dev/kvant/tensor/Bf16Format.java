@@ -1,0 +1,124 @@
+package dev.kvant.tensor;
+
+import static dev.kvant.tensor.Lanes.F;
+import static dev.kvant.tensor.Lanes.I;
+import static dev.kvant.tensor.Lanes.L;
+import static dev.kvant.tensor.Lanes.S;
+import static dev.kvant.tensor.RawMemory.ALL;
+import static jdk.incubator.vector.VectorOperators.LSHL;
+import static jdk.incubator.vector.VectorOperators.S2I;
+
+import dev.kvant.gguf.GgmlType;
+import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
+import java.nio.ByteOrder;
+import java.util.Arrays;
+import jdk.incubator.vector.FloatVector;
+import jdk.incubator.vector.IntVector;
+import jdk.incubator.vector.ShortVector;
+
+/**
+ * bfloat16 (the upper half of a binary32), little-endian. Kernels as in {@link F16Format}: decode a chunk of each
+ * row into scratch, then fused multiply-adds from there.
+ */
+final class Bf16Format implements WeightFormat, FusedRows {
+    static final Bf16Format INSTANCE = new Bf16Format();
+    /** Values decoded per row per step: four rows of them are 4 KiB of scratch, well inside L1. */
+    private static final int CHUNK = FusedRows.SCRATCH / 4;
+    private static final ByteOrder LE = ByteOrder.LITTLE_ENDIAN;
+    private static final ValueLayout.OfShort SHORT_LE = ValueLayout.JAVA_SHORT_UNALIGNED.withOrder(LE);
+
+    private Bf16Format() {
+    }
+
+    @Override
+    public GgmlType type() {
+        return GgmlType.BF16;
+    }
+
+    /** A bfloat16 is the top half of a float: widen to int and shift into place. */
+    @Override
+    public void decode(long address, float[] dst, int o, int n) {
+        int i = 0;
+        for (; i + L <= n; i += L) {
+            ((IntVector) ShortVector.fromMemorySegment(S, ALL, address + 2L * i, LE).convertShape(S2I, I, 0))
+                    .lanewise(LSHL, 16).reinterpretAsFloats().intoArray(dst, o + i);
+        }
+        for (; i < n; i++) {
+            dst[o + i] = Float.intBitsToFloat(ALL.get(SHORT_LE, address + 2L * i) << 16);
+        }
+    }
+
+    @Override
+    public float dot1(long address, float[] x, int xOffset, int n) {
+        float[] buf = new float[CHUNK];
+        FloatVector acc = FloatVector.zero(F);
+        for (int k0 = 0; k0 < n; k0 += CHUNK) {
+            int len = Math.min(CHUNK, n - k0);
+            decode(address + 2L * k0, buf, 0, len);
+            int full = len - len % L;
+            for (int k = 0; k < full; k += L) {
+                acc = FloatVector.fromArray(F, buf, k).fma(FloatVector.fromArray(F, x, xOffset + k0 + k), acc);
+            }
+            if (full < len) {
+                Arrays.fill(buf, len, full + L, 0f);
+                float[] xt = Lanes.padded(x, xOffset + k0 + full, len - full);
+                acc = FloatVector.fromArray(F, buf, full).fma(FloatVector.fromArray(F, xt, 0), acc);
+            }
+        }
+        float[] t = new float[L];
+        acc.intoArray(t, 0);
+        return Lanes.sum(t, 0);
+    }
+
+    @Override
+    public void dot4(long address, long rowBytes, float[] x, int xOffset, int n, float[] out, int outOffset,
+                     float[] t) {
+        FloatVector a0 = FloatVector.zero(F), a1 = a0, a2 = a0, a3 = a0;
+        for (int k0 = 0; k0 < n; k0 += CHUNK) {
+            int len = Math.min(CHUNK, n - k0);
+            for (int r = 0; r < 4; r++) {
+                decode(address + r * rowBytes + 2L * k0, t, r * CHUNK, len);
+            }
+            int full = len - len % L;
+            for (int k = 0; k < full; k += L) {
+                FloatVector xv = FloatVector.fromArray(F, x, xOffset + k0 + k);
+                a0 = FloatVector.fromArray(F, t, k).fma(xv, a0);
+                a1 = FloatVector.fromArray(F, t, CHUNK + k).fma(xv, a1);
+                a2 = FloatVector.fromArray(F, t, 2 * CHUNK + k).fma(xv, a2);
+                a3 = FloatVector.fromArray(F, t, 3 * CHUNK + k).fma(xv, a3);
+            }
+            if (full < len) {
+                for (int r = 0; r < 4; r++) {
+                    Arrays.fill(t, r * CHUNK + len, r * CHUNK + full + L, 0f);
+                }
+                FloatVector xv = FloatVector.fromArray(F, Lanes.padded(x, xOffset + k0 + full, len - full), 0);
+                a0 = FloatVector.fromArray(F, t, full).fma(xv, a0);
+                a1 = FloatVector.fromArray(F, t, CHUNK + full).fma(xv, a1);
+                a2 = FloatVector.fromArray(F, t, 2 * CHUNK + full).fma(xv, a2);
+                a3 = FloatVector.fromArray(F, t, 3 * CHUNK + full).fma(xv, a3);
+            }
+        }
+        a0.intoArray(t, 0);
+        a1.intoArray(t, L);
+        a2.intoArray(t, 2 * L);
+        a3.intoArray(t, 3 * L);
+        Lanes.sum4(t, 0, out, outOffset, 1);
+    }
+
+    @Override
+    public void quantize(float[] src, int srcOffset, int n, MemorySegment dst, long byteOffset) {
+        for (int k = 0; k < n; k++) {
+            dst.set(SHORT_LE, byteOffset + 2L * k, fromFloat(src[srcOffset + k]));
+        }
+    }
+
+    /** Round to nearest even, as ggml converts; a NaN stays a (quiet) NaN rather than rounding to infinity. */
+    static short fromFloat(float f) {
+        int bits = Float.floatToRawIntBits(f);
+        if (Float.isNaN(f)) {
+            return (short) ((bits >>> 16) | 0x40);
+        }
+        return (short) ((bits + 0x7fff + ((bits >>> 16) & 1)) >>> 16);
+    }
+}

@@ -1,0 +1,91 @@
+package dev.kvant.tensor;
+
+import static dev.kvant.tensor.Lanes.F;
+import static dev.kvant.tensor.Lanes.L;
+import static dev.kvant.tensor.RawMemory.ALL;
+
+import dev.kvant.gguf.GgmlType;
+import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
+import java.nio.ByteOrder;
+import jdk.incubator.vector.FloatVector;
+
+/**
+ * IEEE binary32, little-endian. A row whose length is not a multiple of L ends with a partial chunk, which every
+ * kernel pads with zeros to a full one.
+ */
+final class F32Format implements WeightFormat, FusedRows {
+    static final F32Format INSTANCE = new F32Format();
+    private static final ByteOrder LE = ByteOrder.LITTLE_ENDIAN;
+    private static final ValueLayout.OfFloat FLOAT_LE = ValueLayout.JAVA_FLOAT_UNALIGNED.withOrder(LE);
+
+    private F32Format() {
+    }
+
+    @Override
+    public GgmlType type() {
+        return GgmlType.F32;
+    }
+
+    @Override
+    public void decode(long address, float[] dst, int o, int n) {
+        MemorySegment.copy(ALL, FLOAT_LE, address, dst, o, n);
+    }
+
+    @Override
+    public float dot1(long address, float[] x, int xOffset, int n) {
+        FloatVector acc = FloatVector.zero(F);
+        int full = n - n % L;
+        for (int k = 0; k < full; k += L) {
+            acc = FloatVector.fromMemorySegment(F, ALL, address + 4L * k, LE)
+                    .fma(FloatVector.fromArray(F, x, xOffset + k), acc);
+        }
+        if (full < n) {
+            float[] wt = new float[L];
+            decode(address + 4L * full, wt, 0, n - full);
+            acc = FloatVector.fromArray(F, wt, 0)
+                    .fma(FloatVector.fromArray(F, Lanes.padded(x, xOffset + full, n - full), 0), acc);
+        }
+        float[] t = new float[L];
+        acc.intoArray(t, 0);
+        return Lanes.sum(t, 0);
+    }
+
+    @Override
+    public void dot4(long address, long rowBytes, float[] x, int xOffset, int n, float[] out, int outOffset,
+                     float[] t) {
+        FloatVector a0 = FloatVector.zero(F), a1 = a0, a2 = a0, a3 = a0;
+        long p0 = address, p1 = p0 + rowBytes, p2 = p1 + rowBytes, p3 = p2 + rowBytes;
+        int full = n - n % L;
+        for (int k = 0; k < full; k += L) {
+            FloatVector xv = FloatVector.fromArray(F, x, xOffset + k);
+            long at = 4L * k;
+            a0 = FloatVector.fromMemorySegment(F, ALL, p0 + at, LE).fma(xv, a0);
+            a1 = FloatVector.fromMemorySegment(F, ALL, p1 + at, LE).fma(xv, a1);
+            a2 = FloatVector.fromMemorySegment(F, ALL, p2 + at, LE).fma(xv, a2);
+            a3 = FloatVector.fromMemorySegment(F, ALL, p3 + at, LE).fma(xv, a3);
+        }
+        if (full < n) {
+            int rest = n - full;
+            float[] wt = new float[4 * L];
+            for (int r = 0; r < 4; r++) {
+                decode(address + r * rowBytes + 4L * full, wt, r * L, rest);
+            }
+            FloatVector xv = FloatVector.fromArray(F, Lanes.padded(x, xOffset + full, rest), 0);
+            a0 = FloatVector.fromArray(F, wt, 0).fma(xv, a0);
+            a1 = FloatVector.fromArray(F, wt, L).fma(xv, a1);
+            a2 = FloatVector.fromArray(F, wt, 2 * L).fma(xv, a2);
+            a3 = FloatVector.fromArray(F, wt, 3 * L).fma(xv, a3);
+        }
+        a0.intoArray(t, 0);
+        a1.intoArray(t, L);
+        a2.intoArray(t, 2 * L);
+        a3.intoArray(t, 3 * L);
+        Lanes.sum4(t, 0, out, outOffset, 1);
+    }
+
+    @Override
+    public void quantize(float[] src, int srcOffset, int n, MemorySegment dst, long byteOffset) {
+        MemorySegment.copy(src, srcOffset, dst, FLOAT_LE, byteOffset, n);
+    }
+}

@@ -1,0 +1,49 @@
+package dev.kvant.tensor;
+
+/**
+ * The kernels of a weight format, on native memory at absolute addresses read through {@link RawMemory#ALL}
+ * (callers check the addresses). {@link WeightFormat}'s public methods and {@link WeightMatrix} drive them.
+ *
+ * <p>How the kernels are written, and why:
+ * <ul>
+ *   <li>No vector crosses a call to a method of ours. The JIT inlines the Vector API's own methods
+ *       unconditionally, but stops inlining ordinary methods once a compilation grows past a node budget that
+ *       vector kernels reach quickly; a vector passed to or returned from a method that was not inlined is boxed
+ *       on the heap, which costs more than the arithmetic. So each kernel spells its vector operations out and
+ *       hands accumulators to {@link Lanes#sum4} through a scratch array.
+ *   <li>One flat loop per kernel, its offsets computed from the counter by shifts and masks. Nested counted
+ *       loops over the parts of a block made C2 rewrite every load's bounds check into a long sequence of
+ *       scalar instructions; a flat loop keeps one compare per load.
+ *   <li>No masked operations: the first-tier compiler expands them so far that it gives up on the method.
+ * </ul>
+ * Each row's result is bitwise the single-row {@link #dot1}: the same chunks, fused in the same order, into its
+ * own accumulator, reduced by the same tree.
+ */
+interface FusedRows {
+    /** Floats of scratch a {@link #dot4} call needs. */
+    int SCRATCH = 4 * 256;
+
+    /**
+     * The order in which the kernels take a block's chunks of L values, as the offset of each chunk's first
+     * value within the block; null when it is the natural order. Packed formats are fastest read in byte order,
+     * and one byte holds two values a chunk apart (Q4_K: low nibble value h, high nibble value 32+h), so their
+     * kernels accumulate e.g. chunks 0, 2, 1, 3 of a pair of sub-blocks. {@link TiledMatmul} arranges its
+     * decoded tiles and its x rows the same way, which keeps its results bitwise those of the fused kernels.
+     */
+    default int[] chunkOrder() {
+        return null;
+    }
+
+    /** Decodes {@code n} values at {@code address} into {@code dst[o ..]}, in natural order. */
+    void decode(long address, float[] dst, int o, int n);
+
+    /** The dot product of the {@code n} weights at {@code address} with {@code x[xOffset ..]}. */
+    float dot1(long address, float[] x, int xOffset, int n);
+
+    /**
+     * {@code out[outOffset + j] = dot(row j, x[xOffset ..])} for j = 0..3, where row j holds {@code n} values
+     * at {@code address + j * rowBytes}. {@code scratch} has at least {@link #SCRATCH} floats.
+     */
+    void dot4(long address, long rowBytes, float[] x, int xOffset, int n, float[] out, int outOffset,
+              float[] scratch);
+}

@@ -1,0 +1,175 @@
+package dev.kvant.tensor;
+
+import static dev.kvant.tensor.Lanes.B;
+import static dev.kvant.tensor.Lanes.F;
+import static dev.kvant.tensor.Lanes.I;
+import static dev.kvant.tensor.Lanes.L;
+import static dev.kvant.tensor.RawMemory.ALL;
+import static jdk.incubator.vector.VectorOperators.LSHR;
+import static jdk.incubator.vector.VectorOperators.ZERO_EXTEND_B2I;
+
+import dev.kvant.gguf.GgmlType;
+import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
+import java.nio.ByteOrder;
+import jdk.incubator.vector.ByteVector;
+import jdk.incubator.vector.FloatVector;
+import jdk.incubator.vector.IntVector;
+
+/**
+ * Q4_0: blocks of 32 values, 18 bytes: fp16 scale {@code d}, then 16 bytes whose low nibbles are values 0..15 and
+ * high nibbles values 16..31; value = (nibble - 8) * d, exact in float.
+ *
+ * <p>Kernels decode through a table: per block, the 16 possible values {@code fma(i, d, -8d)} (each exactly
+ * (i - 8) * d) in one vector, indexed by the nibbles with one permute ({@link Lanes#TABLE_LOW}), instead of
+ * converting every nibble to float and scaling it.
+ */
+final class Q4_0Format implements WeightFormat, FusedRows {
+    static final Q4_0Format INSTANCE = new Q4_0Format();
+    private static final int QK = 32;
+    private static final int BYTES = 18;
+    /** Runs of L nibble bytes per block; run h gives values h.. (low nibbles) and 16+h.. (high nibbles). */
+    private static final int RUNS = 16 / L;
+    private static final int[] CHUNK_ORDER = L == 16 ? null : new int[]{0, 16, 8, 24};
+    private static final ByteOrder LE = ByteOrder.LITTLE_ENDIAN;
+    private static final ValueLayout.OfShort SHORT_LE = ValueLayout.JAVA_SHORT_UNALIGNED.withOrder(LE);
+
+    private Q4_0Format() {
+    }
+
+    @Override
+    public GgmlType type() {
+        return GgmlType.Q4_0;
+    }
+
+    @Override
+    public int[] chunkOrder() {
+        return CHUNK_ORDER;
+    }
+
+    private static float scale(long block) {
+        return Float.float16ToFloat(ALL.get(SHORT_LE, block));
+    }
+
+    @Override
+    public void decode(long address, float[] dst, int o, int n) {
+        IntVector ta = IntVector.zero(I), tb = ta;
+        for (int c = 0; c < n / QK * RUNS; c++) {
+            int block = c / RUNS;
+            int h = c % RUNS * L;
+            long p = address + (long) block * BYTES;
+            if (h == 0) {
+                float d = scale(p);
+                ta = Lanes.TABLE_LOW.fma(d, -8 * d).reinterpretAsInts();
+                tb = Lanes.TABLE_HIGH.fma(d, -8 * d).reinterpretAsInts();
+            }
+            IntVector q = (IntVector) ByteVector.fromMemorySegment(B, ALL, p + 2 + h, LE)
+                    .convertShape(ZERO_EXTEND_B2I, I, 0);
+            int at = o + block * QK + h;
+            q.selectFrom(ta, tb).reinterpretAsFloats().intoArray(dst, at);
+            q.lanewise(LSHR, 4).selectFrom(ta, tb).reinterpretAsFloats().intoArray(dst, at + 16);
+        }
+    }
+
+    @Override
+    public float dot1(long address, float[] x, int xOffset, int n) {
+        FloatVector acc = FloatVector.zero(F);
+        IntVector ta = IntVector.zero(I), tb = ta;
+        for (int c = 0; c < n / QK * RUNS; c++) {
+            int block = c / RUNS;
+            int h = c % RUNS * L;
+            long p = address + (long) block * BYTES;
+            if (h == 0) {
+                float d = scale(p);
+                ta = Lanes.TABLE_LOW.fma(d, -8 * d).reinterpretAsInts();
+                tb = Lanes.TABLE_HIGH.fma(d, -8 * d).reinterpretAsInts();
+            }
+            IntVector q = (IntVector) ByteVector.fromMemorySegment(B, ALL, p + 2 + h, LE)
+                    .convertShape(ZERO_EXTEND_B2I, I, 0);
+            int xk = xOffset + block * QK + h;
+            acc = q.selectFrom(ta, tb).reinterpretAsFloats().fma(FloatVector.fromArray(F, x, xk), acc);
+            acc = q.lanewise(LSHR, 4).selectFrom(ta, tb).reinterpretAsFloats()
+                    .fma(FloatVector.fromArray(F, x, xk + 16), acc);
+        }
+        float[] t = new float[L];
+        acc.intoArray(t, 0);
+        return Lanes.sum(t, 0);
+    }
+
+    @Override
+    public void dot4(long address, long rowBytes, float[] x, int xOffset, int n, float[] out, int outOffset,
+                     float[] t) {
+        FloatVector a0 = FloatVector.zero(F), a1 = a0, a2 = a0, a3 = a0;
+        IntVector ta0 = IntVector.zero(I), tb0 = ta0, ta1 = ta0, tb1 = ta0, ta2 = ta0, tb2 = ta0, ta3 = ta0, tb3 = ta0;
+        for (int c = 0; c < n / QK * RUNS; c++) {
+            int block = c / RUNS;
+            int h = c % RUNS * L;
+            long p = address + (long) block * BYTES;
+            if (h == 0) {
+                float d0 = scale(p), d1 = scale(p + rowBytes), d2 = scale(p + 2 * rowBytes);
+                float d3 = scale(p + 3 * rowBytes);
+                ta0 = Lanes.TABLE_LOW.fma(d0, -8 * d0).reinterpretAsInts();
+                tb0 = Lanes.TABLE_HIGH.fma(d0, -8 * d0).reinterpretAsInts();
+                ta1 = Lanes.TABLE_LOW.fma(d1, -8 * d1).reinterpretAsInts();
+                tb1 = Lanes.TABLE_HIGH.fma(d1, -8 * d1).reinterpretAsInts();
+                ta2 = Lanes.TABLE_LOW.fma(d2, -8 * d2).reinterpretAsInts();
+                tb2 = Lanes.TABLE_HIGH.fma(d2, -8 * d2).reinterpretAsInts();
+                ta3 = Lanes.TABLE_LOW.fma(d3, -8 * d3).reinterpretAsInts();
+                tb3 = Lanes.TABLE_HIGH.fma(d3, -8 * d3).reinterpretAsInts();
+            }
+            long q = p + 2 + h;
+            int xk = xOffset + block * QK + h;
+            FloatVector xLo = FloatVector.fromArray(F, x, xk);
+            FloatVector xHi = FloatVector.fromArray(F, x, xk + 16);
+            IntVector q0 = (IntVector) ByteVector.fromMemorySegment(B, ALL, q, LE).convertShape(ZERO_EXTEND_B2I, I, 0);
+            IntVector q1 = (IntVector) ByteVector.fromMemorySegment(B, ALL, q + rowBytes, LE)
+                    .convertShape(ZERO_EXTEND_B2I, I, 0);
+            IntVector q2 = (IntVector) ByteVector.fromMemorySegment(B, ALL, q + 2 * rowBytes, LE)
+                    .convertShape(ZERO_EXTEND_B2I, I, 0);
+            IntVector q3 = (IntVector) ByteVector.fromMemorySegment(B, ALL, q + 3 * rowBytes, LE)
+                    .convertShape(ZERO_EXTEND_B2I, I, 0);
+            a0 = q0.selectFrom(ta0, tb0).reinterpretAsFloats().fma(xLo, a0);
+            a1 = q1.selectFrom(ta1, tb1).reinterpretAsFloats().fma(xLo, a1);
+            a2 = q2.selectFrom(ta2, tb2).reinterpretAsFloats().fma(xLo, a2);
+            a3 = q3.selectFrom(ta3, tb3).reinterpretAsFloats().fma(xLo, a3);
+            a0 = q0.lanewise(LSHR, 4).selectFrom(ta0, tb0).reinterpretAsFloats().fma(xHi, a0);
+            a1 = q1.lanewise(LSHR, 4).selectFrom(ta1, tb1).reinterpretAsFloats().fma(xHi, a1);
+            a2 = q2.lanewise(LSHR, 4).selectFrom(ta2, tb2).reinterpretAsFloats().fma(xHi, a2);
+            a3 = q3.lanewise(LSHR, 4).selectFrom(ta3, tb3).reinterpretAsFloats().fma(xHi, a3);
+        }
+        a0.intoArray(t, 0);
+        a1.intoArray(t, L);
+        a2.intoArray(t, 2 * L);
+        a3.intoArray(t, 3 * L);
+        Lanes.sum4(t, 0, out, outOffset, 1);
+    }
+
+    /**
+     * As ggml's reference: d = -(the value of largest magnitude) / 8, so that value maps to nibble 0 exactly and
+     * the opposite side gets the 7 finer steps; nibble = min(15, trunc(x / d + 8.5)).
+     */
+    @Override
+    public void quantize(float[] src, int srcOffset, int n, MemorySegment dst, long byteOffset) {
+        Blocks.check(this, n);
+        long p = byteOffset;
+        for (int k = 0; k < n; k += QK, p += BYTES) {
+            float amax = 0;
+            float max = 0;
+            for (int j = 0; j < QK; j++) {
+                float v = src[srcOffset + k + j];
+                if (amax < Math.abs(v)) {
+                    amax = Math.abs(v);
+                    max = v;
+                }
+            }
+            float d = max / -8;
+            float id = d != 0 ? 1.0f / d : 0.0f;
+            dst.set(SHORT_LE, p, Float.floatToFloat16(d));
+            for (int j = 0; j < 16; j++) {
+                int lo = Math.min(15, (int) (src[srcOffset + k + j] * id + 8.5f));
+                int hi = Math.min(15, (int) (src[srcOffset + k + 16 + j] * id + 8.5f));
+                dst.set(ValueLayout.JAVA_BYTE, p + 2 + j, (byte) (lo | hi << 4));
+            }
+        }
+    }
+}

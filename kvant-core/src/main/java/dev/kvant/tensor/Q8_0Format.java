@@ -1,0 +1,127 @@
+package dev.kvant.tensor;
+
+import static dev.kvant.tensor.Lanes.B;
+import static dev.kvant.tensor.Lanes.F;
+import static dev.kvant.tensor.Lanes.L;
+import static dev.kvant.tensor.RawMemory.ALL;
+import static jdk.incubator.vector.VectorOperators.B2F;
+
+import dev.kvant.gguf.GgmlType;
+import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
+import java.nio.ByteOrder;
+import jdk.incubator.vector.ByteVector;
+import jdk.incubator.vector.FloatVector;
+
+/**
+ * Q8_0: blocks of 32 values, 34 bytes: fp16 scale {@code d}, then 32 int8 {@code q}; value = q * d (exact in
+ * float: 11 by 8 significant bits).
+ */
+final class Q8_0Format implements WeightFormat, FusedRows {
+    static final Q8_0Format INSTANCE = new Q8_0Format();
+    private static final int QK = 32;
+    private static final int BYTES = 34;
+    /** Chunks of L values per block. */
+    private static final int CPB = QK / L;
+    private static final ByteOrder LE = ByteOrder.LITTLE_ENDIAN;
+    private static final ValueLayout.OfShort SHORT_LE = ValueLayout.JAVA_SHORT_UNALIGNED.withOrder(LE);
+
+    private Q8_0Format() {
+    }
+
+    @Override
+    public GgmlType type() {
+        return GgmlType.Q8_0;
+    }
+
+    private static float scale(long block) {
+        return Float.float16ToFloat(ALL.get(SHORT_LE, block));
+    }
+
+    @Override
+    public void decode(long address, float[] dst, int o, int n) {
+        float d = 0;
+        for (int c = 0; c < n / L; c++) {
+            long p = address + (long) (c / CPB) * BYTES;
+            int part = c % CPB;
+            if (part == 0) {
+                d = scale(p);
+            }
+            ((FloatVector) ByteVector.fromMemorySegment(B, ALL, p + 2 + part * L, LE).convertShape(B2F, F, 0))
+                    .mul(d).intoArray(dst, o + c * L);
+        }
+    }
+
+    @Override
+    public float dot1(long address, float[] x, int xOffset, int n) {
+        FloatVector acc = FloatVector.zero(F);
+        float d = 0;
+        for (int c = 0; c < n / L; c++) {
+            long p = address + (long) (c / CPB) * BYTES;
+            int part = c % CPB;
+            if (part == 0) {
+                d = scale(p);
+            }
+            FloatVector q = (FloatVector) ByteVector.fromMemorySegment(B, ALL, p + 2 + part * L, LE)
+                    .convertShape(B2F, F, 0);
+            acc = q.mul(d).fma(FloatVector.fromArray(F, x, xOffset + c * L), acc);
+        }
+        float[] t = new float[L];
+        acc.intoArray(t, 0);
+        return Lanes.sum(t, 0);
+    }
+
+    @Override
+    public void dot4(long address, long rowBytes, float[] x, int xOffset, int n, float[] out, int outOffset,
+                     float[] t) {
+        FloatVector a0 = FloatVector.zero(F), a1 = a0, a2 = a0, a3 = a0;
+        float d0 = 0, d1 = 0, d2 = 0, d3 = 0;
+        for (int c = 0; c < n / L; c++) {
+            long p = address + (long) (c / CPB) * BYTES;
+            int part = c % CPB;
+            if (part == 0) {
+                d0 = scale(p);
+                d1 = scale(p + rowBytes);
+                d2 = scale(p + 2 * rowBytes);
+                d3 = scale(p + 3 * rowBytes);
+            }
+            long q = p + 2 + part * L;
+            FloatVector xv = FloatVector.fromArray(F, x, xOffset + c * L);
+            FloatVector q0 = (FloatVector) ByteVector.fromMemorySegment(B, ALL, q, LE).convertShape(B2F, F, 0);
+            FloatVector q1 = (FloatVector) ByteVector.fromMemorySegment(B, ALL, q + rowBytes, LE)
+                    .convertShape(B2F, F, 0);
+            FloatVector q2 = (FloatVector) ByteVector.fromMemorySegment(B, ALL, q + 2 * rowBytes, LE)
+                    .convertShape(B2F, F, 0);
+            FloatVector q3 = (FloatVector) ByteVector.fromMemorySegment(B, ALL, q + 3 * rowBytes, LE)
+                    .convertShape(B2F, F, 0);
+            a0 = q0.mul(d0).fma(xv, a0);
+            a1 = q1.mul(d1).fma(xv, a1);
+            a2 = q2.mul(d2).fma(xv, a2);
+            a3 = q3.mul(d3).fma(xv, a3);
+        }
+        a0.intoArray(t, 0);
+        a1.intoArray(t, L);
+        a2.intoArray(t, 2 * L);
+        a3.intoArray(t, 3 * L);
+        Lanes.sum4(t, 0, out, outOffset, 1);
+    }
+
+    /** As ggml's reference: d = max|x| / 127, q = round-half-away(x / d). */
+    @Override
+    public void quantize(float[] src, int srcOffset, int n, MemorySegment dst, long byteOffset) {
+        Blocks.check(this, n);
+        long p = byteOffset;
+        for (int k = 0; k < n; k += QK, p += BYTES) {
+            float amax = 0;
+            for (int j = 0; j < QK; j++) {
+                amax = Math.max(amax, Math.abs(src[srcOffset + k + j]));
+            }
+            float d = amax / 127;
+            float id = d != 0 ? 1.0f / d : 0.0f;
+            dst.set(SHORT_LE, p, Float.floatToFloat16(d));
+            for (int j = 0; j < QK; j++) {
+                dst.set(ValueLayout.JAVA_BYTE, p + 2 + j, (byte) Blocks.roundHalfAway(src[srcOffset + k + j] * id));
+            }
+        }
+    }
+}

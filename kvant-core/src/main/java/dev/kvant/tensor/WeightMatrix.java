@@ -1,0 +1,175 @@
+package dev.kvant.tensor;
+
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+
+/**
+ * A 2-D weight tensor: {@code rows x cols}, row-major, each row {@code cols / blockSize} blocks of its format.
+ *
+ * <p>{@link #matvec} and {@link #matmul} compute every output element as {@link WeightFormat}'s one dot-product
+ * arithmetic, by exactly one task, so results are bitwise the same at any thread count, and {@code matmul}'s
+ * column i is bitwise {@code matvec} of x_i.
+ */
+public final class WeightMatrix {
+    /**
+     * Rows per matvec task at the least: 64 rows of a 512-wide Q8_0 matrix are 34 KiB of weights, a few
+     * microseconds of streaming, well above the cost of handing out a task.
+     */
+    private static final int MIN_ROWS_PER_TASK = 64;
+
+    private final String name;
+    private final WeightFormat format;
+    private final FusedRows kernels;
+    private final MemorySegment data;
+    /** Where the kernels read {@link #data}: its native address ({@link RawMemory}). */
+    private final long address;
+    private final int rows;
+    private final int cols;
+    private final long rowBytes;
+
+    /**
+     * The data must stay alive while the matrix is used (a heap segment is copied to native memory here).
+     *
+     * @throws IllegalArgumentException naming the tensor when the shape does not fit the format or the data
+     */
+    public WeightMatrix(String name, WeightFormat format, MemorySegment data, int rows, int cols) {
+        if (rows <= 0 || cols <= 0) {
+            throw new IllegalArgumentException("tensor '" + name + "': shape " + rows + " x " + cols
+                    + " has no values");
+        }
+        if (cols % format.blockSize() != 0) {
+            throw new IllegalArgumentException("tensor '" + name + "': " + cols + " columns is not a multiple of the "
+                    + format.type() + " block size " + format.blockSize());
+        }
+        long rowBytes = format.bytesFor(cols);
+        long expected = rowBytes * rows;
+        if (data.byteSize() != expected) {
+            throw new IllegalArgumentException("tensor '" + name + "': " + rows + " x " + cols + " " + format.type()
+                    + " takes " + expected + " bytes but the data has " + data.byteSize());
+        }
+        if (!data.isNative()) {
+            MemorySegment copy = Arena.ofAuto().allocate(expected, 64);
+            copy.copyFrom(data);
+            data = copy;
+        }
+        this.name = name;
+        this.format = format;
+        this.kernels = (FusedRows) format;
+        this.data = data;
+        this.address = RawMemory.address(data, 0, expected);
+        this.rows = rows;
+        this.cols = cols;
+        this.rowBytes = rowBytes;
+    }
+
+    public String name() {
+        return name;
+    }
+
+    public int rows() {
+        return rows;
+    }
+
+    public int cols() {
+        return cols;
+    }
+
+    public WeightFormat format() {
+        return format;
+    }
+
+    public MemorySegment data() {
+        return data;
+    }
+
+    /** Bytes per row. */
+    public long rowBytes() {
+        return rowBytes;
+    }
+
+    /** {@code out[r] = dot(row r, x)} for every row. */
+    public void matvec(float[] x, float[] out, Parallel pool) {
+        checkLength("x", x, cols);
+        checkLength("out", out, rows);
+        checkAlive();
+        // Any split gives the same bits (each row is one dot); this one just balances the pool.
+        int chunk = Math.max(MIN_ROWS_PER_TASK, roundUp4(ceilDiv(rows, 4 * pool.threads())));
+        int tasks = ceilDiv(rows, chunk);
+        pool.forEach(tasks, t -> matvecRows(x, 0, out, 0, t * chunk, Math.min(rows, (t + 1) * chunk)));
+    }
+
+    /** Rows {@code from..to-1} against the vector at {@code x[xOffset..]}, into {@code out[outOffset + r]}. */
+    private void matvecRows(float[] x, int xOffset, float[] out, int outOffset, int from, int to) {
+        float[] scratch = new float[FusedRows.SCRATCH];
+        int r = from;
+        for (; r + 4 <= to; r += 4) {
+            kernels.dot4(address + r * rowBytes, rowBytes, x, xOffset, cols, out, outOffset + r, scratch);
+        }
+        for (; r < to; r++) {
+            out[outOffset + r] = kernels.dot1(address + r * rowBytes, x, xOffset, cols);
+        }
+    }
+
+    /**
+     * {@code out[i*rows + r] = dot(row r, x_i)} for the {@code n} vectors {@code x_i = x[i*cols .. (i+1)*cols)}.
+     * Each result is bitwise {@code matvec} of x_i.
+     */
+    public void matmul(float[] x, int n, float[] out, Parallel pool) {
+        if (n <= 0) {
+            throw new IllegalArgumentException("tensor '" + name + "': matmul of " + n + " vectors");
+        }
+        checkLength("x", x, (long) n * cols);
+        checkLength("out", out, (long) n * rows);
+        checkAlive();
+        if (n == 1) {
+            matvec(x, out, pool);
+            return;
+        }
+        TiledMatmul.run(this, x, n, out, pool);
+    }
+
+    /** Decodes row {@code row} into {@code dst[dstOffset .. dstOffset + cols)}: an embedding lookup. */
+    public void dequantizeRow(int row, float[] dst, int dstOffset) {
+        if (row < 0 || row >= rows) {
+            throw new IndexOutOfBoundsException("tensor '" + name + "': row " + row + " of " + rows);
+        }
+        java.util.Objects.checkFromIndexSize(dstOffset, cols, dst.length);
+        checkAlive();
+        kernels.decode(address + row * rowBytes, dst, dstOffset, cols);
+    }
+
+    /** Decodes row {@code row} (natural order) without the checks of {@link #dequantizeRow}. */
+    void decodeRow(int row, float[] dst, int dstOffset) {
+        kernels.decode(address + row * rowBytes, dst, dstOffset, cols);
+    }
+
+    FusedRows kernels() {
+        return kernels;
+    }
+
+    private void checkAlive() {
+        if (!data.scope().isAlive()) {
+            throw new IllegalStateException("tensor '" + name + "': its memory has been released");
+        }
+    }
+
+    private void checkLength(String what, float[] a, long needed) {
+        if (a.length < needed) {
+            throw new IllegalArgumentException("tensor '" + name + "' (" + rows + " x " + cols + "): " + what
+                    + " has " + a.length + " floats, needs " + needed);
+        }
+    }
+
+    private static int ceilDiv(int a, int b) {
+        return (a + b - 1) / b;
+    }
+
+    private static int roundUp4(int a) {
+        return (a + 3) & ~3;
+    }
+
+    @Override
+    public String toString() {
+        return "WeightMatrix[" + name + ", " + format.type() + ", " + rows + " x " + cols + "]";
+    }
+}

@@ -1,0 +1,246 @@
+package dev.kvant.tensor;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import dev.kvant.gguf.GgmlType;
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
+import java.util.Arrays;
+import java.util.Random;
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.EnumSource;
+
+class WeightMatrixTest {
+    private static final long SEED = System.nanoTime();
+    private static Parallel two;
+    private static Parallel three;
+
+    static {
+        System.out.println("WeightMatrixTest seed " + SEED);
+    }
+
+    @BeforeAll
+    static void pools() {
+        two = new Parallel(2);
+        three = new Parallel(3);
+    }
+
+    @AfterAll
+    static void closePools() {
+        two.close();
+        three.close();
+    }
+
+    /** A random matrix of the format, with its float64 decoding per row. */
+    private record Fixture(WeightMatrix matrix, double[][] reference) {
+    }
+
+    private static Fixture fixture(GgmlType type, int rows, int cols, Random random, Arena arena) {
+        WeightFormat f = WeightFormat.of(type);
+        long rowBytes = f.bytesFor(cols);
+        MemorySegment data = arena.allocate(rowBytes * rows, 64);
+        double[][] reference = new double[rows][];
+        for (int r = 0; r < rows; r++) {
+            float[] values = Float64Reference.gaussian(random, cols, 0.05 + random.nextDouble());
+            f.quantize(values, 0, cols, data, r * rowBytes);
+            byte[] bytes = data.asSlice(r * rowBytes, rowBytes).toArray(ValueLayout.JAVA_BYTE);
+            reference[r] = Float64Reference.decode(type, bytes, cols);
+        }
+        return new Fixture(new WeightMatrix("blk.0.test." + type, f, data, rows, cols), reference);
+    }
+
+    /** Column counts: one block, a few blocks, and for plain floats widths that end in a partial chunk. */
+    private static int[] widths(GgmlType type) {
+        int b = type.blockSize;
+        return b == 1 ? new int[]{1, Lanes.L - 1, 2 * Lanes.L + 3, 96} : new int[]{b, 3 * b};
+    }
+
+    private static float[] poisoned(int n) {
+        float[] a = new float[n];
+        Arrays.fill(a, Float.NaN);
+        return a;
+    }
+
+    private static String where(GgmlType type, int rows, int cols) {
+        return type + " " + rows + " x " + cols + ", seed " + SEED;
+    }
+
+    @ParameterizedTest
+    @EnumSource(value = GgmlType.class, names = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"})
+    void matvecMatchesFloat64Reference(GgmlType type) {
+        Random random = new Random(SEED ^ type.ordinal());
+        try (Arena arena = Arena.ofConfined()) {
+            for (int cols : widths(type)) {
+                for (int rows : new int[]{1, 3, 4, 7, 69}) {
+                    Fixture fx = fixture(type, rows, cols, random, arena);
+                    float[] x = Float64Reference.gaussian(random, cols, 1);
+                    float[] out = poisoned(rows);
+                    fx.matrix().matvec(x, out, two);
+                    for (int r = 0; r < rows; r++) {
+                        double expected = Float64Reference.dot(fx.reference()[r], x, 0);
+                        double bound = Float64Reference.bound(cols, Float64Reference.absDot(fx.reference()[r], x, 0));
+                        assertTrue(Math.abs(out[r] - expected) <= bound, "row " + r + ": " + out[r] + " vs "
+                                + expected + " (bound " + bound + "), " + where(type, rows, cols));
+                    }
+                }
+            }
+        }
+    }
+
+    @ParameterizedTest
+    @EnumSource(value = GgmlType.class, names = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"})
+    void matvecIsBitIdenticalAtOneTwoAndThreeThreadsAndToDot(GgmlType type) {
+        Random random = new Random(SEED ^ (7 + type.ordinal()));
+        int rows = 1030;
+        int cols = type.blockSize == 1 ? 200 : 2 * type.blockSize;
+        try (Arena arena = Arena.ofConfined()) {
+            Fixture fx = fixture(type, rows, cols, random, arena);
+            float[] x = Float64Reference.gaussian(random, cols, 1);
+            float[] one = poisoned(rows);
+            float[] twoThreads = poisoned(rows);
+            float[] threeThreads = poisoned(rows);
+            fx.matrix().matvec(x, one, Parallel.serial());
+            fx.matrix().matvec(x, twoThreads, two);
+            fx.matrix().matvec(x, threeThreads, three);
+            WeightMatrix m = fx.matrix();
+            for (int r = 0; r < rows; r++) {
+                int bits = Float.floatToRawIntBits(one[r]);
+                assertFalse(Float.isNaN(one[r]), "row " + r + " not written, " + where(type, rows, cols));
+                assertEquals(bits, Float.floatToRawIntBits(twoThreads[r]), "row " + r + ", " + where(type, rows, cols));
+                assertEquals(bits, Float.floatToRawIntBits(threeThreads[r]), "row " + r + ", " + where(type, rows, cols));
+                float single = m.format().dot(m.data(), r * m.rowBytes(), x, 0, cols);
+                assertEquals(bits, Float.floatToRawIntBits(single), "row " + r + " vs dot, " + where(type, rows, cols));
+            }
+        }
+    }
+
+    @ParameterizedTest
+    @EnumSource(value = GgmlType.class, names = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"})
+    void matmulEqualsMatvecOfEachVectorBitForBit(GgmlType type) {
+        Random random = new Random(SEED ^ (13 + type.ordinal()));
+        try (Arena arena = Arena.ofConfined()) {
+            for (int cols : widths(type)) {
+                // Rows not a multiple of the kernel's 4, nor of a tile; vector counts on both sides of 4.
+                for (int rows : new int[]{1, 6, 70}) {
+                    Fixture fx = fixture(type, rows, cols, random, arena);
+                    for (int n : new int[]{1, 2, 3, 4, 5, 7, 9}) {
+                        float[] x = Float64Reference.gaussian(random, n * cols, 1);
+                        float[] out = poisoned(n * rows + 1);
+                        fx.matrix().matmul(x, n, out, three);
+                        assertTrue(Float.isNaN(out[n * rows]), "wrote past n*rows, " + where(type, rows, cols));
+                        float[] single = poisoned(rows);
+                        for (int i = 0; i < n; i++) {
+                            fx.matrix().matvec(Arrays.copyOfRange(x, i * cols, (i + 1) * cols), single, two);
+                            for (int r = 0; r < rows; r++) {
+                                assertEquals(Float.floatToRawIntBits(single[r]),
+                                        Float.floatToRawIntBits(out[i * rows + r]),
+                                        "vector " + i + " row " + r + " of n=" + n + ", " + where(type, rows, cols));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    @Test
+    void matmulMatchesFloat64ReferenceOnAPromptSizedBatch() {
+        Random random = new Random(SEED ^ 99);
+        int rows = 130;
+        int cols = 512;
+        int n = 37;
+        try (Arena arena = Arena.ofConfined()) {
+            for (GgmlType type : new GgmlType[]{GgmlType.F16, GgmlType.Q8_0, GgmlType.Q4_K}) {
+                Fixture fx = fixture(type, rows, cols, random, arena);
+                float[] x = Float64Reference.gaussian(random, n * cols, 1);
+                float[] out = poisoned(n * rows);
+                fx.matrix().matmul(x, n, out, two);
+                for (int i = 0; i < n; i++) {
+                    for (int r = 0; r < rows; r++) {
+                        double expected = Float64Reference.dot(fx.reference()[r], x, i * cols);
+                        double bound = Float64Reference.bound(cols,
+                                Float64Reference.absDot(fx.reference()[r], x, i * cols));
+                        assertTrue(Math.abs(out[i * rows + r] - expected) <= bound,
+                                "vector " + i + " row " + r + ", " + where(type, rows, cols));
+                    }
+                }
+            }
+        }
+    }
+
+    @ParameterizedTest
+    @EnumSource(value = GgmlType.class, names = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"})
+    void dequantizeRowIsTheFormatsDequantizationOfThatRow(GgmlType type) {
+        Random random = new Random(SEED ^ (21 + type.ordinal()));
+        int cols = widths(type)[widths(type).length - 1];
+        try (Arena arena = Arena.ofConfined()) {
+            Fixture fx = fixture(type, 5, cols, random, arena);
+            for (int r = 0; r < 5; r++) {
+                float[] row = poisoned(cols + 2);
+                fx.matrix().dequantizeRow(r, row, 1);
+                assertTrue(Float.isNaN(row[0]) && Float.isNaN(row[cols + 1]));
+                for (int i = 0; i < cols; i++) {
+                    double tolerance = 0.5 * Math.ulp(row[1 + i]) + 1e-15 * Math.abs(fx.reference()[r][i]);
+                    assertTrue(Math.abs(row[1 + i] - fx.reference()[r][i]) <= tolerance,
+                            "row " + r + " value " + i + ", " + where(type, 5, cols));
+                }
+            }
+            assertThrows(IndexOutOfBoundsException.class, () -> fx.matrix().dequantizeRow(5, new float[cols], 0));
+        }
+    }
+
+    @Test
+    void shapeErrorsNameTheTensor() {
+        try (Arena arena = Arena.ofConfined()) {
+            WeightFormat q4k = WeightFormat.of(GgmlType.Q4_K);
+            IllegalArgumentException notBlocks = assertThrows(IllegalArgumentException.class,
+                    () -> new WeightMatrix("blk.3.ffn_down.weight", q4k, arena.allocate(144 * 4), 4, 200));
+            assertTrue(notBlocks.getMessage().contains("blk.3.ffn_down.weight")
+                    && notBlocks.getMessage().contains("256"), notBlocks.getMessage());
+            IllegalArgumentException tooShort = assertThrows(IllegalArgumentException.class,
+                    () -> new WeightMatrix("output.weight", q4k, arena.allocate(144 * 3), 4, 256));
+            assertTrue(tooShort.getMessage().contains("output.weight")
+                    && tooShort.getMessage().contains("576") && tooShort.getMessage().contains("432"),
+                    tooShort.getMessage());
+            WeightMatrix m = new WeightMatrix("token_embd.weight", q4k, arena.allocate(144 * 4), 4, 256);
+            IllegalArgumentException shortX = assertThrows(IllegalArgumentException.class,
+                    () -> m.matvec(new float[255], new float[4], Parallel.serial()));
+            assertTrue(shortX.getMessage().contains("token_embd.weight"), shortX.getMessage());
+        }
+    }
+
+    @Test
+    void aHeapSegmentIsCopiedAndGivesTheSameBits() {
+        Random random = new Random(SEED ^ 5);
+        try (Arena arena = Arena.ofConfined()) {
+            Fixture fx = fixture(GgmlType.Q6_K, 9, 512, random, arena);
+            byte[] bytes = fx.matrix().data().toArray(ValueLayout.JAVA_BYTE);
+            WeightMatrix heap = new WeightMatrix("heap", fx.matrix().format(), MemorySegment.ofArray(bytes), 9, 512);
+            float[] x = Float64Reference.gaussian(random, 512, 1);
+            float[] a = poisoned(9);
+            float[] b = poisoned(9);
+            fx.matrix().matvec(x, a, two);
+            heap.matvec(x, b, two);
+            for (int r = 0; r < 9; r++) {
+                assertEquals(Float.floatToRawIntBits(a[r]), Float.floatToRawIntBits(b[r]), "row " + r);
+            }
+        }
+    }
+
+    @Test
+    void usingAMatrixAfterItsArenaClosedIsAnError() {
+        Arena arena = Arena.ofConfined();
+        WeightMatrix m = new WeightMatrix("closed", WeightFormat.of(GgmlType.Q8_0), arena.allocate(34 * 2), 2, 32);
+        arena.close();
+        IllegalStateException e = assertThrows(IllegalStateException.class,
+                () -> m.matvec(new float[32], new float[2], Parallel.serial()));
+        assertTrue(e.getMessage().contains("closed"), e.getMessage());
+    }
+}
