@@ -103,10 +103,10 @@ final class Lanes {
 
     /**
      * The tree of {@link #sum} for the four accumulators stored at {@code t[off], t[off+L], t[off+2L],
-     * t[off+3L]}, on vectors: the first two tree levels of two accumulators share one vector (each keeps its half, then its quarter, of
-     * the lanes), the last levels run on all four together. Every add pairs the same two partial sums as in
-     * {@link #sum}, and a + b is b + a in floating point, so the bits agree. Results go to {@code out[o]},
-     * {@code out[o + stride]}, {@code out[o + 2*stride]}, {@code out[o + 3*stride]}.
+     * t[off+3L]}, on vectors: the first two tree levels of two accumulators share one vector (each keeps its
+     * half, then its quarter, of the lanes), the last levels run on all four together. Every add pairs the same
+     * two partial sums as in {@link #sum}, and a + b is b + a in floating point, so the bits agree. Results go to
+     * {@code out[o]}, {@code out[o + stride]}, {@code out[o + 2*stride]}, {@code out[o + 3*stride]}.
      *
      * <p>Why accumulators travel through an array: kernels pass no vectors to methods of their own, since a
      * call the JIT declines to inline (it stops inlining non-library code past a node budget that vector kernels

@@ -3,13 +3,14 @@ package dev.kvant.tensor;
 import dev.kvant.gguf.GgmlType;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
+import java.nio.ByteOrder;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
 import java.util.Locale;
 import java.util.SplittableRandom;
-import jdk.incubator.vector.LongVector;
-import jdk.incubator.vector.VectorOperators;
+import jdk.incubator.vector.FloatVector;
 import jdk.incubator.vector.VectorSpecies;
 
 /**
@@ -17,13 +18,16 @@ import jdk.incubator.vector.VectorSpecies;
  * means something on a shared machine. Not a test: nothing is asserted.
  *
  * <pre>
- * java --add-modules jdk.incubator.vector -cp kvant-core/target/classes dev.kvant.tensor.MatvecBench [threads,...] [matrix MiB]
+ * java --add-modules jdk.incubator.vector --enable-native-access=ALL-UNNAMED -cp kvant-core/target/classes \
+ *     dev.kvant.tensor.MatvecBench [threads,...] [matrix MiB] [matvec|matmul|all]
  * </pre>
  *
  * <ul>
- *   <li>copy: {@code MemorySegment.copy} of a buffer far larger than caches, counting bytes read plus written;
+ *   <li>copy: {@code MemorySegment.copy} between two 256 MiB buffers, counting bytes read plus written;
  *   <li>read: a vectorized sum over the matrix-sized buffer (pure streaming read, what a matvec does);
- *   <li>matvec: bytes of weights per second on a matrix of the given size (4096 columns, rows to fill it);
+ *   <li>matvec: bytes of weights per second on a matrix of the given size (4096 columns, rows to fill it),
+ *       and its ratio to the copy bandwidth, each repetition's matvec timed right after a copy (the machine may
+ *       be shared, and its memory bandwidth drifts with what runs beside);
  *   <li>matmul: GFLOP/s (2 * rows * cols * n) for n = 512 vectors on prompt-sized shapes.
  * </ul>
  * Each figure is the median of several repetitions after warm-up.
@@ -52,25 +56,42 @@ public final class MatvecBench {
         int[] threadCounts = args.length > 0
                 ? Arrays.stream(args[0].split(",")).mapToInt(Integer::parseInt).toArray() : new int[]{1, 2};
         long matrixBytes = (args.length > 1 ? Long.parseLong(args[1]) : 1024) << 20;
+        String parts = args.length > 2 ? args[2] : "all";
         System.out.println("lanes: " + Lanes.F + ", cpus: " + Runtime.getRuntime().availableProcessors());
         for (int threads : threadCounts) {
             System.out.println("== " + threads + " thread(s), matvec matrix " + (matrixBytes >> 20) + " MiB");
-            run(threads, matrixBytes, true);
+            run(threads, matrixBytes, parts, true);
         }
     }
 
-    /** Runs every measurement at {@code threads} threads; prints each line as it comes when {@code print}. */
-    public static List<Result> run(int threads, long matrixBytes, boolean print) {
+    /**
+     * Runs the measurements at {@code threads} threads: {@code parts} is "matvec", "matmul" or "all". Prints each
+     * line as it comes when {@code print}.
+     */
+    public static List<Result> run(int threads, long matrixBytes, String parts, boolean print) {
         List<Result> results = new ArrayList<>();
         try (Parallel pool = new Parallel(threads); Arena arena = Arena.ofShared()) {
             MemorySegment big = arena.allocate(matrixBytes, 64);
+            MemorySegment copyBuffers = arena.allocate(COPY_BYTES * 2, 64);
             fill(big);
-            add(results, print, new Result("copy (read+write)", copyBandwidth(big, pool), "GB/s"));
+            fill(copyBuffers);
+            Runnable copy = copier(copyBuffers, pool);
+            double copyRate = 2.0 * COPY_BYTES / median(copy) / 1e9;
+            add(results, print, new Result("copy (read+write)", copyRate, "GB/s"));
             add(results, print, new Result("read (streaming sum)", readBandwidth(big, pool), "GB/s"));
-            for (GgmlType type : MATVEC_TYPES) {
-                add(results, print, new Result("matvec " + type, matvecBandwidth(type, big, pool), "GB/s"));
+            if (!parts.equals("matmul")) {
+                add(results, print, new Result("pool forEach, 8 empty tasks", forEachMicros(pool), "us/call"));
+                for (GgmlType type : new GgmlType[]{GgmlType.Q8_0, GgmlType.Q4_K}) {
+                    add(results, print, new Result("matvec " + type + " 512x512 (decode-sized)",
+                            smallMatvecMicros(type, pool, arena), "us/call"));
+                }
             }
-            for (int[] shape : MATMUL_SHAPES) {
+            for (GgmlType type : parts.equals("matmul") ? new GgmlType[0] : MATVEC_TYPES) {
+                double[] rateAndRatio = matvecBandwidth(type, big, pool, copy);
+                add(results, print, new Result("matvec " + type, rateAndRatio[0], "GB/s"));
+                add(results, print, new Result("matvec " + type + " / copy", rateAndRatio[1], "x"));
+            }
+            for (int[] shape : parts.equals("matvec") ? new int[0][] : MATMUL_SHAPES) {
                 for (GgmlType type : MATMUL_TYPES) {
                     add(results, print, new Result("matmul " + type + " " + shape[0] + "x" + shape[1] + " n=512",
                             matmulGflops(type, shape[0], shape[1], 512, pool, arena), "GFLOP/s"));
@@ -90,50 +111,56 @@ public final class MatvecBench {
     private static void fill(MemorySegment s) {
         SplittableRandom random = new SplittableRandom(1);
         for (long i = 0; i + 8 <= s.byteSize(); i += 8) {
-            s.set(java.lang.foreign.ValueLayout.JAVA_LONG_UNALIGNED, i, random.nextLong());
+            s.set(ValueLayout.JAVA_LONG_UNALIGNED, i, random.nextLong());
         }
     }
 
-    /** Copies half the buffer onto the other half, split over the pool; counts read plus written bytes. */
-    private static double copyBandwidth(MemorySegment big, Parallel pool) {
-        long half = big.byteSize() / 2;
+    private static final long COPY_BYTES = 256L << 20;
+
+    /** Copies the first half of the buffers onto the second, split over the pool. */
+    private static Runnable copier(MemorySegment buffers, Parallel pool) {
         int parts = pool.threads();
-        long part = half / parts;
-        double seconds = median(() -> pool.forEach(parts, t ->
-                MemorySegment.copy(big, t * part, big, half + t * part, part)));
-        return 2.0 * part * parts / seconds / 1e9;
+        long part = COPY_BYTES / parts;
+        return () -> pool.forEach(parts, t -> MemorySegment.copy(buffers, t * part, buffers, COPY_BYTES + t * part,
+                part));
     }
 
     private static volatile long sink;
 
     private static double readBandwidth(MemorySegment big, Parallel pool) {
-        VectorSpecies<Long> species = LongVector.SPECIES_PREFERRED;
         int parts = pool.threads();
-        long part = big.byteSize() / parts / 64 * 64;
-        long[] sums = new long[parts];
+        long part = big.byteSize() / parts / 256 * 256;
+        long base = RawMemory.address(big, 0, part * parts);
+        float[] sums = new float[parts];
         double seconds = median(() -> {
-            pool.forEach(parts, t -> {
-                LongVector a0 = LongVector.zero(species), a1 = a0, a2 = a0, a3 = a0;
-                long step = species.vectorByteSize();
-                long end = (t + 1) * part;
-                for (long at = t * part; at + 4 * step <= end; at += 4 * step) {
-                    a0 = a0.add(LongVector.fromMemorySegment(species, big, at, java.nio.ByteOrder.LITTLE_ENDIAN));
-                    a1 = a1.add(LongVector.fromMemorySegment(species, big, at + step, java.nio.ByteOrder.LITTLE_ENDIAN));
-                    a2 = a2.add(LongVector.fromMemorySegment(species, big, at + 2 * step, java.nio.ByteOrder.LITTLE_ENDIAN));
-                    a3 = a3.add(LongVector.fromMemorySegment(species, big, at + 3 * step, java.nio.ByteOrder.LITTLE_ENDIAN));
-                }
-                sums[t] = a0.add(a1).add(a2).add(a3).reduceLanes(VectorOperators.ADD);
-            });
-            sink += sums[0];
+            pool.forEach(parts, t -> sums[t] = streamingSum(base + t * part, part));
+            sink += (long) sums[0];
         });
         return (double) part * parts / seconds / 1e9;
+    }
+
+    /** Sums {@code bytes} bytes as floats, four independent accumulators, the way a matvec streams its weights. */
+    private static float streamingSum(long address, long bytes) {
+        VectorSpecies<Float> f = Lanes.F;
+        FloatVector a0 = FloatVector.zero(f), a1 = a0, a2 = a0, a3 = a0;
+        long step = f.vectorByteSize();
+        for (long i = 0; i < bytes / (4 * step); i++) {
+            long at = address + i * 4 * step;
+            a0 = a0.add(FloatVector.fromMemorySegment(f, RawMemory.ALL, at, ByteOrder.LITTLE_ENDIAN));
+            a1 = a1.add(FloatVector.fromMemorySegment(f, RawMemory.ALL, at + step, ByteOrder.LITTLE_ENDIAN));
+            a2 = a2.add(FloatVector.fromMemorySegment(f, RawMemory.ALL, at + 2 * step, ByteOrder.LITTLE_ENDIAN));
+            a3 = a3.add(FloatVector.fromMemorySegment(f, RawMemory.ALL, at + 3 * step, ByteOrder.LITTLE_ENDIAN));
+        }
+        float[] t = new float[f.length()];
+        a0.add(a1).add(a2).add(a3).intoArray(t, 0);
+        return t[0];
     }
 
     /**
      * A matrix of {@code type} filling as much of {@code big} as whole rows allow. The bytes are 64 really
      * quantized rows repeated, so scales are sane (no NaN or subnormal surprises) yet every byte must be read.
      */
-    private static double matvecBandwidth(GgmlType type, MemorySegment big, Parallel pool) {
+    private static double[] matvecBandwidth(GgmlType type, MemorySegment big, Parallel pool, Runnable copy) {
         WeightFormat f = WeightFormat.of(type);
         long rowBytes = f.bytesFor(MATVEC_COLS);
         int rows = (int) Math.min(Integer.MAX_VALUE & ~3, big.byteSize() / rowBytes) & ~3;
@@ -150,8 +177,56 @@ public final class MatvecBench {
         WeightMatrix m = new WeightMatrix("bench." + type, f, data, rows, MATVEC_COLS);
         float[] x = gaussian(MATVEC_COLS, 3);
         float[] out = new float[rows];
-        double seconds = median(() -> m.matvec(x, out, pool));
-        return data.byteSize() / seconds / 1e9;
+        for (int i = 0; i < 3; i++) {
+            m.matvec(x, out, pool);
+        }
+        double[] rate = new double[REPS];
+        double[] ratio = new double[REPS];
+        for (int i = 0; i < REPS; i++) {
+            long start = System.nanoTime();
+            copy.run();
+            long middle = System.nanoTime();
+            m.matvec(x, out, pool);
+            long end = System.nanoTime();
+            double copyRate = 2.0 * COPY_BYTES / (middle - start);
+            rate[i] = (double) data.byteSize() / (end - middle);
+            ratio[i] = rate[i] / copyRate;
+        }
+        Arrays.sort(rate);
+        Arrays.sort(ratio);
+        return new double[]{rate[REPS / 2], ratio[REPS / 2]};
+    }
+
+    /** Microseconds per forEach of 8 tasks that do nothing: the pool's own cost per call. */
+    private static double forEachMicros(Parallel pool) {
+        int calls = 20_000;
+        double seconds = median(() -> {
+            for (int i = 0; i < calls; i++) {
+                pool.forEach(8, t -> { });
+            }
+        });
+        return seconds / calls * 1e6;
+    }
+
+    /** Microseconds per matvec of a 512 x 512 matrix (cache-resident), as a small model's decode step does. */
+    private static double smallMatvecMicros(GgmlType type, Parallel pool, Arena arena) {
+        WeightFormat f = WeightFormat.of(type);
+        int n = 512;
+        MemorySegment data = arena.allocate(f.bytesFor(n) * n, 64);
+        float[] values = gaussian(n * n, 6);
+        for (int r = 0; r < n; r++) {
+            f.quantize(values, r * n, n, data, r * f.bytesFor(n));
+        }
+        WeightMatrix m = new WeightMatrix("bench.small." + type, f, data, n, n);
+        float[] x = gaussian(n, 7);
+        float[] out = new float[n];
+        int calls = 2_000;
+        double seconds = median(() -> {
+            for (int i = 0; i < calls; i++) {
+                m.matvec(x, out, pool);
+            }
+        });
+        return seconds / calls * 1e6;
     }
 
     private static double matmulGflops(GgmlType type, int rows, int cols, int n, Parallel pool, Arena arena) {

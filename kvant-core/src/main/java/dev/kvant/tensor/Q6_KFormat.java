@@ -77,7 +77,7 @@ final class Q6_KFormat implements WeightFormat, FusedRows {
         return Float.float16ToFloat(ALL.get(SHORT_LE, at));
     }
 
-    /** Factors of the super-block at {@code block} into {@code t[o ..]}: 16 of d * scale_i, then 16 of -32 times those. */
+    /** The factors of the super-block at {@code block}: 16 of d * scale_i, then 16 of -32 times those. */
     private static void scales(long block, float[] t, int o) {
         float d = half(block + D);
         for (int i = 0; i < 16; i += L) {
@@ -267,7 +267,8 @@ final class Q6_KFormat implements WeightFormat, FusedRows {
                     int q0 = q[v], q1 = q[v + 32], q2 = q[v + 64], q3 = q[v + 96];
                     block[64 * half + l] = (byte) ((q0 & 0x0f) | (q2 & 0x0f) << 4);
                     block[64 * half + 32 + l] = (byte) ((q1 & 0x0f) | (q3 & 0x0f) << 4);
-                    block[QH + 32 * half + l] = (byte) ((q0 >>> 4) | (q1 >>> 4) << 2 | (q2 >>> 4) << 4 | (q3 >>> 4) << 6);
+                    block[QH + 32 * half + l] =
+                            (byte) ((q0 >>> 4) | (q1 >>> 4) << 2 | (q2 >>> 4) << 4 | (q3 >>> 4) << 6);
                 }
             }
             MemorySegment.copy(block, 0, dst, ValueLayout.JAVA_BYTE, p, BYTES);

@@ -39,7 +39,8 @@ class LanesTest {
             java.util.Arrays.fill(out, Float.NaN);
             Lanes.sum4(t, 0, out, 1, 2);
             for (int r = 0; r < 4; r++) {
-                assertEquals(Float.floatToRawIntBits(Lanes.sum(t, r * Lanes.L)), Float.floatToRawIntBits(out[1 + 2 * r]),
+                assertEquals(Float.floatToRawIntBits(Lanes.sum(t, r * Lanes.L)),
+                        Float.floatToRawIntBits(out[1 + 2 * r]),
                         "accumulator " + r + ", seed " + SEED);
             }
         }

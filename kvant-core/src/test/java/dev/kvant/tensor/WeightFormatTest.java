@@ -131,7 +131,8 @@ class WeightFormatTest {
         try (Arena arena = Arena.ofConfined()) {
             MemorySegment s = encode(f, Float64Reference.gaussian(random, n, 1), arena);
             MemorySegment heap = MemorySegment.ofArray(bytes(s));
-            assertEquals(Float.floatToRawIntBits(f.dot(s, 0, x, 0, n)), Float.floatToRawIntBits(f.dot(heap, 0, x, 0, n)),
+            assertEquals(Float.floatToRawIntBits(f.dot(s, 0, x, 0, n)),
+                    Float.floatToRawIntBits(f.dot(heap, 0, x, 0, n)),
                     where(type));
         }
     }
@@ -362,7 +363,10 @@ class WeightFormatTest {
         assertEquals(0x3f82, Bf16Format.fromFloat(Float.intBitsToFloat(0x3f818000)) & 0xffff, "tie to even");
         assertEquals(0x3f81, Bf16Format.fromFloat(Float.intBitsToFloat(0x3f808001)) & 0xffff);
         assertTrue(Float.isNaN(Float.intBitsToFloat(Bf16Format.fromFloat(Float.NaN) << 16)));
-        assertFalse(Float.isInfinite(Float.intBitsToFloat(Bf16Format.fromFloat(Float.intBitsToFloat(0x7fffffff)) << 16)));
+        float largest = Float.intBitsToFloat(0x7f7fffff);
+        assertTrue(Float.isInfinite(Float.intBitsToFloat(Bf16Format.fromFloat(largest) << 16)), "rounds past max");
+        float nan = Float.intBitsToFloat(0x7fffffff);
+        assertFalse(Float.isInfinite(Float.intBitsToFloat(Bf16Format.fromFloat(nan) << 16)), "a NaN stays NaN");
     }
 
     private static float[] decode(GgmlType type, byte[] block, int n) {

@@ -114,7 +114,8 @@ class WeightMatrixTest {
                 int bits = Float.floatToRawIntBits(one[r]);
                 assertFalse(Float.isNaN(one[r]), "row " + r + " not written, " + where(type, rows, cols));
                 assertEquals(bits, Float.floatToRawIntBits(twoThreads[r]), "row " + r + ", " + where(type, rows, cols));
-                assertEquals(bits, Float.floatToRawIntBits(threeThreads[r]), "row " + r + ", " + where(type, rows, cols));
+                assertEquals(bits, Float.floatToRawIntBits(threeThreads[r]),
+                        "row " + r + ", " + where(type, rows, cols));
                 float single = m.format().dot(m.data(), r * m.rowBytes(), x, 0, cols);
                 assertEquals(bits, Float.floatToRawIntBits(single), "row " + r + " vs dot, " + where(type, rows, cols));
             }
