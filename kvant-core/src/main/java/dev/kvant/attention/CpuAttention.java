@@ -1,161 +1,131 @@
 package dev.kvant.attention;
 
 import dev.kvant.kv.KvCache;
-import dev.kvant.kv.KvFormat;
 import dev.kvant.kv.KvSequence;
 import dev.kvant.tensor.Parallel;
-import jdk.incubator.vector.FloatVector;
-import jdk.incubator.vector.VectorOperators;
-import jdk.incubator.vector.VectorSpecies;
-
-import java.lang.foreign.MemorySegment;
 
 /**
- * Causal attention of a batch of consecutive queries over a sequence's (compressed) KV cache, on the CPU.
+ * Causal attention of consecutive queries of one sequence over its compressed KV cache, on the CPU. The cache is
+ * read as it is stored: rows are decoded a tile of {@value #TILE} at a time into thread-local floats (the only
+ * uncompressed copy) and used at once.
  *
- * <p>Work is cut into tasks of (kv head, block of {@value #QUERY_BLOCK} query tokens); a task serves every query head
- * of its GQA group from one read of each K/V row. Keys and values are dequantized a tile of {@value #TILE} rows at a
- * time into task-local scratch (the only uncompressed copy) and consumed with an online softmax. Each output element
- * is produced by one task in a fixed order of tiles, so results do not depend on the thread count.
+ * <p>Every query is computed the same way, whichever entry point runs it: the positions it sees are cut into
+ * partitions of {@value #PARTITION} (a constant of the algorithm, never of the machine), each partition gives a
+ * softmax partial (max, sum, unnormalized weighted sum of V rows), and the partials are merged in ascending order
+ * ({@link Softmax#merge}). The entry points only schedule that work differently:
+ * <ul>
+ * <li>{@link #decode}: split-K. Tasks are (kv head, partition), each serving all queries of the GQA group (and all
+ *     n tokens, for multi-query verification), writing partials; a second step merges them per kv head.</li>
+ * <li>{@link #prefill}: tasks are (kv head, block of tokens), each walking the partitions in order and merging as
+ *     it goes, so no partials are stored; K and V tiles are decoded once per block of about 64 query rows.</li>
+ * </ul>
+ * So the output of a query is bit for bit the same from decode, multi-query or prefill, whatever the prompt is cut
+ * into and whatever the thread count: no sum depends on thread, tile or batch.
  *
- * <p>Rotated formats: the query is rotated into the key format's domain once, scores are taken there, and the output
- * is rotated back out of the value format's domain once per head.
+ * <p>Rotated formats: the query is rotated into K's domain once (⟨Rq, Rk⟩ = ⟨q, k⟩), keys are never de-rotated,
+ * and the output is rotated out of V's domain once per head.
  */
 public final class CpuAttention {
 
-    static final int TILE = 64;
-    static final int QUERY_BLOCK = 64;
-    private static final VectorSpecies<Float> F = FloatVector.SPECIES_PREFERRED;
+    /** Positions per split-K partition. 1024: 2 MB of partials for 128K positions × 32 heads, few tasks' overhead. */
+    public static final int PARTITION = 1024;
+    /** Rows per decoded K or V tile: 32 rows of 128 floats, 16 KB, stay in L1 while a block of queries uses them. */
+    static final int TILE = 32;
+    /** Up to this many tokens per call run split-K (decode, speculative verification); more run as prefill. */
+    public static final int MAX_MULTI_QUERY = 8;
+    /** Query rows (tokens × group) per prefill task: enough to amortize a tile's decode, few enough for L2. */
+    static final int PREFILL_QUERY_ROWS = 64;
 
     private CpuAttention() {
     }
 
-    /**
-     * @param q     queries [n][heads][headDimK], token t at position start + t (not modified)
-     * @param out   outputs [n][heads][headDimV]
-     * @param scale softmax scale, usually 1/sqrt(headDimK)
-     */
+    /** {@link #attend(KvSequence, int, float[], int, int, int, float, AttentionOptions, float[], Parallel)} with defaults. */
     public static void attend(KvSequence seq, int layer, float[] q, int n, int start, int heads, float scale,
                               float[] out, Parallel pool) {
-        KvCache cache = seq.cache();
-        int kvHeads = cache.geometry().kvHeads();
-        int blocks = (n + QUERY_BLOCK - 1) / QUERY_BLOCK;
+        attend(seq, layer, q, n, start, heads, scale, AttentionOptions.defaults(), out, pool);
+    }
+
+    /**
+     * Attention of n consecutive tokens at positions start .. start+n-1, query t seeing positions 0 .. start+t;
+     * their keys and values must already be in the cache. Runs {@link #decode} for n ≤ {@value #MAX_MULTI_QUERY},
+     * else {@link #prefill}; both give the same bits.
+     *
+     * @param q     queries [n][heads][headDimK], unrotated (not modified)
+     * @param scale softmax scale, usually 1/sqrt(headDimK)
+     * @param out   outputs [n][heads][headDimV]
+     */
+    public static void attend(KvSequence seq, int layer, float[] q, int n, int start, int heads, float scale,
+                              AttentionOptions opts, float[] out, Parallel pool) {
+        if (n <= MAX_MULTI_QUERY) {
+            decode(seq, layer, q, n, start, heads, scale, opts, out, pool);
+        } else {
+            prefill(seq, layer, q, n, start, heads, scale, opts, out, pool);
+        }
+    }
+
+    /** Split-K attention: tasks over (kv head, partition), then a merge per kv head. Meant for 1 to 8 tokens. */
+    public static void decode(KvSequence seq, int layer, float[] q, int n, int start, int heads, float scale,
+                              AttentionOptions opts, float[] out, Parallel pool) {
+        AttentionCall c = setUp(seq, layer, q, n, start, heads, scale, opts, out, pool);
+        int kvHeads = c.kvHeads;
+        int parts = (start + n + PARTITION - 1) / PARTITION;
+        int slots = (n * c.group + 3) & ~3;
+        c.partials(parts, slots);
+        pool.forEach(kvHeads * parts, task -> {
+            int g = task % kvHeads;
+            int p = task / kvHeads;
+            int e = (g * parts + p) * slots;
+            PartitionWorker.get().partition(c, g, p, 0, n, c.partMax, c.partSum, e, c.partAcc, e * c.dpV);
+        });
+        pool.forEach(kvHeads, g -> PartitionWorker.get().mergeSplit(c, g, out));
+    }
+
+    /** Attention by blocks of tokens, each walking its partitions in order: for prompts. */
+    public static void prefill(KvSequence seq, int layer, float[] q, int n, int start, int heads, float scale,
+                               AttentionOptions opts, float[] out, Parallel pool) {
+        AttentionCall c = setUp(seq, layer, q, n, start, heads, scale, opts, out, pool);
+        int kvHeads = c.kvHeads;
+        int tokens = Math.max(1, Math.min(n, PREFILL_QUERY_ROWS / c.group));
+        int blocks = (n + tokens - 1) / tokens;
+        // Later blocks see more positions: hand them out first so the short ones fill the gaps at the end.
         pool.forEach(kvHeads * blocks, task -> {
             int g = task % kvHeads;
-            int b = task / kvHeads;
-            int t0 = b * QUERY_BLOCK;
-            attendBlock(seq, cache, layer, q, t0, Math.min(n, t0 + QUERY_BLOCK), start, heads, g, scale, out);
+            int b = blocks - 1 - task / kvHeads;
+            int t0 = b * tokens;
+            PartitionWorker.get().prefillBlock(c, g, t0, Math.min(tokens, n - t0), out);
         });
     }
 
-    private static void attendBlock(KvSequence seq, KvCache cache, int layer, float[] q, int t0, int t1, int start,
-                                    int heads, int g, float scale, float[] out) {
+    private static AttentionCall setUp(KvSequence seq, int layer, float[] q, int n, int start, int heads,
+                                       float scale, AttentionOptions opts, float[] out, Parallel pool) {
+        KvCache cache = seq.cache();
         int kvHeads = cache.geometry().kvHeads();
+        if (n < 1 || start < 0) {
+            throw new IllegalArgumentException("attention of " + n + " tokens at position " + start);
+        }
+        if (heads < kvHeads || heads % kvHeads != 0) {
+            throw new IllegalArgumentException(heads + " query heads cannot share " + kvHeads
+                    + " kv heads: the query head count must be a multiple of the kv head count");
+        }
+        if (start + n > seq.length()) {
+            throw new IllegalArgumentException("attention for positions " + start + ".." + (start + n - 1)
+                    + " but the sequence holds keys and values for " + seq.length() + " positions");
+        }
         int dK = cache.geometry().headDimK();
         int dV = cache.geometry().headDimV();
-        KvFormat kf = cache.kFormat();
-        KvFormat vf = cache.vFormat();
-        int group = heads / kvHeads;
-        int nq = (t1 - t0) * group;
-
-        float[] qs = new float[nq * dK];
-        float[] m = new float[nq];
-        float[] l = new float[nq];
-        float[] acc = new float[nq * dV];
-        for (int i = 0; i < nq; i++) {
-            int t = t0 + i / group;
-            int h = g * group + i % group;
-            System.arraycopy(q, (t * heads + h) * dK, qs, i * dK, dK);
-            kf.rotate(qs, i * dK, dK);
-            for (int d = 0; d < dK; d++) {
-                qs[i * dK + d] *= scale;
+        if (q.length < n * heads * dK || out.length < n * heads * dV) {
+            throw new IllegalArgumentException("attention buffers too small: q has " + q.length + " floats, needs "
+                    + n * heads * dK + "; out has " + out.length + ", needs " + n * heads * dV);
+        }
+        AttentionCall c = AttentionCall.get();
+        c.set(seq, layer, n, start, heads, opts);
+        if (n * heads <= 64) {
+            for (int t = 0; t < n; t++) {
+                PartitionWorker.get().prepareQueries(c, q, t, scale);
             }
-            m[i] = Float.NEGATIVE_INFINITY;
+        } else {
+            pool.forEach(n, t -> PartitionWorker.get().prepareQueries(c, q, t, scale));
         }
-
-        float[] kt = new float[TILE * dK];
-        float[] vt = new float[TILE * dV];
-        float[] p = new float[TILE];
-        int pageTokens = cache.pageTokens();
-        int last = start + t1 - 1;
-        for (int p0 = 0; p0 <= last; p0 += TILE) {
-            int rows = Math.min(TILE, last + 1 - p0);
-            for (int j = 0; j < rows; j++) {
-                int pos = p0 + j;
-                int page = seq.page(pos / pageTokens);
-                int inPage = pos % pageTokens;
-                MemorySegment kp = cache.kPage(layer, page);
-                MemorySegment vp = cache.vPage(layer, page);
-                kf.decode(kp, cache.kRowOffset(inPage, g), dK, kt, j * dK);
-                vf.decode(vp, cache.vRowOffset(inPage, g), dV, vt, j * dV);
-            }
-            for (int i = 0; i < nq; i++) {
-                int maxPos = start + t0 + i / group;
-                if (p0 > maxPos) {
-                    continue;
-                }
-                int cnt = Math.min(rows, maxPos - p0 + 1);
-                float mt = Float.NEGATIVE_INFINITY;
-                for (int j = 0; j < cnt; j++) {
-                    float s = dot(qs, i * dK, kt, j * dK, dK);
-                    p[j] = s;
-                    mt = Math.max(mt, s);
-                }
-                float mNew = Math.max(m[i], mt);
-                float corr = (float) Math.exp(m[i] - mNew);
-                float sum = l[i] * corr;
-                int ao = i * dV;
-                if (corr != 1f) {
-                    scale(acc, ao, dV, corr);
-                }
-                for (int j = 0; j < cnt; j++) {
-                    float w = (float) Math.exp(p[j] - mNew);
-                    sum += w;
-                    axpy(w, vt, j * dV, acc, ao, dV);
-                }
-                l[i] = sum;
-                m[i] = mNew;
-            }
-        }
-        for (int i = 0; i < nq; i++) {
-            int t = t0 + i / group;
-            int h = g * group + i % group;
-            int o = (t * heads + h) * dV;
-            float inv = 1f / l[i];
-            for (int d = 0; d < dV; d++) {
-                out[o + d] = acc[i * dV + d] * inv;
-            }
-            vf.unrotate(out, o, dV);
-        }
-    }
-
-    static float dot(float[] a, int ao, float[] b, int bo, int n) {
-        int i = 0;
-        FloatVector s = FloatVector.zero(F);
-        for (int ub = F.loopBound(n); i < ub; i += F.length()) {
-            s = FloatVector.fromArray(F, a, ao + i).fma(FloatVector.fromArray(F, b, bo + i), s);
-        }
-        float r = s.reduceLanes(VectorOperators.ADD);
-        for (; i < n; i++) {
-            r += a[ao + i] * b[bo + i];
-        }
-        return r;
-    }
-
-    static void axpy(float w, float[] x, int xo, float[] y, int yo, int n) {
-        int i = 0;
-        FloatVector wv = FloatVector.broadcast(F, w);
-        for (int ub = F.loopBound(n); i < ub; i += F.length()) {
-            FloatVector.fromArray(F, x, xo + i).fma(wv, FloatVector.fromArray(F, y, yo + i)).intoArray(y, yo + i);
-        }
-        for (; i < n; i++) {
-            y[yo + i] += w * x[xo + i];
-        }
-    }
-
-    static void scale(float[] y, int yo, int n, float c) {
-        for (int i = 0; i < n; i++) {
-            y[yo + i] *= c;
-        }
+        return c;
     }
 }

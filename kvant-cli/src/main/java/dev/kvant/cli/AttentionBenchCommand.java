@@ -1,0 +1,80 @@
+package dev.kvant.cli;
+
+import dev.kvant.attention.AttentionBench;
+import dev.kvant.attention.AttentionOptions;
+import dev.kvant.kv.KvFormat;
+import picocli.CommandLine.Command;
+import picocli.CommandLine.Option;
+
+import java.time.LocalDate;
+import java.util.Arrays;
+import java.util.List;
+
+/** Decode (and prefill) attention of one layer over caches of every format: time, cache read rate, copy rate. */
+@Command(name = "bench-attention", mixinStandardHelpOptions = true,
+        description = {"Attention kernel benchmark: one layer of a real geometry over a cache of random rows.",
+                "Prints decode time per token and layer, GB/s of cache read, and the copy bandwidth measured in the "
+                        + "same run."})
+final class AttentionBenchCommand implements Runnable {
+
+    @Option(names = "--formats", paramLabel = "F", split = ",",
+            defaultValue = "f16,q8_0,int8,q4_0,turbo4,turbo3,turbo2",
+            description = "K/V formats, both K and V (default ${DEFAULT-VALUE})")
+    List<String> formats;
+
+    @Option(names = "--ctx", paramLabel = "N", split = ",", defaultValue = "4096,32768,131072",
+            description = "cached tokens (default ${DEFAULT-VALUE})")
+    int[] ctx;
+
+    @Option(names = {"-t", "--threads"}, paramLabel = "N", split = ",", defaultValue = "1,2",
+            description = "thread counts (default ${DEFAULT-VALUE})")
+    int[] threads;
+
+    @Option(names = "--heads", paramLabel = "N", defaultValue = "32", description = "query heads (default ${DEFAULT-VALUE})")
+    int heads;
+
+    @Option(names = "--kv-heads", paramLabel = "N", defaultValue = "8", description = "kv heads (default ${DEFAULT-VALUE})")
+    int kvHeads;
+
+    @Option(names = "--head-dim", paramLabel = "D", defaultValue = "128", description = "head size (default ${DEFAULT-VALUE})")
+    int headDim;
+
+    @Option(names = {"-r", "--repetitions"}, paramLabel = "N", defaultValue = "20",
+            description = "timed decode repetitions at 4K tokens, fewer for longer caches (default ${DEFAULT-VALUE})")
+    int reps;
+
+    @Option(names = "--prefill", paramLabel = "N", defaultValue = "0",
+            description = "also time a prefill chunk of N tokens after the cache (0 = off)")
+    int prefill;
+
+    @Option(names = "--sparse-v", paramLabel = "T", defaultValue = "0", description = "sparse-V threshold (0 = off)")
+    float sparseV;
+
+    @Option(names = "--json", description = "print a JSON array, one object per row")
+    boolean json;
+
+    @Override
+    public void run() {
+        for (int t : threads) {
+            ModelOptions.checkThreads(t);
+        }
+        if (heads % kvHeads != 0) {
+            throw new IllegalArgumentException("--heads " + heads + " must be a multiple of --kv-heads " + kvHeads);
+        }
+        List<KvFormat> fs = formats.stream().map(KvFormat::parse).toList();
+        Progress progress = new Progress(json);
+        String machine = AttentionBench.machine();
+        List<AttentionBench.Row> rows = AttentionBench.run(new AttentionBench.Settings(fs, ctx, threads, heads, kvHeads,
+                headDim, reps, prefill, new AttentionOptions(0f, sparseV)), progress::update);
+        progress.done();
+        if (json) {
+            System.out.println(AttentionBench.json(rows));
+        } else {
+            System.out.println("machine: " + machine + "; " + LocalDate.now() + "; " + heads + " heads / " + kvHeads
+                    + " kv heads / head size " + headDim + ", one layer" + (sparseV > 0 ? ", sparse-v " + sparseV : "")
+                    + "; ctx " + Arrays.toString(ctx));
+            System.out.println();
+            System.out.println(AttentionBench.markdown(rows));
+        }
+    }
+}

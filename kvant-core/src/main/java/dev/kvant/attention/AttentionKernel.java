@@ -1,0 +1,13 @@
+package dev.kvant.attention;
+
+/**
+ * One way of computing attention, as the parity tool runs it: all n tokens' outputs of a problem. The CPU variants
+ * are here ({@link AttentionParity#cpuKernels}); a GPU backend adds its own.
+ */
+public interface AttentionKernel {
+    /** A short name for tables, e.g. {@code cpu-decode}. */
+    String name();
+
+    /** Writes the outputs [n][heads][headDimV] of the problem into out. */
+    void run(AttentionProblem problem, AttentionOptions options, float[] out);
+}

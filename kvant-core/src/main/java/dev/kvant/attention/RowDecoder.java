@@ -1,0 +1,37 @@
+package dev.kvant.attention;
+
+import dev.kvant.kv.HalfFormat;
+import dev.kvant.kv.Int8Format;
+import dev.kvant.kv.KvFormat;
+import dev.kvant.kv.Q4Format;
+import dev.kvant.kv.TurboFormat;
+
+import java.lang.foreign.MemorySegment;
+
+/**
+ * Reads rows of one KV format, as they lie in the cache, into a float tile: the only uncompressed copy attention
+ * makes, a few dozen rows that stay in L1. One implementation per format family, each vectorized for its layout
+ * and bit for bit equal to {@link KvFormat#decode} (a test checks it): f16 widens by exponent arithmetic, q8_0/int8
+ * convert bytes and scale per block, q4_0 splits nibbles, turbo formats look their codes up in a register-resident
+ * centroid table.
+ */
+sealed interface RowDecoder permits HalfRows, Int8Rows, Q4Rows, TurboRows {
+
+    static RowDecoder of(KvFormat format, int headDim) {
+        return switch (format) {
+            case HalfFormat h -> new HalfRows(h == HalfFormat.BF16, headDim);
+            case Int8Format f -> new Int8Rows(f.blockSize(), headDim);
+            case Q4Format f -> new Q4Rows(f.domainDim(headDim));
+            case TurboFormat t -> new TurboRows(t, headDim);
+        };
+    }
+
+    /** Floats written per row: the format's domain dimension. */
+    int dim();
+
+    /**
+     * Decodes the rows at byte offsets {@code offs[0..count)} of src into {@code dst[k·stride, k·stride + dim())};
+     * the rest of each tile row is left alone.
+     */
+    void decode(MemorySegment src, long[] offs, int count, float[] dst, int stride);
+}

@@ -1,0 +1,138 @@
+package dev.kvant.attention;
+
+import static dev.kvant.attention.Lanes.F;
+import static dev.kvant.attention.Lanes.I;
+
+import jdk.incubator.vector.FloatVector;
+import jdk.incubator.vector.IntVector;
+import jdk.incubator.vector.VectorOperators;
+
+/**
+ * The exponential and soft-cap of the kernels, and the merge of partition partials.
+ *
+ * <p>exp is written out (range reduction by ln 2, degree-7 Taylor polynomial, exponent by bit arithmetic) rather
+ * than taken from {@code Math.exp} or the Vector API's {@code EXP}: the vector operator runs a different algorithm
+ * compiled than interpreted, so its bits would depend on JIT state, and the scalar and vector forms here must agree
+ * bit for bit so that a lane computes what the scalar tail computes. Every step is an IEEE add, multiply or fma.
+ * Relative error below 2 ulp; arguments below {@value #UNDERFLOW} give 0 (softmax weights that small vanish anyway).
+ */
+final class Softmax {
+    static final float UNDERFLOW = -87f;
+    private static final float OVERFLOW = 88f;
+    private static final float LOG2E = 1.44269504089f;
+    /** ln 2 split so that k·LN2_HI is exact for |k| < 2^9: Cody and Waite's reduction. */
+    private static final float LN2_HI = 0.693359375f;
+    private static final float LN2_LO = -2.12194440e-4f;
+    /** 1.5·2^23: adding and subtracting it rounds a float below 2^22 in magnitude to an integer, ties to even. */
+    private static final float RINT = 12582912f;
+    private static final float C2 = 1f / 2;
+    private static final float C3 = 1f / 6;
+    private static final float C4 = 1f / 24;
+    private static final float C5 = 1f / 120;
+    private static final float C6 = 1f / 720;
+    private static final float C7 = 1f / 5040;
+
+    private Softmax() {
+    }
+
+    /** a[at] = exp(a[at]) for L floats at each of count places from {@code from}, stride apart. */
+    static void expInPlace(float[] a, int from, int stride, int count) {
+        FloatVector c7 = FloatVector.broadcast(F, C7);
+        FloatVector c6 = FloatVector.broadcast(F, C6);
+        FloatVector c5 = FloatVector.broadcast(F, C5);
+        FloatVector c4 = FloatVector.broadcast(F, C4);
+        FloatVector c3 = FloatVector.broadcast(F, C3);
+        FloatVector c2 = FloatVector.broadcast(F, C2);
+        FloatVector one = FloatVector.broadcast(F, 1f);
+        FloatVector hi = FloatVector.broadcast(F, -LN2_HI);
+        FloatVector lo = FloatVector.broadcast(F, -LN2_LO);
+        for (int i = 0, at = from; i < count; i++, at += stride) {
+            FloatVector x = FloatVector.fromArray(F, a, at);
+            FloatVector xc = x.max(UNDERFLOW).min(OVERFLOW);
+            FloatVector k = xc.mul(LOG2E).add(RINT).sub(RINT);
+            FloatVector r = k.fma(hi, xc);
+            r = k.fma(lo, r);
+            FloatVector p = r.fma(c7, c6);
+            p = p.fma(r, c5);
+            p = p.fma(r, c4);
+            p = p.fma(r, c3);
+            p = p.fma(r, c2);
+            p = p.fma(r, one);
+            p = p.fma(r, one);
+            IntVector n = (IntVector) k.convert(VectorOperators.F2I, 0);
+            p.reinterpretAsInts().add(n.lanewise(VectorOperators.LSHL, 23)).reinterpretAsFloats()
+                    .blend(0f, x.compare(VectorOperators.LT, UNDERFLOW)).intoArray(a, at);
+        }
+    }
+
+    static float exp(float x) {
+        if (x < UNDERFLOW) {
+            return 0f;
+        }
+        float xc = Math.min(x, OVERFLOW);
+        float k = (xc * LOG2E + RINT) - RINT;
+        float r = Math.fma(k, -LN2_HI, xc);
+        r = Math.fma(k, -LN2_LO, r);
+        float p = Math.fma(r, C7, C6);
+        p = Math.fma(p, r, C5);
+        p = Math.fma(p, r, C4);
+        p = Math.fma(p, r, C3);
+        p = Math.fma(p, r, C2);
+        p = Math.fma(p, r, 1f);
+        p = Math.fma(p, r, 1f);
+        return Float.intBitsToFloat(Float.floatToRawIntBits(p) + ((int) k << 23));
+    }
+
+    /**
+     * a[i] = cap·tanh(a[i]/cap) for i in [from, to) (a multiple of L long), through {@code tanh|x| = (1 - e)/(1 + e)}
+     * with {@code e = exp(-2|x|)}, which cannot overflow. Near 0 the subtraction loses relative precision (about
+     * 1e-7/|x|), far below a score's own rounding. tmp: scratch of {@link #SOFT_CAP_CHUNK} floats.
+     */
+    static void softCapInPlace(float[] a, int from, int to, float cap, float[] tmp) {
+        float inv = 1f / cap;
+        for (int c = from; c < to; c += SOFT_CAP_CHUNK) {
+            int n = Math.min(SOFT_CAP_CHUNK, to - c);
+            for (int i = 0; i < n; i += Lanes.L) {
+                FloatVector.fromArray(F, a, c + i).mul(inv).abs().mul(-2f).intoArray(tmp, i);
+            }
+            expInPlace(tmp, 0, Lanes.L, n / Lanes.L);
+            for (int i = 0; i < n; i += Lanes.L) {
+                FloatVector e = FloatVector.fromArray(F, tmp, i);
+                FloatVector t = FloatVector.broadcast(F, 1f).sub(e).div(e.add(1f));
+                FloatVector x = FloatVector.fromArray(F, a, c + i);
+                t.blend(t.neg(), x.compare(VectorOperators.LT, 0f)).mul(cap).intoArray(a, c + i);
+            }
+        }
+    }
+
+    static final int SOFT_CAP_CHUNK = 16 * Lanes.L;
+
+    /**
+     * Merges one partition's partial (max m, sum l of exp(s - m), unnormalized acc) into a running state with the
+     * same layout, in place: the online-softmax step. Every kernel variant merges a query's partitions in ascending
+     * order through this one method, which is why they agree bit for bit. An empty partial (m = -inf) changes nothing.
+     */
+    static void merge(float[] sm, float[] sl, int s, float[] sacc, int sa,
+                      float[] pm, float[] pl, int p, float[] pacc, int pa, int dim) {
+        float m = pm[p];
+        if (m == Float.NEGATIVE_INFINITY) {
+            return;
+        }
+        float cur = sm[s];
+        if (cur == Float.NEGATIVE_INFINITY) {
+            sm[s] = m;
+            sl[s] = pl[p];
+            System.arraycopy(pacc, pa, sacc, sa, dim);
+            return;
+        }
+        float mx = Math.max(cur, m);
+        float a = exp(cur - mx);
+        float b = exp(m - mx);
+        sm[s] = mx;
+        sl[s] = sl[s] * a + pl[p] * b;
+        for (int d = 0; d < dim; d += Lanes.L) {
+            FloatVector acc = FloatVector.fromArray(F, sacc, sa + d).mul(a);
+            FloatVector.fromArray(F, pacc, pa + d).fma(FloatVector.broadcast(F, b), acc).intoArray(sacc, sa + d);
+        }
+    }
+}
