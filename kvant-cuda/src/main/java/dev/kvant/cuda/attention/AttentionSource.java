@@ -87,7 +87,8 @@ final class AttentionSource {
         int slotV = round16(hb * (int) shape.vRowBytes()) + 16;
         boolean kDirect = direct(shape.kFormat()), vDirect = direct(shape.vFormat());
         int ts = Math.max(kDirect ? 0 : 2 * dK + 16, vDirect ? 0 : 2 * dV + 16);
-        int fixed = hb * 8 * (2 * dK + 16) + lutEntries(shape.kFormat()) * 128
+        boolean qInTile = ts > 0 && 16 * ts >= 8 * (2 * dK + 16);
+        int fixed = (qInTile ? 0 : hb * 8 * (2 * dK + 16)) + lutEntries(shape.kFormat()) * 128
                 + (shape.vFormat() == shape.kFormat() ? 0 : lutEntries(shape.vFormat()) * 128)
                 + (ts == 0 ? 0 : hb * 16 * ts) + round16(8 * 16 * 2);
         int stage = 16 * (slotK + slotV);

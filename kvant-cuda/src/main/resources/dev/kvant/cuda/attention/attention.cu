@@ -71,6 +71,13 @@ __device__ __forceinline__ void mma16816(float (&d)[4], u32 a0, u32 a1, u32 a2, 
                      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
     }
 }
+// 2^x by the SFU (ex2.approx.ftz: relative error below 2^-22, 2^-inf = 0): the softmax's exponential, one
+// instruction instead of exp2f's range handling.
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 template <bool BF>
 __device__ __forceinline__ u32 pack2(float lo, float hi) {
     if constexpr (BF) return pack_bf2(lo, hi);
@@ -79,7 +86,10 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {
 
 // ---- shared memory layout of one block
 
-template <int HB, int WARPS, int TT, int QROWS>
+// Q_ALIAS: the query tile lives in the warp's own dequant tile (decode: one warp per tile, Q is read into registers
+// before the first tile is dequantized), which keeps the shared memory of turbo and q8/q4 decode within two blocks
+// per SM.
+template <int HB, int WARPS, int TT, int QROWS, bool Q_ALIAS>
 struct Layout {
     static constexpr int SLOTK = round16(HB * RBK) + 16;   // one token's cover of HB K rows
     static constexpr int SLOTV = round16(HB * RBV) + 16;
@@ -88,7 +98,8 @@ struct Layout {
     static constexpr int TSV = 2 * DV + 16;
     static constexpr int TS = imax(K_DIRECT ? 0 : TSK, V_DIRECT ? 0 : TSV);
     static constexpr int TILES = TS == 0 ? 0 : HB;         // one dequantized tile per kv head of the block
-    static constexpr int Q_BYTES = WARPS * QROWS * QSTR;
+    static constexpr bool Q_IN_TILE = Q_ALIAS && TS > 0 && TT * TS >= QROWS * QSTR && WARPS == TILES;
+    static constexpr int Q_BYTES = Q_IN_TILE ? 0 : WARPS * QROWS * QSTR;
     static constexpr int LUTK_BYTES = lut_entries(KF) * 128;
     static constexpr int LUTV_BYTES = VF == KF ? 0 : lut_entries(VF) * 128;
     static constexpr int TILE_BYTES = TILES * TT * TS;
@@ -108,43 +119,54 @@ struct Layout {
     static_assert(TOTAL <= 227 * 1024, "attention tile does not fit in shared memory: fewer kv heads per block");
 };
 
-// Issues the cp.async copies of one stage: TT tokens from tok0, valid below tokEnd, kv heads h0..h0+HB-1 (K rows,
-// then V rows; thread i copies 16-byte word i % W of token i / W, so a warp's copies are consecutive words).
-template <int HB, int TT, int RB, int SLOT>
-__device__ __forceinline__ void load_rows(u8* raw, u8* offs, int tok0, int tokEnd, const int* __restrict__ table,
-                                          int pageTokens, const u8* __restrict__ pool, i64 pageBytes, int kvHeads,
-                                          int h0, int tid, int nthreads) {
-    constexpr int W = SLOT / 16;
-    for (int i = tid; i < TT * W; i += nthreads) {
-        const int t = i / W, w = i - t * W;
-        const int tok = tok0 + t;
-        u8* dst = raw + t * SLOT + w * 16;
-        if (tok < tokEnd) {
-            const int lp = tok / pageTokens;
-            const int page = table[lp];
-            const i64 start = (i64) page * pageBytes + ((i64) (tok - lp * pageTokens) * kvHeads + h0) * RB;
-            const int off = (int) (start & 15);
-            if (w == 0) offs[t * 2] = (u8) off;
-            if (w < ((off + HB * RB + 15) >> 4)) cp_async16(dst, pool + (start & ~(i64) 15) + w * 16);
-        } else {
-            *(uint4*) dst = make_uint4(0, 0, 0, 0);
-            if (w == 0) offs[t * 2] = 0;
-        }
+// One token's cover of HB rows into its slot of a raw stage: the TPT threads of the token copy consecutive 16-byte
+// words (w = u, u + TPT, ...), so each group of TPT lanes reads one contiguous run. page < 0: the token is outside
+// the range and its slot is zero-filled (never read as data; zeros keep masked rows finite).
+template <int HB, int RB, int SLOT, int TPT>
+__device__ __forceinline__ void copy_token(u8* dst, u8* offOut, int page, int tok, int pageTokens,
+                                           const u8* __restrict__ pool, i64 pageBytes, int kvHeads, int h0, int u) {
+    if (page >= 0) {
+        const i64 start = (i64) page * pageBytes + ((i64) (tok % pageTokens) * kvHeads + h0) * RB;
+        const int off = (int) (start & 15);
+        const int words = (off + HB * RB + 15) >> 4;
+        const u8* src = pool + (start & ~(i64) 15);
+        if (u == 0) *offOut = (u8) off;
+        for (int w = u; w < words; w += TPT) cp_async16(dst + w * 16, src + w * 16);
+    } else {
+        for (int w = u; w < SLOT / 16; w += TPT) *(uint4*) (dst + w * 16) = make_uint4(0, 0, 0, 0);
+        if (u == 0) *offOut = 0;
     }
 }
 
-template <class LY, int HB, int TT>
-__device__ __forceinline__ void load_stage(u8* smem, int stage, int tok0, int tokEnd, const int* __restrict__ table,
-                                           int pageTokens, const u8* __restrict__ kpool, const u8* __restrict__ vpool,
-                                           i64 kPageBytes, i64 vPageBytes, int kvHeads, int h0, int tid, int nthreads) {
-    u8* rawK = smem + LY::OFF_RAW + stage * LY::STAGE;
-    u8* rawV = rawK + TT * LY::SLOTK;
-    u8* offs = smem + LY::OFF_OFS + stage * TT * 2;
-    load_rows<HB, TT, RBK, LY::SLOTK>(rawK, offs, tok0, tokEnd, table, pageTokens, kpool, kPageBytes, kvHeads, h0,
-                                      tid, nthreads);
-    load_rows<HB, TT, RBV, LY::SLOTV>(rawV, offs + 1, tok0, tokEnd, table, pageTokens, vpool, vPageBytes, kvHeads,
-                                      h0, tid, nthreads);
-}
+// The cp.async loader of a block's raw stages: thread tid owns token tid / TPT of every stage (TPT = threads per
+// token) and copies its K and V covers. The page of the token a stage later is read from the table one iteration
+// ahead (page()), so no copy waits on a page-table load: issuing a stage costs no global-memory latency.
+template <class LY, int HB, int TT, int NT>
+struct StageLoader {
+    static constexpr int TPT = NT / TT;
+    static_assert(NT % TT == 0 && TPT >= 1, "a stage needs at least one thread per token");
+    const int t, u;
+
+    __device__ explicit StageLoader(int tid) : t(tid / TPT), u(tid % TPT) {}
+
+    // The page of this thread's token in the stage from tok0, or -1 at or past tokEnd.
+    __device__ __forceinline__ int page(const int* __restrict__ table, int tok0, int tokEnd, int pageTokens) const {
+        const int tok = tok0 + t;
+        return tok < tokEnd ? table[tok / pageTokens] : -1;
+    }
+
+    __device__ __forceinline__ void issue(u8* smem, int stage, int tok0, int page, int pageTokens,
+                                          const u8* __restrict__ kpool, const u8* __restrict__ vpool, i64 kPageBytes,
+                                          i64 vPageBytes, int kvHeads, int h0) const {
+        u8* rawK = smem + LY::OFF_RAW + stage * LY::STAGE;
+        u8* rawV = rawK + TT * LY::SLOTK;
+        u8* offs = smem + LY::OFF_OFS + stage * TT * 2;
+        copy_token<HB, RBK, LY::SLOTK, TPT>(rawK + t * LY::SLOTK, offs + t * 2, page, tok0 + t, pageTokens, kpool,
+                                            kPageBytes, kvHeads, h0, u);
+        copy_token<HB, RBV, LY::SLOTV, TPT>(rawV + t * LY::SLOTV, offs + t * 2 + 1, page, tok0 + t, pageTokens, vpool,
+                                            vPageBytes, kvHeads, h0, u);
+    }
+};
 
 // Dequantizes the TT x D tile of one kv head (hl within the block) from a raw stage into tile (stride TS).
 template <int FMT, int D, int TT, int SLOT, int TS>
@@ -215,7 +237,7 @@ __device__ __forceinline__ void build_luts(u8* smem, int lutK, int lutV, int tid
 // ================================================================================================================
 
 constexpr int DEC_TT = 16;
-using DecLayout = Layout<HBD, HBD, DEC_TT, 8>;
+using DecLayout = Layout<HBD, HBD, DEC_TT, 8, true>;
 
 extern "C" __global__ void __launch_bounds__(HBD * 32, (DV <= 128 && DecLayout::TOTAL <= 110 * 1024) ? 2 : 1)
 kvant_attn_decode(const float* __restrict__ q, const u8* __restrict__ kpool, const u8* __restrict__ vpool,
@@ -246,19 +268,26 @@ kvant_attn_decode(const float* __restrict__ q, const u8* __restrict__ kpool, con
     const int kh = hb * HBD + warp;
     const int* table = tables + (i64) seq * tableStride;
 
-    u8* qs = smem + warp * 8 * LY::QSTR;
     u8* tile = smem + LY::OFF_TILE + warp * TT * LY::TS;
+    u8* qs = LY::Q_IN_TILE ? tile : smem + warp * 8 * LY::QSTR;
     const u32* lutK = (const u32*) (smem + LY::OFF_LUTK);
     const u32* lutV = (const u32*) (smem + (VF == KF ? LY::OFF_LUTK : LY::OFF_LUTV));
 
     const int ntiles = t1 > t0 ? (t1 - t0 + TT - 1) / TT : 0;
+    const StageLoader<LY, HBD, TT, HBD * 32> loader(threadIdx.x);
+    {
+        int pages[NST - 1];
 #pragma unroll
-    for (int s = 0; s < NST - 1; s++) {
-        if (s < ntiles)
-            load_stage<LY, HBD, TT>(smem, s, t0 + s * TT, t1, table, pageTokens, kpool, vpool, kPageBytes,
-                                    vPageBytes, kvHeads, hb * HBD, threadIdx.x, blockDim.x);
-        cp_async_commit();
+        for (int s = 0; s < NST - 1; s++) pages[s] = loader.page(table, t0 + s * TT, t1, pageTokens);
+#pragma unroll
+        for (int s = 0; s < NST - 1; s++) {
+            if (s < ntiles)
+                loader.issue(smem, s, t0 + s * TT, pages[s], pageTokens, kpool, vpool, kPageBytes, vPageBytes,
+                             kvHeads, hb * HBD);
+            cp_async_commit();
+        }
     }
+    int pageNext = loader.page(table, t0 + (NST - 1) * TT, t1, pageTokens);
     build_luts(smem, LY::OFF_LUTK, LY::OFF_LUTV, threadIdx.x, blockDim.x);
     prepare_q<8>(qs, q, seq, nq, heads, G, kh, row0, qscale, lane);
 
@@ -293,9 +322,10 @@ kvant_attn_decode(const float* __restrict__ q, const u8* __restrict__ kpool, con
         {
             const int nx = it + NST - 1;
             if (nx < ntiles)
-                load_stage<LY, HBD, TT>(smem, nx % NST, t0 + nx * TT, t1, table, pageTokens, kpool, vpool,
-                                        kPageBytes, vPageBytes, kvHeads, hb * HBD, threadIdx.x, blockDim.x);
+                loader.issue(smem, nx % NST, t0 + nx * TT, pageNext, pageTokens, kpool, vpool, kPageBytes,
+                             vPageBytes, kvHeads, hb * HBD);
             cp_async_commit();
+            pageNext = loader.page(table, t0 + (nx + 1) * TT, t1, pageTokens);
         }
         const int st = it % NST;
         const int tok0 = t0 + it * TT;
@@ -343,9 +373,9 @@ kvant_attn_decode(const float* __restrict__ q, const u8* __restrict__ kpool, con
                 mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 16));
                 const float mnew = fmaxf(mrow[e], mx);
                 const float base = mnew == NEG_INF ? 0.f : mnew;
-                const float corr = exp2f(mrow[e] - base);
-                p[e] = exp2f(s[e] - base);
-                p[2 + e] = exp2f(s[2 + e] - base);
+                const float corr = fast_exp2(mrow[e] - base);
+                p[e] = fast_exp2(s[e] - base);
+                p[2 + e] = fast_exp2(s[2 + e] - base);
                 lrow[e] = lrow[e] * corr + (p[e] + p[2 + e]);
                 mrow[e] = mnew;
 #pragma unroll
@@ -430,7 +460,7 @@ kvant_attn_decode(const float* __restrict__ q, const u8* __restrict__ kpool, con
 constexpr int PRE_TT = 64;
 constexpr int PRE_WARPS = 8;
 constexpr int PRE_ROWS = PRE_WARPS * 16;
-using PreLayout = Layout<1, PRE_WARPS, PRE_TT, 16>;
+using PreLayout = Layout<1, PRE_WARPS, PRE_TT, 16, false>;
 constexpr bool PRE_Q_REGS = DK <= 128;
 
 extern "C" __global__ void __launch_bounds__(PRE_WARPS * 32, 1)
@@ -458,13 +488,20 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
     const u32* lutV = (const u32*) (smem + (VF == KF ? LY::OFF_LUTK : LY::OFF_LUTV));
 
     const int ntiles = (t1 + TT - 1) / TT;
+    const StageLoader<LY, 1, TT, PRE_WARPS * 32> loader(threadIdx.x);
+    {
+        int pages[NST - 1];
 #pragma unroll
-    for (int s = 0; s < NST - 1; s++) {
-        if (s < ntiles)
-            load_stage<LY, 1, TT>(smem, s, s * TT, t1, table, pageTokens, kpool, vpool, kPageBytes, vPageBytes,
-                                  kvHeads, kh, threadIdx.x, blockDim.x);
-        cp_async_commit();
+        for (int s = 0; s < NST - 1; s++) pages[s] = loader.page(table, s * TT, t1, pageTokens);
+#pragma unroll
+        for (int s = 0; s < NST - 1; s++) {
+            if (s < ntiles)
+                loader.issue(smem, s, s * TT, pages[s], pageTokens, kpool, vpool, kPageBytes, vPageBytes, kvHeads,
+                             kh);
+            cp_async_commit();
+        }
     }
+    int pageNext = loader.page(table, (NST - 1) * TT, t1, pageTokens);
     build_luts(smem, LY::OFF_LUTK, LY::OFF_LUTV, threadIdx.x, blockDim.x);
     prepare_q<16>(qs, q, 0, nq, heads, G, kh, row0, qscale, lane);
 
@@ -481,6 +518,9 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
         const int row = row0 + g + 8 * e;
         rowPos[e] = row < nRows ? qstart + row / G : -1;
     }
+    // The position of the warp's first row: every row of the warp sees at least the tokens up to it (a warp whose
+    // rows are all past nRows has none, and masks every tile).
+    const int warpFirstPos = row0 < nRows ? qstart + row0 / G : -1;
 
     float o[DV / 8][4];
 #pragma unroll
@@ -493,9 +533,10 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
         {
             const int nx = it + NST - 1;
             if (nx < ntiles)
-                load_stage<LY, 1, TT>(smem, nx % NST, nx * TT, t1, table, pageTokens, kpool, vpool, kPageBytes,
-                                      vPageBytes, kvHeads, kh, threadIdx.x, blockDim.x);
+                loader.issue(smem, nx % NST, nx * TT, pageNext, pageTokens, kpool, vpool, kPageBytes, vPageBytes,
+                             kvHeads, kh);
             cp_async_commit();
+            pageNext = loader.page(table, (nx + 1) * TT, t1, pageTokens);
         }
         const int st = it % NST;
         const int tok0 = it * TT;
@@ -539,9 +580,11 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
                 }
             }
         }
-        // ---- online softmax (lane: rows g, g+8; tokens 8j + 2c, +1)
+        // ---- online softmax (lane: rows g, g+8; tokens 8j + 2c, +1). A tile every row of the warp sees entirely
+        // (below the diagonal, inside the range) needs no mask.
         u32 pa[TT / 16][4];
         bool any = false;
+        const bool masked = tok0 + TT > imin(t1, warpFirstPos + 1);
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             float mx = NEG_INF;
@@ -550,7 +593,7 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
 #pragma unroll
                 for (int u = 0; u < 2; u++) {
                     const int tok = tok0 + 8 * j + 2 * c + u;
-                    if (!(tok < t1 && tok <= rowPos[e])) s[j][2 * e + u] = NEG_INF;
+                    if (masked && !(tok < t1 && tok <= rowPos[e])) s[j][2 * e + u] = NEG_INF;
                     mx = fmaxf(mx, s[j][2 * e + u]);
                 }
             }
@@ -558,13 +601,13 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
             mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
             const float mnew = fmaxf(mrow[e], mx);
             const float base = mnew == NEG_INF ? 0.f : mnew;
-            const float corr = exp2f(mrow[e] - base);
+            const float corr = fast_exp2(mrow[e] - base);
             float sum = 0.f;
 #pragma unroll
             for (int j = 0; j < TT / 8; j++) {
 #pragma unroll
                 for (int u = 0; u < 2; u++) {
-                    float pv = exp2f(s[j][2 * e + u] - base);
+                    float pv = fast_exp2(s[j][2 * e + u] - base);
                     sum += pv;
                     if (pv < sparseThreshold) pv = 0.f;
                     any |= pv != 0.f;
