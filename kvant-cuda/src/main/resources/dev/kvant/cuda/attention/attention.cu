@@ -226,7 +226,9 @@ __device__ __forceinline__ void build_luts(u8* smem, int lutK, int lutV, int tid
 //         replays at any length up to maxSplits * splitTokens.
 // block:  HBD warps; warp w serves kv head h0 + w. One cp.async ring (all warps) brings the rows of all HBD heads
 //         for 16 tokens at a time, so each K/V row is read once for the whole GQA group.
-// shared: Layout<HBD, HBD, 16, 8> (Q 8 rows per warp, pair tables, one dequant tile per warp, NST raw stages).
+// shared: Layout<HBD, HBD, 16, 8, true>: pair tables, one dequant tile per warp that first holds the warp's 8 query
+//         rows (f16/bf16, which need no tile: a Q area), NST raw stages. llama3-8b d128: 92-111 KB with a tile (two
+//         blocks per SM), 150 KB for f16/bf16 (one block, the f16 stage being 66 KB).
 // thread: S^T = K Q^T with the 16 tokens as M and the 8 query rows as N (mma m16n8k16: K tile by ldmatrix, Q
 //         fragments in registers), so a lane holds 2 tokens x 2 rows of S, 4 registers; P^T goes back into the
 //         tensor cores through movmatrix; O^T = V^T P^T accumulates DV/16 m-tiles x 4 f32 per lane. Sparse V: a

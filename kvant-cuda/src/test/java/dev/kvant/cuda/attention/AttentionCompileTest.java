@@ -12,8 +12,8 @@ import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
 
 /**
- * Every standard attention module compiles with NVRTC for sm_90 (no GPU needed, only the library). Slow (about 45 s
- * on two cores), so it runs with -Pslow; skipped without NVRTC.
+ * Every standard attention module compiles with NVRTC for sm_90 (no GPU needed, only the library). Slow (about a minute
+ * on two shared cores), so it runs with -Pslow; skipped without NVRTC.
  */
 @Tag("slow")
 class AttentionCompileTest {
