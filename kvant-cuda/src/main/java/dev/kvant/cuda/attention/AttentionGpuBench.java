@@ -1,0 +1,244 @@
+package dev.kvant.cuda.attention;
+
+import dev.kvant.cuda.CudaContext;
+import dev.kvant.cuda.CudaEvent;
+import dev.kvant.cuda.CudaStream;
+import dev.kvant.cuda.DeviceBuffer;
+import dev.kvant.cuda.DeviceCopy;
+import dev.kvant.cuda.KernelCache;
+import dev.kvant.kv.KvFormat;
+import dev.kvant.kv.KvGeometry;
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import java.util.Locale;
+import java.util.SplittableRandom;
+
+/**
+ * GPU attention benchmark at llama3-8b geometry (32 query heads, 8 kv heads, head size 128), one layer:
+ * <ul>
+ * <li>decode of one query per sequence over 4K, 32K and 128K cached tokens, batch 1 and 16, every K/V format
+ * (K and V alike): median time over CUDA events, bytes of cache read per second, and that over the device copy
+ * bandwidth measured in the same run (DeviceCopy: bytes read + written per second);</li>
+ * <li>causal prefill of 4K and 32K tokens in f16 and turbo3: TFLOP/s counting 2 * L^2 * d * heads (the causal half
+ * of QK^T and PV), the convention of scripts/gpu-sdpa-baseline.py;</li>
+ * <li>quantize-on-write: K+V rows per second per format.</li>
+ * </ul>
+ * The cache is filled on the device (normal data through the quantize kernel), pages shuffled over the pool.
+ *
+ * <pre>java --add-modules jdk.incubator.vector --enable-native-access=ALL-UNNAMED \
+ *   -cp kvant-cuda.jar:kvant-core.jar dev.kvant.cuda.attention.AttentionGpuBench [format,...]</pre>
+ */
+public final class AttentionGpuBench {
+    static final int KV_HEADS = 8;
+    static final int HEADS = 32;
+    static final int D = 128;
+    static final int PAGE_TOKENS = 64;
+    static final int MAX_BATCH = 16;
+    static final int MAX_TOKENS = 131072;
+    static final int[] LENGTHS = {4096, 32768, 131072};
+    static final int[] BATCHES = {1, 16};
+    static final int[] PREFILL = {4096, 32768};
+    static final int CHUNK = 32768;
+
+    private AttentionGpuBench() {
+    }
+
+    public static void main(String[] args) {
+        List<KvFormat> formats = new ArrayList<>();
+        if (args.length > 0) {
+            for (String name : args[0].split(",")) {
+                formats.add(KvFormat.parse(name.strip()));
+            }
+        } else {
+            formats.addAll(KvFormat.all());
+        }
+        try (CudaContext context = CudaContext.open(); CudaStream stream = context.createStream()) {
+            KernelCache cache = KernelCache.open(context);
+            List<AttentionShape> shapes = new ArrayList<>();
+            for (KvFormat f : formats) {
+                shapes.add(shape(f));
+            }
+            AttentionPrecompile.compile(cache, context.computeCapability().arch(), shapes,
+                    Runtime.getRuntime().availableProcessors());
+            double copy = copyBandwidth(context, cache, stream);
+            System.out.printf(Locale.ROOT, "device: %s; copy bandwidth %.0f GB/s (read+write, 1 GiB buffers)%n",
+                    context, copy);
+            List<String> decodeRows = new ArrayList<>();
+            List<String> prefillRows = new ArrayList<>();
+            List<String> writeRows = new ArrayList<>();
+            for (KvFormat f : formats) {
+                run(context, cache, stream, f, copy, decodeRows, prefillRows, writeRows);
+            }
+            System.out.println();
+            System.out.println("### Decode attention (llama3-8b layer: 32 q heads, 8 kv heads, d 128; one query per "
+                    + "sequence)");
+            System.out.println();
+            System.out.println("| K/V format | cached tokens | batch | time (µs, median) | cache read (GB/s) | of copy bw |");
+            System.out.println("| --- | ---: | ---: | ---: | ---: | ---: |");
+            decodeRows.forEach(System.out::println);
+            System.out.println();
+            System.out.println("### Prefill attention (causal, one sequence, 32 q heads, 8 kv heads, d 128)");
+            System.out.println();
+            System.out.println("| K/V format | tokens | time (ms, median) | TFLOP/s |");
+            System.out.println("| --- | ---: | ---: | ---: |");
+            prefillRows.forEach(System.out::println);
+            System.out.println();
+            System.out.println("### Quantize on write (K and V rows of 128 values, 262144 of each per launch)");
+            System.out.println();
+            System.out.println("| format | time (µs, median) | rows/s (K+V) | µs per llama3-8b token (32 layers) |");
+            System.out.println("| --- | ---: | ---: | ---: |");
+            writeRows.forEach(System.out::println);
+        }
+    }
+
+    static AttentionShape shape(KvFormat f) {
+        return new AttentionShape(new KvGeometry(1, KV_HEADS, D, D), HEADS, f, f, PAGE_TOKENS);
+    }
+
+    private static void run(CudaContext context, KernelCache cache, CudaStream stream, KvFormat f, double copy,
+                            List<String> decodeRows, List<String> prefillRows, List<String> writeRows) {
+        AttentionShape shape = shape(f);
+        int pagesPerSeq = MAX_TOKENS / PAGE_TOKENS;
+        int pages = MAX_BATCH * pagesPerSeq;
+        int[] perm = shuffled(pages, 42);
+        boolean prefill = f.name().equals("f16") || f.name().equals("turbo3");
+        int maxPrefill = prefill ? PREFILL[PREFILL.length - 1] : 0;
+        try (CudaKvCache kv = CudaKvCache.allocate(context, shape.geometry(), f, f, PAGE_TOKENS, pages);
+             CudaAttention writer = CudaAttention.create(context, cache, shape,
+                     AttentionPlan.of(MAX_BATCH, 1, MAX_TOKENS, maxPrefill));
+             DeviceBatch batch = DeviceBatch.allocate(context, MAX_BATCH, pagesPerSeq);
+             DeviceBuffer k = context.allocate(4L * CHUNK * KV_HEADS * D);
+             DeviceBuffer v = context.allocate(4L * CHUNK * KV_HEADS * D);
+             DeviceBuffer slots = context.allocate(4L * CHUNK);
+             Arena arena = Arena.ofConfined()) {
+            MemorySegment hostSlots = arena.allocate(4L * CHUNK, 16);
+            // ---- fill the cache (and time the quantize kernel on the first chunk)
+            long n = (long) CHUNK * KV_HEADS * D;
+            double[] writeTimes = null;
+            for (int s = 0; s < MAX_BATCH; s++) {
+                int[] table = Arrays.copyOfRange(perm, s * pagesPerSeq, (s + 1) * pagesPerSeq);
+                batch.set(s, table, table.length, MAX_TOKENS);
+                for (int t0 = 0; t0 < MAX_TOKENS; t0 += CHUNK) {
+                    for (int t = 0; t < CHUNK; t++) {
+                        int pos = t0 + t;
+                        hostSlots.setAtIndex(ValueLayout.JAVA_INT, t,
+                                table[pos / PAGE_TOKENS] * PAGE_TOKENS + pos % PAGE_TOKENS);
+                    }
+                    slots.copyFromHost(hostSlots);
+                    writer.fillNormal(k, n, 2 * (s * 64 + t0 / CHUNK), 1f, stream);
+                    writer.fillNormal(v, n, 2 * (s * 64 + t0 / CHUNK) + 1, 1f, stream);
+                    if (writeTimes == null) {
+                        writeTimes = time(context, stream, 3, 10,
+                                () -> writer.quantizeRows(kv, 0, k, v, slots, CHUNK, stream));
+                    } else {
+                        writer.quantizeRows(kv, 0, k, v, slots, CHUNK, stream);
+                    }
+                }
+            }
+            batch.upload();
+            stream.synchronize();
+            double wUs = median(writeTimes) * 1e3;
+            double rowsPerS = 2.0 * CHUNK * KV_HEADS / (wUs * 1e-6);
+            writeRows.add(String.format(Locale.ROOT, "| %s | %.1f | %.2e | %.2f |", f.name(), wUs, rowsPerS,
+                    32.0 * 2 * KV_HEADS / rowsPerS * 1e6));
+            System.out.printf(Locale.ROOT, "%s: cache filled (%d MiB); %s%n", f.name(), kv.byteSize() >> 20,
+                    writer.launchSummary());
+
+            // ---- decode
+            try (DeviceBuffer q = context.allocate(4L * MAX_BATCH * HEADS * D);
+                 DeviceBuffer out = context.allocate(4L * MAX_BATCH * HEADS * D)) {
+                writer.fillNormal(q, (long) MAX_BATCH * HEADS * D, 7, 1f, stream);
+                for (int len : LENGTHS) {
+                    try (CudaAttention attention = CudaAttention.create(context, cache, shape,
+                            AttentionPlan.of(MAX_BATCH, 1, len, 0))) {
+                        for (int s = 0; s < MAX_BATCH; s++) {
+                            batch.setLength(s, len);
+                        }
+                        batch.upload();
+                        for (int b : BATCHES) {
+                            double[] times = time(context, stream, 3, 20,
+                                    () -> attention.decode(kv, 0, q, batch, b, out, stream));
+                            double us = median(times) * 1e3;
+                            double bytes = (double) b * len * KV_HEADS * (shape.kRowBytes() + shape.vRowBytes());
+                            double gbps = bytes / (us * 1e-6) / 1e9;
+                            decodeRows.add(String.format(Locale.ROOT, "| %s | %d | %d | %.1f | %.0f | %.0f%% |",
+                                    f.name(), len, b, us, gbps, 100 * gbps / copy));
+                            System.out.printf(Locale.ROOT, "decode %s L=%d B=%d split=%d: %.1f µs, %.0f GB/s%n",
+                                    f.name(), len, b, attention.plan().splitTokens(), us, gbps);
+                        }
+                    }
+                }
+            }
+
+            // ---- prefill
+            if (prefill) {
+                for (int len : PREFILL) {
+                    try (DeviceBuffer q = context.allocate(4L * len * HEADS * D);
+                         DeviceBuffer out = context.allocate(4L * len * HEADS * D)) {
+                        writer.fillNormal(q, (long) len * HEADS * D, 11, 1f, stream);
+                        int reps = len > 8192 ? 5 : 10;
+                        double[] times = time(context, stream, 2, reps,
+                                () -> writer.prefill(kv, 0, q, batch, 0, 0, len, out, stream));
+                        double ms = median(times);
+                        double flops = 2.0 * len * (double) len * D * HEADS;
+                        prefillRows.add(String.format(Locale.ROOT, "| %s | %d | %.2f | %.1f |", f.name(), len, ms,
+                                flops / (ms * 1e-3) / 1e12));
+                        System.out.printf(Locale.ROOT, "prefill %s L=%d: %.2f ms%n", f.name(), len, ms);
+                    }
+                }
+            }
+        }
+    }
+
+    /** Milliseconds of each of {@code reps} runs (after {@code warmup} untimed ones), by CUDA events. */
+    static double[] time(CudaContext context, CudaStream stream, int warmup, int reps, Runnable work) {
+        for (int i = 0; i < warmup; i++) {
+            work.run();
+        }
+        double[] ms = new double[reps];
+        try (CudaEvent start = context.createEvent(); CudaEvent end = context.createEvent()) {
+            for (int i = 0; i < reps; i++) {
+                start.record(stream);
+                work.run();
+                end.record(stream);
+                ms[i] = CudaEvent.elapsedMillis(start, end);
+            }
+        }
+        return ms;
+    }
+
+    static double median(double[] x) {
+        double[] s = x.clone();
+        Arrays.sort(s);
+        return s.length % 2 == 1 ? s[s.length / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
+    }
+
+    static double copyBandwidth(CudaContext context, KernelCache cache, CudaStream stream) {
+        long bytes = 1L << 30;
+        try (DeviceCopy copy = DeviceCopy.load(context, cache);
+             DeviceBuffer src = context.allocate(bytes);
+             DeviceBuffer dst = context.allocate(bytes)) {
+            src.fillInts(0x3F800000);
+            return copy.bandwidthGBps(src, dst, bytes, 20, stream);
+        }
+    }
+
+    static int[] shuffled(int n, long seed) {
+        int[] p = new int[n];
+        for (int i = 0; i < n; i++) {
+            p[i] = i;
+        }
+        SplittableRandom r = new SplittableRandom(seed);
+        for (int i = n - 1; i > 0; i--) {
+            int j = r.nextInt(i + 1);
+            int t = p[i];
+            p[i] = p[j];
+            p[j] = t;
+        }
+        return p;
+    }
+}

@@ -1,0 +1,93 @@
+package dev.kvant.cuda.attention;
+
+import dev.kvant.cuda.KernelCache;
+import dev.kvant.cuda.KernelSource;
+import dev.kvant.cuda.Nvrtc;
+import dev.kvant.kv.KvFormat;
+import dev.kvant.kv.KvGeometry;
+import dev.kvant.kv.TurboFormat;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
+
+/**
+ * Compiles attention modules into a kernel cache, in parallel: before a benchmark or a captured graph, so NVRTC
+ * never runs in a timed region, and ahead of time for a machine where compiling is slow (the GPU test machine gets
+ * the cubins of {@link #standardShapes()} compiled by scripts/gpu-suite, keyed by the driver version it will report).
+ *
+ * <pre>java -cp kvant-cuda.jar:kvant-core.jar dev.kvant.cuda.attention.AttentionPrecompile DIR sm_90 13000 [threads]</pre>
+ */
+public final class AttentionPrecompile {
+    private AttentionPrecompile() {
+    }
+
+    public static void main(String[] args) throws Exception {
+        if (args.length < 3) {
+            System.err.println("usage: AttentionPrecompile CACHE_DIR ARCH DRIVER_VERSION [THREADS]  "
+                    + "(e.g. /tmp/cubin sm_90 13000)");
+            System.exit(2);
+        }
+        int threads = args.length > 3 ? Integer.parseInt(args[3]) : Runtime.getRuntime().availableProcessors();
+        KernelCache cache = new KernelCache(Path.of(args[0]), Nvrtc.load(), Integer.parseInt(args[2]));
+        long t0 = System.nanoTime();
+        compile(cache, args[1], standardShapes(), threads);
+        System.out.printf("compiled %d attention modules for %s into %s in %.1f s (%s)%n", standardShapes().size(),
+                args[1], args[0], (System.nanoTime() - t0) / 1e9, cache.stats());
+    }
+
+    /**
+     * The shapes the GPU tests and AttentionGpuBench use: every format for K and V alike, head sizes 64, 128, 256,
+     * 8 kv heads (llama3-8b has 8; decode blocks depend only on the kv heads, the GQA group is a launch argument),
+     * and two mixed pairs (turbo3 K with q8_0 V; bf16 K with turbo4 V and different head sizes).
+     */
+    public static List<AttentionShape> standardShapes() {
+        List<AttentionShape> shapes = new ArrayList<>();
+        for (int d : new int[] {64, 128, 256}) {
+            for (KvFormat f : KvFormat.all()) {
+                shapes.add(new AttentionShape(new KvGeometry(1, 8, d, d), 32, f, f, 64));
+            }
+        }
+        shapes.add(new AttentionShape(new KvGeometry(1, 8, 128, 128), 32, TurboFormat.TURBO3,
+                KvFormat.parse("q8_0"), 64));
+        shapes.add(new AttentionShape(new KvGeometry(1, 8, 64, 128), 32, KvFormat.parse("bf16"), TurboFormat.TURBO4,
+                64));
+        return shapes;
+    }
+
+    /** Compiles (or finds) the module of every shape for {@code arch} on {@code threads} threads. */
+    public static void compile(KernelCache cache, String arch, List<AttentionShape> shapes, int threads) {
+        Map<String, AttentionShape> distinct = new LinkedHashMap<>();
+        for (AttentionShape s : shapes) {
+            distinct.putIfAbsent(AttentionSource.source(s).name(), s);
+        }
+        ExecutorService pool = Executors.newFixedThreadPool(Math.max(1, threads));
+        try {
+            List<Future<byte[]>> jobs = new ArrayList<>();
+            for (AttentionShape s : distinct.values()) {
+                KernelSource source = AttentionSource.source(s);
+                Map<String, String> defines = AttentionSource.defines(s);
+                jobs.add(pool.submit(() -> cache.cubin(source, arch, defines)));
+            }
+            for (Future<byte[]> job : jobs) {
+                try {
+                    job.get();
+                } catch (java.util.concurrent.ExecutionException e) {
+                    if (e.getCause() instanceof RuntimeException r) {
+                        throw r;
+                    }
+                    throw new IllegalStateException(e.getCause());
+                }
+            }
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            throw new IllegalStateException("interrupted while compiling attention modules", e);
+        } finally {
+            pool.shutdownNow();
+        }
+    }
+}

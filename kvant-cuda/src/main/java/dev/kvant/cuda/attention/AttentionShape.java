@@ -1,0 +1,72 @@
+package dev.kvant.cuda.attention;
+
+import dev.kvant.kv.KvCache;
+import dev.kvant.kv.KvFormat;
+import dev.kvant.kv.KvGeometry;
+
+/**
+ * What the attention kernels are compiled and launched for: the cache's geometry, formats and page size, and the
+ * number of query heads (a multiple of the kv heads; their ratio is the GQA group).
+ *
+ * <p>The device kernels take head sizes 64, 128 and 256 (the head sizes of the llama family and its relatives) and
+ * pages of a multiple of 8 tokens, which keeps every page start 16-byte aligned for the 16-byte tile loads.
+ */
+public record AttentionShape(KvGeometry geometry, int heads, KvFormat kFormat, KvFormat vFormat, int pageTokens) {
+    public AttentionShape {
+        if (heads <= 0 || heads % geometry.kvHeads() != 0) {
+            throw new IllegalArgumentException("attention needs a positive multiple of the " + geometry.kvHeads()
+                    + " kv heads as query heads, got " + heads);
+        }
+        checkHeadDim("K", geometry.headDimK());
+        checkHeadDim("V", geometry.headDimV());
+        if (pageTokens <= 0 || pageTokens % 8 != 0) {
+            throw new IllegalArgumentException("the GPU KV cache needs pages of a multiple of 8 tokens (16-byte aligned "
+                    + "page starts for its tile loads), got pageTokens=" + pageTokens);
+        }
+    }
+
+    /** The shape of attention with {@code heads} query heads over a host cache's layout. */
+    public static AttentionShape of(KvCache cache, int heads) {
+        return new AttentionShape(cache.geometry(), heads, cache.kFormat(), cache.vFormat(), cache.pageTokens());
+    }
+
+    private static void checkHeadDim(String what, int d) {
+        if (d != 64 && d != 128 && d != 256) {
+            throw new IllegalArgumentException("the GPU attention kernels take " + what + " head sizes 64, 128 and 256, "
+                    + "got " + d);
+        }
+    }
+
+    public int kvHeads() {
+        return geometry.kvHeads();
+    }
+
+    /** Query heads per kv head. */
+    public int group() {
+        return heads / geometry.kvHeads();
+    }
+
+    public int headDimK() {
+        return geometry.headDimK();
+    }
+
+    public int headDimV() {
+        return geometry.headDimV();
+    }
+
+    public long kRowBytes() {
+        return kFormat.rowBytes(geometry.headDimK());
+    }
+
+    public long vRowBytes() {
+        return vFormat.rowBytes(geometry.headDimV());
+    }
+
+    public long kPageBytes() {
+        return (long) pageTokens * geometry.kvHeads() * kRowBytes();
+    }
+
+    public long vPageBytes() {
+        return (long) pageTokens * geometry.kvHeads() * vRowBytes();
+    }
+}

@@ -1,0 +1,195 @@
+package dev.kvant.cuda.attention;
+
+import dev.kvant.cuda.KernelSource;
+import dev.kvant.kv.Codebook;
+import dev.kvant.kv.KvFormat;
+import dev.kvant.kv.Rotation;
+import dev.kvant.kv.TurboFormat;
+import java.io.IOException;
+import java.io.InputStream;
+import java.io.UncheckedIOException;
+import java.nio.charset.StandardCharsets;
+import java.util.List;
+import java.util.Map;
+import jdk.incubator.vector.FloatVector;
+
+/**
+ * The CUDA source of one attention module: a header generated here from the CPU's own constants (rotation signs
+ * and scales from {@link Rotation}, codebooks from {@link TurboFormat#codebook}, and the vector width of the CPU
+ * encoder), then {@code kv_format.cuh}, {@code kv_write.cu} and {@code attention.cu}, compiled with the defines KF,
+ * VF (format ids in {@link KvFormat#all()} order), DK, DV and HBD (kv heads per decode block).
+ *
+ * <p>Nothing is pasted: a new codebook or sign convention in core reaches the device through this header, and the
+ * kernel cache key (a hash of the source) changes with it.
+ */
+final class AttentionSource {
+    static final String FOLDER = "/dev/kvant/cuda/attention/";
+    static final List<String> FILES = List.of("kv_format.cuh", "kv_write.cu", "attention.cu");
+    /** Shared memory one block may use on sm_90 (227 KiB). */
+    static final int MAX_SHARED = 227 * 1024;
+
+    private AttentionSource() {
+    }
+
+    /** The module's source; its name says what it was made for, e.g. {@code attention[turbo3/turbo3/128/128/hb8]}. */
+    static KernelSource source(AttentionShape shape) {
+        StringBuilder code = new StringBuilder(generatedHeader(cpuEncoderLanes()));
+        for (String file : FILES) {
+            code.append("\n// ---- ").append(file).append('\n').append(resource(file));
+        }
+        return new KernelSource("attention[" + shape.kFormat().name() + "/" + shape.vFormat().name() + "/"
+                + shape.headDimK() + "/" + shape.headDimV() + "/hb" + decodeHeads(shape) + "]", code.toString());
+    }
+
+    static Map<String, String> defines(AttentionShape shape) {
+        return Map.of("KF", Integer.toString(formatId(shape.kFormat())),
+                "VF", Integer.toString(formatId(shape.vFormat())),
+                "DK", Integer.toString(shape.headDimK()),
+                "DV", Integer.toString(shape.headDimV()),
+                "HBD", Integer.toString(decodeHeads(shape)));
+    }
+
+    /** The id kv_format.cuh uses for a format: its position in {@link KvFormat#all()}. */
+    static int formatId(KvFormat format) {
+        int id = KvFormat.all().indexOf(format);
+        if (id < 0) {
+            throw new IllegalArgumentException("KV format " + format.name() + " has no GPU kernels");
+        }
+        return id;
+    }
+
+    /**
+     * The float lanes of the CPU encoder's sums (dev.kvant.kv.KvLanes: the preferred width if 8 to 16 lanes, else 8):
+     * the turbo norm's summation order, which the device encoder reproduces.
+     */
+    static int cpuEncoderLanes() {
+        int lanes = FloatVector.SPECIES_PREFERRED.length();
+        return lanes >= 8 && lanes <= 16 ? lanes : 8;
+    }
+
+    /**
+     * Kv heads per decode block: the most (up to 8, one warp each) that divide the kv heads and whose tiles fit in
+     * shared memory. All heads of a block are contiguous in a page, so one 16-byte copy stream serves them.
+     */
+    static int decodeHeads(AttentionShape shape) {
+        for (int hb = Math.min(8, shape.kvHeads()); hb >= 1; hb--) {
+            if (shape.kvHeads() % hb == 0 && decodeSharedBytes(shape, hb) <= MAX_SHARED) {
+                return hb;
+            }
+        }
+        throw new IllegalArgumentException("no decode block of kv heads fits in shared memory for " + shape);
+    }
+
+    /** Mirror of attention.cu's Layout for decode (the device reports the real size through kvant_attn_info). */
+    static int decodeSharedBytes(AttentionShape shape, int hb) {
+        int dK = shape.headDimK(), dV = shape.headDimV();
+        int slotK = round16(hb * (int) shape.kRowBytes()) + 16;
+        int slotV = round16(hb * (int) shape.vRowBytes()) + 16;
+        boolean kDirect = direct(shape.kFormat()), vDirect = direct(shape.vFormat());
+        int ts = Math.max(kDirect ? 0 : 2 * dK + 16, vDirect ? 0 : 2 * dV + 16);
+        boolean qInTile = ts > 0 && 16 * ts >= 8 * (2 * dK + 16);
+        int fixed = (qInTile ? 0 : hb * 8 * (2 * dK + 16)) + lutEntries(shape.kFormat()) * 128
+                + (shape.vFormat() == shape.kFormat() ? 0 : lutEntries(shape.vFormat()) * 128)
+                + (ts == 0 ? 0 : hb * 16 * ts) + round16(8 * 16 * 2);
+        int stage = 16 * (slotK + slotV);
+        int small = (110 * 1024 - fixed) / stage;
+        int stages = small >= 2 ? Math.min(small, 6) : Math.max(2, Math.min(6, (200 * 1024 - fixed) / stage));
+        return fixed + stages * stage;
+    }
+
+    private static boolean direct(KvFormat f) {
+        return formatId(f) <= 1;
+    }
+
+    private static int lutEntries(KvFormat f) {
+        if (f instanceof TurboFormat t) {
+            return switch (t.bits()) {
+                case 4 -> 256;
+                case 3 -> 128;
+                default -> 16;
+            };
+        }
+        return 0;
+    }
+
+    private static int round16(int x) {
+        return (x + 15) & ~15;
+    }
+
+    /**
+     * kv_rot_sign[n==128][D1=0/D2=1][word]: bit i of word j set when element 32j + i has sign -1; kv_rot_scale[n==128]
+     * = fl(1/sqrt(n)) as Rotation computes it; kv_centroid and kv_boundary[bits-2][n==128][i] as floats.
+     */
+    static String generatedHeader(int lanes) {
+        StringBuilder h = new StringBuilder();
+        h.append("// generated by dev.kvant.cuda.attention.AttentionSource from dev.kvant.kv (kv-format v")
+                .append(KvFormat.VERSION).append(")\n");
+        h.append("#define KV_LANES ").append(lanes).append('\n');
+        h.append("__constant__ unsigned int kv_rot_sign[2][2][4] = {");
+        for (int n : new int[] {64, 128}) {
+            Rotation r = Rotation.ofBlock(n);
+            h.append(n == 64 ? "{" : ", {");
+            for (int which = 1; which <= 2; which++) {
+                h.append(which == 1 ? "{" : ", {");
+                for (int word = 0; word < 4; word++) {
+                    long bits = 0;
+                    for (int i = 0; i < 32 && 32 * word + i < n; i++) {
+                        if (r.sign(which, 32 * word + i) < 0) {
+                            bits |= 1L << i;
+                        }
+                    }
+                    h.append(word == 0 ? "" : ", ").append("0x").append(Long.toHexString(bits)).append('u');
+                }
+                h.append('}');
+            }
+            h.append('}');
+        }
+        h.append("};\n");
+        h.append("__constant__ float kv_rot_scale[2] = {").append(hex((float) (1.0 / Math.sqrt(64)))).append(", ")
+                .append(hex((float) (1.0 / Math.sqrt(128)))).append("};\n");
+        StringBuilder centroids = new StringBuilder("__constant__ float kv_centroid[3][2][16] = {");
+        StringBuilder boundaries = new StringBuilder("__constant__ float kv_boundary[3][2][16] = {");
+        TurboFormat[] byBits = {TurboFormat.TURBO2, TurboFormat.TURBO3, TurboFormat.TURBO4};
+        for (int b = 0; b < 3; b++) {
+            centroids.append(b == 0 ? "{" : ", {");
+            boundaries.append(b == 0 ? "{" : ", {");
+            for (int n : new int[] {64, 128}) {
+                Codebook cb = byBits[b].codebook(n);
+                centroids.append(n == 64 ? "" : ", ").append(floats(cb.centroidsAsFloat()));
+                boundaries.append(n == 64 ? "" : ", ").append(floats(cb.boundaries()));
+            }
+            centroids.append('}');
+            boundaries.append('}');
+        }
+        h.append(centroids).append("};\n").append(boundaries).append("};\n");
+        return h.toString();
+    }
+
+    private static String floats(float[] values) {
+        StringBuilder s = new StringBuilder("{");
+        for (int i = 0; i < 16; i++) {
+            s.append(i == 0 ? "" : ", ").append(hex(i < values.length ? values[i] : 0f));
+        }
+        return s.append('}').toString();
+    }
+
+    /** A C float literal with the exact value: hexadecimal, as Float.toHexString writes it. */
+    static String hex(float f) {
+        if (!Float.isFinite(f)) {
+            throw new IllegalArgumentException("constant " + f + " is not finite");
+        }
+        return Float.toHexString(f) + "f";
+    }
+
+    private static String resource(String file) {
+        String path = FOLDER + file;
+        try (InputStream in = AttentionSource.class.getResourceAsStream(path)) {
+            if (in == null) {
+                throw new IllegalStateException("kernel source " + path + " is not on the class path");
+            }
+            return new String(in.readAllBytes(), StandardCharsets.UTF_8);
+        } catch (IOException e) {
+            throw new UncheckedIOException("kernel source " + path + " could not be read", e);
+        }
+    }
+}

@@ -1,0 +1,251 @@
+package dev.kvant.cuda.attention;
+
+import dev.kvant.cuda.CudaContext;
+import dev.kvant.cuda.CudaFunction;
+import dev.kvant.cuda.CudaModule;
+import dev.kvant.cuda.CudaStream;
+import dev.kvant.cuda.DeviceBuffer;
+import dev.kvant.cuda.Dim3;
+import dev.kvant.cuda.KernelCache;
+import dev.kvant.cuda.KernelSource;
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
+
+/**
+ * Attention over a {@link CudaKvCache} on the GPU: quantize-on-write of new K/V rows, split-K decode of one or a few
+ * queries per sequence for a batch of sequences, and causal prefill of a chunk of queries; the kernels are
+ * {@code attention/*.cu}, compiled for one {@link AttentionShape} (see their header comments for the launch geometry
+ * and numerics).
+ *
+ * <p>Decode launches read every length and page table from a {@link DeviceBatch} and use only scratch allocated here
+ * from the {@link AttentionPlan}, so a decode captured into a {@link dev.kvant.cuda.CudaGraph} replays at any length up
+ * to the plan's maxTokens.
+ *
+ * <p>Layouts: queries {@code float [seqs][queries][heads][headDimK]} (unrotated; query i of a sequence of length len
+ * sits at position len - queries + i), outputs {@code float [seqs][queries][heads][headDimV]} (unrotated). Prefill:
+ * {@code float [n][heads][headDimK]} at positions start..start+n-1, outputs {@code [n][heads][headDimV]}.
+ */
+public final class CudaAttention implements AutoCloseable {
+    /** Threads of the merge and unrotate kernels (attention.cu MERGE_THREADS). */
+    static final int MERGE_THREADS = 1024;
+    /** Query rows (query x head in group) of one prefill block (attention.cu PRE_ROWS). */
+    static final int PREFILL_ROWS = 128;
+
+    private final CudaContext context;
+    private final AttentionShape shape;
+    private final AttentionPlan plan;
+    private final float scale;
+    private final float sparseThreshold;
+    private final CudaModule module;
+    private final CudaFunction writeK;
+    private final CudaFunction writeV;
+    private final CudaFunction decode;
+    private final CudaFunction prefill;
+    private final CudaFunction merge;
+    private final CudaFunction unrotate;
+    private final CudaFunction fill;
+    private final int decodeShared;
+    private final int decodeThreads;
+    private final int prefillShared;
+    private final int prefillThreads;
+    private final int decodeStages;
+    private final int prefillStages;
+    private final int decodeHeads;
+    private final DeviceBuffer partials;
+    private final DeviceBuffer maxSums;
+
+    private CudaAttention(CudaContext context, KernelCache cache, AttentionShape shape, AttentionPlan plan, float scale,
+                          float sparseThreshold) {
+        this.context = context;
+        this.shape = shape;
+        this.plan = plan;
+        this.scale = scale;
+        this.sparseThreshold = sparseThreshold;
+        this.decodeHeads = AttentionSource.decodeHeads(shape);
+        KernelSource source = AttentionSource.source(shape);
+        this.module = context.loadModule(cache, source, AttentionSource.defines(shape));
+        this.writeK = module.function("kvant_kv_write_k");
+        this.writeV = module.function("kvant_kv_write_v");
+        this.decode = module.function("kvant_attn_decode");
+        this.prefill = module.function("kvant_attn_prefill");
+        this.merge = module.function("kvant_attn_merge");
+        this.unrotate = module.function("kvant_attn_unrotate");
+        this.fill = module.function("kvant_fill_normal");
+        int[] info = info(context, module);
+        this.decodeShared = info[0];
+        this.decodeThreads = info[1];
+        this.decodeStages = info[2];
+        this.prefillShared = info[3];
+        this.prefillThreads = info[4];
+        this.prefillStages = info[5];
+        if (info[6] != shape.kRowBytes() || info[7] != shape.vRowBytes()) {
+            throw new IllegalStateException("module " + source.name() + " computes rows of " + info[6] + "/" + info[7]
+                    + " bytes, the formats say " + shape.kRowBytes() + "/" + shape.vRowBytes());
+        }
+        decode.setMaxDynamicSharedMemory(decodeShared);
+        prefill.setMaxDynamicSharedMemory(prefillShared);
+        long rows = (long) plan.maxSeqs() * plan.maxQueries() * shape.heads() * plan.maxSplits();
+        this.partials = context.allocate(rows * shape.headDimV() * 4);
+        this.maxSums = context.allocate(rows * 8);
+    }
+
+    /** Attention with the usual softmax scale 1/sqrt(headDimK) and dense V. */
+    public static CudaAttention create(CudaContext context, KernelCache cache, AttentionShape shape, AttentionPlan plan) {
+        return create(context, cache, shape, plan, (float) (1.0 / Math.sqrt(shape.headDimK())), 0f);
+    }
+
+    /**
+     * @param scale           the softmax scale applied to q.k
+     * @param sparseThreshold sparse V: a softmax weight below this (relative to the running maximum of its row, so
+     *                        an upper bound of the final weight) is left out of the V sum but kept in the
+     *                        denominator, and a 16-token block whose weights all fall below it is neither
+     *                        dequantized nor multiplied; 0 disables it
+     */
+    public static CudaAttention create(CudaContext context, KernelCache cache, AttentionShape shape, AttentionPlan plan,
+                                       float scale, float sparseThreshold) {
+        if (!(sparseThreshold >= 0f && sparseThreshold < 1f)) {
+            throw new IllegalArgumentException("sparse-V threshold must be in [0, 1), got " + sparseThreshold);
+        }
+        return new CudaAttention(context, cache, shape, plan, scale, sparseThreshold);
+    }
+
+    private static int[] info(CudaContext context, CudaModule module) {
+        try (DeviceBuffer out = context.allocate(8 * 4); Arena arena = Arena.ofConfined()) {
+            CudaStream stream = context.defaultStream();
+            module.function("kvant_attn_info").launch(Dim3.of(1), Dim3.of(1), 0, stream, out);
+            MemorySegment host = arena.allocate(8 * 4);
+            out.copyToHost(host);
+            return host.toArray(ValueLayout.JAVA_INT);
+        }
+    }
+
+    /**
+     * Quantizes {@code tokens} tokens of K and V rows into their slots of one layer. {@code k} is
+     * {@code float [tokens][kvHeads][headDimK]}, {@code v} {@code float [tokens][kvHeads][headDimV]}, unrotated;
+     * {@code slots} {@code int32 [tokens]} holds each token's physical slot {@code page * pageTokens + tokenInPage}
+     * (negative: skip), read on the device. The bytes equal {@link dev.kvant.kv.KvFormat#encode}'s on this JVM.
+     */
+    public void quantizeRows(CudaKvCache kv, int layer, DeviceBuffer k, DeviceBuffer v, DeviceBuffer slots, int tokens,
+                             CudaStream stream) {
+        kv.checkShape(shape);
+        if (tokens <= 0) {
+            return;
+        }
+        int rows = tokens * shape.kvHeads();
+        requireBytes("K rows", k, (long) rows * shape.headDimK() * 4);
+        requireBytes("V rows", v, (long) rows * shape.headDimV() * 4);
+        requireBytes("slots", slots, 4L * tokens);
+        Dim3 grid = Dim3.of((rows + 3) / 4);
+        writeK.launch(grid, Dim3.of(128), 0, stream, k, rows, shape.kvHeads(), slots, kv.kPool(layer),
+                shape.pageTokens(), kv.kPageBytes());
+        writeV.launch(grid, Dim3.of(128), 0, stream, v, rows, shape.kvHeads(), slots, kv.vPool(layer),
+                shape.pageTokens(), kv.vPageBytes());
+    }
+
+    /** One query per sequence: {@code seqs} sequences of the batch, each query at position length - 1. */
+    public void decode(CudaKvCache kv, int layer, DeviceBuffer q, DeviceBatch batch, int seqs, DeviceBuffer out,
+                       CudaStream stream) {
+        decodeMulti(kv, layer, q, batch, seqs, 1, out, stream);
+    }
+
+    /**
+     * {@code queries} (1..8) consecutive queries per sequence, causal among themselves: query i of a sequence of
+     * length len sees positions 0..len-queries+i. Their K/V rows must be in the cache already.
+     */
+    public void decodeMulti(CudaKvCache kv, int layer, DeviceBuffer q, DeviceBatch batch, int seqs, int queries,
+                            DeviceBuffer out, CudaStream stream) {
+        kv.checkShape(shape);
+        if (seqs < 1 || seqs > plan.maxSeqs() || seqs > batch.maxSeqs()) {
+            throw new IllegalArgumentException("decode of " + seqs + " sequences; the plan takes " + plan.maxSeqs()
+                    + " and the batch holds " + batch.maxSeqs());
+        }
+        if (queries < 1 || queries > plan.maxQueries()) {
+            throw new IllegalArgumentException("decode of " + queries + " queries per sequence; the plan takes 1.."
+                    + plan.maxQueries());
+        }
+        long rows = (long) seqs * queries * shape.heads();
+        requireBytes("queries", q, rows * shape.headDimK() * 4);
+        requireBytes("output", out, rows * shape.headDimV() * 4);
+        int rowTiles = (queries * shape.group() + 7) / 8;
+        int maxSplits = plan.maxSplits();
+        Dim3 grid = new Dim3(maxSplits, shape.kvHeads() / decodeHeads * rowTiles, seqs);
+        decode.launch(grid, Dim3.of(decodeThreads), decodeShared, stream, q, kv.kPool(layer), kv.vPool(layer),
+                batch.tables(), batch.tableStride(), batch.lengths(), partials, maxSums, shape.kvHeads(),
+                shape.group(), queries, shape.pageTokens(), kv.kPageBytes(), kv.vPageBytes(), plan.splitTokens(),
+                maxSplits, qscale(), sparseThreshold);
+        merge.launch(new Dim3(queries * shape.heads(), seqs, 1), Dim3.of(MERGE_THREADS), 0, stream, partials,
+                maxSums, out, batch.lengths(), -1, queries, shape.heads(), maxSplits, plan.splitTokens());
+    }
+
+    /**
+     * Causal attention of {@code n} queries of sequence {@code seq} at positions start..start+n-1 over its cached
+     * tokens 0..start+n-1 (the chunk's own K/V rows written first): a chunk of a prompt, after earlier chunks.
+     */
+    public void prefill(CudaKvCache kv, int layer, DeviceBuffer q, DeviceBatch batch, int seq, int start, int n,
+                        DeviceBuffer out, CudaStream stream) {
+        kv.checkShape(shape);
+        if (n < 1 || n > plan.maxPrefill() || start < 0) {
+            throw new IllegalArgumentException("prefill of " + n + " queries at " + start + "; the plan takes 1.."
+                    + plan.maxPrefill() + " queries");
+        }
+        long rows = (long) n * shape.heads();
+        requireBytes("queries", q, rows * shape.headDimK() * 4);
+        requireBytes("output", out, rows * shape.headDimV() * 4);
+        int rowBlocks = (n * shape.group() + PREFILL_ROWS - 1) / PREFILL_ROWS;
+        prefill.launch(new Dim3(1, shape.kvHeads() * rowBlocks, 1), Dim3.of(prefillThreads), prefillShared, stream, q,
+                kv.kPool(layer), kv.vPool(layer), batch.table(seq), start, n, out, shape.kvHeads(), shape.group(),
+                shape.pageTokens(), kv.kPageBytes(), kv.vPageBytes(), qscale(), sparseThreshold);
+        if (shape.vFormat().rotated()) {
+            int perBlock = MERGE_THREADS / shape.headDimV();
+            unrotate.launch(Dim3.of((int) ((rows + perBlock - 1) / perBlock)), Dim3.of(MERGE_THREADS), 0, stream, out,
+                    rows);
+        }
+    }
+
+    /** Fills {@code n} floats with standard normal draws times {@code scale} (device test and benchmark data). */
+    public void fillNormal(DeviceBuffer dst, long n, int seed, float scale, CudaStream stream) {
+        requireBytes("fill", dst, n * 4);
+        int blocks = (int) Math.max(1, Math.min((n + 255) / 256, 4L * 1024));
+        fill.launch(Dim3.of(blocks), Dim3.of(256), 0, stream, dst, n, seed, scale);
+    }
+
+    /** The softmax scale times log2(e): the kernels' softmax is exp2 of pre-scaled logits. */
+    private float qscale() {
+        return (float) (scale / Math.log(2.0));
+    }
+
+    private static void requireBytes(String what, DeviceBuffer b, long bytes) {
+        if (b.byteSize() < bytes) {
+            throw new IllegalArgumentException(what + ": device buffer " + b + " is smaller than the " + bytes
+                    + " bytes the launch reads or writes");
+        }
+    }
+
+    public AttentionShape shape() {
+        return shape;
+    }
+
+    public AttentionPlan plan() {
+        return plan;
+    }
+
+    /** Kv heads one decode block serves (one warp each). */
+    public int decodeHeads() {
+        return decodeHeads;
+    }
+
+    /** Launch facts for reports: shared bytes, threads and cp.async stages of decode and prefill. */
+    public String launchSummary() {
+        return "decode " + decodeThreads + " threads, " + decodeShared + " B shared, " + decodeStages
+                + " stages, regs " + decode.registers() + "; prefill " + prefillThreads + " threads, " + prefillShared
+                + " B shared, " + prefillStages + " stages, regs " + prefill.registers();
+    }
+
+    @Override
+    public void close() {
+        partials.close();
+        maxSums.close();
+        module.close();
+    }
+}

@@ -1,0 +1,171 @@
+package dev.kvant.cuda.attention;
+
+import dev.kvant.cuda.CudaContext;
+import dev.kvant.cuda.DeviceBuffer;
+import dev.kvant.kv.KvCache;
+import dev.kvant.kv.KvFormat;
+import dev.kvant.kv.KvGeometry;
+import java.lang.foreign.MemorySegment;
+import java.util.Objects;
+
+/**
+ * The paged KV cache in device memory, laid out byte for byte like {@link KvCache}: per layer a K pool and a V pool of
+ * {@code pages} pages, page p at {@code p * pageBytes}, and in a page the rows of token t and kv head h at
+ * {@code (t * kvHeads + h) * rowBytes}, each row in its format's kv-format v1 layout. Page ids mean the same in every
+ * layer, so one page table per sequence (a {@link DeviceBatch} row) serves all layers, as on the host.
+ *
+ * <p>Because the bytes are the host's, a host cache can be mirrored with one copy per pool ({@link #upload}) and
+ * rows written by the device encoder ({@link CudaAttention#quantizeRows}) read back as host rows.
+ */
+public final class CudaKvCache implements AutoCloseable {
+    private final KvGeometry geometry;
+    private final KvFormat kFormat;
+    private final KvFormat vFormat;
+    private final int pageTokens;
+    private final int pages;
+    private final long kRowBytes;
+    private final long vRowBytes;
+    private final long kPageBytes;
+    private final long vPageBytes;
+    private final DeviceBuffer[] kPools;
+    private final DeviceBuffer[] vPools;
+
+    private CudaKvCache(CudaContext context, KvGeometry g, KvFormat k, KvFormat v, int pageTokens, int pages) {
+        if (pageTokens <= 0 || pages <= 0) {
+            throw new IllegalArgumentException("device KV cache needs positive pageTokens and pages, got "
+                    + pageTokens + " and " + pages);
+        }
+        this.geometry = g;
+        this.kFormat = k;
+        this.vFormat = v;
+        this.pageTokens = pageTokens;
+        this.pages = pages;
+        this.kRowBytes = k.rowBytes(g.headDimK());
+        this.vRowBytes = v.rowBytes(g.headDimV());
+        this.kPageBytes = Math.multiplyExact((long) pageTokens * g.kvHeads(), kRowBytes);
+        this.vPageBytes = Math.multiplyExact((long) pageTokens * g.kvHeads(), vRowBytes);
+        this.kPools = new DeviceBuffer[g.layers()];
+        this.vPools = new DeviceBuffer[g.layers()];
+        try {
+            for (int l = 0; l < g.layers(); l++) {
+                kPools[l] = context.allocate(Math.multiplyExact(kPageBytes, (long) pages));
+                vPools[l] = context.allocate(Math.multiplyExact(vPageBytes, (long) pages));
+            }
+        } catch (RuntimeException e) {
+            close();
+            throw e;
+        }
+    }
+
+    /** A device cache of {@code pages} pages (contents undefined until written). */
+    public static CudaKvCache allocate(CudaContext context, KvGeometry g, KvFormat k, KvFormat v, int pageTokens,
+                                       int pages) {
+        return new CudaKvCache(context, g, k, v, pageTokens, pages);
+    }
+
+    /** A device cache with the host cache's shape and a copy of its bytes. */
+    public static CudaKvCache mirror(CudaContext context, KvCache host) {
+        CudaKvCache device = new CudaKvCache(context, host.geometry(), host.kFormat(), host.vFormat(),
+                host.pageTokens(), host.totalPages());
+        device.upload(host);
+        return device;
+    }
+
+    /** Copies every pool of the host cache (same geometry, formats and page count) to the device. */
+    public void upload(KvCache host) {
+        if (!host.geometry().equals(geometry) || host.kFormat() != kFormat || host.vFormat() != vFormat
+                || host.pageTokens() != pageTokens || host.totalPages() != pages) {
+            throw new IllegalArgumentException("host cache " + host + " does not have the layout of " + this);
+        }
+        for (int l = 0; l < geometry.layers(); l++) {
+            kPools[l].copyFromHost(host.kPool(l));
+            vPools[l].copyFromHost(host.vPool(l));
+        }
+    }
+
+    /** Copies one layer's K pool into {@code dst} (at least the pool's size). */
+    public void downloadK(int layer, MemorySegment dst) {
+        kPool(layer).copyToHost(dst.asSlice(0, kPool(layer).byteSize()));
+    }
+
+    public void downloadV(int layer, MemorySegment dst) {
+        vPool(layer).copyToHost(dst.asSlice(0, vPool(layer).byteSize()));
+    }
+
+    public DeviceBuffer kPool(int layer) {
+        return kPools[Objects.checkIndex(layer, kPools.length)];
+    }
+
+    public DeviceBuffer vPool(int layer) {
+        return vPools[Objects.checkIndex(layer, vPools.length)];
+    }
+
+    public KvGeometry geometry() {
+        return geometry;
+    }
+
+    public KvFormat kFormat() {
+        return kFormat;
+    }
+
+    public KvFormat vFormat() {
+        return vFormat;
+    }
+
+    public int pageTokens() {
+        return pageTokens;
+    }
+
+    public int pages() {
+        return pages;
+    }
+
+    public long kRowBytes() {
+        return kRowBytes;
+    }
+
+    public long vRowBytes() {
+        return vRowBytes;
+    }
+
+    public long kPageBytes() {
+        return kPageBytes;
+    }
+
+    public long vPageBytes() {
+        return vPageBytes;
+    }
+
+    /** Device bytes of all pools. */
+    public long byteSize() {
+        return (kPageBytes + vPageBytes) * pages * geometry.layers();
+    }
+
+    /** Whether attention of this shape can run over this cache. */
+    void checkShape(AttentionShape shape) {
+        if (!shape.geometry().equals(geometry) || shape.kFormat() != kFormat || shape.vFormat() != vFormat
+                || shape.pageTokens() != pageTokens) {
+            throw new IllegalArgumentException("attention compiled for " + shape + " cannot read " + this);
+        }
+    }
+
+    @Override
+    public void close() {
+        for (DeviceBuffer b : kPools) {
+            if (b != null) {
+                b.close();
+            }
+        }
+        for (DeviceBuffer b : vPools) {
+            if (b != null) {
+                b.close();
+            }
+        }
+    }
+
+    @Override
+    public String toString() {
+        return "CudaKvCache[" + geometry + ", K " + kFormat.name() + ", V " + vFormat.name() + ", " + pages
+                + " pages x " + pageTokens + " tokens, " + (byteSize() >> 20) + " MiB]";
+    }
+}

@@ -1,0 +1,832 @@
+// attention.cu — attention over the paged, compressed KV cache: decode (one or a few queries per sequence, split-K),
+// prefill (tensor-core tiles, causal, chunked), and the merge of split partials. One module per (KF, VF, DK, DV,
+// HBD): the K and V formats (kv_format.cuh ids), head sizes, and the kv heads one decode block serves.
+//
+// Common to all kernels
+//   q      float [seqs][nq][heads][DK], unrotated; query i of a sequence sits at position qstart + i
+//   pools  K and V pools of one layer as dev.kvant.kv.KvCache lays them out: page p at p * pageBytes, row (token t of
+//          the page, kv head h) at (t * kvHeads + h) * rowBytes
+//   tables int32 [seqs][tableStride]: logical page -> physical page (device memory)
+//   lens   int32 [seqs]: tokens in the cache including the nq new ones (device memory); qstart = len - nq
+//   opart  float [seqs][nq][heads][splits][DV] unnormalized partial outputs (head order), ml float2 (max, sum),
+//          both in the log2 domain (the query is pre-scaled by scale * log2(e), so exp2 replaces exp)
+//
+// Tiles. A block loads the rows of its kv heads for TT consecutive tokens with 16-byte cp.async into a ring of NST
+// stages: per token the 16-byte-aligned cover of the HB rows (HB * rowBytes bytes, contiguous in a page) is copied,
+// so any row size and alignment loads with whole 16-byte words (rows of q8_0/turbo are only 2-byte aligned). Tokens
+// outside the range are zero-filled, never read. f16 and bf16 rows are used in place as the tensor-core tile; the
+// other formats are dequantized to an f16 tile (dq_group), K first, then V into the same buffer.
+//
+// Numerics: S and O accumulate in f32 on the tensor cores (mma.sync m16n8k16, f16 operands, bf16 for the bf16
+// format); probabilities enter the P.V product as f16 (bf16); the softmax is the online one with the running max
+// per row. The order of every sum is fixed by the tile loop and the split boundaries (multiples of splitTokens, a
+// launch parameter independent of the device), so the same input gives the same bits on every run.
+
+constexpr int RBK = fmt_row_bytes(KF, DK);
+constexpr int RBV = fmt_row_bytes(VF, DV);
+constexpr bool K_DIRECT = fmt_direct(KF);
+constexpr bool V_DIRECT = fmt_direct(VF);
+constexpr bool K_BF16 = KF == F_BF16;
+constexpr bool V_BF16 = VF == F_BF16;
+#define NEG_INF (-__int_as_float(0x7f800000))
+
+// ---- PTX helpers
+
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(smem)), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(u32 (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(u32 (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ u32 movm_t(u32 x) {
+    u32 y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+    return y;
+}
+template <bool BF>
+__device__ __forceinline__ void mma16816(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    if constexpr (BF) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    } else {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+}
+// 2^x by the SFU (ex2.approx.ftz: relative error below 2^-22, 2^-inf = 0): the softmax's exponential, one
+// instruction instead of exp2f's range handling.
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+template <bool BF>
+__device__ __forceinline__ u32 pack2(float lo, float hi) {
+    if constexpr (BF) return pack_bf2(lo, hi);
+    else return pack_h2(lo, hi);
+}
+
+// ---- shared memory layout of one block
+
+// Q_ALIAS: the query tile lives in the warp's own dequant tile (decode: one warp per tile, Q is read into registers
+// before the first tile is dequantized), which keeps the shared memory of turbo and q8/q4 decode within two blocks
+// per SM.
+template <int HB, int WARPS, int TT, int QROWS, bool Q_ALIAS>
+struct Layout {
+    static constexpr int SLOTK = round16(HB * RBK) + 16;   // one token's cover of HB K rows
+    static constexpr int SLOTV = round16(HB * RBV) + 16;
+    static constexpr int QSTR = 2 * DK + 16;               // bytes per Q row: 16-byte units odd, ldmatrix conflict-free
+    static constexpr int TSK = 2 * DK + 16;
+    static constexpr int TSV = 2 * DV + 16;
+    static constexpr int TS = imax(K_DIRECT ? 0 : TSK, V_DIRECT ? 0 : TSV);
+    static constexpr int TILES = TS == 0 ? 0 : HB;         // one dequantized tile per kv head of the block
+    static constexpr bool Q_IN_TILE = Q_ALIAS && TS > 0 && TT * TS >= QROWS * QSTR && WARPS == TILES;
+    static constexpr int Q_BYTES = Q_IN_TILE ? 0 : WARPS * QROWS * QSTR;
+    static constexpr int LUTK_BYTES = lut_entries(KF) * 128;
+    static constexpr int LUTV_BYTES = VF == KF ? 0 : lut_entries(VF) * 128;
+    static constexpr int TILE_BYTES = TILES * TT * TS;
+    static constexpr int STAGE = TT * (SLOTK + SLOTV);
+    static constexpr int OFF_LUTK = Q_BYTES;
+    static constexpr int OFF_LUTV = OFF_LUTK + LUTK_BYTES;
+    static constexpr int OFF_TILE = OFF_LUTV + LUTV_BYTES;
+    static constexpr int OFF_OFS = OFF_TILE + TILE_BYTES;
+    static constexpr int FIXED = OFF_OFS + round16(8 * TT * 2);
+    // Stages: enough bytes in flight to cover the memory latency. Two blocks per SM when that fits in about 110 KB
+    // each, else one block with up to 200 KB.
+    static constexpr int NST_SMALL = (110 * 1024 - FIXED) / STAGE;
+    static constexpr int NST = NST_SMALL >= 2 ? imin(NST_SMALL, 6) : imax(2, imin(6, (200 * 1024 - FIXED) / STAGE));
+    static constexpr int OFF_RAW = FIXED;
+    static constexpr int TOTAL = OFF_RAW + NST * STAGE;
+    static_assert(NST <= 8, "offset table holds 8 stages");
+    static_assert(TOTAL <= 227 * 1024, "attention tile does not fit in shared memory: fewer kv heads per block");
+};
+
+// One token's cover of HB rows into its slot of a raw stage: the TPT threads of the token copy consecutive 16-byte
+// words (w = u, u + TPT, ...), so each group of TPT lanes reads one contiguous run. page < 0: the token is outside
+// the range and its slot is zero-filled (never read as data; zeros keep masked rows finite).
+template <int HB, int RB, int SLOT, int TPT>
+__device__ __forceinline__ void copy_token(u8* dst, u8* offOut, int page, int tok, int pageTokens,
+                                           const u8* __restrict__ pool, i64 pageBytes, int kvHeads, int h0, int u) {
+    if (page >= 0) {
+        const i64 start = (i64) page * pageBytes + ((i64) (tok % pageTokens) * kvHeads + h0) * RB;
+        const int off = (int) (start & 15);
+        const int words = (off + HB * RB + 15) >> 4;
+        const u8* src = pool + (start & ~(i64) 15);
+        if (u == 0) *offOut = (u8) off;
+        for (int w = u; w < words; w += TPT) cp_async16(dst + w * 16, src + w * 16);
+    } else {
+        for (int w = u; w < SLOT / 16; w += TPT) *(uint4*) (dst + w * 16) = make_uint4(0, 0, 0, 0);
+        if (u == 0) *offOut = 0;
+    }
+}
+
+// The cp.async loader of a block's raw stages: thread tid owns token tid / TPT of every stage (TPT = threads per
+// token) and copies its K and V covers. The page of the token a stage later is read from the table one iteration
+// ahead (page()), so no copy waits on a page-table load: issuing a stage costs no global-memory latency.
+template <class LY, int HB, int TT, int NT>
+struct StageLoader {
+    static constexpr int TPT = NT / TT;
+    static_assert(NT % TT == 0 && TPT >= 1, "a stage needs at least one thread per token");
+    const int t, u;
+
+    __device__ explicit StageLoader(int tid) : t(tid / TPT), u(tid % TPT) {}
+
+    // The page of this thread's token in the stage from tok0, or -1 at or past tokEnd.
+    __device__ __forceinline__ int page(const int* __restrict__ table, int tok0, int tokEnd, int pageTokens) const {
+        const int tok = tok0 + t;
+        return tok < tokEnd ? table[tok / pageTokens] : -1;
+    }
+
+    __device__ __forceinline__ void issue(u8* smem, int stage, int tok0, int page, int pageTokens,
+                                          const u8* __restrict__ kpool, const u8* __restrict__ vpool, i64 kPageBytes,
+                                          i64 vPageBytes, int kvHeads, int h0) const {
+        u8* rawK = smem + LY::OFF_RAW + stage * LY::STAGE;
+        u8* rawV = rawK + TT * LY::SLOTK;
+        u8* offs = smem + LY::OFF_OFS + stage * TT * 2;
+        copy_token<HB, RBK, LY::SLOTK, TPT>(rawK + t * LY::SLOTK, offs + t * 2, page, tok0 + t, pageTokens, kpool,
+                                            kPageBytes, kvHeads, h0, u);
+        copy_token<HB, RBV, LY::SLOTV, TPT>(rawV + t * LY::SLOTV, offs + t * 2 + 1, page, tok0 + t, pageTokens, vpool,
+                                            vPageBytes, kvHeads, h0, u);
+    }
+};
+
+// Dequantizes the TT x D tile of one kv head (hl within the block) from a raw stage into tile (stride TS).
+template <int FMT, int D, int TT, int SLOT, int TS>
+__device__ __forceinline__ void dequant_tile(u8* tile, const u8* raw, const u8* offs, int isV, int hl, int valid,
+                                             const u32* lut, int gtid, int gthreads, int lane) {
+    constexpr int RB = fmt_row_bytes(FMT, D);
+    constexpr int G = D / 8;
+    for (int i = gtid; i < TT * G; i += gthreads) {
+        const int t = i / G, grp = i - t * G;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (t < valid) v = dq_group<FMT, D>(raw + t * SLOT + offs[t * 2 + isV] + hl * RB, grp, lut, lane);
+        *(uint4*) (tile + t * TS + grp * 16) = v;
+    }
+}
+
+// The rows of a warp's query tile: QROWS rows starting at row0 of a kv head's rows (row = query * G + head in
+// group), rotated into the K format's domain (the CPU's rotation), scaled by qscale, in the K tile's column order.
+template <int QROWS>
+__device__ __forceinline__ void prepare_q(u8* qs, const float* __restrict__ q, int seq, int nq, int heads, int G,
+                                          int kvHead, int row0, float qscale, int lane) {
+    for (int r = 0; r < QROWS; r++) {
+        const int row = row0 + r;
+        const bool valid = row < nq * G;
+        float x[DK / 32];
+        if (valid) {
+            const int qi = row / G, hq = kvHead * G + (row - qi * G);
+            const float* src = q + (((i64) seq * nq + qi) * heads + hq) * DK;
+#pragma unroll
+            for (int j = 0; j < DK / 32; j++) x[j] = src[32 * j + lane];
+            if constexpr (fmt_rotated(KF)) wht_row<DK>(x, lane, false);
+        } else {
+#pragma unroll
+            for (int j = 0; j < DK / 32; j++) x[j] = 0.f;
+        }
+#pragma unroll
+        for (int j = 0; j < DK / 32; j++) {
+            const int col = perm_inv<KF, DK>(32 * j + lane);
+            const float v = x[j] * qscale;
+            *(u16*) (qs + r * (2 * DK + 16) + col * 2) = K_BF16 ? f2bf(v) : f2h(v);
+        }
+    }
+    __syncwarp();
+}
+
+__device__ __forceinline__ void build_luts(u8* smem, int lutK, int lutV, int tid, int nthreads) {
+    if constexpr (fmt_turbo(KF)) build_pair_lut<KF, DK>((u32*) (smem + lutK), tid, nthreads);
+    if constexpr (fmt_turbo(VF) && VF != KF) build_pair_lut<VF, DV>((u32*) (smem + lutV), tid, nthreads);
+}
+
+// ================================================================================================================
+// kvant_attn_decode — split-K decode of nq queries (1..8) per sequence, causal among themselves.
+//
+// grid:   (maxSplits, (kvHeads / HBD) * ceil(nq * G / 8), seqs). Block (s, y, b) takes tokens
+//         [s * splitTokens, min((s + 1) * splitTokens, len_b)) of sequence b for HBD kv heads and 8 query rows
+//         (query, head in group) of each; a split at or past len_b exits at once (the merge reads ceil(len/split)).
+//         All sizes that change per step come from lens and tables in device memory, so a graph captured once
+//         replays at any length up to maxSplits * splitTokens.
+// block:  HBD warps; warp w serves kv head h0 + w. One cp.async ring (all warps) brings the rows of all HBD heads
+//         for 16 tokens at a time, so each K/V row is read once for the whole GQA group.
+// shared: Layout<HBD, HBD, 16, 8, true>: pair tables, one dequant tile per warp that first holds the warp's 8 query
+//         rows (f16/bf16, which need no tile: a Q area), NST raw stages. llama3-8b d128: 92-111 KB with a tile (two
+//         blocks per SM), 150 KB for f16/bf16 (one block, the f16 stage being 66 KB).
+// thread: S^T = K Q^T with the 16 tokens as M and the 8 query rows as N (mma m16n8k16: K tile by ldmatrix, Q
+//         fragments in registers), so a lane holds 2 tokens x 2 rows of S, 4 registers; P^T goes back into the
+//         tensor cores through movmatrix; O^T = V^T P^T accumulates DV/16 m-tiles x 4 f32 per lane. Sparse V: a
+//         probability below sparseThreshold (relative to the running row max) is dropped from the V sum (kept in
+//         the denominator), and a 16-token block with none left skips its V dequantization and mma.
+// exact:  deterministic (fixed tile order, fixed split boundaries); not bitwise equal to the CPU's f32 attention
+//         (f16 operands); tests bound the NMSE against a float64 reference.
+// ================================================================================================================
+
+constexpr int DEC_TT = 16;
+using DecLayout = Layout<HBD, HBD, DEC_TT, 8, true>;
+
+extern "C" __global__ void __launch_bounds__(HBD * 32, (DV <= 128 && DecLayout::TOTAL <= 110 * 1024) ? 2 : 1)
+kvant_attn_decode(const float* __restrict__ q, const u8* __restrict__ kpool, const u8* __restrict__ vpool,
+                  const int* __restrict__ tables, int tableStride, const int* __restrict__ lens,
+                  float* __restrict__ opart, float2* __restrict__ ml, int kvHeads, int G, int nq, int pageTokens,
+                  i64 kPageBytes, i64 vPageBytes, int splitTokens, int maxSplits, float qscale,
+                  float sparseThreshold) {
+    using LY = DecLayout;
+    constexpr int TT = DEC_TT;
+    constexpr int NST = LY::NST;
+    extern __shared__ __align__(16) u8 smem[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, c = lane & 3;
+    const int seq = blockIdx.z;
+    const int headBlocks = kvHeads / HBD;
+    const int hb = blockIdx.y % headBlocks, nt = blockIdx.y / headBlocks;
+    const int split = blockIdx.x;
+    const int len = lens[seq];
+    const int t0 = split * splitTokens;
+    if (t0 >= len) return;
+    const int qstart = len - nq;
+    const int heads = kvHeads * G;
+    const int nRows = nq * G;
+    const int row0 = nt * 8;
+    // The last position any of this block's rows sees.
+    const int lastRow = imin(nRows - 1, row0 + 7);
+    const int t1 = imin(imin(t0 + splitTokens, len), qstart + lastRow / G + 1);
+    const int kh = hb * HBD + warp;
+    const int* table = tables + (i64) seq * tableStride;
+
+    u8* tile = smem + LY::OFF_TILE + warp * TT * LY::TS;
+    u8* qs = LY::Q_IN_TILE ? tile : smem + warp * 8 * LY::QSTR;
+    const u32* lutK = (const u32*) (smem + LY::OFF_LUTK);
+    const u32* lutV = (const u32*) (smem + (VF == KF ? LY::OFF_LUTK : LY::OFF_LUTV));
+
+    const int ntiles = t1 > t0 ? (t1 - t0 + TT - 1) / TT : 0;
+    const StageLoader<LY, HBD, TT, HBD * 32> loader(threadIdx.x);
+    {
+        int pages[NST - 1];
+#pragma unroll
+        for (int s = 0; s < NST - 1; s++) pages[s] = loader.page(table, t0 + s * TT, t1, pageTokens);
+#pragma unroll
+        for (int s = 0; s < NST - 1; s++) {
+            if (s < ntiles)
+                loader.issue(smem, s, t0 + s * TT, pages[s], pageTokens, kpool, vpool, kPageBytes, vPageBytes,
+                             kvHeads, hb * HBD);
+            cp_async_commit();
+        }
+    }
+    int pageNext = loader.page(table, t0 + (NST - 1) * TT, t1, pageTokens);
+    build_luts(smem, LY::OFF_LUTK, LY::OFF_LUTV, threadIdx.x, blockDim.x);
+    prepare_q<8>(qs, q, seq, nq, heads, G, kh, row0, qscale, lane);
+
+    // Q^T as B fragments: b0/b1 of k-step ks = dims 16ks + 2c.. / +8.., row g.
+    u32 qf[DK / 16][2];
+#pragma unroll
+    for (int ks = 0; ks < DK / 16; ks += 2) {
+        u32 r[4];
+        ldsm_x4(r, qs + (lane & 7) * LY::QSTR + (ks * 16 + (lane >> 3) * 8) * 2);
+        qf[ks][0] = r[0];
+        qf[ks][1] = r[1];
+        qf[ks + 1][0] = r[2];
+        qf[ks + 1][1] = r[3];
+    }
+
+    // Positions of this lane's two rows (2c, 2c+1 of the tile): a token is visible up to its row's query.
+    int rowPos[2];
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const int row = row0 + 2 * c + e;
+        rowPos[e] = row < nRows ? qstart + row / G : 0x7fffffff;
+    }
+
+    float o[DV / 16][4];
+#pragma unroll
+    for (int i = 0; i < DV / 16; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
+
+    for (int it = 0; it < ntiles; it++) {
+        cp_async_wait<NST - 2>();
+        __syncthreads();
+        {
+            const int nx = it + NST - 1;
+            if (nx < ntiles)
+                loader.issue(smem, nx % NST, t0 + nx * TT, pageNext, pageTokens, kpool, vpool, kPageBytes,
+                             vPageBytes, kvHeads, hb * HBD);
+            cp_async_commit();
+            pageNext = loader.page(table, t0 + (nx + 1) * TT, t1, pageTokens);
+        }
+        const int st = it % NST;
+        const int tok0 = t0 + it * TT;
+        const int valid = imin(TT, t1 - tok0);
+        const u8* rawK = smem + LY::OFF_RAW + st * LY::STAGE;
+        const u8* rawV = rawK + TT * LY::SLOTK;
+        const u8* offs = smem + LY::OFF_OFS + st * TT * 2;
+
+        // ---- S^T = K Q^T (16 tokens x 8 rows)
+        const u8* kt;
+        int kstride;
+        if constexpr (K_DIRECT) {
+            kt = rawK + warp * RBK;
+            kstride = LY::SLOTK;
+        } else {
+            dequant_tile<KF, DK, TT, LY::SLOTK, LY::TS>(tile, rawK, offs, 0, warp, valid, lutK, lane, 32, lane);
+            __syncwarp();
+            kt = tile;
+            kstride = LY::TS;
+        }
+        float s[4] = {0.f, 0.f, 0.f, 0.f};
+        {
+            const u8* a = kt + ((lane & 7) + ((lane >> 3) & 1) * 8) * kstride + (lane >> 4) * 16;
+#pragma unroll
+            for (int ks = 0; ks < DK / 16; ks++) {
+                u32 r[4];
+                ldsm_x4(r, a + ks * 32);
+                mma16816<K_BF16>(s, r[0], r[1], r[2], r[3], qf[ks][0], qf[ks][1]);
+            }
+        }
+        // ---- online softmax over the 16 tokens (lane: tokens g, g+8; rows 2c, 2c+1)
+        float p[4];
+        {
+            const int ta = tok0 + g, tb = tok0 + g + 8;
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                if (!(ta < t1 && ta <= rowPos[e])) s[e] = NEG_INF;
+                if (!(tb < t1 && tb <= rowPos[e])) s[2 + e] = NEG_INF;
+            }
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float mx = fmaxf(s[e], s[2 + e]);
+                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 4));
+                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 8));
+                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 16));
+                const float mnew = fmaxf(mrow[e], mx);
+                const float base = mnew == NEG_INF ? 0.f : mnew;
+                const float corr = fast_exp2(mrow[e] - base);
+                p[e] = fast_exp2(s[e] - base);
+                p[2 + e] = fast_exp2(s[2 + e] - base);
+                lrow[e] = lrow[e] * corr + (p[e] + p[2 + e]);
+                mrow[e] = mnew;
+#pragma unroll
+                for (int i = 0; i < DV / 16; i++) {
+                    o[i][e] *= corr;
+                    o[i][2 + e] *= corr;
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (p[e] < sparseThreshold) p[e] = 0.f;
+        }
+        const bool need = __any_sync(FULL_MASK, p[0] != 0.f || p[1] != 0.f || p[2] != 0.f || p[3] != 0.f);
+        if (!need) continue;
+        const u32 b0 = movm_t(pack2<V_BF16>(p[0], p[1]));
+        const u32 b1 = movm_t(pack2<V_BF16>(p[2], p[3]));
+
+        // ---- O^T += V^T P^T
+        const u8* vt;
+        int vstride;
+        if constexpr (V_DIRECT) {
+            vt = rawV + warp * RBV;
+            vstride = LY::SLOTV;
+        } else {
+            __syncwarp();
+            dequant_tile<VF, DV, TT, LY::SLOTV, LY::TS>(tile, rawV, offs, 1, warp, valid, lutV, lane, 32, lane);
+            __syncwarp();
+            vt = tile;
+            vstride = LY::TS;
+        }
+        {
+            const u8* a = vt + ((lane & 7) + (lane >> 4) * 8) * vstride + ((lane >> 3) & 1) * 16;
+#pragma unroll
+            for (int mt = 0; mt < DV / 16; mt++) {
+                u32 r[4];
+                ldsm_x4_t(r, a + mt * 32);
+                mma16816<V_BF16>(o[mt], r[0], r[1], r[2], r[3], b0, b1);
+            }
+        }
+        if constexpr (!V_DIRECT) __syncwarp();
+    }
+
+    // ---- partials: the lane's sums over its tokens, added across the 8 lanes of a row in a fixed tree
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        lrow[e] += __shfl_xor_sync(FULL_MASK, lrow[e], 4);
+        lrow[e] += __shfl_xor_sync(FULL_MASK, lrow[e], 8);
+        lrow[e] += __shfl_xor_sync(FULL_MASK, lrow[e], 16);
+    }
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const int row = row0 + 2 * c + e;
+        if (row >= nRows) continue;
+        const int qi = row / G, hq = kh * G + (row - qi * G);
+        const i64 part = (((i64) seq * nq + qi) * heads + hq) * maxSplits + split;
+        if (g == 0) ml[part] = make_float2(mrow[e], lrow[e]);
+        float* op = opart + part * DV;
+#pragma unroll
+        for (int mt = 0; mt < DV / 16; mt++) {
+            op[perm_col<VF, DV>(mt * 16 + g)] = o[mt][e];
+            op[perm_col<VF, DV>(mt * 16 + g + 8)] = o[mt][2 + e];
+        }
+    }
+}
+
+// ================================================================================================================
+// kvant_attn_prefill — causal attention of nq queries at positions qstart.. over cached tokens [0, qstart + nq) of
+// one sequence (the chunk's own K/V must already be written), for every query head.
+//
+// grid:   (1, kvHeads * ceil(nq * G / 128), 1); the row blocks run last-first, the longest (latest) queries first.
+// block:  8 warps, one kv head, 128 query rows (row = query * G + head in group), 16 rows per warp: each K/V tile
+//         loaded serves 128 rows (64 rows per block would double the L2 traffic per flop; 8 warps in one
+//         block keep the 8 warps per SM that two blocks of 4 would, the registers allowing no more).
+// shared: Layout<1, 8, 64, 16>: Q (128 rows), pair tables, one dequant tile (K, then V), NST raw stages of 64 tokens.
+// thread: FA2-style: S = Q K^T per warp 16 rows x 64 tokens (8 n-tiles x 4 f32), Q as A fragments in registers
+//         (DK <= 128) or re-read by ldmatrix, K and V^T by ldmatrix(.trans) from the f16 tile; P from the S
+//         accumulators as A fragments; O = P V, DV/8 n-tiles x 4 f32 per lane. The four warps dequantize the shared
+//         tile together, so each compressed row is decoded once per 128 query rows.
+// exact:  as decode. Writes out = O / l in head order; for a rotated V format kvant_attn_unrotate follows.
+// ================================================================================================================
+
+constexpr int PRE_TT = 64;
+constexpr int PRE_WARPS = 8;
+constexpr int PRE_ROWS = PRE_WARPS * 16;
+using PreLayout = Layout<1, PRE_WARPS, PRE_TT, 16, false>;
+constexpr bool PRE_Q_REGS = DK <= 128;
+
+extern "C" __global__ void __launch_bounds__(PRE_WARPS * 32, 1)
+kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, const u8* __restrict__ vpool,
+                   const int* __restrict__ table, int qstart, int nq, float* __restrict__ out, int kvHeads, int G,
+                   int pageTokens, i64 kPageBytes, i64 vPageBytes, float qscale, float sparseThreshold) {
+    using LY = PreLayout;
+    constexpr int TT = PRE_TT;
+    constexpr int NST = LY::NST;
+    extern __shared__ __align__(16) u8 smem[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, c = lane & 3;
+    const int nRows = nq * G;
+    const int rowBlocks = (nRows + PRE_ROWS - 1) / PRE_ROWS;
+    const int kh = blockIdx.y % kvHeads;
+    const int rb = rowBlocks - 1 - blockIdx.y / kvHeads;
+    const int heads = kvHeads * G;
+    const int row0 = rb * PRE_ROWS + warp * 16;
+    const int lastRow = imin(nRows - 1, rb * PRE_ROWS + PRE_ROWS - 1);
+    const int t1 = qstart + lastRow / G + 1;
+
+    u8* qs = smem + warp * 16 * LY::QSTR;
+    u8* tile = smem + LY::OFF_TILE;
+    const u32* lutK = (const u32*) (smem + LY::OFF_LUTK);
+    const u32* lutV = (const u32*) (smem + (VF == KF ? LY::OFF_LUTK : LY::OFF_LUTV));
+
+    const int ntiles = (t1 + TT - 1) / TT;
+    const StageLoader<LY, 1, TT, PRE_WARPS * 32> loader(threadIdx.x);
+    {
+        int pages[NST - 1];
+#pragma unroll
+        for (int s = 0; s < NST - 1; s++) pages[s] = loader.page(table, s * TT, t1, pageTokens);
+#pragma unroll
+        for (int s = 0; s < NST - 1; s++) {
+            if (s < ntiles)
+                loader.issue(smem, s, s * TT, pages[s], pageTokens, kpool, vpool, kPageBytes, vPageBytes, kvHeads,
+                             kh);
+            cp_async_commit();
+        }
+    }
+    int pageNext = loader.page(table, (NST - 1) * TT, t1, pageTokens);
+    build_luts(smem, LY::OFF_LUTK, LY::OFF_LUTV, threadIdx.x, blockDim.x);
+    prepare_q<16>(qs, q, 0, nq, heads, G, kh, row0, qscale, lane);
+
+    const u8* qa = qs + ((lane & 7) + ((lane >> 3) & 1) * 8) * LY::QSTR + (lane >> 4) * 16;
+    u32 qf[PRE_Q_REGS ? DK / 16 : 1][4];
+    if constexpr (PRE_Q_REGS) {
+#pragma unroll
+        for (int ks = 0; ks < DK / 16; ks++) ldsm_x4(qf[ks], qa + ks * 32);
+    }
+
+    int rowPos[2];
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const int row = row0 + g + 8 * e;
+        rowPos[e] = row < nRows ? qstart + row / G : -1;
+    }
+    // The position of the warp's first row: every row of the warp sees at least the tokens up to it (a warp whose
+    // rows are all past nRows has none, and masks every tile).
+    const int warpFirstPos = row0 < nRows ? qstart + row0 / G : -1;
+
+    float o[DV / 8][4];
+#pragma unroll
+    for (int i = 0; i < DV / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
+
+    for (int it = 0; it < ntiles; it++) {
+        cp_async_wait<NST - 2>();
+        __syncthreads();
+        {
+            const int nx = it + NST - 1;
+            if (nx < ntiles)
+                loader.issue(smem, nx % NST, nx * TT, pageNext, pageTokens, kpool, vpool, kPageBytes, vPageBytes,
+                             kvHeads, kh);
+            cp_async_commit();
+            pageNext = loader.page(table, (nx + 1) * TT, t1, pageTokens);
+        }
+        const int st = it % NST;
+        const int tok0 = it * TT;
+        const int valid = imin(TT, t1 - tok0);
+        const u8* rawK = smem + LY::OFF_RAW + st * LY::STAGE;
+        const u8* rawV = rawK + TT * LY::SLOTK;
+        const u8* offs = smem + LY::OFF_OFS + st * TT * 2;
+
+        const u8* kt;
+        int kstride;
+        if constexpr (K_DIRECT) {
+            kt = rawK;
+            kstride = LY::SLOTK;
+        } else {
+            dequant_tile<KF, DK, TT, LY::SLOTK, LY::TS>(tile, rawK, offs, 0, 0, valid, lutK, threadIdx.x,
+                                                        blockDim.x, lane);
+            __syncthreads();
+            kt = tile;
+            kstride = LY::TS;
+        }
+        // ---- S = Q K^T: 16 rows x 64 tokens per warp
+        float s[TT / 8][4];
+#pragma unroll
+        for (int j = 0; j < TT / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+        {
+            const u8* b = kt + ((lane & 7) + (lane >> 4) * 8) * kstride + ((lane >> 3) & 1) * 16;
+#pragma unroll
+            for (int ks = 0; ks < DK / 16; ks++) {
+                u32 a[4];
+                if constexpr (PRE_Q_REGS) {
+                    a[0] = qf[ks][0]; a[1] = qf[ks][1]; a[2] = qf[ks][2]; a[3] = qf[ks][3];
+                } else {
+                    ldsm_x4(a, qa + ks * 32);
+                }
+#pragma unroll
+                for (int np = 0; np < TT / 16; np++) {
+                    u32 r[4];
+                    ldsm_x4(r, b + np * 16 * kstride + ks * 32);
+                    mma16816<K_BF16>(s[2 * np], a[0], a[1], a[2], a[3], r[0], r[1]);
+                    mma16816<K_BF16>(s[2 * np + 1], a[0], a[1], a[2], a[3], r[2], r[3]);
+                }
+            }
+        }
+        // ---- online softmax (lane: rows g, g+8; tokens 8j + 2c, +1). A tile every row of the warp sees entirely
+        // (below the diagonal, inside the range) needs no mask.
+        u32 pa[TT / 16][4];
+        bool any = false;
+        const bool masked = tok0 + TT > imin(t1, warpFirstPos + 1);
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            float mx = NEG_INF;
+#pragma unroll
+            for (int j = 0; j < TT / 8; j++) {
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    const int tok = tok0 + 8 * j + 2 * c + u;
+                    if (masked && !(tok < t1 && tok <= rowPos[e])) s[j][2 * e + u] = NEG_INF;
+                    mx = fmaxf(mx, s[j][2 * e + u]);
+                }
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+            const float mnew = fmaxf(mrow[e], mx);
+            const float base = mnew == NEG_INF ? 0.f : mnew;
+            const float corr = fast_exp2(mrow[e] - base);
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < TT / 8; j++) {
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    float pv = fast_exp2(s[j][2 * e + u] - base);
+                    sum += pv;
+                    if (pv < sparseThreshold) pv = 0.f;
+                    any |= pv != 0.f;
+                    s[j][2 * e + u] = pv;
+                }
+            }
+            lrow[e] = lrow[e] * corr + sum;
+            mrow[e] = mnew;
+#pragma unroll
+            for (int i = 0; i < DV / 8; i++) {
+                o[i][2 * e] *= corr;
+                o[i][2 * e + 1] *= corr;
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < TT / 16; kk++) {
+            pa[kk][0] = pack2<V_BF16>(s[2 * kk][0], s[2 * kk][1]);
+            pa[kk][1] = pack2<V_BF16>(s[2 * kk][2], s[2 * kk][3]);
+            pa[kk][2] = pack2<V_BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pa[kk][3] = pack2<V_BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        }
+        const u8* vt;
+        int vstride;
+        if constexpr (V_DIRECT) {
+            vt = rawV;
+            vstride = LY::SLOTV;
+        } else {
+            __syncthreads();
+            dequant_tile<VF, DV, TT, LY::SLOTV, LY::TS>(tile, rawV, offs, 1, 0, valid, lutV, threadIdx.x,
+                                                        blockDim.x, lane);
+            __syncthreads();
+            vt = tile;
+            vstride = LY::TS;
+        }
+        // ---- O += P V
+        if (__any_sync(FULL_MASK, any)) {
+            const u8* b = vt + ((lane & 7) + ((lane >> 3) & 1) * 8) * vstride + (lane >> 4) * 16;
+#pragma unroll
+            for (int kk = 0; kk < TT / 16; kk++) {
+                if (!__any_sync(FULL_MASK, (pa[kk][0] | pa[kk][1] | pa[kk][2] | pa[kk][3]) != 0u)) continue;
+#pragma unroll
+                for (int np = 0; np < DV / 16; np++) {
+                    u32 r[4];
+                    ldsm_x4_t(r, b + kk * 16 * vstride + np * 32);
+                    mma16816<V_BF16>(o[2 * np], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], r[0], r[1]);
+                    mma16816<V_BF16>(o[2 * np + 1], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], r[2], r[3]);
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        lrow[e] += __shfl_xor_sync(FULL_MASK, lrow[e], 1);
+        lrow[e] += __shfl_xor_sync(FULL_MASK, lrow[e], 2);
+    }
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const int row = row0 + g + 8 * e;
+        if (row >= nRows) continue;
+        const int qi = row / G, hq = kh * G + (row - qi * G);
+        const float inv = 1.f / lrow[e];
+        float* op = out + ((i64) qi * heads + hq) * DV;
+#pragma unroll
+        for (int j = 0; j < DV / 8; j++) {
+            op[perm_col<VF, DV>(8 * j + 2 * c)] = o[j][2 * e] * inv;
+            op[perm_col<VF, DV>(8 * j + 2 * c + 1)] = o[j][2 * e + 1] * inv;
+        }
+    }
+}
+
+// ================================================================================================================
+// kvant_attn_merge — out = (sum_s 2^(m_s - M) o_s) / (sum_s 2^(m_s - M) l_s), M = max m_s, over the splits of one
+// decode row, then rotated back out of the V format's domain.
+//
+// grid:   (nq * heads, seqs); block: 1024 threads; shared: the split weights (up to MERGE_MAX_SPLITS) and a row.
+// thread: M by a block max; thread t computes the weights of splits t, t + 1024, ... and their part of the
+//         denominator (summed by a fixed tree); then thread (d, sub) = (t % DV, t / DV) sums w_s o_s[d] over splits
+//         s = sub, sub + SUBS, ... in order, and the SUBS partials of d are added in sub order. Every order is a
+//         function of the split count alone, so the bits do not depend on timing. kvLenFixed >= 0 gives the kv
+//         length; else lens[seq].
+// ================================================================================================================
+constexpr int MERGE_THREADS = 1024;
+constexpr int MERGE_SUBS = MERGE_THREADS / DV;
+constexpr int MERGE_MAX_SPLITS = 4096;
+
+// The inverse rotation of one row held in shared memory (DV floats), by the first DV threads; every thread of the
+// block must call it. dev.kvant.kv.Rotation's inverse: pre-signs D2, butterflies 1..N/2, then D1 * fl(1/sqrt(N)).
+__device__ __forceinline__ void unrotate_row(float* row, int d) {
+    constexpr int N = rot_block(DV);
+    constexpr int NI = N == 128 ? 1 : 0;
+    const int i = d % N;
+    if (d < DV && ((kv_rot_sign[NI][1][i >> 5] >> (i & 31)) & 1u)) row[d] = -row[d];
+    __syncthreads();
+    for (int h = 1; h < N; h <<= 1) {
+        float a = 0.f, b = 0.f;
+        if (d < DV) {
+            a = row[d];
+            b = row[d ^ h];
+        }
+        __syncthreads();
+        if (d < DV) row[d] = (i & h) ? b - a : a + b;
+        __syncthreads();
+    }
+    if (d < DV) {
+        float y = row[d] * kv_rot_scale[NI];
+        row[d] = ((kv_rot_sign[NI][0][i >> 5] >> (i & 31)) & 1u) ? -y : y;
+    }
+    __syncthreads();
+}
+
+__device__ __forceinline__ float block_reduce(float v, float* red, bool isMax) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int h = 16; h >= 1; h >>= 1) {
+        const float o = __shfl_xor_sync(FULL_MASK, v, h);
+        v = isMax ? fmaxf(v, o) : v + o;
+    }
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < (int) (blockDim.x >> 5) ? red[lane] : (isMax ? NEG_INF : 0.f);
+#pragma unroll
+        for (int h = 16; h >= 1; h >>= 1) {
+            const float o = __shfl_xor_sync(FULL_MASK, v, h);
+            v = isMax ? fmaxf(v, o) : v + o;
+        }
+        if (lane == 0) red[32] = v;
+    }
+    __syncthreads();
+    v = red[32];
+    __syncthreads();
+    return v;
+}
+
+extern "C" __global__ void __launch_bounds__(MERGE_THREADS) kvant_attn_merge(const float* __restrict__ opart,
+        const float2* __restrict__ ml, float* __restrict__ out, const int* __restrict__ lens, int kvLenFixed, int nq,
+        int heads, int maxSplits, int splitTokens) {
+    __shared__ float w[MERGE_MAX_SPLITS];
+    __shared__ float red[33];
+    __shared__ float part[MERGE_THREADS];
+    __shared__ float row[DV];
+    const int seq = blockIdx.y;
+    const int r = blockIdx.x;   // query * heads + head
+    const int tid = threadIdx.x;
+    const int len = kvLenFixed >= 0 ? kvLenFixed : lens[seq];
+    const int ns = imin(imin(maxSplits, MERGE_MAX_SPLITS), (len + splitTokens - 1) / splitTokens);
+    const i64 base = ((i64) seq * nq * heads + r) * maxSplits;
+    float m = NEG_INF;
+    for (int s = tid; s < ns; s += MERGE_THREADS) {
+        const float2 v = ml[base + s];
+        if (v.y > 0.f) m = fmaxf(m, v.x);
+    }
+    m = block_reduce(m, red, true);
+    float l = 0.f;
+    for (int s = tid; s < ns; s += MERGE_THREADS) {
+        const float2 v = ml[base + s];
+        const float ws = v.y > 0.f ? exp2f(v.x - m) : 0.f;
+        w[s] = ws;
+        l += v.y * ws;
+    }
+    l = block_reduce(l, red, false);
+    const int d = tid % DV, sub = tid / DV;
+    float acc = 0.f;
+#pragma unroll 4
+    for (int s = sub; s < ns; s += MERGE_SUBS) {
+        const float ws = w[s];
+        if (ws != 0.f) acc += opart[(base + s) * DV + d] * ws;
+    }
+    part[tid] = acc;
+    __syncthreads();
+    if (tid < DV) {
+        float y = 0.f;
+        for (int k = 0; k < MERGE_SUBS; k++) y += part[k * DV + tid];
+        row[tid] = y / l;
+    }
+    __syncthreads();
+    if constexpr (fmt_rotated(VF)) unrotate_row(row, tid);
+    if (tid < DV) out[(((i64) seq * nq * heads) + r) * DV + tid] = row[tid];
+}
+
+// kvant_attn_unrotate — rows of prefill output rotated back out of a rotated V format's domain, in place.
+// grid: ceil(rows / (1024 / DV)); block: 1024 threads, DV per row; shared: the block's rows.
+extern "C" __global__ void __launch_bounds__(MERGE_THREADS) kvant_attn_unrotate(float* __restrict__ out, i64 rows) {
+    __shared__ float buf[MERGE_THREADS];
+    const int tid = threadIdx.x;
+    const int sub = tid / DV, d = tid % DV;
+    const i64 rowIdx = (i64) blockIdx.x * MERGE_SUBS + sub;
+    const bool live = rowIdx < rows;
+    float* row = buf + sub * DV;
+    if (live) row[d] = out[rowIdx * DV + d];
+    __syncthreads();
+    constexpr int N = rot_block(DV);
+    constexpr int NI = N == 128 ? 1 : 0;
+    const int i = d % N;
+    if ((kv_rot_sign[NI][1][i >> 5] >> (i & 31)) & 1u) row[d] = -row[d];
+    __syncthreads();
+    for (int h = 1; h < N; h <<= 1) {
+        const float a = row[d], b = row[d ^ h];
+        __syncthreads();
+        row[d] = (i & h) ? b - a : a + b;
+        __syncthreads();
+    }
+    const float y = row[d] * kv_rot_scale[NI];
+    if (live) out[rowIdx * DV + d] = ((kv_rot_sign[NI][0][i >> 5] >> (i & 31)) & 1u) ? -y : y;
+}
+
+// kvant_attn_info — the launch geometry the host needs, from the one place it is defined:
+// out = {decode shared bytes, decode threads, decode stages, prefill shared bytes, prefill threads, prefill stages,
+//        K row bytes, V row bytes}. One thread.
+extern "C" __global__ void kvant_attn_info(int* out) {
+    out[0] = DecLayout::TOTAL;
+    out[1] = HBD * 32;
+    out[2] = DecLayout::NST;
+    out[3] = PreLayout::TOTAL;
+    out[4] = PRE_WARPS * 32;
+    out[5] = PreLayout::NST;
+    out[6] = RBK;
+    out[7] = RBV;
+}

@@ -1,0 +1,310 @@
+// kv_format.cuh — the KV cache formats of docs/KV_FORMATS.md (kv-format v1) on the device: byte layouts, the
+// randomized Walsh-Hadamard rotation, and the per-format "dequantize 8 values" step of the attention kernels.
+//
+// This text is preceded by a header generated in Java (CudaKvSource) that defines KV_LANES (the CPU encoder's
+// vector width, see kv_write.cu) and the constant tables kv_rot_sign, kv_rot_scale, kv_centroid, kv_boundary
+// taken from dev.kvant.kv.Rotation and dev.kvant.kv.Codebook, so the device uses the CPU's exact constants.
+//
+// No <cuda_fp16.h>: NVRTC finds no toolkit headers on the GPU machine, so halves are raw bits and the few
+// conversions are PTX (cvt.rn.*: round to nearest even, the rule of Float.floatToFloat16).
+
+#define FULL_MASK 0xffffffffu
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+
+enum {
+    F_F16 = 0, F_BF16 = 1, F_Q8_0 = 2, F_INT8 = 3, F_Q4_0 = 4, F_Q4_0H = 5, F_TURBO4 = 6, F_TURBO3 = 7, F_TURBO2 = 8
+};
+
+__host__ __device__ constexpr bool fmt_rotated(int f) { return f == F_Q4_0H || f >= F_TURBO4; }
+__host__ __device__ constexpr bool fmt_turbo(int f) { return f >= F_TURBO4; }
+__host__ __device__ constexpr bool fmt_direct(int f) { return f <= F_BF16; }
+__host__ __device__ constexpr int fmt_bits(int f) { return f == F_TURBO4 ? 4 : f == F_TURBO3 ? 3 : f == F_TURBO2 ? 2 : 0; }
+__host__ __device__ constexpr int rot_block(int d) { return d % 128 == 0 ? 128 : 64; }
+__host__ __device__ constexpr int fmt_row_bytes(int f, int d) {
+    return f <= F_BF16 ? 2 * d
+         : f == F_Q8_0 ? d / 32 * 34
+         : f == F_INT8 ? d / 64 * 66
+         : f <= F_Q4_0H ? d / 32 * 18
+         : d / rot_block(d) * (2 + rot_block(d) * fmt_bits(f) / 8);
+}
+// Entries of the pair table of a turbo format (see dq_group): a byte of turbo4, 7 index bits of turbo3, a nibble
+// of turbo2.
+__host__ __device__ constexpr int lut_entries(int f) {
+    return f == F_TURBO4 ? 256 : f == F_TURBO3 ? 128 : f == F_TURBO2 ? 16 : 0;
+}
+__host__ __device__ constexpr int imax(int a, int b) { return a > b ? a : b; }
+__host__ __device__ constexpr int imin(int a, int b) { return a < b ? a : b; }
+__host__ __device__ constexpr int round16(int x) { return (x + 15) & ~15; }
+
+// ---- scalar conversions
+
+__device__ __forceinline__ u16 f2h(float x) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+}
+__device__ __forceinline__ float h2f(u16 h) {
+    float x;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(x) : "h"(h));
+    return x;
+}
+// Two floats as f16x2: lo in bits 0..15, hi in bits 16..31 (cvt.rn.f16x2.f32 puts its first source high).
+__device__ __forceinline__ u32 pack_h2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ u32 pack_bf2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ u16 f2bf(float x) {
+    u16 h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+}
+__device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
+    u32 r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ u32 hsub2(u32 a, u32 b) {
+    u32 r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+// KvLanes.toHalf: the magnitude clamped to the largest finite fp16, then rounded to nearest even.
+__device__ __forceinline__ u16 to_half_clamped(float x) {
+    return f2h(copysignf(fminf(fabsf(x), 65504.f), x));
+}
+
+// Java's Math.max/Math.min order on floats: -0 below +0, NaN wins. The CPU's block maxima use it, so the q4_0
+// scale of a block of signed zeros keeps the CPU's sign.
+__device__ __forceinline__ float java_max(float a, float b) {
+    if (a != a) return a;
+    if (b != b) return b;
+    if (a > b) return a;
+    if (b > a) return b;
+    return signbit(a) ? b : a;
+}
+__device__ __forceinline__ float java_min(float a, float b) {
+    if (a != a) return a;
+    if (b != b) return b;
+    if (a < b) return a;
+    if (b < a) return b;
+    return signbit(a) ? a : b;
+}
+
+// ---- the rotation
+
+// One block of N values rotated in place (forward: D1, H/sqrt(N), D2) or back (inverse: D2, H/sqrt(N), D1) by one
+// warp: lane l holds element 32j + l in x[j]. Butterfly distances 1..16 cross lanes (__shfl_xor_sync), 32 and 64
+// cross registers of one lane, so no shared memory is needed. The stages run in the CPU kernel's order (distance
+// 1, 2, 4, ..., N/2), each butterfly is (a, b) -> (a + b, a - b) with a the lower index, and the last stage is
+// followed by the multiplication with D_post * fl(1/sqrt(N)): exactly the float operations of
+// dev.kvant.kv.Rotation, so the rotated values are bitwise the CPU's.
+template <int N>
+__device__ __forceinline__ void wht_block(float* x, int lane, bool inverse) {
+    constexpr int R = N / 32;
+    constexpr int ni = N == 128 ? 1 : 0;
+    const int pre = inverse ? 1 : 0;
+    const int post = inverse ? 0 : 1;
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        if ((kv_rot_sign[ni][pre][j] >> lane) & 1u) x[j] = -x[j];
+    }
+#pragma unroll
+    for (int h = 1; h < 32; h <<= 1) {
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            float y = __shfl_xor_sync(FULL_MASK, x[j], h);
+            x[j] = (lane & h) ? __fsub_rn(y, x[j]) : __fadd_rn(x[j], y);
+        }
+    }
+#pragma unroll
+    for (int h = 1; h < R; h <<= 1) {
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            if (!(j & h)) {
+                float a = x[j], b = x[j + h];
+                x[j] = __fadd_rn(a, b);
+                x[j + h] = __fsub_rn(a, b);
+            }
+        }
+    }
+    const float sc = kv_rot_scale[ni];
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        x[j] = __fmul_rn(x[j], ((kv_rot_sign[ni][post][j] >> lane) & 1u) ? -sc : sc);
+    }
+}
+
+// A head row of D values (x[j] = element 32j + lane) rotated block by block.
+template <int D>
+__device__ __forceinline__ void wht_row(float* x, int lane, bool inverse) {
+    constexpr int N = rot_block(D);
+#pragma unroll
+    for (int b = 0; b < D / N; b++) wht_block<N>(x + b * (N / 32), lane, inverse);
+}
+
+// ---- shared-memory loads at 2-byte alignment (rows of most formats are not 4-byte aligned)
+
+__device__ __forceinline__ u32 ld_u16(const u8* p) { return *(const u16*) p; }
+__device__ __forceinline__ u32 ld_u32_a2(const u8* p) { return ld_u16(p) | (ld_u16(p + 2) << 16); }
+
+// ---- dequantizing: 8 values of a row (a "group") into 16 bytes of f16 (bf16 for bf16)
+//
+// Attention dequantizes a tile of K or V into shared memory as f16 for the tensor cores. Group grp of a row gives
+// the 8 tile columns 8grp..8grp+7; which head dimension each column holds is the format's column order
+// perm_col (identity except turbo, whose columns follow the split code planes so that one byte yields a pair of
+// values). The query is permuted the same way (perm_inv), and the attention output is written back in head order,
+// so the order never shows outside the kernels.
+
+template <int FMT, int D>
+__device__ __forceinline__ int perm_col(int m) {   // tile column -> head dimension
+    if constexpr (fmt_turbo(FMT)) {
+        constexpr int N = rot_block(D);
+        const int b = m / N, ml = m % N, gl = ml >> 3, e = ml & 7;
+        if constexpr (FMT == F_TURBO4) {
+            return b * N + 4 * gl + (e >> 1) + (e & 1) * (N / 2);
+        } else {
+            return b * N + 2 * gl + (e >> 2) + (e & 3) * (N / 4);
+        }
+    } else {
+        return m;
+    }
+}
+
+template <int FMT, int D>
+__device__ __forceinline__ int perm_inv(int d) {   // head dimension -> tile column
+    if constexpr (fmt_turbo(FMT)) {
+        constexpr int N = rot_block(D);
+        const int b = d / N, dd = d % N;
+        if constexpr (FMT == F_TURBO4) {
+            const int nib = dd / (N / 2), byte = dd % (N / 2);
+            return b * N + 8 * (byte >> 2) + (((byte & 3) << 1) | nib);
+        } else {
+            const int q = dd / (N / 4), beta = dd % (N / 4);
+            return b * N + 8 * (beta >> 1) + (((beta & 1) << 2) | q);
+        }
+    } else {
+        return d;
+    }
+}
+
+// Fills the pair table of a turbo format: entry e, copy l at word e*32 + l. Lane l of any warp reads copy l, so the
+// 32 lanes of a lookup hit 32 different banks whatever their codes are (a plain table of 16 centroids measured
+// 2-4-way conflicts on random codes in this design's budget; replicated, a lookup is one conflict-free LDS).
+template <int FMT, int D>
+__device__ void build_pair_lut(u32* lut, int tid, int nthreads) {
+    constexpr int N = rot_block(D);
+    constexpr int BITS = fmt_bits(FMT);
+    constexpr int E = lut_entries(FMT);
+    const float* c = kv_centroid[BITS - 2][N == 128 ? 1 : 0];
+    for (int i = tid; i < E * 32; i += nthreads) {
+        const int e = i >> 5;
+        int ca, cb;
+        if constexpr (FMT == F_TURBO4) {
+            ca = e & 15;
+            cb = e >> 4;
+        } else if constexpr (FMT == F_TURBO3) {
+            ca = (e & 3) | (((e >> 4) & 1) << 2);
+            cb = ((e >> 2) & 3) | (((e >> 6) & 1) << 2);
+        } else {
+            ca = e & 3;
+            cb = e >> 2;
+        }
+        lut[i] = pack_h2(c[ca], c[cb]);
+    }
+}
+
+// int8 pairs to f16: byte b becomes the half 1024 + (b ^ 0x80) by placing it under the exponent byte 0x64; one
+// subtraction of 1152 (= 1024 + 128) leaves the exact integer, one multiplication the scaled value (rounded once).
+__device__ __forceinline__ u32 i8pair_to_h2(u32 w16, u32 d2) {
+    const u32 t = __byte_perm(w16 ^ 0x8080u, 0x64646464u, 0x4140);
+    return hmul2(hsub2(t, 0x64806480u), d2);
+}
+// Two 4-bit codes (bits 0..3 and 8..11 of w) to f16 (code - 8) * d.
+__device__ __forceinline__ u32 q4pair_to_h2(u32 w, u32 d2) {
+    const u32 t = __byte_perm(w, 0x64646464u, 0x4140);
+    return hmul2(hsub2(t, 0x64086408u), d2);
+}
+
+template <int FMT, int D>
+__device__ __forceinline__ uint4 dq_group(const u8* row, int grp, const u32* lut, int lane) {
+    uint4 r;
+    if constexpr (FMT == F_F16 || FMT == F_BF16) {
+        const u8* p = row + grp * 16;
+        r.x = ld_u32_a2(p);
+        r.y = ld_u32_a2(p + 4);
+        r.z = ld_u32_a2(p + 8);
+        r.w = ld_u32_a2(p + 12);
+    } else if constexpr (FMT == F_Q8_0 || FMT == F_INT8) {
+        constexpr int B = FMT == F_Q8_0 ? 32 : 64;
+        constexpr int GPB = B / 8;
+        const u8* blk = row + (grp / GPB) * (B + 2);
+        const u32 d = ld_u16(blk);
+        const u32 d2 = d | (d << 16);
+        const u8* p = blk + 2 + 8 * (grp % GPB);
+        r.x = i8pair_to_h2(ld_u16(p), d2);
+        r.y = i8pair_to_h2(ld_u16(p + 2), d2);
+        r.z = i8pair_to_h2(ld_u16(p + 4), d2);
+        r.w = i8pair_to_h2(ld_u16(p + 6), d2);
+    } else if constexpr (FMT == F_Q4_0 || FMT == F_Q4_0H) {
+        const u8* blk = row + (grp >> 2) * 18;
+        const u32 d = ld_u16(blk);
+        const u32 d2 = d | (d << 16);
+        const int gi = grp & 3;
+        const u8* p = blk + 2 + 8 * (gi & 1);
+        const int sh = (gi >> 1) * 4;
+        r.x = q4pair_to_h2((ld_u16(p) >> sh) & 0x0F0Fu, d2);
+        r.y = q4pair_to_h2((ld_u16(p + 2) >> sh) & 0x0F0Fu, d2);
+        r.z = q4pair_to_h2((ld_u16(p + 4) >> sh) & 0x0F0Fu, d2);
+        r.w = q4pair_to_h2((ld_u16(p + 6) >> sh) & 0x0F0Fu, d2);
+    } else {
+        constexpr int N = rot_block(D);
+        constexpr int BITS = fmt_bits(FMT);
+        constexpr int GPB = N / 8;
+        const u8* blk = row + (grp / GPB) * (2 + N * BITS / 8);
+        const int gl = grp % GPB;
+        const u32 g = ld_u16(blk);
+        const u32 g2 = g | (g << 16);
+        const u8* codes = blk + 2;
+        const u32* lt = lut + lane;
+        if constexpr (FMT == F_TURBO4) {
+            const u32 w = ld_u32_a2(codes + 4 * gl);
+            r.x = hmul2(lt[(w & 255u) << 5], g2);
+            r.y = hmul2(lt[((w >> 8) & 255u) << 5], g2);
+            r.z = hmul2(lt[((w >> 16) & 255u) << 5], g2);
+            r.w = hmul2(lt[(w >> 24) << 5], g2);
+        } else if constexpr (FMT == F_TURBO2) {
+            const u32 w = ld_u16(codes + 2 * gl);
+            r.x = hmul2(lt[(w & 15u) << 5], g2);
+            r.y = hmul2(lt[((w >> 4) & 15u) << 5], g2);
+            r.z = hmul2(lt[((w >> 8) & 15u) << 5], g2);
+            r.w = hmul2(lt[((w >> 12) & 15u) << 5], g2);
+        } else {
+            // Low plane bytes beta0 = 2gl, beta1 = 2gl+1 hold the low bits of dims beta + q*N/4 (q = 0..3); their
+            // high bits are bits s + 2q of high-plane bytes beta mod N/8 (s = beta div N/8, the same for both).
+            constexpr int P1 = N / 8;
+            const int beta0 = 2 * gl;
+            const int s = beta0 / P1;
+            const u32 lo = ld_u16(codes + 2 * gl);
+            const u32 hi = ld_u16(codes + N / 4 + beta0 % P1);
+            const u32 x0 = (hi >> s) & 0x55u;
+            const u32 x1 = (hi >> (8 + s)) & 0x55u;
+            const u32 lo0 = lo & 255u, lo1 = lo >> 8;
+            r.x = hmul2(lt[((lo0 & 15u) | ((x0 & 5u) << 4)) << 5], g2);
+            r.y = hmul2(lt[((lo0 >> 4) | (x0 & 0x50u)) << 5], g2);
+            r.z = hmul2(lt[((lo1 & 15u) | ((x1 & 5u) << 4)) << 5], g2);
+            r.w = hmul2(lt[((lo1 >> 4) | (x1 & 0x50u)) << 5], g2);
+        }
+    }
+    return r;
+}

@@ -1,0 +1,218 @@
+// kv_write.cu — quantize on write (SET_ROWS): float rows of K or V into their cache slots, bit-identical to the CPU
+// encoder dev.kvant.kv.KvFormat.encode of the JVM that compiled this module.
+//
+// kvant_kv_write_k / kvant_kv_write_v(src, rows, kvHeads, slots, pool, pageTokens, pageBytes)
+//   src   float [tokens][kvHeads][D] (D = DK or DV), rows = tokens * kvHeads
+//   slots int32 [tokens]: physical token slot page * pageTokens + tokenInPage, read from device memory so a captured
+//         graph writes wherever the slots say at replay; a negative slot skips its token (a padded batch)
+//   pool  the layer's K or V pool: page p at p * pageBytes, row (token t of the page, head h) at
+//         (t * kvHeads + h) * rowBytes, as dev.kvant.kv.KvCache lays it out.
+//
+// grid:   ceil(rows / 4) blocks; block: 128 threads = 4 warps, one row per warp.
+// shared: D bytes per warp (the codes of turbo rows, re-read to pack the bit planes); static.
+// thread: lane l holds the row's elements 32j + l (j < D/32) in registers: the rotation's butterflies are warp
+//         shuffles (distances 1..16) and register pairs (32, 64), block maxima are shuffle reductions, and the
+//         lane writes its own bytes of the row (f16/bf16/q8_0/int8: one value per byte or pair; turbo and q4: packed
+//         bytes assembled from the codes).
+// exact:  every operation is the CPU's, in the CPU's order, with no contraction (__fmul_rn/__fadd_rn/__fmaf_rn
+//         spell out the roundings; the CPU's mul-then-add stay two roundings): the rotation as in wht_block; q8_0,
+//         int8 and q4 scales from the exact block maximum (max is order-free); the turbo norm ||y||^2 and the
+//         centroid norm ||c||^2 are summed like KvLanes: KV_LANES lane-partial sums (lane p accumulates elements
+//         p, p+L, p+2L, ... with fma in that order) added by the pairwise tree (lanes L/2 apart first). That order
+//         depends on the CPU's vector width L (16 with AVX-512, 8 with AVX2), so Java passes its own L as KV_LANES:
+//         the bytes equal the bytes of the CPU encoder of the same JVM; against a CPU of the other width a turbo
+//         norm may differ in its last bit (docs/KV_FORMATS.md, Determinism).
+
+template <int D>
+__device__ __forceinline__ void load_row(const float* src, float* x, int lane) {
+#pragma unroll
+    for (int j = 0; j < D / 32; j++) x[j] = src[32 * j + lane];
+}
+
+// Sum of v^2 over one block of N values held as v[j] = element 32j + lane, in the order of KvLanes: the partial of
+// lane p (< L) is fma(v[p+(N/L-1)L], ..., fma(v[p+L], v[p+L], fma(v[p], v[p], 0))); then p and p^(L/2) are added,
+// then p^(L/4), ..., as KvLanes.sumLanes does. Element p + Lk lives in register (Lk)/32 of lane (Lk)%32 + p.
+template <int N>
+__device__ __forceinline__ float lane_order_sum_sq(const float* v, int lane) {
+    constexpr int L = KV_LANES;
+    float acc = 0.f;
+#pragma unroll
+    for (int k = 0; k < N / L; k++) {
+        const float t = __shfl_sync(FULL_MASK, v[(L * k) >> 5], ((L * k) & 31) + (lane % L));
+        acc = __fmaf_rn(t, t, acc);
+    }
+#pragma unroll
+    for (int h = L / 2; h >= 1; h >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(FULL_MASK, acc, h));
+    return __shfl_sync(FULL_MASK, acc, 0);
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int h = 16; h >= 1; h >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, h));
+    return v;
+}
+__device__ __forceinline__ float warp_java_max(float v) {
+#pragma unroll
+    for (int h = 16; h >= 1; h >>= 1) v = java_max(v, __shfl_xor_sync(FULL_MASK, v, h));
+    return v;
+}
+__device__ __forceinline__ float warp_java_min(float v) {
+#pragma unroll
+    for (int h = 16; h >= 1; h >>= 1) v = java_min(v, __shfl_xor_sync(FULL_MASK, v, h));
+    return v;
+}
+
+// One block of 32 values (x = element lane) as q4_0: 18 bytes at blk.
+__device__ __forceinline__ void encode_q4_block(float x, u8* blk, int lane) {
+    const float hi = warp_java_max(x);
+    const float lo = warp_java_min(x);
+    const float m = (-lo > hi) ? lo : hi;
+    const u16 dh = to_half_clamped(__fdiv_rn(m, -8.f));
+    const float d = h2f(dh);
+    const float id = d != 0.f ? __fdiv_rn(1.f, d) : 0.f;
+    int code = __float2int_rz(__fadd_rn(__fmul_rn(x, id), 8.5f));
+    code = min(max(code, 0), 15);
+    const int upper = __shfl_down_sync(FULL_MASK, code, 16);
+    if (lane == 0) *(u16*) blk = dh;
+    if (lane < 16) blk[2 + lane] = (u8) (code | (upper << 4));
+}
+
+template <int FMT, int D>
+__device__ void encode_row(const float* src, u8* dst, u8* codes, int lane) {
+    float x[D / 32];
+    load_row<D>(src, x, lane);
+    if constexpr (FMT == F_F16) {
+#pragma unroll
+        for (int j = 0; j < D / 32; j++) ((u16*) dst)[32 * j + lane] = f2h(x[j]);
+    } else if constexpr (FMT == F_BF16) {
+#pragma unroll
+        for (int j = 0; j < D / 32; j++) {
+            const u32 bits = __float_as_uint(x[j]);
+            u16 b;
+            if ((bits & 0x7FFFFFFFu) > 0x7F800000u) {
+                b = (u16) ((bits >> 16) | 0x40u);
+            } else {
+                b = (u16) ((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+            }
+            ((u16*) dst)[32 * j + lane] = b;
+        }
+    } else if constexpr (FMT == F_Q8_0 || FMT == F_INT8) {
+        constexpr int B = FMT == F_Q8_0 ? 32 : 64;
+        constexpr int RPB = B / 32;
+        const float MAGIC = 12582912.f;   // 1.5 * 2^23, Int8Format.RINT_MAGIC
+#pragma unroll
+        for (int b = 0; b < D / B; b++) {
+            float amax = 0.f;
+#pragma unroll
+            for (int r = 0; r < RPB; r++) amax = fmaxf(amax, fabsf(x[b * RPB + r]));
+            amax = warp_max(amax);
+            const u16 dh = to_half_clamped(__fdiv_rn(amax, 127.f));
+            const float d = h2f(dh);
+            const float id = d != 0.f ? __fdiv_rn(1.f, d) : 0.f;
+            u8* blk = dst + b * (B + 2);
+            if (lane == 0) *(u16*) blk = dh;
+#pragma unroll
+            for (int r = 0; r < RPB; r++) {
+                float q = __fsub_rn(__fadd_rn(__fmul_rn(x[b * RPB + r], id), MAGIC), MAGIC);
+                q = fminf(fmaxf(q, -127.f), 127.f);
+                blk[2 + 32 * r + lane] = (u8) (signed char) (int) q;
+            }
+        }
+    } else if constexpr (FMT == F_Q4_0 || FMT == F_Q4_0H) {
+        if constexpr (FMT == F_Q4_0H) wht_row<D>(x, lane, false);
+#pragma unroll
+        for (int j = 0; j < D / 32; j++) encode_q4_block(x[j], dst + j * 18, lane);
+    } else {
+        constexpr int N = rot_block(D);
+        constexpr int R = N / 32;
+        constexpr int BITS = fmt_bits(FMT);
+        constexpr int NI = N == 128 ? 1 : 0;
+        constexpr int CODE_BYTES = N * BITS / 8;
+        const float cent = lane < (1 << BITS) ? kv_centroid[BITS - 2][NI][lane] : 0.f;
+#pragma unroll
+        for (int b = 0; b < D / N; b++) {
+            float* y = x + b * R;
+            wht_block<N>(y, lane, false);
+            const float s = __fsqrt_rn(lane_order_sum_sq<N>(y, lane));
+            const float inv = s > 0.f ? __fdiv_rn(1.f, s) : 0.f;
+            float c[R];
+#pragma unroll
+            for (int j = 0; j < R; j++) {
+                const float u = __fmul_rn(y[j], inv);
+                int code = 0;
+#pragma unroll
+                for (int i = 0; i < (1 << BITS) - 1; i++) code += u > kv_boundary[BITS - 2][NI][i] ? 1 : 0;
+                codes[32 * j + lane] = (u8) code;
+                c[j] = __shfl_sync(FULL_MASK, cent, code);
+            }
+            const float g = __fdiv_rn(s, __fsqrt_rn(lane_order_sum_sq<N>(c, lane)));
+            __syncwarp();
+            u8* blk = dst + b * (2 + CODE_BYTES);
+            if (lane == 0) *(u16*) blk = to_half_clamped(g);
+            for (int k = lane; k < CODE_BYTES; k += 32) {
+                u32 byte = 0;
+                if constexpr (BITS == 4) {
+                    byte = codes[k] | (codes[k + N / 2] << 4);
+                } else if constexpr (BITS == 2) {
+#pragma unroll
+                    for (int q = 0; q < 4; q++) byte |= (u32) codes[k + q * (N / 4)] << (2 * q);
+                } else {
+                    if (k < N / 4) {
+#pragma unroll
+                        for (int q = 0; q < 4; q++) byte |= ((u32) codes[k + q * (N / 4)] & 3u) << (2 * q);
+                    } else {
+                        const int kk = k - N / 4;
+#pragma unroll
+                        for (int q = 0; q < 8; q++) byte |= (((u32) codes[kk + q * (N / 8)] >> 2) & 1u) << q;
+                    }
+                }
+                blk[2 + k] = (u8) byte;
+            }
+            __syncwarp();
+        }
+    }
+}
+
+template <int FMT, int D>
+__device__ __forceinline__ void write_rows(const float* __restrict__ src, int rows, int kvHeads,
+                                           const int* __restrict__ slots, u8* __restrict__ pool, int pageTokens,
+                                           i64 pageBytes) {
+    __shared__ u8 codes[4][D];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = blockIdx.x * 4 + warp;
+    if (row >= rows) return;
+    const int token = row / kvHeads, head = row % kvHeads;
+    const int slot = slots[token];
+    if (slot < 0) return;
+    const int page = slot / pageTokens, inPage = slot % pageTokens;
+    constexpr i64 RB = fmt_row_bytes(FMT, D);
+    u8* dst = pool + (i64) page * pageBytes + ((i64) inPage * kvHeads + head) * RB;
+    encode_row<FMT, D>(src + (i64) row * D, dst, codes[warp], lane);
+}
+
+extern "C" __global__ void __launch_bounds__(128) kvant_kv_write_k(const float* __restrict__ src, int rows,
+        int kvHeads, const int* __restrict__ slots, u8* __restrict__ pool, int pageTokens, i64 pageBytes) {
+    write_rows<KF, DK>(src, rows, kvHeads, slots, pool, pageTokens, pageBytes);
+}
+
+extern "C" __global__ void __launch_bounds__(128) kvant_kv_write_v(const float* __restrict__ src, int rows,
+        int kvHeads, const int* __restrict__ slots, u8* __restrict__ pool, int pageTokens, i64 pageBytes) {
+    write_rows<VF, DV>(src, rows, kvHeads, slots, pool, pageTokens, pageBytes);
+}
+
+// kvant_fill_normal — dst[i] = a standard normal draw from a counter-based hash of (seed, i): test and benchmark
+// data made on the device. grid-stride, any grid; block 256. Not the CPU's generator: data only, never compared.
+__device__ __forceinline__ u32 hash32(u32 x) {
+    x ^= x >> 16; x *= 0x7feb352dU; x ^= x >> 15; x *= 0x846ca68bU; x ^= x >> 16;
+    return x;
+}
+extern "C" __global__ void kvant_fill_normal(float* __restrict__ dst, i64 n, u32 seed, float scale) {
+    const i64 stride = (i64) gridDim.x * blockDim.x;
+    for (i64 i = (i64) blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const u32 a = hash32((u32) i * 2u + 1u ^ hash32(seed ^ (u32) (i >> 31)));
+        const u32 b = hash32(a ^ 0x9e3779b9u);
+        const float u1 = ((a >> 8) + 1) * (1.f / 16777217.f);
+        const float u2 = (b >> 8) * (1.f / 16777216.f);
+        dst[i] = scale * sqrtf(-2.f * logf(u1)) * cospif(2.f * u2);
+    }
+}

@@ -1,0 +1,400 @@
+package dev.kvant.cuda.attention;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import dev.kvant.cuda.CudaContext;
+import dev.kvant.cuda.CudaGraph;
+import dev.kvant.cuda.CudaStream;
+import dev.kvant.cuda.DeviceBuffer;
+import dev.kvant.cuda.KernelCache;
+import dev.kvant.kv.KvCache;
+import dev.kvant.kv.KvFormat;
+import dev.kvant.kv.KvGeometry;
+import dev.kvant.kv.KvSequence;
+import dev.kvant.kv.TurboFormat;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.SplittableRandom;
+import java.util.stream.Stream;
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.Tag;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.Arguments;
+import org.junit.jupiter.params.provider.MethodSource;
+
+/**
+ * Decode, multi-query decode and prefill on the GPU, every K/V format and head size, GQA groups 1 to 8, against the
+ * float64 reference: tightly against attention over the cache's decoded rows (what the kernels must compute; their
+ * only error is f16/bf16 operands and f32 sums), loosely against attention over the exact rows that were written
+ * (the format's own quantization error). Outputs are poisoned with NaN first; every run must give the same bits.
+ *
+ * <p>The cache: 8 kv heads, pages of 16 tokens handed out to three sequences (1, 150 and 515 tokens) in turns, so
+ * page tables jump; decode splits of 32 tokens, so the longest sequence merges 17 partials.
+ */
+@Tag("gpu")
+class AttentionGpuTest {
+    static final int KV_HEADS = 8;
+    static final int PAGE_TOKENS = 16;
+    static final int[] LENS = {1, 150, 515};
+    static final int MAX_TOKENS = 600;
+    private static final Map<String, Data> DATA = new HashMap<>();
+
+    /** A host cache written by the CPU encoder, its device mirror, and the reference rows. */
+    record Data(KvCache host, KvSequence[] seqs, CudaKvCache device, double[][][][] kDecoded, double[][][][] vDecoded,
+                double[][][][] kExact, double[][][][] vExact, long seed) {
+        int dK() {
+            return host.geometry().headDimK();
+        }
+
+        int dV() {
+            return host.geometry().headDimV();
+        }
+    }
+
+    static Stream<Arguments> shapes() {
+        List<Arguments> all = new ArrayList<>();
+        for (AttentionShape s : AttentionPrecompile.standardShapes()) {
+            all.add(Arguments.of(s.kFormat().name(), s.vFormat().name(), s.headDimK(), s.headDimV()));
+        }
+        return all.stream();
+    }
+
+    static synchronized Data data(String kName, String vName, int dK, int dV) {
+        String key = kName + "/" + vName + "/" + dK + "/" + dV;
+        Data existing = DATA.get(key);
+        if (existing != null) {
+            return existing;
+        }
+        CudaContext context = AttentionGpuFixture.context();
+        long seed = AttentionGpuFixture.seed("cache " + key);
+        SplittableRandom r = new SplittableRandom(seed);
+        KvFormat kf = KvFormat.parse(kName), vf = KvFormat.parse(vName);
+        KvGeometry g = new KvGeometry(1, KV_HEADS, dK, dV);
+        KvCache host = new KvCache(g, kf, vf, PAGE_TOKENS, 48);
+        KvSequence[] seqs = new KvSequence[LENS.length];
+        for (int s = 0; s < seqs.length; s++) {
+            seqs[s] = host.newSequence();
+        }
+        for (int reserved = PAGE_TOKENS; reserved < MAX_TOKENS + PAGE_TOKENS; reserved += PAGE_TOKENS) {
+            for (int s = 0; s < seqs.length; s++) {
+                seqs[s].reserve(Math.min(LENS[s], reserved));
+            }
+        }
+        double[][][][] kDec = new double[seqs.length][][][], vDec = new double[seqs.length][][][];
+        double[][][][] kEx = new double[seqs.length][][][], vEx = new double[seqs.length][][][];
+        for (int s = 0; s < seqs.length; s++) {
+            float[] k = AttentionGpuFixture.gaussianRows(r, LENS[s] * KV_HEADS, dK, 1.0, 3);
+            float[] v = AttentionGpuFixture.gaussianRows(r, LENS[s] * KV_HEADS, dV, 1.0, 0);
+            seqs[s].writeRows(0, 0, LENS[s], k, 0, v, 0);
+            kDec[s] = AttentionReference.decoded(seqs[s], 0, LENS[s], false);
+            vDec[s] = AttentionReference.decoded(seqs[s], 0, LENS[s], true);
+            kEx[s] = AttentionReference.exact(k, LENS[s], KV_HEADS, dK);
+            vEx[s] = AttentionReference.exact(v, LENS[s], KV_HEADS, dV);
+        }
+        Data d = new Data(host, seqs, CudaKvCache.mirror(context, host), kDec, vDec, kEx, vEx, seed);
+        DATA.put(key, d);
+        return d;
+    }
+
+    @AfterAll
+    static synchronized void release() {
+        for (Data d : DATA.values()) {
+            d.device().close();
+            d.host().close();
+        }
+        DATA.clear();
+    }
+
+    /** The bound against the decoded-rows reference: f16 operands, or bf16 ones. */
+    static double tightBound(String kName, String vName) {
+        return kName.equals("bf16") || vName.equals("bf16") ? 2e-4 : 2e-5;
+    }
+
+    /**
+     * The bound against the exact rows: the format's quantization error in attention outputs (estimated from the
+     * row errors of docs/KV_FORMATS.md, with margin), never below the arithmetic bound.
+     */
+    static double looseBound(String kName, String vName) {
+        return Math.max(loose(kName), loose(vName));
+    }
+
+    private static double loose(String name) {
+        return switch (name) {
+            case "f16" -> 3e-5;
+            case "bf16" -> 3e-4;
+            case "q8_0", "int8" -> 2e-3;
+            case "q4_0", "q4_0h", "turbo4" -> 0.1;
+            case "turbo3" -> 0.3;
+            default -> 0.8;
+        };
+    }
+
+    @ParameterizedTest(name = "{0}/{1} head {2}/{3}")
+    @MethodSource("shapes")
+    void decodeMatchesFloat64ReferenceForGroupsOneFourEight(String kName, String vName, int dK, int dV) {
+        CudaContext context = AttentionGpuFixture.context();
+        KernelCache cache = AttentionGpuFixture.cache();
+        Data data = data(kName, vName, dK, dV);
+        long seed = AttentionGpuFixture.seed("decode " + kName + "/" + vName + " " + dK + "/" + dV);
+        SplittableRandom r = new SplittableRandom(seed);
+        for (int group : new int[] {1, 4, 8}) {
+            int heads = KV_HEADS * group;
+            AttentionShape shape = AttentionShape.of(data.host(), heads);
+            try (CudaAttention attention = CudaAttention.create(context, cache, shape,
+                    AttentionPlan.of(LENS.length, 1, MAX_TOKENS, 0));
+                 DeviceBatch batch = batch(context, data, new int[] {0, 1, 2}, LENS)) {
+                float[] q = AttentionGpuFixture.gaussianRows(r, LENS.length * heads, dK, 1.0, 0);
+                float[] first = null;
+                for (int run = 0; run < 2; run++) {
+                    float[] out = decode(context, attention, data, batch, q, LENS.length, 1, heads);
+                    if (first == null) {
+                        first = out;
+                    } else {
+                        assertArrayEquals(first, out, "two decode runs gave different bits; seed " + seed);
+                    }
+                }
+                double[] tight = new double[LENS.length * heads * dV];
+                double[] loose = new double[tight.length];
+                double scale = 1 / Math.sqrt(dK);
+                for (int s = 0; s < LENS.length; s++) {
+                    AttentionReference.attend(data.kDecoded()[s], data.vDecoded()[s], q, s * heads * dK, heads, LENS[s],
+                            scale, tight, s * heads * dV);
+                    AttentionReference.attend(data.kExact()[s], data.vExact()[s], q, s * heads * dK, heads, LENS[s],
+                            scale, loose, s * heads * dV);
+                }
+                check("decode G=" + group, first, tight, loose, kName, vName, seed);
+            }
+        }
+    }
+
+    @ParameterizedTest(name = "{0}/{1} head {2}/{3}")
+    @MethodSource("shapes")
+    void multiQueryDecodeIsCausalAmongItsQueries(String kName, String vName, int dK, int dV) {
+        CudaContext context = AttentionGpuFixture.context();
+        KernelCache cache = AttentionGpuFixture.cache();
+        Data data = data(kName, vName, dK, dV);
+        long seed = AttentionGpuFixture.seed("multi-query " + kName + "/" + vName + " " + dK + "/" + dV);
+        SplittableRandom r = new SplittableRandom(seed);
+        int[][] cases = {{2, 3}, {8, 8}, {4, 5}};
+        for (int[] c : cases) {
+            int group = c[0], queries = c[1];
+            int heads = KV_HEADS * group;
+            int[] lens = {LENS[1], LENS[2]};
+            AttentionShape shape = AttentionShape.of(data.host(), heads);
+            try (CudaAttention attention = CudaAttention.create(context, cache, shape,
+                    AttentionPlan.of(2, AttentionPlan.MAX_QUERIES, MAX_TOKENS, 0));
+                 DeviceBatch batch = batch(context, data, new int[] {1, 2}, lens)) {
+                float[] q = AttentionGpuFixture.gaussianRows(r, 2 * queries * heads, dK, 1.0, 0);
+                float[] out = decode(context, attention, data, batch, q, 2, queries, heads);
+                double[] tight = new double[2 * queries * heads * dV];
+                double[] loose = new double[tight.length];
+                double scale = 1 / Math.sqrt(dK);
+                for (int s = 0; s < 2; s++) {
+                    for (int i = 0; i < queries; i++) {
+                        int visible = lens[s] - queries + i + 1;
+                        int row = s * queries + i;
+                        AttentionReference.attend(data.kDecoded()[s + 1], data.vDecoded()[s + 1], q, row * heads * dK,
+                                heads, visible, scale, tight, row * heads * dV);
+                        AttentionReference.attend(data.kExact()[s + 1], data.vExact()[s + 1], q, row * heads * dK,
+                                heads, visible, scale, loose, row * heads * dV);
+                    }
+                }
+                check("multi-query G=" + group + " queries=" + queries, out, tight, loose, kName, vName, seed);
+            }
+        }
+    }
+
+    @ParameterizedTest(name = "{0}/{1} head {2}/{3}")
+    @MethodSource("shapes")
+    void prefillChunksMatchFloat64Reference(String kName, String vName, int dK, int dV) {
+        CudaContext context = AttentionGpuFixture.context();
+        KernelCache cache = AttentionGpuFixture.cache();
+        Data data = data(kName, vName, dK, dV);
+        long seed = AttentionGpuFixture.seed("prefill " + kName + "/" + vName + " " + dK + "/" + dV);
+        SplittableRandom r = new SplittableRandom(seed);
+        // {group, sequence, start, n}: a whole prompt from 0, and a late chunk after earlier ones.
+        int[][] cases = {{4, 1, 0, 150}, {4, 2, 441, 74}, {1, 2, 500, 15}, {8, 1, 64, 86}};
+        for (int[] c : cases) {
+            int group = c[0], s = c[1], start = c[2], n = c[3];
+            int heads = KV_HEADS * group;
+            AttentionShape shape = AttentionShape.of(data.host(), heads);
+            try (CudaAttention attention = CudaAttention.create(context, cache, shape,
+                    AttentionPlan.of(LENS.length, 1, MAX_TOKENS, 256));
+                 DeviceBatch batch = batch(context, data, new int[] {0, 1, 2}, LENS);
+                 DeviceBuffer qd = AttentionGpuFixture.upload(context,
+                         AttentionGpuFixture.gaussianRows(r, n * heads, dK, 1.0, 0));
+                 DeviceBuffer od = context.allocate(4L * n * heads * dV)) {
+                float[] q = AttentionGpuFixture.download(qd, n * heads * dK);
+                od.fillFloats(Float.NaN);
+                attention.prefill(data.device(), 0, qd, batch, s, start, n, od, context.defaultStream());
+                context.synchronize();
+                float[] out = AttentionGpuFixture.download(od, n * heads * dV);
+                double[] tight = new double[n * heads * dV];
+                double[] loose = new double[tight.length];
+                double scale = 1 / Math.sqrt(dK);
+                for (int i = 0; i < n; i++) {
+                    AttentionReference.attend(data.kDecoded()[s], data.vDecoded()[s], q, i * heads * dK, heads,
+                            start + i + 1, scale, tight, i * heads * dV);
+                    AttentionReference.attend(data.kExact()[s], data.vExact()[s], q, i * heads * dK, heads,
+                            start + i + 1, scale, loose, i * heads * dV);
+                }
+                check("prefill G=" + group + " start=" + start + " n=" + n, out, tight, loose, kName, vName, seed);
+            }
+        }
+    }
+
+    /**
+     * Peaked attention (queries x4): dropping the V rows whose weight is under 1e-3 of the running maximum changes
+     * the output (so rows were skipped) but stays within 1e-4 NMSE of the dense float64 result.
+     */
+    @Test
+    void sparseVSkipsNegligibleRowsAndStaysCloseToDense() {
+        CudaContext context = AttentionGpuFixture.context();
+        KernelCache cache = AttentionGpuFixture.cache();
+        for (String name : new String[] {"turbo3", "f16"}) {
+            Data data = data(name, name, 128, 128);
+            long seed = AttentionGpuFixture.seed("sparse V " + name);
+            SplittableRandom r = new SplittableRandom(seed);
+            int heads = KV_HEADS * 4;
+            AttentionShape shape = AttentionShape.of(data.host(), heads);
+            AttentionPlan plan = AttentionPlan.of(LENS.length, 1, MAX_TOKENS, 0);
+            float scale = (float) (1 / Math.sqrt(128));
+            try (CudaAttention dense = CudaAttention.create(context, cache, shape, plan, scale, 0f);
+                 CudaAttention sparse = CudaAttention.create(context, cache, shape, plan, scale, 1e-3f);
+                 DeviceBatch batch = batch(context, data, new int[] {0, 1, 2}, LENS)) {
+                float[] q = AttentionGpuFixture.gaussianRows(r, LENS.length * heads, 128, 4.0, 0);
+                float[] d = decode(context, dense, data, batch, q, LENS.length, 1, heads);
+                float[] s = decode(context, sparse, data, batch, q, LENS.length, 1, heads);
+                double[] ref = new double[d.length];
+                for (int i = 0; i < LENS.length; i++) {
+                    AttentionReference.attend(data.kDecoded()[i], data.vDecoded()[i], q, i * heads * 128, heads,
+                            LENS[i], scale, ref, i * heads * 128);
+                }
+                double nmseDense = AttentionReference.nmse(d, ref);
+                double nmseSparse = AttentionReference.nmse(s, ref);
+                System.out.printf("sparse V %s: NMSE dense %.3e, sparse (1e-3) %.3e%n", name, nmseDense, nmseSparse);
+                assertFalse(Arrays.equals(d, s), "sparse V changed nothing: no weight under 1e-3? seed " + seed);
+                assertTrue(nmseSparse < 1e-4, "sparse V NMSE " + nmseSparse + " vs dense reference; seed " + seed);
+            }
+        }
+    }
+
+    /**
+     * A decode captured once as a graph, replayed after the lengths in device memory changed: both replays must
+     * match the reference at their own lengths (a graph that froze the first lengths would fail the second).
+     */
+    @Test
+    void capturedDecodeGraphReplaysAtTwoDifferentLengths() {
+        CudaContext context = AttentionGpuFixture.context();
+        KernelCache cache = AttentionGpuFixture.cache();
+        for (String name : new String[] {"f16", "turbo3", "q8_0"}) {
+            Data data = data(name, name, 128, 128);
+            long seed = AttentionGpuFixture.seed("graph " + name);
+            SplittableRandom r = new SplittableRandom(seed);
+            int heads = KV_HEADS * 4;
+            AttentionShape shape = AttentionShape.of(data.host(), heads);
+            int[][] lengths = {{1, 97, 260}, {1, 150, 515}};
+            try (CudaAttention attention = CudaAttention.create(context, cache, shape,
+                    AttentionPlan.of(LENS.length, 1, MAX_TOKENS, 0));
+                 DeviceBatch batch = batch(context, data, new int[] {0, 1, 2}, lengths[0]);
+                 CudaStream stream = context.createStream();
+                 DeviceBuffer qd = AttentionGpuFixture.upload(context,
+                         AttentionGpuFixture.gaussianRows(r, LENS.length * heads, 128, 1.0, 0));
+                 DeviceBuffer od = context.allocate(4L * LENS.length * heads * 128)) {
+                float[] q = AttentionGpuFixture.download(qd, LENS.length * heads * 128);
+                try (CudaGraph graph = CudaGraph.capture(stream,
+                        () -> attention.decode(data.device(), 0, qd, batch, LENS.length, od, stream))) {
+                    for (int[] lens : lengths) {
+                        for (int s = 0; s < lens.length; s++) {
+                            batch.setLength(s, lens[s]);
+                        }
+                        batch.upload();
+                        od.fillFloats(Float.NaN);
+                        graph.launch(stream);
+                        stream.synchronize();
+                        float[] out = AttentionGpuFixture.download(od, LENS.length * heads * 128);
+                        double[] ref = new double[out.length];
+                        for (int s = 0; s < lens.length; s++) {
+                            AttentionReference.attend(data.kDecoded()[s], data.vDecoded()[s], q, s * heads * 128,
+                                    heads, lens[s], 1 / Math.sqrt(128), ref, s * heads * 128);
+                        }
+                        double nmse = AttentionReference.nmse(out, ref);
+                        System.out.printf("graph %s lengths %s: NMSE %.3e%n", name, Arrays.toString(lens), nmse);
+                        assertTrue(allFinite(out), "graph replay left unwritten (NaN) outputs at lengths "
+                                + Arrays.toString(lens) + "; seed " + seed);
+                        assertTrue(nmse < tightBound(name, name), "graph replay at lengths " + Arrays.toString(lens)
+                                + ": NMSE " + nmse + "; seed " + seed);
+                    }
+                }
+            }
+        }
+    }
+
+    // ---- helpers
+
+    static DeviceBatch batch(CudaContext context, Data data, int[] seqIndices, int[] lens) {
+        DeviceBatch batch = DeviceBatch.allocate(context, seqIndices.length, 48);
+        for (int i = 0; i < seqIndices.length; i++) {
+            KvSequence s = data.seqs()[seqIndices[i]];
+            int[] pages = new int[s.pageCount()];
+            for (int p = 0; p < pages.length; p++) {
+                pages[p] = s.page(p);
+            }
+            batch.set(i, pages, pages.length, lens[i]);
+        }
+        batch.upload();
+        return batch;
+    }
+
+    static float[] decode(CudaContext context, CudaAttention attention, Data data, DeviceBatch batch, float[] q,
+                          int seqs, int queries, int heads) {
+        int dV = data.dV();
+        try (DeviceBuffer qd = AttentionGpuFixture.upload(context, q);
+             DeviceBuffer od = context.allocate(4L * seqs * queries * heads * dV)) {
+            od.fillFloats(Float.NaN);
+            attention.decodeMulti(data.device(), 0, qd, batch, seqs, queries, od, context.defaultStream());
+            context.synchronize();
+            return AttentionGpuFixture.download(od, seqs * queries * heads * dV);
+        }
+    }
+
+    static void check(String what, float[] out, double[] tight, double[] loose, String kName, String vName,
+                      long seed) {
+        assertTrue(allFinite(out), what + " " + kName + "/" + vName + ": output has NaN/inf (unwritten or broken); "
+                + "seed " + seed);
+        double nTight = AttentionReference.nmse(out, tight);
+        double nLoose = AttentionReference.nmse(out, loose);
+        System.out.printf("%s %s/%s: NMSE vs decoded-cache reference %.3e, vs exact rows %.3e%n", what, kName, vName,
+                nTight, nLoose);
+        assertTrue(nTight < tightBound(kName, vName), what + " " + kName + "/" + vName + ": NMSE " + nTight
+                + " against the float64 reference over the decoded cache exceeds " + tightBound(kName, vName)
+                + "; seed " + seed);
+        assertTrue(nLoose < looseBound(kName, vName), what + " " + kName + "/" + vName + ": NMSE " + nLoose
+                + " against the float64 reference over the exact rows exceeds " + looseBound(kName, vName)
+                + "; seed " + seed);
+    }
+
+    static boolean allFinite(float[] x) {
+        for (float v : x) {
+            if (!Float.isFinite(v)) {
+                return false;
+            }
+        }
+        return true;
+    }
+
+    static {
+        // A format outside the lists above would silently get the loosest bound; keep the table complete.
+        for (KvFormat f : KvFormat.all()) {
+            if (loose(f.name()) == 0.8 && !(f instanceof TurboFormat t && t.bits() == 2)) {
+                throw new IllegalStateException("no error bound for KV format " + f.name());
+            }
+        }
+    }
+}

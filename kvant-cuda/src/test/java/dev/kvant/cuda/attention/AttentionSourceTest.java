@@ -1,0 +1,106 @@
+package dev.kvant.cuda.attention;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import dev.kvant.kv.KvFormat;
+import dev.kvant.kv.KvGeometry;
+import dev.kvant.kv.Rotation;
+import dev.kvant.kv.TurboFormat;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
+import org.junit.jupiter.api.Test;
+
+/** The generated CUDA header and the host-side launch arithmetic; no GPU needed. */
+class AttentionSourceTest {
+    @Test
+    void generatedHeaderCarriesTheRotationSignsBitForBit() {
+        String header = AttentionSource.generatedHeader(16);
+        Matcher m = Pattern.compile("kv_rot_sign\\[2\\]\\[2\\]\\[4\\] = \\{(.*?)\\};").matcher(header);
+        assertTrue(m.find(), header);
+        Matcher word = Pattern.compile("0x([0-9a-f]+)u").matcher(m.group(1));
+        long[] words = new long[16];
+        for (int i = 0; i < 16; i++) {
+            assertTrue(word.find(), "16 sign words expected in " + m.group(1));
+            words[i] = Long.parseLong(word.group(1), 16);
+        }
+        for (int ni = 0; ni < 2; ni++) {
+            Rotation r = Rotation.ofBlock(ni == 0 ? 64 : 128);
+            for (int which = 1; which <= 2; which++) {
+                for (int i = 0; i < r.size(); i++) {
+                    long w = words[ni * 8 + (which - 1) * 4 + i / 32];
+                    boolean negative = ((w >> (i % 32)) & 1) != 0;
+                    assertEquals(r.sign(which, i) < 0, negative, "n=" + r.size() + " D" + which + " element " + i);
+                }
+            }
+        }
+        assertTrue(header.contains("#define KV_LANES 16"), header);
+    }
+
+    @Test
+    void generatedHeaderCarriesTheCodebooksExactly() {
+        String header = AttentionSource.generatedHeader(8);
+        float[] c = TurboFormat.TURBO3.codebook(128).centroidsAsFloat();
+        for (float v : c) {
+            assertTrue(header.contains(AttentionSource.hex(v)), "centroid " + v + " missing");
+            assertEquals(v, Float.parseFloat(AttentionSource.hex(v).substring(0, AttentionSource.hex(v).length() - 1)), "hex literal of " + v);
+        }
+        float[] b = TurboFormat.TURBO4.codebook(64).boundaries();
+        for (float v : b) {
+            assertTrue(header.contains(AttentionSource.hex(v)), "boundary " + v + " missing");
+        }
+    }
+
+    @Test
+    void formatIdsFollowTheFormatTable() {
+        assertEquals(0, AttentionSource.formatId(KvFormat.parse("f16")));
+        assertEquals(5, AttentionSource.formatId(KvFormat.parse("q4_0h")));
+        assertEquals(8, AttentionSource.formatId(TurboFormat.TURBO2));
+    }
+
+    @Test
+    void defaultSplitGivesAboutTwoHundredFiftySixSplitsAtCapacity() {
+        assertEquals(32, AttentionPlan.defaultSplit(1));
+        assertEquals(32, AttentionPlan.defaultSplit(4096));
+        assertEquals(128, AttentionPlan.defaultSplit(32768));
+        assertEquals(512, AttentionPlan.defaultSplit(131072));
+        assertEquals(256, AttentionPlan.of(1, 1, 131072, 0).maxSplits());
+        assertEquals(19, AttentionPlan.of(1, 1, 600, 0).maxSplits());
+    }
+
+    @Test
+    void decodeBlocksServeEightKvHeadsUnlessTheirRowsDoNotFit() {
+        assertEquals(8, AttentionSource.decodeHeads(shape("f16", 8, 128)));
+        assertEquals(8, AttentionSource.decodeHeads(shape("turbo3", 8, 128)));
+        assertEquals(4, AttentionSource.decodeHeads(shape("f16", 8, 256)));
+        assertEquals(2, AttentionSource.decodeHeads(shape("q8_0", 2, 128)));
+        assertEquals(6, AttentionSource.decodeHeads(shape("turbo4", 12, 128)));
+        for (AttentionShape s : AttentionPrecompile.standardShapes()) {
+            int hb = AttentionSource.decodeHeads(s);
+            assertTrue(AttentionSource.decodeSharedBytes(s, hb) <= AttentionSource.MAX_SHARED, s.toString());
+        }
+    }
+
+    @Test
+    void shapesTheKernelsCannotServeAreRefusedWithTheReason() {
+        KvFormat f16 = KvFormat.parse("f16");
+        IllegalArgumentException head = assertThrows(IllegalArgumentException.class,
+                () -> new AttentionShape(new KvGeometry(1, 8, 96, 96), 32, f16, f16, 64));
+        assertTrue(head.getMessage().contains("head sizes 64, 128 and 256, got 96"), head.getMessage());
+        IllegalArgumentException page = assertThrows(IllegalArgumentException.class,
+                () -> new AttentionShape(new KvGeometry(1, 8, 128, 128), 32, f16, f16, 12));
+        assertTrue(page.getMessage().contains("multiple of 8 tokens"), page.getMessage());
+        IllegalArgumentException heads = assertThrows(IllegalArgumentException.class,
+                () -> new AttentionShape(new KvGeometry(1, 8, 128, 128), 12, f16, f16, 64));
+        assertTrue(heads.getMessage().contains("multiple of the 8 kv heads"), heads.getMessage());
+        IllegalArgumentException split = assertThrows(IllegalArgumentException.class,
+                () -> new AttentionPlan(1, 1, 100, 24, 0));
+        assertTrue(split.getMessage().contains("16-token tiles"), split.getMessage());
+    }
+
+    private static AttentionShape shape(String format, int kvHeads, int d) {
+        KvFormat f = KvFormat.parse(format);
+        return new AttentionShape(new KvGeometry(1, kvHeads, d, d), 4 * kvHeads, f, f, 64);
+    }
+}

@@ -1,0 +1,143 @@
+package dev.kvant.cuda.attention;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.fail;
+
+import dev.kvant.cuda.CudaContext;
+import dev.kvant.cuda.DeviceBuffer;
+import dev.kvant.cuda.KernelCache;
+import dev.kvant.kv.KvCache;
+import dev.kvant.kv.KvFormat;
+import dev.kvant.kv.KvGeometry;
+import dev.kvant.kv.KvSequence;
+import java.lang.foreign.ValueLayout;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.SplittableRandom;
+import java.util.stream.Stream;
+import org.junit.jupiter.api.Tag;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.Arguments;
+import org.junit.jupiter.params.provider.MethodSource;
+
+/** Quantize-on-write on the device against the CPU encoder: the same bytes, in the same slots of the same pages. */
+@Tag("gpu")
+class KvWriteGpuTest {
+    static final int KV_HEADS = 8;
+    static final int PAGE_TOKENS = 16;
+    static final int PAGES = 8;
+
+    static Stream<Arguments> formatsAndHeadSizes() {
+        List<Arguments> all = new ArrayList<>();
+        for (int d : new int[] {64, 128, 256}) {
+            for (KvFormat f : KvFormat.all()) {
+                all.add(Arguments.of(f.name(), d));
+            }
+        }
+        return all.stream();
+    }
+
+    /**
+     * Two sequences with interleaved pages (37 and 21 tokens, rows from 1e-3 to 1e3 in scale, some with outlier
+     * channels) plus one token whose slot is -1, written by the CPU into a host cache and by the device into a
+     * poisoned device cache: every written row must be byte-identical, pages nobody wrote must keep their poison,
+     * and a second device run must give the same bytes.
+     */
+    @ParameterizedTest(name = "{0} head {1}")
+    @MethodSource("formatsAndHeadSizes")
+    void deviceEncoderWritesTheCpuEncodersBytes(String formatName, int d) {
+        CudaContext context = AttentionGpuFixture.context();
+        KernelCache cache = AttentionGpuFixture.cache();
+        KvFormat f = KvFormat.parse(formatName);
+        long seed = AttentionGpuFixture.seed("deviceEncoderWritesTheCpuEncodersBytes " + formatName + " " + d);
+        SplittableRandom r = new SplittableRandom(seed);
+        KvGeometry g = new KvGeometry(1, KV_HEADS, d, d);
+        int[] lens = {37, 21};
+        int tokens = lens[0] + lens[1];
+        float[] k = rows(r, tokens + 1, d);
+        float[] v = rows(r, tokens + 1, d);
+        try (KvCache host = new KvCache(g, f, f, PAGE_TOKENS, PAGES)) {
+            KvSequence a = host.newSequence();
+            KvSequence b = host.newSequence();
+            a.reserve(16);
+            b.reserve(16);
+            a.reserve(lens[0]);
+            b.reserve(lens[1]);
+            a.writeRows(0, 0, lens[0], k, 0, v, 0);
+            b.writeRows(0, 0, lens[1], k, lens[0] * KV_HEADS * d, v, lens[0] * KV_HEADS * d);
+            int[] slots = new int[tokens + 1];
+            for (int t = 0; t < tokens; t++) {
+                KvSequence s = t < lens[0] ? a : b;
+                int pos = t < lens[0] ? t : t - lens[0];
+                slots[t] = s.page(pos / PAGE_TOKENS) * PAGE_TOKENS + pos % PAGE_TOKENS;
+            }
+            slots[tokens] = -1;
+            AttentionShape shape = AttentionShape.of(host, 4 * KV_HEADS);
+            byte[][] first = null;
+            for (int run = 0; run < 2; run++) {
+                try (CudaKvCache dev = CudaKvCache.allocate(context, g, f, f, PAGE_TOKENS, PAGES);
+                     CudaAttention attention = CudaAttention.create(context, cache, shape, AttentionPlan.of(1, 1, 64, 0));
+                     DeviceBuffer kd = AttentionGpuFixture.upload(context, k);
+                     DeviceBuffer vd = AttentionGpuFixture.upload(context, v);
+                     DeviceBuffer sd = AttentionGpuFixture.upload(context, slots)) {
+                    dev.kPool(0).fillBytes((byte) 0xA5);
+                    dev.vPool(0).fillBytes((byte) 0xA5);
+                    attention.quantizeRows(dev, 0, kd, vd, sd, tokens + 1, context.defaultStream());
+                    context.synchronize();
+                    byte[] kBytes = AttentionGpuFixture.downloadBytes(dev.kPool(0));
+                    byte[] vBytes = AttentionGpuFixture.downloadBytes(dev.vPool(0));
+                    compare("K", host.kPool(0).toArray(ValueLayout.JAVA_BYTE), kBytes, host, a, b, lens,
+                            host.kRowBytes(), host.kPageBytes(), seed);
+                    compare("V", host.vPool(0).toArray(ValueLayout.JAVA_BYTE), vBytes, host, a, b, lens,
+                            host.vRowBytes(), host.vPageBytes(), seed);
+                    int unused = PAGES - 1;
+                    assertEquals((byte) 0xA5, kBytes[(int) (unused * host.kPageBytes())],
+                            "page " + unused + " was written though no slot points there; seed " + seed);
+                    if (first == null) {
+                        first = new byte[][] {kBytes, vBytes};
+                    } else {
+                        assertArrayEquals(first[0], kBytes, "K bytes differ between two runs; seed " + seed);
+                        assertArrayEquals(first[1], vBytes, "V bytes differ between two runs; seed " + seed);
+                    }
+                }
+            }
+        }
+    }
+
+    private static float[] rows(SplittableRandom r, int tokens, int d) {
+        float[] x = AttentionGpuFixture.gaussianRows(r, tokens * KV_HEADS, d, 1.0, 5);
+        for (int row = 0; row < tokens * KV_HEADS; row++) {
+            float scale = (float) Math.pow(10, r.nextDouble(-3, 3));
+            for (int i = 0; i < d; i++) {
+                x[row * d + i] *= scale;
+            }
+        }
+        return x;
+    }
+
+    private static void compare(String what, byte[] expected, byte[] actual, KvCache host, KvSequence a, KvSequence b,
+                                int[] lens, long rowBytes, long pageBytes, long seed) {
+        KvSequence[] seqs = {a, b};
+        for (int s = 0; s < 2; s++) {
+            for (int pos = 0; pos < lens[s]; pos++) {
+                int page = seqs[s].page(pos / PAGE_TOKENS);
+                for (int h = 0; h < KV_HEADS; h++) {
+                    long off = page * pageBytes + ((long) (pos % PAGE_TOKENS) * KV_HEADS + h) * rowBytes;
+                    for (int i = 0; i < rowBytes; i++) {
+                        if (expected[(int) (off + i)] != actual[(int) (off + i)]) {
+                            fail(what + " row of sequence " + s + " position " + pos + " head " + h + " ("
+                                    + host.kFormat().name() + ", head " + host.geometry().headDimK() + "): byte " + i
+                                    + " of " + rowBytes + " is " + hex(actual[(int) (off + i)]) + ", the CPU wrote "
+                                    + hex(expected[(int) (off + i)]) + "; seed " + seed);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    private static String hex(byte b) {
+        return String.format("0x%02x", b & 0xFF);
+    }
+}
