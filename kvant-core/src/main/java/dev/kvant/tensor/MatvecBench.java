@@ -19,7 +19,7 @@ import jdk.incubator.vector.VectorSpecies;
  *
  * <pre>
  * java --add-modules jdk.incubator.vector --enable-native-access=ALL-UNNAMED -cp kvant-core/target/classes \
- *     dev.kvant.tensor.MatvecBench [threads,...] [matrix MiB] [matvec|matmul|all]
+ *     dev.kvant.tensor.MatvecBench [threads,...] [matrix MiB] [small|matvec|matmul|all]
  * </pre>
  *
  * <ul>
@@ -65,20 +65,14 @@ public final class MatvecBench {
     }
 
     /**
-     * Runs the measurements at {@code threads} threads: {@code parts} is "matvec", "matmul" or "all". Prints each
-     * line as it comes when {@code print}.
+     * Runs the measurements at {@code threads} threads: {@code parts} is "small" (pool overhead and decode-sized
+     * matvecs), "matvec" (those and streaming matvecs), "matmul", or "all". Prints each line as it comes when
+     * {@code print}.
      */
     public static List<Result> run(int threads, long matrixBytes, String parts, boolean print) {
         List<Result> results = new ArrayList<>();
         try (Parallel pool = new Parallel(threads); Arena arena = Arena.ofShared()) {
-            MemorySegment big = arena.allocate(matrixBytes, 64);
-            MemorySegment copyBuffers = arena.allocate(COPY_BYTES * 2, 64);
-            fill(big);
-            fill(copyBuffers);
-            Runnable copy = copier(copyBuffers, pool);
-            double copyRate = 2.0 * COPY_BYTES / median(copy) / 1e9;
-            add(results, print, new Result("copy (read+write)", copyRate, "GB/s"));
-            add(results, print, new Result("read (streaming sum)", readBandwidth(big, pool), "GB/s"));
+            boolean streaming = parts.equals("all") || parts.equals("matvec");
             if (!parts.equals("matmul")) {
                 add(results, print, new Result("pool forEach, 8 empty tasks", forEachMicros(pool), "us/call"));
                 for (GgmlType type : new GgmlType[]{GgmlType.Q8_0, GgmlType.Q4_K}) {
@@ -86,12 +80,22 @@ public final class MatvecBench {
                             smallMatvecMicros(type, pool, arena), "us/call"));
                 }
             }
-            for (GgmlType type : parts.equals("matmul") ? new GgmlType[0] : MATVEC_TYPES) {
-                double[] rateAndRatio = matvecBandwidth(type, big, pool, copy);
-                add(results, print, new Result("matvec " + type, rateAndRatio[0], "GB/s"));
-                add(results, print, new Result("matvec " + type + " / copy", rateAndRatio[1], "x"));
+            if (streaming) {
+                MemorySegment big = arena.allocate(matrixBytes, 64);
+                MemorySegment copyBuffers = arena.allocate(COPY_BYTES * 2, 64);
+                fill(big);
+                fill(copyBuffers);
+                Runnable copy = copier(copyBuffers, pool);
+                double copyRate = 2.0 * COPY_BYTES / median(copy) / 1e9;
+                add(results, print, new Result("copy (read+write)", copyRate, "GB/s"));
+                add(results, print, new Result("read (streaming sum)", readBandwidth(big, pool), "GB/s"));
+                for (GgmlType type : MATVEC_TYPES) {
+                    double[] rateAndRatio = matvecBandwidth(type, big, pool, copy);
+                    add(results, print, new Result("matvec " + type, rateAndRatio[0], "GB/s"));
+                    add(results, print, new Result("matvec " + type + " / copy", rateAndRatio[1], "x"));
+                }
             }
-            for (int[] shape : parts.equals("matvec") ? new int[0][] : MATMUL_SHAPES) {
+            for (int[] shape : parts.equals("all") || parts.equals("matmul") ? MATMUL_SHAPES : new int[0][]) {
                 for (GgmlType type : MATMUL_TYPES) {
                     add(results, print, new Result("matmul " + type + " " + shape[0] + "x" + shape[1] + " n=512",
                             matmulGflops(type, shape[0], shape[1], 512, pool, arena), "GFLOP/s"));
