@@ -4,6 +4,8 @@ import dev.kvant.gguf.GgmlType;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;
+import java.lang.management.ManagementFactory;
+import java.lang.management.ThreadMXBean;
 import java.nio.ByteOrder;
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -78,6 +80,12 @@ public final class MatvecBench {
                 for (GgmlType type : new GgmlType[]{GgmlType.Q8_0, GgmlType.Q4_K}) {
                     add(results, print, new Result("matvec " + type + " 512x512 (decode-sized)",
                             smallMatvecMicros(type, pool, arena), "us/call"));
+                }
+                if (threads == 1) {
+                    for (GgmlType type : MATVEC_TYPES) {
+                        add(results, print, new Result("in-cache matvec " + type + ", per CPU second",
+                                inCacheGigaValues(type, arena), "G values"));
+                    }
                 }
             }
             if (streaming) {
@@ -231,6 +239,36 @@ public final class MatvecBench {
             }
         });
         return seconds / calls * 1e6;
+    }
+
+    /**
+     * Values per second of the calling thread's CPU time, for matvecs of a 256 x 4096 matrix that stays in L2:
+     * the kernels' own speed, which neither memory bandwidth nor (much) a busy neighbour moves. Best of ten.
+     */
+    private static double inCacheGigaValues(GgmlType type, Arena arena) {
+        WeightFormat f = WeightFormat.of(type);
+        int rows = 256;
+        int cols = MATVEC_COLS;
+        MemorySegment data = arena.allocate(f.bytesFor(cols) * rows, 64);
+        float[] values = gaussian(rows * cols, 8);
+        for (int r = 0; r < rows; r++) {
+            f.quantize(values, r * cols, cols, data, r * f.bytesFor(cols));
+        }
+        WeightMatrix m = new WeightMatrix("bench.cache." + type, f, data, rows, cols);
+        float[] x = gaussian(cols, 9);
+        float[] out = new float[rows];
+        ThreadMXBean cpu = ManagementFactory.getThreadMXBean();
+        int calls = 300;
+        double best = 0;
+        for (int rep = 0; rep < REPS + 3; rep++) {
+            long start = cpu.getCurrentThreadCpuTime();
+            for (int i = 0; i < calls; i++) {
+                m.matvec(x, out, Parallel.serial());
+            }
+            long end = cpu.getCurrentThreadCpuTime();
+            best = Math.max(best, (double) rows * cols * calls / (end - start));
+        }
+        return best;
     }
 
     private static double matmulGflops(GgmlType type, int rows, int cols, int n, Parallel pool, Arena arena) {
