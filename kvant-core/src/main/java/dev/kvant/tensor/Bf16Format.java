@@ -39,13 +39,14 @@ final class Bf16Format implements WeightFormat, FusedRows {
     /** A bfloat16 is the top half of a float: widen to int and shift into place. */
     @Override
     public void decode(long address, float[] dst, int o, int n) {
+        MemorySegment row = ALL.asSlice(address, 2L * n);
         int i = 0;
         for (; i + L <= n; i += L) {
-            ((IntVector) ShortVector.fromMemorySegment(S, ALL, address + 2L * i, LE).convertShape(S2I, I, 0))
+            ((IntVector) ShortVector.fromMemorySegment(S, row, 2L * i, LE).convertShape(S2I, I, 0))
                     .lanewise(LSHL, 16).reinterpretAsFloats().intoArray(dst, o + i);
         }
         for (; i < n; i++) {
-            dst[o + i] = Float.intBitsToFloat(ALL.get(SHORT_LE, address + 2L * i) << 16);
+            dst[o + i] = Float.intBitsToFloat(row.get(SHORT_LE, 2L * i) << 16);
         }
     }
 

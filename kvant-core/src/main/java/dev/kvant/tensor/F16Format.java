@@ -15,10 +15,11 @@ import jdk.incubator.vector.FloatVector;
  * IEEE binary16, little-endian.
  *
  * <p>The Vector API (JDK 25) has no half-to-float conversion, but C2 vectorizes a plain loop of
- * {@link Float#float16ToFloat} into the hardware conversion (vcvtph2ps): about 29 G values/s on one Zen 5 core
- * (thread CPU time, L2-resident input), several times what the bit arithmetic costs in vector lanes. So the
- * kernels decode {@link #CHUNK} values of each row into scratch with such a loop, then multiply from there. A
- * row's partial last chunk of L lanes is padded with zeros, as in every kernel.
+ * {@link Float#float16ToFloat} into the hardware conversion (vcvtph2ps): about 29 G values/s on one core of the
+ * 2-core Zen 5 development VM (a throwaway loop timed by thread CPU time, input in L2), several times what the
+ * bit arithmetic costs in vector lanes. So the kernels decode {@link #CHUNK} values of each row into scratch with
+ * such a loop, then multiply from there. A row's partial last chunk of L lanes is padded with zeros, as in every
+ * kernel.
  */
 final class F16Format implements WeightFormat, FusedRows {
     static final F16Format INSTANCE = new F16Format();
@@ -38,8 +39,9 @@ final class F16Format implements WeightFormat, FusedRows {
     /** Kept a plain counted loop, so that C2 vectorizes it. */
     @Override
     public void decode(long address, float[] dst, int o, int n) {
+        MemorySegment row = ALL.asSlice(address, 2L * n);
         for (int i = 0; i < n; i++) {
-            dst[o + i] = Float.float16ToFloat(ALL.get(SHORT_LE, address + 2L * i));
+            dst[o + i] = Float.float16ToFloat(row.get(SHORT_LE, 2L * i));
         }
     }
 

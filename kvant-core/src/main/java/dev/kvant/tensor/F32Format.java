@@ -35,10 +35,10 @@ final class F32Format implements WeightFormat, FusedRows {
     @Override
     public float dot1(long address, float[] x, int xOffset, int n) {
         FloatVector acc = FloatVector.zero(F);
+        MemorySegment row = ALL.asSlice(address, 4L * n);
         int full = n - n % L;
         for (int k = 0; k < full; k += L) {
-            acc = FloatVector.fromMemorySegment(F, ALL, address + 4L * k, LE)
-                    .fma(FloatVector.fromArray(F, x, xOffset + k), acc);
+            acc = FloatVector.fromMemorySegment(F, row, 4L * k, LE).fma(FloatVector.fromArray(F, x, xOffset + k), acc);
         }
         if (full < n) {
             float[] wt = new float[L];
@@ -55,15 +55,16 @@ final class F32Format implements WeightFormat, FusedRows {
     public void dot4(long address, long rowBytes, float[] x, int xOffset, int n, float[] out, int outOffset,
                      float[] t) {
         FloatVector a0 = FloatVector.zero(F), a1 = a0, a2 = a0, a3 = a0;
-        long p0 = address, p1 = p0 + rowBytes, p2 = p1 + rowBytes, p3 = p2 + rowBytes;
+        MemorySegment rows = ALL.asSlice(address, 3 * rowBytes + 4L * n);
+        long p1 = rowBytes, p2 = 2 * rowBytes, p3 = 3 * rowBytes;
         int full = n - n % L;
         for (int k = 0; k < full; k += L) {
             FloatVector xv = FloatVector.fromArray(F, x, xOffset + k);
             long at = 4L * k;
-            a0 = FloatVector.fromMemorySegment(F, ALL, p0 + at, LE).fma(xv, a0);
-            a1 = FloatVector.fromMemorySegment(F, ALL, p1 + at, LE).fma(xv, a1);
-            a2 = FloatVector.fromMemorySegment(F, ALL, p2 + at, LE).fma(xv, a2);
-            a3 = FloatVector.fromMemorySegment(F, ALL, p3 + at, LE).fma(xv, a3);
+            a0 = FloatVector.fromMemorySegment(F, rows, at, LE).fma(xv, a0);
+            a1 = FloatVector.fromMemorySegment(F, rows, p1 + at, LE).fma(xv, a1);
+            a2 = FloatVector.fromMemorySegment(F, rows, p2 + at, LE).fma(xv, a2);
+            a3 = FloatVector.fromMemorySegment(F, rows, p3 + at, LE).fma(xv, a3);
         }
         if (full < n) {
             int rest = n - full;

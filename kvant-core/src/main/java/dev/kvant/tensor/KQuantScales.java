@@ -8,6 +8,7 @@ import jdk.incubator.vector.FloatVector;
 import jdk.incubator.vector.IntVector;
 import jdk.incubator.vector.VectorMask;
 import jdk.incubator.vector.VectorOperators;
+import jdk.incubator.vector.VectorShuffle;
 
 /**
  * The 12-byte block of Q4_K and Q5_K that packs eight 6-bit sub-block scales and eight 6-bit mins, and the search
@@ -92,31 +93,29 @@ final class KQuantScales {
             return;
         }
         MemorySegment w = RawMemory.ALL;
-        {
-            float d = Float.float16ToFloat(w.get(SHORT_LE, p));
-            float dmin = Float.float16ToFloat(w.get(SHORT_LE, p + 2));
-            IntVector b = ByteVector.fromMemorySegment(ByteVector.SPECIES_128, w, p + 4, ByteOrder.LITTLE_ENDIAN)
-                    .reinterpretAsInts();
-            // Low bits of each value: [b0-3 & 63, b4-7 & 63, b8-11 & 15, (b8-11 >> 4) & 15].
-            IntVector low = b.rearrange(LOW_SOURCE).lanewise(VectorOperators.LSHR, LOW_SHIFT).and(LOW_MASK);
-            // Top two bits of values 4-7: from the top of b0-3 (scales) and b4-7 (mins), moved to bits 4-5.
-            IntVector top = b.rearrange(TOP_SOURCE).lanewise(VectorOperators.LSHR, 2).and(TOP_MASK);
-            IntVector packed = low.or(top);
-            FloatVector values = (FloatVector) ((IntVector) packed.reinterpretAsBytes()
-                    .convertShape(VectorOperators.ZERO_EXTEND_B2I, IntVector.SPECIES_512, 0))
-                    .convert(VectorOperators.I2F, 0);
-            values.mul(FloatVector.broadcast(FloatVector.SPECIES_512, d).blend(-dmin, MIN_LANES))
-                    .intoArray(dst, o);
-        }
+        float d = Float.float16ToFloat(w.get(SHORT_LE, p));
+        float dmin = Float.float16ToFloat(w.get(SHORT_LE, p + 2));
+        IntVector b = ByteVector.fromMemorySegment(ByteVector.SPECIES_128, w, p + 4, ByteOrder.LITTLE_ENDIAN)
+                .reinterpretAsInts();
+        // Low bits of each value: [b0-3 & 63, b4-7 & 63, b8-11 & 15, (b8-11 >> 4) & 15].
+        IntVector low = b.rearrange(LOW_SOURCE).lanewise(VectorOperators.LSHR, LOW_SHIFT).and(LOW_MASK);
+        // Top two bits of values 4-7: from the top of b0-3 (scales) and b4-7 (mins), moved to bits 4-5.
+        IntVector top = b.rearrange(TOP_SOURCE).lanewise(VectorOperators.LSHR, 2).and(TOP_MASK);
+        IntVector packed = low.or(top);
+        FloatVector values = (FloatVector) ((IntVector) packed.reinterpretAsBytes()
+                .convertShape(VectorOperators.ZERO_EXTEND_B2I, IntVector.SPECIES_512, 0))
+                .convert(VectorOperators.I2F, 0);
+        values.mul(FloatVector.broadcast(FloatVector.SPECIES_512, d).blend(-dmin, MIN_LANES))
+                .intoArray(dst, o);
     }
 
-    private static final jdk.incubator.vector.VectorShuffle<Integer> LOW_SOURCE =
-            jdk.incubator.vector.VectorShuffle.fromValues(IntVector.SPECIES_128, 0, 1, 2, 2);
+    private static final VectorShuffle<Integer> LOW_SOURCE =
+            VectorShuffle.fromValues(IntVector.SPECIES_128, 0, 1, 2, 2);
     private static final IntVector LOW_SHIFT = IntVector.fromArray(IntVector.SPECIES_128, new int[]{0, 0, 0, 4}, 0);
     private static final IntVector LOW_MASK = IntVector.fromArray(IntVector.SPECIES_128,
             new int[]{0x3f3f3f3f, 0x3f3f3f3f, 0x0f0f0f0f, 0x0f0f0f0f}, 0);
-    private static final jdk.incubator.vector.VectorShuffle<Integer> TOP_SOURCE =
-            jdk.incubator.vector.VectorShuffle.fromValues(IntVector.SPECIES_128, 0, 1, 0, 1);
+    private static final VectorShuffle<Integer> TOP_SOURCE =
+            VectorShuffle.fromValues(IntVector.SPECIES_128, 0, 1, 0, 1);
     private static final IntVector TOP_MASK = IntVector.fromArray(IntVector.SPECIES_128,
             new int[]{0, 0, 0x30303030, 0x30303030}, 0);
     private static final VectorMask<Float> MIN_LANES =

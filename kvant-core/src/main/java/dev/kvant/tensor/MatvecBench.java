@@ -4,6 +4,8 @@ import dev.kvant.gguf.GgmlType;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;
+import java.lang.management.ManagementFactory;
+import java.lang.management.ThreadMXBean;
 import java.nio.ByteOrder;
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -19,7 +21,7 @@ import jdk.incubator.vector.VectorSpecies;
  *
  * <pre>
  * java --add-modules jdk.incubator.vector --enable-native-access=ALL-UNNAMED -cp kvant-core/target/classes \
- *     dev.kvant.tensor.MatvecBench [threads,...] [matrix MiB] [matvec|matmul|all]
+ *     dev.kvant.tensor.MatvecBench [threads,...] [matrix MiB] [small|matvec|matmul|all]
  * </pre>
  *
  * <ul>
@@ -65,33 +67,43 @@ public final class MatvecBench {
     }
 
     /**
-     * Runs the measurements at {@code threads} threads: {@code parts} is "matvec", "matmul" or "all". Prints each
-     * line as it comes when {@code print}.
+     * Runs the measurements at {@code threads} threads: {@code parts} is "small" (pool overhead and decode-sized
+     * matvecs), "matvec" (those and streaming matvecs), "matmul", or "all". Prints each line as it comes when
+     * {@code print}.
      */
     public static List<Result> run(int threads, long matrixBytes, String parts, boolean print) {
         List<Result> results = new ArrayList<>();
         try (Parallel pool = new Parallel(threads); Arena arena = Arena.ofShared()) {
-            MemorySegment big = arena.allocate(matrixBytes, 64);
-            MemorySegment copyBuffers = arena.allocate(COPY_BYTES * 2, 64);
-            fill(big);
-            fill(copyBuffers);
-            Runnable copy = copier(copyBuffers, pool);
-            double copyRate = 2.0 * COPY_BYTES / median(copy) / 1e9;
-            add(results, print, new Result("copy (read+write)", copyRate, "GB/s"));
-            add(results, print, new Result("read (streaming sum)", readBandwidth(big, pool), "GB/s"));
+            boolean streaming = parts.equals("all") || parts.equals("matvec");
             if (!parts.equals("matmul")) {
                 add(results, print, new Result("pool forEach, 8 empty tasks", forEachMicros(pool), "us/call"));
                 for (GgmlType type : new GgmlType[]{GgmlType.Q8_0, GgmlType.Q4_K}) {
                     add(results, print, new Result("matvec " + type + " 512x512 (decode-sized)",
                             smallMatvecMicros(type, pool, arena), "us/call"));
                 }
+                if (threads == 1) {
+                    for (GgmlType type : MATVEC_TYPES) {
+                        add(results, print, new Result("in-cache matvec " + type + ", per CPU second",
+                                inCacheGigaValues(type, arena), "G values"));
+                    }
+                }
             }
-            for (GgmlType type : parts.equals("matmul") ? new GgmlType[0] : MATVEC_TYPES) {
-                double[] rateAndRatio = matvecBandwidth(type, big, pool, copy);
-                add(results, print, new Result("matvec " + type, rateAndRatio[0], "GB/s"));
-                add(results, print, new Result("matvec " + type + " / copy", rateAndRatio[1], "x"));
+            if (streaming) {
+                MemorySegment big = arena.allocate(matrixBytes, 64);
+                MemorySegment copyBuffers = arena.allocate(COPY_BYTES * 2, 64);
+                fill(big);
+                fill(copyBuffers);
+                Runnable copy = copier(copyBuffers, pool);
+                double copyRate = 2.0 * COPY_BYTES / median(copy) / 1e9;
+                add(results, print, new Result("copy (read+write)", copyRate, "GB/s"));
+                add(results, print, new Result("read (streaming sum)", readBandwidth(big, pool), "GB/s"));
+                for (GgmlType type : MATVEC_TYPES) {
+                    double[] rateAndRatio = matvecBandwidth(type, big, pool, copy);
+                    add(results, print, new Result("matvec " + type, rateAndRatio[0], "GB/s"));
+                    add(results, print, new Result("matvec " + type + " / copy", rateAndRatio[1], "x"));
+                }
             }
-            for (int[] shape : parts.equals("matvec") ? new int[0][] : MATMUL_SHAPES) {
+            for (int[] shape : parts.equals("all") || parts.equals("matmul") ? MATMUL_SHAPES : new int[0][]) {
                 for (GgmlType type : MATMUL_TYPES) {
                     add(results, print, new Result("matmul " + type + " " + shape[0] + "x" + shape[1] + " n=512",
                             matmulGflops(type, shape[0], shape[1], 512, pool, arena), "GFLOP/s"));
@@ -227,6 +239,36 @@ public final class MatvecBench {
             }
         });
         return seconds / calls * 1e6;
+    }
+
+    /**
+     * Values per second of the calling thread's CPU time, for matvecs of a 256 x 4096 matrix that stays in L2:
+     * the kernels' own speed, which neither memory bandwidth nor (much) a busy neighbour moves. Best of ten.
+     */
+    private static double inCacheGigaValues(GgmlType type, Arena arena) {
+        WeightFormat f = WeightFormat.of(type);
+        int rows = 256;
+        int cols = MATVEC_COLS;
+        MemorySegment data = arena.allocate(f.bytesFor(cols) * rows, 64);
+        float[] values = gaussian(rows * cols, 8);
+        for (int r = 0; r < rows; r++) {
+            f.quantize(values, r * cols, cols, data, r * f.bytesFor(cols));
+        }
+        WeightMatrix m = new WeightMatrix("bench.cache." + type, f, data, rows, cols);
+        float[] x = gaussian(cols, 9);
+        float[] out = new float[rows];
+        ThreadMXBean cpu = ManagementFactory.getThreadMXBean();
+        int calls = 300;
+        double best = 0;
+        for (int rep = 0; rep < REPS + 3; rep++) {
+            long start = cpu.getCurrentThreadCpuTime();
+            for (int i = 0; i < calls; i++) {
+                m.matvec(x, out, Parallel.serial());
+            }
+            long end = cpu.getCurrentThreadCpuTime();
+            best = Math.max(best, (double) rows * cols * calls / (end - start));
+        }
+        return best;
     }
 
     private static double matmulGflops(GgmlType type, int rows, int cols, int n, Parallel pool, Arena arena) {

@@ -47,49 +47,47 @@ final class Q4_0Format implements WeightFormat, FusedRows {
         return CHUNK_ORDER;
     }
 
-    private static float scale(long block) {
-        return Float.float16ToFloat(ALL.get(SHORT_LE, block));
+    private static float scale(MemorySegment rows, long block) {
+        return Float.float16ToFloat(rows.get(SHORT_LE, block));
     }
 
     @Override
     public void decode(long address, float[] dst, int o, int n) {
-        IntVector ta = IntVector.zero(I), tb = ta;
-        for (int c = 0; c < n / QK * RUNS; c++) {
-            int block = c / RUNS;
-            int h = c % RUNS * L;
-            long p = address + (long) block * BYTES;
-            if (h == 0) {
-                float d = scale(p);
-                ta = Lanes.TABLE_LOW.fma(d, -8 * d).reinterpretAsInts();
-                tb = Lanes.TABLE_HIGH.fma(d, -8 * d).reinterpretAsInts();
+        MemorySegment row = ALL.asSlice(address, bytesFor(n));
+        for (int b = 0; b < n / QK; b++) {
+            long p = (long) b * BYTES;
+            float d = scale(row, p);
+            IntVector ta = Lanes.TABLE_LOW.fma(d, -8 * d).reinterpretAsInts();
+            IntVector tb = Lanes.TABLE_HIGH.fma(d, -8 * d).reinterpretAsInts();
+            for (int run = 0; run < RUNS; run++) {
+                int h = run * L;
+                IntVector q = (IntVector) ByteVector.fromMemorySegment(B, row, p + 2 + h, LE)
+                        .convertShape(ZERO_EXTEND_B2I, I, 0);
+                int at = o + b * QK + h;
+                q.selectFrom(ta, tb).reinterpretAsFloats().intoArray(dst, at);
+                q.lanewise(LSHR, 4).selectFrom(ta, tb).reinterpretAsFloats().intoArray(dst, at + 16);
             }
-            IntVector q = (IntVector) ByteVector.fromMemorySegment(B, ALL, p + 2 + h, LE)
-                    .convertShape(ZERO_EXTEND_B2I, I, 0);
-            int at = o + block * QK + h;
-            q.selectFrom(ta, tb).reinterpretAsFloats().intoArray(dst, at);
-            q.lanewise(LSHR, 4).selectFrom(ta, tb).reinterpretAsFloats().intoArray(dst, at + 16);
         }
     }
 
     @Override
     public float dot1(long address, float[] x, int xOffset, int n) {
+        MemorySegment row = ALL.asSlice(address, bytesFor(n));
         FloatVector acc = FloatVector.zero(F);
-        IntVector ta = IntVector.zero(I), tb = ta;
-        for (int c = 0; c < n / QK * RUNS; c++) {
-            int block = c / RUNS;
-            int h = c % RUNS * L;
-            long p = address + (long) block * BYTES;
-            if (h == 0) {
-                float d = scale(p);
-                ta = Lanes.TABLE_LOW.fma(d, -8 * d).reinterpretAsInts();
-                tb = Lanes.TABLE_HIGH.fma(d, -8 * d).reinterpretAsInts();
+        for (int b = 0; b < n / QK; b++) {
+            long p = (long) b * BYTES;
+            float d = scale(row, p);
+            IntVector ta = Lanes.TABLE_LOW.fma(d, -8 * d).reinterpretAsInts();
+            IntVector tb = Lanes.TABLE_HIGH.fma(d, -8 * d).reinterpretAsInts();
+            for (int run = 0; run < RUNS; run++) {
+                int h = run * L;
+                IntVector q = (IntVector) ByteVector.fromMemorySegment(B, row, p + 2 + h, LE)
+                        .convertShape(ZERO_EXTEND_B2I, I, 0);
+                int xk = xOffset + b * QK + h;
+                acc = q.selectFrom(ta, tb).reinterpretAsFloats().fma(FloatVector.fromArray(F, x, xk), acc);
+                acc = q.lanewise(LSHR, 4).selectFrom(ta, tb).reinterpretAsFloats()
+                        .fma(FloatVector.fromArray(F, x, xk + 16), acc);
             }
-            IntVector q = (IntVector) ByteVector.fromMemorySegment(B, ALL, p + 2 + h, LE)
-                    .convertShape(ZERO_EXTEND_B2I, I, 0);
-            int xk = xOffset + block * QK + h;
-            acc = q.selectFrom(ta, tb).reinterpretAsFloats().fma(FloatVector.fromArray(F, x, xk), acc);
-            acc = q.lanewise(LSHR, 4).selectFrom(ta, tb).reinterpretAsFloats()
-                    .fma(FloatVector.fromArray(F, x, xk + 16), acc);
         }
         float[] t = new float[L];
         acc.intoArray(t, 0);
@@ -100,42 +98,44 @@ final class Q4_0Format implements WeightFormat, FusedRows {
     public void dot4(long address, long rowBytes, float[] x, int xOffset, int n, float[] out, int outOffset,
                      float[] t) {
         FloatVector a0 = FloatVector.zero(F), a1 = a0, a2 = a0, a3 = a0;
-        IntVector ta0 = IntVector.zero(I), tb0 = ta0, ta1 = ta0, tb1 = ta0, ta2 = ta0, tb2 = ta0, ta3 = ta0, tb3 = ta0;
-        for (int c = 0; c < n / QK * RUNS; c++) {
-            int block = c / RUNS;
-            int h = c % RUNS * L;
-            long p = address + (long) block * BYTES;
-            if (h == 0) {
-                float d0 = scale(p), d1 = scale(p + rowBytes), d2 = scale(p + 2 * rowBytes);
-                float d3 = scale(p + 3 * rowBytes);
-                ta0 = Lanes.TABLE_LOW.fma(d0, -8 * d0).reinterpretAsInts();
-                tb0 = Lanes.TABLE_HIGH.fma(d0, -8 * d0).reinterpretAsInts();
-                ta1 = Lanes.TABLE_LOW.fma(d1, -8 * d1).reinterpretAsInts();
-                tb1 = Lanes.TABLE_HIGH.fma(d1, -8 * d1).reinterpretAsInts();
-                ta2 = Lanes.TABLE_LOW.fma(d2, -8 * d2).reinterpretAsInts();
-                tb2 = Lanes.TABLE_HIGH.fma(d2, -8 * d2).reinterpretAsInts();
-                ta3 = Lanes.TABLE_LOW.fma(d3, -8 * d3).reinterpretAsInts();
-                tb3 = Lanes.TABLE_HIGH.fma(d3, -8 * d3).reinterpretAsInts();
+        // A slice with the rows' own bounds and offsets affine in the block counter: C2 proves every load in
+        // range before the loop (see Q8_0Format).
+        MemorySegment rows = ALL.asSlice(address, 3 * rowBytes + bytesFor(n));
+        for (int b = 0; b < n / QK; b++) {
+            long p = (long) b * BYTES;
+            float d0 = scale(rows, p), d1 = scale(rows, p + rowBytes), d2 = scale(rows, p + 2 * rowBytes);
+            float d3 = scale(rows, p + 3 * rowBytes);
+            IntVector ta0 = Lanes.TABLE_LOW.fma(d0, -8 * d0).reinterpretAsInts();
+            IntVector tb0 = Lanes.TABLE_HIGH.fma(d0, -8 * d0).reinterpretAsInts();
+            IntVector ta1 = Lanes.TABLE_LOW.fma(d1, -8 * d1).reinterpretAsInts();
+            IntVector tb1 = Lanes.TABLE_HIGH.fma(d1, -8 * d1).reinterpretAsInts();
+            IntVector ta2 = Lanes.TABLE_LOW.fma(d2, -8 * d2).reinterpretAsInts();
+            IntVector tb2 = Lanes.TABLE_HIGH.fma(d2, -8 * d2).reinterpretAsInts();
+            IntVector ta3 = Lanes.TABLE_LOW.fma(d3, -8 * d3).reinterpretAsInts();
+            IntVector tb3 = Lanes.TABLE_HIGH.fma(d3, -8 * d3).reinterpretAsInts();
+            for (int run = 0; run < RUNS; run++) {
+                int h = run * L;
+                long q = p + 2 + h;
+                int xk = xOffset + b * QK + h;
+                FloatVector xLo = FloatVector.fromArray(F, x, xk);
+                FloatVector xHi = FloatVector.fromArray(F, x, xk + 16);
+                IntVector q0 = (IntVector) ByteVector.fromMemorySegment(B, rows, q, LE)
+                        .convertShape(ZERO_EXTEND_B2I, I, 0);
+                IntVector q1 = (IntVector) ByteVector.fromMemorySegment(B, rows, q + rowBytes, LE)
+                        .convertShape(ZERO_EXTEND_B2I, I, 0);
+                IntVector q2 = (IntVector) ByteVector.fromMemorySegment(B, rows, q + 2 * rowBytes, LE)
+                        .convertShape(ZERO_EXTEND_B2I, I, 0);
+                IntVector q3 = (IntVector) ByteVector.fromMemorySegment(B, rows, q + 3 * rowBytes, LE)
+                        .convertShape(ZERO_EXTEND_B2I, I, 0);
+                a0 = q0.selectFrom(ta0, tb0).reinterpretAsFloats().fma(xLo, a0);
+                a1 = q1.selectFrom(ta1, tb1).reinterpretAsFloats().fma(xLo, a1);
+                a2 = q2.selectFrom(ta2, tb2).reinterpretAsFloats().fma(xLo, a2);
+                a3 = q3.selectFrom(ta3, tb3).reinterpretAsFloats().fma(xLo, a3);
+                a0 = q0.lanewise(LSHR, 4).selectFrom(ta0, tb0).reinterpretAsFloats().fma(xHi, a0);
+                a1 = q1.lanewise(LSHR, 4).selectFrom(ta1, tb1).reinterpretAsFloats().fma(xHi, a1);
+                a2 = q2.lanewise(LSHR, 4).selectFrom(ta2, tb2).reinterpretAsFloats().fma(xHi, a2);
+                a3 = q3.lanewise(LSHR, 4).selectFrom(ta3, tb3).reinterpretAsFloats().fma(xHi, a3);
             }
-            long q = p + 2 + h;
-            int xk = xOffset + block * QK + h;
-            FloatVector xLo = FloatVector.fromArray(F, x, xk);
-            FloatVector xHi = FloatVector.fromArray(F, x, xk + 16);
-            IntVector q0 = (IntVector) ByteVector.fromMemorySegment(B, ALL, q, LE).convertShape(ZERO_EXTEND_B2I, I, 0);
-            IntVector q1 = (IntVector) ByteVector.fromMemorySegment(B, ALL, q + rowBytes, LE)
-                    .convertShape(ZERO_EXTEND_B2I, I, 0);
-            IntVector q2 = (IntVector) ByteVector.fromMemorySegment(B, ALL, q + 2 * rowBytes, LE)
-                    .convertShape(ZERO_EXTEND_B2I, I, 0);
-            IntVector q3 = (IntVector) ByteVector.fromMemorySegment(B, ALL, q + 3 * rowBytes, LE)
-                    .convertShape(ZERO_EXTEND_B2I, I, 0);
-            a0 = q0.selectFrom(ta0, tb0).reinterpretAsFloats().fma(xLo, a0);
-            a1 = q1.selectFrom(ta1, tb1).reinterpretAsFloats().fma(xLo, a1);
-            a2 = q2.selectFrom(ta2, tb2).reinterpretAsFloats().fma(xLo, a2);
-            a3 = q3.selectFrom(ta3, tb3).reinterpretAsFloats().fma(xLo, a3);
-            a0 = q0.lanewise(LSHR, 4).selectFrom(ta0, tb0).reinterpretAsFloats().fma(xHi, a0);
-            a1 = q1.lanewise(LSHR, 4).selectFrom(ta1, tb1).reinterpretAsFloats().fma(xHi, a1);
-            a2 = q2.lanewise(LSHR, 4).selectFrom(ta2, tb2).reinterpretAsFloats().fma(xHi, a2);
-            a3 = q3.lanewise(LSHR, 4).selectFrom(ta3, tb3).reinterpretAsFloats().fma(xHi, a3);
         }
         a0.intoArray(t, 0);
         a1.intoArray(t, L);

@@ -34,37 +34,35 @@ final class Q8_0Format implements WeightFormat, FusedRows {
         return GgmlType.Q8_0;
     }
 
-    private static float scale(long block) {
-        return Float.float16ToFloat(ALL.get(SHORT_LE, block));
+    private static float scale(MemorySegment rows, long block) {
+        return Float.float16ToFloat(rows.get(SHORT_LE, block));
     }
 
     @Override
     public void decode(long address, float[] dst, int o, int n) {
-        float d = 0;
-        for (int c = 0; c < n / L; c++) {
-            long p = address + (long) (c / CPB) * BYTES;
-            int part = c % CPB;
-            if (part == 0) {
-                d = scale(p);
+        MemorySegment row = ALL.asSlice(address, bytesFor(n));
+        for (int b = 0; b < n / QK; b++) {
+            long p = (long) b * BYTES;
+            float d = scale(row, p);
+            for (int part = 0; part < CPB; part++) {
+                ((FloatVector) ByteVector.fromMemorySegment(B, row, p + 2 + part * L, LE).convertShape(B2F, F, 0))
+                        .mul(d).intoArray(dst, o + b * QK + part * L);
             }
-            ((FloatVector) ByteVector.fromMemorySegment(B, ALL, p + 2 + part * L, LE).convertShape(B2F, F, 0))
-                    .mul(d).intoArray(dst, o + c * L);
         }
     }
 
     @Override
     public float dot1(long address, float[] x, int xOffset, int n) {
+        MemorySegment row = ALL.asSlice(address, bytesFor(n));
         FloatVector acc = FloatVector.zero(F);
-        float d = 0;
-        for (int c = 0; c < n / L; c++) {
-            long p = address + (long) (c / CPB) * BYTES;
-            int part = c % CPB;
-            if (part == 0) {
-                d = scale(p);
+        for (int b = 0; b < n / QK; b++) {
+            long p = (long) b * BYTES;
+            float d = scale(row, p);
+            for (int part = 0; part < CPB; part++) {
+                FloatVector q = (FloatVector) ByteVector.fromMemorySegment(B, row, p + 2 + part * L, LE)
+                        .convertShape(B2F, F, 0);
+                acc = q.mul(d).fma(FloatVector.fromArray(F, x, xOffset + b * QK + part * L), acc);
             }
-            FloatVector q = (FloatVector) ByteVector.fromMemorySegment(B, ALL, p + 2 + part * L, LE)
-                    .convertShape(B2F, F, 0);
-            acc = q.mul(d).fma(FloatVector.fromArray(F, x, xOffset + c * L), acc);
         }
         float[] t = new float[L];
         acc.intoArray(t, 0);
@@ -75,29 +73,31 @@ final class Q8_0Format implements WeightFormat, FusedRows {
     public void dot4(long address, long rowBytes, float[] x, int xOffset, int n, float[] out, int outOffset,
                      float[] t) {
         FloatVector a0 = FloatVector.zero(F), a1 = a0, a2 = a0, a3 = a0;
-        float d0 = 0, d1 = 0, d2 = 0, d3 = 0;
-        for (int c = 0; c < n / L; c++) {
-            long p = address + (long) (c / CPB) * BYTES;
-            int part = c % CPB;
-            if (part == 0) {
-                d0 = scale(p);
-                d1 = scale(p + rowBytes);
-                d2 = scale(p + 2 * rowBytes);
-                d3 = scale(p + 3 * rowBytes);
+        // A slice with the rows' own bounds, offsets affine in the block counter: C2 then proves every load in
+        // range before the loop and checks none inside it (with absolute addresses into ALL, each load kept a
+        // compare and a branch, and streaming from memory ran at 0.6x the speed).
+        MemorySegment rows = ALL.asSlice(address, 3 * rowBytes + bytesFor(n));
+        for (int b = 0; b < n / QK; b++) {
+            long p = (long) b * BYTES;
+            FloatVector d0 = FloatVector.broadcast(F, scale(rows, p));
+            FloatVector d1 = FloatVector.broadcast(F, scale(rows, p + rowBytes));
+            FloatVector d2 = FloatVector.broadcast(F, scale(rows, p + 2 * rowBytes));
+            FloatVector d3 = FloatVector.broadcast(F, scale(rows, p + 3 * rowBytes));
+            for (int part = 0; part < CPB; part++) {
+                long q = p + 2 + part * L;
+                FloatVector xv = FloatVector.fromArray(F, x, xOffset + b * QK + part * L);
+                FloatVector q0 = (FloatVector) ByteVector.fromMemorySegment(B, rows, q, LE).convertShape(B2F, F, 0);
+                FloatVector q1 = (FloatVector) ByteVector.fromMemorySegment(B, rows, q + rowBytes, LE)
+                        .convertShape(B2F, F, 0);
+                FloatVector q2 = (FloatVector) ByteVector.fromMemorySegment(B, rows, q + 2 * rowBytes, LE)
+                        .convertShape(B2F, F, 0);
+                FloatVector q3 = (FloatVector) ByteVector.fromMemorySegment(B, rows, q + 3 * rowBytes, LE)
+                        .convertShape(B2F, F, 0);
+                a0 = q0.mul(d0).fma(xv, a0);
+                a1 = q1.mul(d1).fma(xv, a1);
+                a2 = q2.mul(d2).fma(xv, a2);
+                a3 = q3.mul(d3).fma(xv, a3);
             }
-            long q = p + 2 + part * L;
-            FloatVector xv = FloatVector.fromArray(F, x, xOffset + c * L);
-            FloatVector q0 = (FloatVector) ByteVector.fromMemorySegment(B, ALL, q, LE).convertShape(B2F, F, 0);
-            FloatVector q1 = (FloatVector) ByteVector.fromMemorySegment(B, ALL, q + rowBytes, LE)
-                    .convertShape(B2F, F, 0);
-            FloatVector q2 = (FloatVector) ByteVector.fromMemorySegment(B, ALL, q + 2 * rowBytes, LE)
-                    .convertShape(B2F, F, 0);
-            FloatVector q3 = (FloatVector) ByteVector.fromMemorySegment(B, ALL, q + 3 * rowBytes, LE)
-                    .convertShape(B2F, F, 0);
-            a0 = q0.mul(d0).fma(xv, a0);
-            a1 = q1.mul(d1).fma(xv, a1);
-            a2 = q2.mul(d2).fma(xv, a2);
-            a3 = q3.mul(d3).fma(xv, a3);
         }
         a0.intoArray(t, 0);
         a1.intoArray(t, L);
