@@ -128,11 +128,7 @@ final class AttentionCall {
         }
     }
 
-    /** Byte offset of the K row of kv head g at a position, in the layer's K pool. */
-    long kOffset(int pos, int g) {
-        return seq.page(pos / pageTokens) * kPageBytes + ((long) (pos % pageTokens) * kvHeads + g) * kRowBytes;
-    }
-
+    /** Byte offset of the V row of kv head g at a position, in the layer's V pool. */
     long vOffset(int pos, int g) {
         return seq.page(pos / pageTokens) * vPageBytes + ((long) (pos % pageTokens) * kvHeads + g) * vRowBytes;
     }

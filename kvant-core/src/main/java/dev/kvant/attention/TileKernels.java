@@ -36,14 +36,15 @@ final class TileKernels {
     }
 
     /**
-     * Scores of query slots [0, slots) against tile rows [0, rows4) (rows4 a multiple of 4), for partition rows
-     * from row0 (a multiple of 4). Query slot i is the dp floats at q[qOff[i]]. red: scratch of 16·L floats.
+     * Scores of query slots [0, slots) against tile rows [0, rows4) (rows4 a multiple of 4; row k at
+     * kt[ktOff + k·stride]), for partition rows from row0 (a multiple of 4), into the blocked layout at s[sOff]
+     * (sOff a multiple of 4). Query slot i is the dp floats at q[qOff[i]]. red: scratch of 16·L floats.
      */
-    static void scores(float[] q, int[] qOff, int queries, int slots, float[] kt, int stride, int rows4, int dp,
-                       float[] s, int row0, float[] red) {
+    static void scores(float[] q, int[] qOff, int queries, int slots, float[] kt, int ktOff, int stride, int rows4,
+                       int dp, float[] s, int sOff, int row0, float[] red) {
         for (int r = 0; r < rows4; r += 4) {
-            int k0 = r * stride;
-            int base = ((row0 + r) >> 2) * slots;
+            int k0 = ktOff + r * stride;
+            int base = ((row0 + r) >> 2) * slots + (sOff >> 2);
             int i = 0;
             for (; i + 4 <= queries; i += 4) {
                 dots4(q, qOff[i], qOff[i + 1], qOff[i + 2], qOff[i + 3], kt, k0, stride, dp, s, (base + i) << 2, red);
@@ -209,26 +210,27 @@ final class TileKernels {
     }
 
     /**
-     * acc[accOff[i] + d] += Σ_k w(i, rows[from + k]) · vt[k·stride + d] for query slots [0, queries), d in [0, dp), rows
-     * in the given order; w(i, r) is the blocked-layout weight {@code w[at(r, i, slots)]}.
+     * acc[accOff[i] + d] += Σ_k w(i, rows[from + k]) · vt[vtOff + k·stride + d] for query slots [0, queries), d in
+     * [0, dp), rows in the given order; w(i, r) is the blocked-layout weight {@code w[wOff + at(r, i, slots)]}.
      */
-    static void weightedSum(float[] w, int slots, int[] rows, int from, int count, float[] vt, int stride, int dp,
-                            float[] acc, int[] accOff, int queries) {
+    static void weightedSum(float[] w, int wOff, int slots, int[] rows, int from, int count, float[] vt, int vtOff,
+                            int stride, int dp, float[] acc, int[] accOff, int queries) {
         int i = 0;
         for (; i + 4 <= queries; i += 4) {
-            sum4(w, slots, i, rows, from, count, vt, stride, dp, acc, accOff[i], accOff[i + 1], accOff[i + 2],
-                    accOff[i + 3]);
+            sum4(w, wOff, slots, i, rows, from, count, vt, vtOff, stride, dp, acc, accOff[i], accOff[i + 1],
+                    accOff[i + 2], accOff[i + 3]);
         }
         if (i + 2 <= queries) {
-            sum2(w, slots, i, rows, from, count, vt, stride, dp, acc, accOff[i], accOff[i + 1]);
+            sum2(w, wOff, slots, i, rows, from, count, vt, vtOff, stride, dp, acc, accOff[i], accOff[i + 1]);
             i += 2;
         }
         if (i < queries) {
-            sum1(w, slots, i, rows, from, count, vt, stride, dp, acc, accOff[i]);
+            sum1(w, wOff, slots, i, rows, from, count, vt, vtOff, stride, dp, acc, accOff[i]);
         }
     }
 
-    private static void sum4(float[] w, int slots, int i, int[] rows, int from, int count, float[] vt, int stride, int dp,
+    private static void sum4(float[] w, int wOff, int slots, int i, int[] rows, int from, int count, float[] vt,
+                             int vtOff, int stride, int dp,
                              float[] acc, int o0, int o1, int o2, int o3) {
         int c = 0;
         for (; c + 4 * L <= dp; c += 4 * L) {
@@ -242,8 +244,8 @@ final class TileKernels {
             FloatVector a30 = FloatVector.fromArray(F, acc, o3 + c), a31 = FloatVector.fromArray(F, acc, o3 + c1);
             FloatVector a32 = FloatVector.fromArray(F, acc, o3 + c2), a33 = FloatVector.fromArray(F, acc, o3 + c3);
             for (int k = 0; k < count; k++) {
-                int wi = at(rows[from + k], i, slots);
-                int vo = k * stride + c;
+                int wi = wOff + at(rows[from + k], i, slots);
+                int vo = vtOff + k * stride + c;
                 FloatVector v0 = FloatVector.fromArray(F, vt, vo);
                 FloatVector v1 = FloatVector.fromArray(F, vt, vo + L);
                 FloatVector v2 = FloatVector.fromArray(F, vt, vo + 2 * L);
@@ -292,8 +294,8 @@ final class TileKernels {
             FloatVector x2 = FloatVector.fromArray(F, acc, o2 + c);
             FloatVector x3 = FloatVector.fromArray(F, acc, o3 + c);
             for (int k = 0; k < count; k++) {
-                int wi = at(rows[from + k], i, slots);
-                FloatVector vx = FloatVector.fromArray(F, vt, k * stride + c);
+                int wi = wOff + at(rows[from + k], i, slots);
+                FloatVector vx = FloatVector.fromArray(F, vt, vtOff + k * stride + c);
                 x0 = vx.fma(FloatVector.broadcast(F, w[wi]), x0);
                 x1 = vx.fma(FloatVector.broadcast(F, w[wi + 4]), x1);
                 x2 = vx.fma(FloatVector.broadcast(F, w[wi + 8]), x2);
@@ -306,7 +308,8 @@ final class TileKernels {
         }
     }
 
-    private static void sum2(float[] w, int slots, int i, int[] rows, int from, int count, float[] vt, int stride, int dp,
+    private static void sum2(float[] w, int wOff, int slots, int i, int[] rows, int from, int count, float[] vt,
+                             int vtOff, int stride, int dp,
                              float[] acc, int o0, int o1) {
         int c = 0;
         for (; c + 4 * L <= dp; c += 4 * L) {
@@ -317,8 +320,8 @@ final class TileKernels {
             FloatVector z1 = FloatVector.fromArray(F, acc, o1 + c + 2 * L);
             FloatVector u1 = FloatVector.fromArray(F, acc, o1 + c + 3 * L);
             for (int k = 0; k < count; k++) {
-                int wi = at(rows[from + k], i, slots);
-                int vo = k * stride + c;
+                int wi = wOff + at(rows[from + k], i, slots);
+                int vo = vtOff + k * stride + c;
                 FloatVector vx = FloatVector.fromArray(F, vt, vo);
                 FloatVector vy = FloatVector.fromArray(F, vt, vo + L);
                 FloatVector vz = FloatVector.fromArray(F, vt, vo + 2 * L);
@@ -347,8 +350,8 @@ final class TileKernels {
             FloatVector x0 = FloatVector.fromArray(F, acc, o0 + c);
             FloatVector x1 = FloatVector.fromArray(F, acc, o1 + c);
             for (int k = 0; k < count; k++) {
-                int wi = at(rows[from + k], i, slots);
-                FloatVector vx = FloatVector.fromArray(F, vt, k * stride + c);
+                int wi = wOff + at(rows[from + k], i, slots);
+                FloatVector vx = FloatVector.fromArray(F, vt, vtOff + k * stride + c);
                 x0 = vx.fma(FloatVector.broadcast(F, w[wi]), x0);
                 x1 = vx.fma(FloatVector.broadcast(F, w[wi + 4]), x1);
             }
@@ -357,7 +360,8 @@ final class TileKernels {
         }
     }
 
-    private static void sum1(float[] w, int slots, int i, int[] rows, int from, int count, float[] vt, int stride, int dp,
+    private static void sum1(float[] w, int wOff, int slots, int i, int[] rows, int from, int count, float[] vt,
+                             int vtOff, int stride, int dp,
                              float[] acc, int o0) {
         int c = 0;
         for (; c + 4 * L <= dp; c += 4 * L) {
@@ -366,8 +370,8 @@ final class TileKernels {
             FloatVector z = FloatVector.fromArray(F, acc, o0 + c + 2 * L);
             FloatVector u = FloatVector.fromArray(F, acc, o0 + c + 3 * L);
             for (int k = 0; k < count; k++) {
-                int vo = k * stride + c;
-                FloatVector b = FloatVector.broadcast(F, w[at(rows[from + k], i, slots)]);
+                int vo = vtOff + k * stride + c;
+                FloatVector b = FloatVector.broadcast(F, w[wOff + at(rows[from + k], i, slots)]);
                 x = FloatVector.fromArray(F, vt, vo).fma(b, x);
                 y = FloatVector.fromArray(F, vt, vo + L).fma(b, y);
                 z = FloatVector.fromArray(F, vt, vo + 2 * L).fma(b, z);
@@ -381,7 +385,7 @@ final class TileKernels {
         for (; c < dp; c += L) {
             FloatVector x = FloatVector.fromArray(F, acc, o0 + c);
             for (int k = 0; k < count; k++) {
-                x = FloatVector.fromArray(F, vt, k * stride + c).fma(FloatVector.broadcast(F, w[at(rows[from + k], i, slots)]), x);
+                x = FloatVector.fromArray(F, vt, vtOff + k * stride + c).fma(FloatVector.broadcast(F, w[wOff + at(rows[from + k], i, slots)]), x);
             }
             x.intoArray(acc, o0 + c);
         }
