@@ -26,11 +26,11 @@ import java.util.function.Consumer;
  * attending to the cache before them and to themselves.
  */
 public final class AttentionBench {
-    private static final long COPY_BYTES = 256L << 20;
     private static final int DISTINCT_POSITIONS = 4096;
 
+    /** @param copyBytes size of the buffer the copy bandwidth is measured on; far larger than the caches' L3 share */
     public record Settings(List<KvFormat> formats, int[] contexts, int[] threads, int heads, int kvHeads, int headDim,
-                           int reps, int prefillTokens, AttentionOptions options) {
+                           int reps, int prefillTokens, AttentionOptions options, long copyBytes) {
     }
 
     /** One measurement: {@code test} is "decode" or "pp" + tokens. */
@@ -47,14 +47,14 @@ public final class AttentionBench {
     }
 
     /** Copy bandwidth (read + write) with this many threads, in GB/s: the median of 5 copies. */
-    public static double copyBandwidth(Parallel pool) {
+    public static double copyBandwidth(Parallel pool, long bytes) {
         try (Arena arena = Arena.ofShared()) {
-            MemorySegment a = arena.allocate(COPY_BYTES, 4096);
-            MemorySegment b = arena.allocate(COPY_BYTES, 4096);
+            MemorySegment a = arena.allocate(bytes, 4096);
+            MemorySegment b = arena.allocate(bytes, 4096);
             a.fill((byte) 1);
             b.fill((byte) 2);
             int parts = pool.threads();
-            long part = COPY_BYTES / parts;
+            long part = bytes / parts;
             double[] t = new double[7];
             for (int r = 0; r < t.length; r++) {
                 long t0 = System.nanoTime();
@@ -72,7 +72,7 @@ public final class AttentionBench {
         for (int t : s.threads()) {
             try (Parallel pool = new Parallel(t)) {
                 progress.accept("copy bandwidth, " + t + " thread(s)");
-                copy[t] = copyBandwidth(pool);
+                copy[t] = copyBandwidth(pool, s.copyBytes());
             }
         }
         int group = s.heads() / s.kvHeads();
