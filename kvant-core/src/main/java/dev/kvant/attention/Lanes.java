@@ -89,6 +89,15 @@ final class Lanes {
         return s;
     }
 
+    /** Index vector (as ints) of the lower halves for {@link #combine}'s stage. */
+    static int[] low(int stage) {
+        return LOW[stage];
+    }
+
+    static int[] high(int stage) {
+        return HIGH[stage];
+    }
+
     /** The sum of the L floats at x[off] by the fixed tree: lane i + lane i+L/2 first, down to one lane. */
     static float sumLanes(float[] x, int off) {
         FloatVector v = FloatVector.fromArray(F, x, off);
