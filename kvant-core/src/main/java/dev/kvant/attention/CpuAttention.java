@@ -108,13 +108,24 @@ public final class CpuAttention {
         int kvHeads = c.kvHeads;
         int tokens = Math.max(1, Math.min(n, PREFILL_QUERY_ROWS / c.group));
         int blocks = (n + tokens - 1) / tokens;
+        int perTask = prefillHeads(kvHeads, blocks, pool.threads());
+        int groups = kvHeads / perTask;
         // Later blocks see more positions: hand them out first so the short ones fill the gaps at the end.
-        pool.forEach(kvHeads * blocks, task -> {
-            int g = task % kvHeads;
-            int b = blocks - 1 - task / kvHeads;
+        pool.forEach(groups * blocks, task -> {
+            int g0 = task % groups * perTask;
+            int b = blocks - 1 - task / groups;
             int t0 = b * tokens;
-            PartitionWorker.get().prefillBlock(c, g, 1, t0, Math.min(tokens, n - t0), out);
+            PartitionWorker.get().prefillBlock(c, g0, perTask, t0, Math.min(tokens, n - t0), out);
         });
+    }
+
+    /**
+     * kv heads per prefill task: 2 when that still leaves every thread two tasks, else 1. Two heads are adjacent in
+     * the cache, so a task reads (and stages) a contiguous run per position instead of striding over the other head;
+     * more would grow the per-task scores (heads × {@value #PARTITION} × 64 floats) out of L2.
+     */
+    static int prefillHeads(int kvHeads, int blocks, int threads) {
+        return kvHeads % 2 == 0 && blocks * (kvHeads / 2) >= 2 * threads ? 2 : 1;
     }
 
     private static AttentionCall setUp(KvSequence seq, int layer, float[] q, int n, int start, int heads,

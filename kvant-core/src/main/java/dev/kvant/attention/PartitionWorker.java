@@ -55,6 +55,7 @@ final class PartitionWorker {
     private int[] offs = new int[0];
     private final float[] lanes = new float[2 * L];
     private final float[] red = new float[16 * L];
+    private final float[] sums = new float[L];
     private final float[] capScratch = new float[Softmax.SOFT_CAP_CHUNK];
     private float[] pMax = new float[0];
     private float[] pSum = new float[0];
@@ -293,17 +294,9 @@ final class PartitionWorker {
             }
             mx = mx.max(mx.rearrange(SWAP1));
             mx = mx.max(mx.rearrange(SWAP2));
-            // Rows outside a slot's limit become -inf, which exp turns into 0.
-            for (int b = 0; b < blocks; b++) {
-                int at = off + b * stride + v;
-                VectorMask<Float> out = ROW_IN_BLOCK.add(4 * b).compare(VectorOperators.GE, lim).cast(F);
-                FloatVector.fromArray(F, scores, at).sub(mx).blend(Float.NEGATIVE_INFINITY, out).intoArray(scores, at);
-            }
-            Softmax.expInPlace(scores, off + v, stride, blocks);
-            FloatVector total = FloatVector.zero(F);
-            for (int b = 0; b < blocks; b++) {
-                total = total.add(FloatVector.fromArray(F, scores, off + b * stride + v));
-            }
+            mx.intoArray(lanes, 0);
+            Softmax.weights(scores, off + v, stride, blocks, lanes, laneLimit, v, sums);
+            FloatVector total = FloatVector.fromArray(F, sums, 0);
             total = total.add(total.rearrange(SWAP2));
             total = total.add(total.rearrange(SWAP1));
             if (sparse > 0) {

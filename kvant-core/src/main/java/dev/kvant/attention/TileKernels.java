@@ -65,6 +65,11 @@ final class TileKernels {
      */
     private static void dots4(float[] q, int q0, int q1, int q2, int q3, float[] kt, int k0, int stride, int blocks,
                               int dp, float[] s, int so, int step, float[] red) {
+        IntVector l0 = IntVector.fromArray(I, Lanes.low(0), 0), h0 = IntVector.fromArray(I, Lanes.high(0), 0);
+        IntVector l1 = IntVector.fromArray(I, Lanes.low(1), 0), h1 = IntVector.fromArray(I, Lanes.high(1), 0);
+        IntVector l2 = IntVector.fromArray(I, Lanes.low(2), 0), h2 = IntVector.fromArray(I, Lanes.high(2), 0);
+        IntVector l3 = IntVector.fromArray(I, Lanes.low(Math.min(3, Lanes.STAGES - 1)), 0);
+        IntVector h3 = IntVector.fromArray(I, Lanes.high(Math.min(3, Lanes.STAGES - 1)), 0);
         for (int b = 0; b < blocks; b++) {
             FloatVector a00 = FloatVector.zero(F), a01 = a00, a02 = a00, a03 = a00;
             FloatVector a10 = a00, a11 = a00, a12 = a00, a13 = a00;
@@ -96,6 +101,48 @@ final class TileKernels {
                 a31 = v.fma(x1, a31);
                 a32 = v.fma(x2, a32);
                 a33 = v.fma(x3, a33);
+            }
+            if (L == 16) {
+                // The tree of reduce(), in registers: 15 pair steps, no stores.
+                IntVector c0 = l0.selectFrom(a00.reinterpretAsInts(), a01.reinterpretAsInts()).reinterpretAsFloats()
+                        .add(h0.selectFrom(a00.reinterpretAsInts(), a01.reinterpretAsInts()).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector c1 = l0.selectFrom(a02.reinterpretAsInts(), a03.reinterpretAsInts()).reinterpretAsFloats()
+                        .add(h0.selectFrom(a02.reinterpretAsInts(), a03.reinterpretAsInts()).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector c2 = l0.selectFrom(a10.reinterpretAsInts(), a11.reinterpretAsInts()).reinterpretAsFloats()
+                        .add(h0.selectFrom(a10.reinterpretAsInts(), a11.reinterpretAsInts()).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector c3 = l0.selectFrom(a12.reinterpretAsInts(), a13.reinterpretAsInts()).reinterpretAsFloats()
+                        .add(h0.selectFrom(a12.reinterpretAsInts(), a13.reinterpretAsInts()).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector c4 = l0.selectFrom(a20.reinterpretAsInts(), a21.reinterpretAsInts()).reinterpretAsFloats()
+                        .add(h0.selectFrom(a20.reinterpretAsInts(), a21.reinterpretAsInts()).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector c5 = l0.selectFrom(a22.reinterpretAsInts(), a23.reinterpretAsInts()).reinterpretAsFloats()
+                        .add(h0.selectFrom(a22.reinterpretAsInts(), a23.reinterpretAsInts()).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector c6 = l0.selectFrom(a30.reinterpretAsInts(), a31.reinterpretAsInts()).reinterpretAsFloats()
+                        .add(h0.selectFrom(a30.reinterpretAsInts(), a31.reinterpretAsInts()).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector c7 = l0.selectFrom(a32.reinterpretAsInts(), a33.reinterpretAsInts()).reinterpretAsFloats()
+                        .add(h0.selectFrom(a32.reinterpretAsInts(), a33.reinterpretAsInts()).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector d0 = l1.selectFrom(c0, c1).reinterpretAsFloats().add(h1.selectFrom(c0, c1).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector d1 = l1.selectFrom(c2, c3).reinterpretAsFloats().add(h1.selectFrom(c2, c3).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector d2 = l1.selectFrom(c4, c5).reinterpretAsFloats().add(h1.selectFrom(c4, c5).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector d3 = l1.selectFrom(c6, c7).reinterpretAsFloats().add(h1.selectFrom(c6, c7).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector e0 = l2.selectFrom(d0, d1).reinterpretAsFloats().add(h2.selectFrom(d0, d1).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector e1 = l2.selectFrom(d2, d3).reinterpretAsFloats().add(h2.selectFrom(d2, d3).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                l3.selectFrom(e0, e1).reinterpretAsFloats().add(h3.selectFrom(e0, e1).reinterpretAsFloats())
+                        .intoArray(s, so + b * step);
+                continue;
             }
             a00.intoArray(red, 0);
             a01.intoArray(red, L);
