@@ -42,6 +42,8 @@ final class PartitionWorker {
     private static final IntVector ROW_IN_BLOCK = IntVector.fromArray(I, rowInBlock(), 0);
     private static final int P = CpuAttention.PARTITION;
     private static final int T = CpuAttention.TILE;
+    /** Positions staged per copy: a page's worth (4 tiles), so that each copy streams long enough to run at speed. */
+    private static final int STAGE = 4 * T;
 
     private float[] kt = new float[0];
     private float[] vt = new float[0];
@@ -53,6 +55,7 @@ final class PartitionWorker {
     private int[] accOff = new int[0];
     private final int[] rows = new int[P];
     private int[] offs = new int[0];
+    private int[] tileOffs = new int[0];
     private final float[] lanes = new float[2 * L];
     private final float[] red = new float[16 * L];
     private final float[] sums = new float[L];
@@ -86,8 +89,9 @@ final class PartitionWorker {
         if (kt.length < T * heads * c.dpK) {
             kt = new float[T * heads * c.dpK];
         }
-        if (offs.length < T * heads) {
-            offs = new int[T * heads];
+        if (offs.length < STAGE * heads) {
+            offs = new int[STAGE * heads];
+            tileOffs = new int[T * heads];
         }
         if (vt.length < T * heads * c.dpV) {
             vt = new float[T * heads * c.dpV];
@@ -114,7 +118,7 @@ final class PartitionWorker {
         if (row.length < Math.max(c.dimV, c.dimK) + L) {
             row = new float[Math.max(c.dimV, c.dimK) + L];
         }
-        long stage = (long) T * c.kvHeads * Math.max(c.kRowBytes, c.vRowBytes) + 64;
+        long stage = (long) STAGE * c.kvHeads * Math.max(c.kRowBytes, c.vRowBytes) + 64;
         if (staging.length < stage) {
             staging = new byte[Math.toIntExact(stage)];
         }
@@ -204,8 +208,11 @@ final class PartitionWorker {
 
         for (int ts = 0; ts < maxRows; ts += T) {
             int count = Math.min(T, maxRows - ts);
-            int n = stage(c, c.kPool, c.kPageBytes, c.kRowBytes, p0 + ts, count, g0, heads);
-            c.kDecoder.decode(staging, offs, n, kt, c.dpK);
+            if (ts % STAGE == 0) {
+                stage(c, c.kPool, c.kPageBytes, c.kRowBytes, p0 + ts, Math.min(STAGE, maxRows - ts), g0, heads);
+            }
+            System.arraycopy(offs, (ts % STAGE) * heads, tileOffs, 0, count * heads);
+            c.kDecoder.decode(staging, tileOffs, count * heads, kt, c.dpK);
             for (int j = 0; j < heads; j++) {
                 setQueries(c, g0 + j, t0, nq, slots);
                 TileKernels.scores(c.queries, queryOff, nq, slots, kt, j * c.dpK, heads * c.dpK, (count + 3) & ~3,
@@ -253,8 +260,11 @@ final class PartitionWorker {
         }
         for (int k0 = 0; k0 < maxRows; k0 += T) {
             int count = Math.min(T, maxRows - k0);
-            int n = stage(c, c.vPool, c.vPageBytes, c.vRowBytes, p0 + k0, count, g0, heads);
-            c.vDecoder.decode(staging, offs, n, vt, c.dpV);
+            if (k0 % STAGE == 0) {
+                stage(c, c.vPool, c.vPageBytes, c.vRowBytes, p0 + k0, Math.min(STAGE, maxRows - k0), g0, heads);
+            }
+            System.arraycopy(offs, (k0 % STAGE) * heads, tileOffs, 0, count * heads);
+            c.vDecoder.decode(staging, tileOffs, count * heads, vt, c.dpV);
             for (int j = 0; j < heads; j++) {
                 setAccumulators(c, base + j * headStride, slots);
                 TileKernels.weightedSum(scores, j * region, slots, rows, k0, count, vt, j * c.dpV, heads * c.dpV,
