@@ -76,6 +76,8 @@ public final class AttentionBench {
             }
         }
         int group = s.heads() / s.kvHeads();
+        progress.accept("warming up");
+        warmUp(s, group);
         for (KvFormat f : s.formats()) {
             for (int ctx : s.contexts()) {
                 progress.accept(f.name() + " ctx " + ctx + ": writing the cache");
@@ -107,10 +109,34 @@ public final class AttentionBench {
         return rows;
     }
 
-    /** Median milliseconds of reps runs after warm-up runs. */
+    /**
+     * Runs every format's kernels on a small cache for a while first: the first format measured otherwise paid for
+     * compiling the code all formats share (measured 5x slower than the same run later).
+     */
+    private static void warmUp(Settings s, int group) {
+        for (KvFormat f : s.formats()) {
+            try (AttentionProblem p = AttentionProblem.random(f, f, s.kvHeads(), group, s.headDim(), s.headDim(),
+                    2 * CpuAttention.PARTITION, 16, 64, 1, DISTINCT_POSITIONS);
+                 Parallel pool = new Parallel(Arrays.stream(s.threads()).max().orElse(1))) {
+                float[] out = new float[p.outputSize()];
+                long t0 = System.nanoTime();
+                while (System.nanoTime() - t0 < 700_000_000L) {
+                    CpuAttention.decode(p.seq(), 0, p.queries(), 1, p.start(), p.heads(), p.scale(), s.options(), out,
+                            pool);
+                    CpuAttention.prefill(p.seq(), 0, p.queries(), 16, p.start(), p.heads(), p.scale(), s.options(),
+                            out, pool);
+                }
+            }
+        }
+    }
+
+    /**
+     * Median milliseconds of reps runs, after at least a second of warm-up runs: C2 takes that long to compile the
+     * kernels of a new format, and a shorter warm-up measured partly interpreted code.
+     */
     private static double time(int reps, Runnable r) {
         long warm = System.nanoTime();
-        for (int i = 0; i < 3 || System.nanoTime() - warm < 300_000_000L && i < 200; i++) {
+        for (int i = 0; i < 3 || System.nanoTime() - warm < 1_000_000_000L && i < 1000; i++) {
             r.run();
         }
         double[] t = new double[reps];
