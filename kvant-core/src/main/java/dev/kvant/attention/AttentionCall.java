@@ -128,11 +128,6 @@ final class AttentionCall {
         }
     }
 
-    /** Byte offset of the V row of kv head g at a position, in the layer's V pool. */
-    long vOffset(int pos, int g) {
-        return seq.page(pos / pageTokens) * vPageBytes + ((long) (pos % pageTokens) * kvHeads + g) * vRowBytes;
-    }
-
     static int roundUp(int x, int m) {
         return (x + m - 1) / m * m;
     }

@@ -7,9 +7,10 @@ import static dev.kvant.attention.Lanes.half;
 
 import jdk.incubator.vector.ByteVector;
 import jdk.incubator.vector.IntVector;
-import jdk.incubator.vector.VectorSpecies;
 import jdk.incubator.vector.VectorMask;
 import jdk.incubator.vector.VectorOperators;
+import jdk.incubator.vector.VectorShape;
+import jdk.incubator.vector.VectorSpecies;
 
 /**
  * f16 and bf16 rows. The Vector API has no half-precision conversion, so f16 is widened by arithmetic: the 15
@@ -20,8 +21,7 @@ import jdk.incubator.vector.VectorOperators;
 final class HalfRows implements RowDecoder {
     private static final float TWO_112 = 0x1p112f;
     /** 2L bytes, reinterpreted as L little-endian halves (the platform order; {@link Lanes} checks it). */
-    private static final VectorSpecies<Byte> B2 = VectorSpecies.of(byte.class,
-            jdk.incubator.vector.VectorShape.forBitSize(L * 16));
+    private static final VectorSpecies<Byte> B2 = VectorSpecies.of(byte.class, VectorShape.forBitSize(L * 16));
 
     private final boolean brain;
     private final int dim;

@@ -54,6 +54,7 @@ final class PartitionWorker {
     private int[] laneLimit = new int[0];
     private int[] accOff = new int[0];
     private final int[] rows = new int[P];
+    private final int[] kept = new int[T];
     private int[] offs = new int[0];
     private int[] tileOffs = new int[0];
     private final float[] lanes = new float[2 * L];
@@ -227,48 +228,48 @@ final class PartitionWorker {
             softmax(slots, rows4, c.sparseV, j * region, max, sum, base + j * headStride);
         }
 
-        if (c.sparseV > 0) {
-            for (int j = 0; j < heads; j++) {
-                int count = 0;
-                for (int r = 0; r < maxRows; r++) {
-                    int at = j * region + TileKernels.at(r, 0, slots);
-                    for (int i = 0; i < nq; i++) {
-                        if (scores[at + 4 * i] != 0f) {
-                            rows[count++] = r;
-                            break;
-                        }
-                    }
-                }
-                int e = base + j * headStride;
-                setAccumulators(c, e, slots);
-                for (int k0 = 0; k0 < count; k0 += T) {
-                    int n = Math.min(T, count - k0);
-                    for (int k = 0; k < n; k++) {
-                        offs[k] = k * (int) c.vRowBytes;
-                        MemorySegment.copy(c.vPool, ValueLayout.JAVA_BYTE, c.vOffset(p0 + rows[k0 + k], g0 + j),
-                                staging, offs[k], (int) c.vRowBytes);
-                    }
-                    c.vDecoder.decode(staging, offs, n, vt, c.dpV);
-                    TileKernels.weightedSum(scores, j * region, slots, rows, k0, n, vt, 0, c.dpV, c.dpV, acc, accOff,
-                            nq);
-                }
-            }
-            return;
-        }
         for (int r = 0; r < maxRows; r++) {
             rows[r] = r;
         }
+        boolean sparse = c.sparseV > 0;
         for (int k0 = 0; k0 < maxRows; k0 += T) {
             int count = Math.min(T, maxRows - k0);
             if (k0 % STAGE == 0) {
                 stage(c, c.vPool, c.vPageBytes, c.vRowBytes, p0 + k0, Math.min(STAGE, maxRows - k0), g0, heads);
             }
-            System.arraycopy(offs, (k0 % STAGE) * heads, tileOffs, 0, count * heads);
-            c.vDecoder.decode(staging, tileOffs, count * heads, vt, c.dpV);
+            int first = (k0 % STAGE) * heads;
+            if (!sparse) {
+                System.arraycopy(offs, first, tileOffs, 0, count * heads);
+                c.vDecoder.decode(staging, tileOffs, count * heads, vt, c.dpV);
+                for (int j = 0; j < heads; j++) {
+                    setAccumulators(c, base + j * headStride, slots);
+                    TileKernels.weightedSum(scores, j * region, slots, rows, k0, count, vt, j * c.dpV, heads * c.dpV,
+                            c.dpV, acc, accOff, nq);
+                }
+                continue;
+            }
+            // Sparse V: per head, decode and accumulate only the rows some query still weights. The bytes were
+            // staged anyway (a skipped row shares its cache lines with its neighbours); what is saved is decoding
+            // and the multiply-adds.
             for (int j = 0; j < heads; j++) {
-                setAccumulators(c, base + j * headStride, slots);
-                TileKernels.weightedSum(scores, j * region, slots, rows, k0, count, vt, j * c.dpV, heads * c.dpV,
-                        c.dpV, acc, accOff, nq);
+                int n = 0;
+                for (int k = 0; k < count; k++) {
+                    int r = k0 + k;
+                    int at = j * region + TileKernels.at(r, 0, slots);
+                    for (int i = 0; i < nq; i++) {
+                        if (scores[at + 4 * i] != 0f) {
+                            kept[n] = r;
+                            tileOffs[n++] = offs[first + k * heads + j];
+                            break;
+                        }
+                    }
+                }
+                if (n > 0) {
+                    c.vDecoder.decode(staging, tileOffs, n, vt, c.dpV);
+                    setAccumulators(c, base + j * headStride, slots);
+                    TileKernels.weightedSum(scores, j * region, slots, kept, 0, n, vt, 0, c.dpV, c.dpV, acc, accOff,
+                            nq);
+                }
             }
         }
     }

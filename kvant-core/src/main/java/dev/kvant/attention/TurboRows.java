@@ -33,7 +33,6 @@ final class TurboRows implements RowDecoder {
     private final int dim;
     private final int blockBytes;
     private final int[] table;
-    private final boolean twoTables;
     /** For a plane of P < L bytes: lane i reads byte i mod P, at bit offset (i / P) fields further. */
     private final VectorShuffle<Integer> repeat;
     private final int[] laneField;
@@ -44,7 +43,6 @@ final class TurboRows implements RowDecoder {
         this.dim = Rotation.paddedDim(headDim);
         this.blockBytes = format.blockBytes(n);
         float[] c = format.codebook(headDim).centroidsAsFloat();
-        this.twoTables = c.length > L;
         this.table = new int[2 * L];
         for (int i = 0; i < c.length; i++) {
             table[i] = Float.floatToRawIntBits(c[i]);
