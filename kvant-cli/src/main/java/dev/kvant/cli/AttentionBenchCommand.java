@@ -50,6 +50,10 @@ final class AttentionBenchCommand implements Runnable {
     @Option(names = "--sparse-v", paramLabel = "T", defaultValue = "0", description = "sparse-V threshold (0 = off)")
     float sparseV;
 
+    @Option(names = "--copy-mb", paramLabel = "MB", defaultValue = "256",
+            description = "buffer size of the copy-bandwidth measurement (default ${DEFAULT-VALUE})")
+    int copyMb;
+
     @Option(names = "--json", description = "print a JSON array, one object per row")
     boolean json;
 
@@ -65,7 +69,7 @@ final class AttentionBenchCommand implements Runnable {
         Progress progress = new Progress(json);
         String machine = AttentionBench.machine();
         List<AttentionBench.Row> rows = AttentionBench.run(new AttentionBench.Settings(fs, ctx, threads, heads, kvHeads,
-                headDim, reps, prefill, new AttentionOptions(0f, sparseV)), progress::update);
+                headDim, reps, prefill, new AttentionOptions(0f, sparseV), (long) copyMb << 20), progress::update);
         progress.done();
         if (json) {
             System.out.println(AttentionBench.json(rows));

@@ -26,11 +26,11 @@ import java.util.function.Consumer;
  * attending to the cache before them and to themselves.
  */
 public final class AttentionBench {
-    private static final long COPY_BYTES = 256L << 20;
     private static final int DISTINCT_POSITIONS = 4096;
 
+    /** @param copyBytes size of the buffer the copy bandwidth is measured on; far larger than the caches' L3 share */
     public record Settings(List<KvFormat> formats, int[] contexts, int[] threads, int heads, int kvHeads, int headDim,
-                           int reps, int prefillTokens, AttentionOptions options) {
+                           int reps, int prefillTokens, AttentionOptions options, long copyBytes) {
     }
 
     /** One measurement: {@code test} is "decode" or "pp" + tokens. */
@@ -47,14 +47,14 @@ public final class AttentionBench {
     }
 
     /** Copy bandwidth (read + write) with this many threads, in GB/s: the median of 5 copies. */
-    public static double copyBandwidth(Parallel pool) {
+    public static double copyBandwidth(Parallel pool, long bytes) {
         try (Arena arena = Arena.ofShared()) {
-            MemorySegment a = arena.allocate(COPY_BYTES, 4096);
-            MemorySegment b = arena.allocate(COPY_BYTES, 4096);
+            MemorySegment a = arena.allocate(bytes, 4096);
+            MemorySegment b = arena.allocate(bytes, 4096);
             a.fill((byte) 1);
             b.fill((byte) 2);
             int parts = pool.threads();
-            long part = COPY_BYTES / parts;
+            long part = bytes / parts;
             double[] t = new double[7];
             for (int r = 0; r < t.length; r++) {
                 long t0 = System.nanoTime();
@@ -72,10 +72,12 @@ public final class AttentionBench {
         for (int t : s.threads()) {
             try (Parallel pool = new Parallel(t)) {
                 progress.accept("copy bandwidth, " + t + " thread(s)");
-                copy[t] = copyBandwidth(pool);
+                copy[t] = copyBandwidth(pool, s.copyBytes());
             }
         }
         int group = s.heads() / s.kvHeads();
+        progress.accept("warming up");
+        warmUp(s, group);
         for (KvFormat f : s.formats()) {
             for (int ctx : s.contexts()) {
                 progress.accept(f.name() + " ctx " + ctx + ": writing the cache");
@@ -107,10 +109,34 @@ public final class AttentionBench {
         return rows;
     }
 
-    /** Median milliseconds of reps runs after warm-up runs. */
+    /**
+     * Runs every format's kernels on a small cache for a while first: the first format measured otherwise paid for
+     * compiling the code all formats share (measured 5x slower than the same run later).
+     */
+    private static void warmUp(Settings s, int group) {
+        for (KvFormat f : s.formats()) {
+            try (AttentionProblem p = AttentionProblem.random(f, f, s.kvHeads(), group, s.headDim(), s.headDim(),
+                    2 * CpuAttention.PARTITION, 16, 64, 1, DISTINCT_POSITIONS);
+                 Parallel pool = new Parallel(Arrays.stream(s.threads()).max().orElse(1))) {
+                float[] out = new float[p.outputSize()];
+                long t0 = System.nanoTime();
+                while (System.nanoTime() - t0 < 700_000_000L) {
+                    CpuAttention.decode(p.seq(), 0, p.queries(), 1, p.start(), p.heads(), p.scale(), s.options(), out,
+                            pool);
+                    CpuAttention.prefill(p.seq(), 0, p.queries(), 16, p.start(), p.heads(), p.scale(), s.options(),
+                            out, pool);
+                }
+            }
+        }
+    }
+
+    /**
+     * Median milliseconds of reps runs, after at least a second of warm-up runs: C2 takes that long to compile the
+     * kernels of a new format, and a shorter warm-up measured partly interpreted code.
+     */
     private static double time(int reps, Runnable r) {
         long warm = System.nanoTime();
-        for (int i = 0; i < 3 || System.nanoTime() - warm < 300_000_000L && i < 200; i++) {
+        for (int i = 0; i < 3 || System.nanoTime() - warm < 1_000_000_000L && i < 1000; i++) {
             r.run();
         }
         double[] t = new double[reps];

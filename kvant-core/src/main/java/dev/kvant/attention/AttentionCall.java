@@ -128,15 +128,6 @@ final class AttentionCall {
         }
     }
 
-    /** Byte offset of the K row of kv head g at a position, in the layer's K pool. */
-    long kOffset(int pos, int g) {
-        return seq.page(pos / pageTokens) * kPageBytes + ((long) (pos % pageTokens) * kvHeads + g) * kRowBytes;
-    }
-
-    long vOffset(int pos, int g) {
-        return seq.page(pos / pageTokens) * vPageBytes + ((long) (pos % pageTokens) * kvHeads + g) * vRowBytes;
-    }
-
     static int roundUp(int x, int m) {
         return (x + m - 1) / m * m;
     }

@@ -14,8 +14,9 @@ import dev.kvant.tensor.Parallel;
  * softmax partial (max, sum, unnormalized weighted sum of V rows), and the partials are merged in ascending order
  * ({@link Softmax#merge}). The entry points only schedule that work differently:
  * <ul>
- * <li>{@link #decode}: split-K. Tasks are (kv head, partition), each serving all queries of the GQA group (and all
- *     n tokens, for multi-query verification), writing partials; a second step merges them per kv head.</li>
+ * <li>{@link #decode}: split-K. Tasks are (partition, group of kv heads), each serving all queries of its GQA
+ *     groups (and all n tokens, for multi-query verification), writing partials; a second step merges them per kv
+ *     head.</li>
  * <li>{@link #prefill}: tasks are (kv head, block of tokens), each walking the partitions in order and merging as
  *     it goes, so no partials are stored; K and V tiles are decoded once per block of about 64 query rows.</li>
  * </ul>
@@ -29,8 +30,8 @@ public final class CpuAttention {
 
     /** Positions per split-K partition. 1024: 2 MB of partials for 128K positions × 32 heads, few tasks' overhead. */
     public static final int PARTITION = 1024;
-    /** Rows per decoded K or V tile: 32 rows of 128 floats, 16 KB, stay in L1 while a block of queries uses them. */
-    static final int TILE = 32;
+    /** Positions per decoded K or V tile (times the task's kv heads): with 8 heads of 128, 64 KB, held in L2. */
+    static final int TILE = 16;
     /** Up to this many tokens per call run split-K (decode, speculative verification); more run as prefill. */
     public static final int MAX_MULTI_QUERY = 8;
     /** Query rows (tokens × group) per prefill task: enough to amortize a tile's decode, few enough for L2. */
@@ -63,7 +64,10 @@ public final class CpuAttention {
         }
     }
 
-    /** Split-K attention: tasks over (kv head, partition), then a merge per kv head. Meant for 1 to 8 tokens. */
+    /**
+     * Split-K attention: tasks over (partition, group of kv heads), then a merge per kv head. Meant for 1 to 8
+     * tokens.
+     */
     public static void decode(KvSequence seq, int layer, float[] q, int n, int start, int heads, float scale,
                               AttentionOptions opts, float[] out, Parallel pool) {
         AttentionCall c = setUp(seq, layer, q, n, start, heads, scale, opts, out, pool);
@@ -71,13 +75,30 @@ public final class CpuAttention {
         int parts = (start + n + PARTITION - 1) / PARTITION;
         int slots = (n * c.group + 3) & ~3;
         c.partials(parts, slots);
-        pool.forEach(kvHeads * parts, task -> {
-            int g = task % kvHeads;
-            int p = task / kvHeads;
-            int e = (g * parts + p) * slots;
-            PartitionWorker.get().partition(c, g, p, 0, n, c.partMax, c.partSum, e, c.partAcc, e * c.dpV);
+        int split = headSplit(kvHeads, parts, pool.threads());
+        int perTask = kvHeads / split;
+        pool.forEach(parts * split, task -> {
+            int p = task / split;
+            int g0 = task % split * perTask;
+            PartitionWorker.get().partition(c, p, g0, perTask, 0, n, c.partMax, c.partSum, c.partAcc,
+                    (g0 * parts + p) * slots, parts * slots);
         });
         pool.forEach(kvHeads, g -> PartitionWorker.get().mergeSplit(c, g, out));
+    }
+
+    /**
+     * How many groups to cut the kv heads into: as few as give every thread about two tasks. A task reads its
+     * heads' rows of a position together (they are adjacent in the cache), so fewer, wider tasks read memory more
+     * sequentially; which heads a task serves does not change any result.
+     */
+    static int headSplit(int kvHeads, int parts, int threads) {
+        int want = threads == 1 ? 1 : 2 * threads;
+        for (int d = 1; d <= kvHeads; d++) {
+            if (kvHeads % d == 0 && parts * d >= want) {
+                return d;
+            }
+        }
+        return kvHeads;
     }
 
     /** Attention by blocks of tokens, each walking its partitions in order: for prompts. */
@@ -87,13 +108,24 @@ public final class CpuAttention {
         int kvHeads = c.kvHeads;
         int tokens = Math.max(1, Math.min(n, PREFILL_QUERY_ROWS / c.group));
         int blocks = (n + tokens - 1) / tokens;
+        int perTask = prefillHeads(kvHeads, blocks, pool.threads());
+        int groups = kvHeads / perTask;
         // Later blocks see more positions: hand them out first so the short ones fill the gaps at the end.
-        pool.forEach(kvHeads * blocks, task -> {
-            int g = task % kvHeads;
-            int b = blocks - 1 - task / kvHeads;
+        pool.forEach(groups * blocks, task -> {
+            int g0 = task % groups * perTask;
+            int b = blocks - 1 - task / groups;
             int t0 = b * tokens;
-            PartitionWorker.get().prefillBlock(c, g, t0, Math.min(tokens, n - t0), out);
+            PartitionWorker.get().prefillBlock(c, g0, perTask, t0, Math.min(tokens, n - t0), out);
         });
+    }
+
+    /**
+     * kv heads per prefill task: 2 when that still leaves every thread two tasks, else 1. Two heads are adjacent in
+     * the cache, so a task reads (and stages) a contiguous run per position instead of striding over the other head;
+     * more would grow the per-task scores (heads × {@value #PARTITION} × 64 floats) out of L2.
+     */
+    static int prefillHeads(int kvHeads, int blocks, int threads) {
+        return kvHeads % 2 == 0 && blocks * (kvHeads / 2) >= 2 * threads ? 2 : 1;
     }
 
     private static AttentionCall setUp(KvSequence seq, int layer, float[] q, int n, int start, int heads,

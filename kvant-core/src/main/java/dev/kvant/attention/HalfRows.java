@@ -3,15 +3,14 @@ package dev.kvant.attention;
 import static dev.kvant.attention.Lanes.F;
 import static dev.kvant.attention.Lanes.I;
 import static dev.kvant.attention.Lanes.L;
-import static dev.kvant.attention.Lanes.LE;
-import static dev.kvant.attention.Lanes.LE_SHORT;
-import static dev.kvant.attention.Lanes.S;
+import static dev.kvant.attention.Lanes.half;
 
-import java.lang.foreign.MemorySegment;
+import jdk.incubator.vector.ByteVector;
 import jdk.incubator.vector.IntVector;
-import jdk.incubator.vector.ShortVector;
 import jdk.incubator.vector.VectorMask;
 import jdk.incubator.vector.VectorOperators;
+import jdk.incubator.vector.VectorShape;
+import jdk.incubator.vector.VectorSpecies;
 
 /**
  * f16 and bf16 rows. The Vector API has no half-precision conversion, so f16 is widened by arithmetic: the 15
@@ -21,6 +20,8 @@ import jdk.incubator.vector.VectorOperators;
  */
 final class HalfRows implements RowDecoder {
     private static final float TWO_112 = 0x1p112f;
+    /** 2L bytes, reinterpreted as L little-endian halves (the platform order; {@link Lanes} checks it). */
+    private static final VectorSpecies<Byte> B2 = VectorSpecies.of(byte.class, VectorShape.forBitSize(L * 16));
 
     private final boolean brain;
     private final int dim;
@@ -36,33 +37,45 @@ final class HalfRows implements RowDecoder {
     }
 
     @Override
-    public void decode(MemorySegment src, long[] offs, int count, float[] dst, int stride) {
+    public void decode(byte[] src, int[] offs, int count, float[] dst, int stride) {
         int vec = dim - dim % L;
+        if (brain) {
+            bf16(src, offs, count, dst, stride, vec);
+        } else {
+            f16(src, offs, count, dst, stride, vec);
+        }
         for (int k = 0; k < count; k++) {
-            long off = offs[k];
+            for (int i = vec; i < dim; i++) {
+                short h = half(src, offs[k] + 2 * i);
+                dst[k * stride + i] = brain ? Float.intBitsToFloat(h << 16) : Float.float16ToFloat(h);
+            }
+        }
+    }
+
+    private static void bf16(byte[] src, int[] offs, int count, float[] dst, int stride, int vec) {
+        for (int k = 0; k < count; k++) {
+            int off = offs[k];
             int o = k * stride;
-            if (brain) {
-                for (int i = 0; i < vec; i += L) {
-                    ((IntVector) ShortVector.fromMemorySegment(S, src, off + 2L * i, LE)
-                            .convertShape(VectorOperators.S2I, I, 0)).lanewise(VectorOperators.LSHL, 16)
-                            .reinterpretAsFloats().intoArray(dst, o + i);
-                }
-                for (int i = vec; i < dim; i++) {
-                    dst[o + i] = Float.intBitsToFloat(src.get(LE_SHORT, off + 2L * i) << 16);
-                }
-            } else {
-                for (int i = 0; i < vec; i += L) {
-                    IntVector h = (IntVector) ShortVector.fromMemorySegment(S, src, off + 2L * i, LE)
-                            .convertShape(VectorOperators.S2I, I, 0);
-                    IntVector bits = h.and(0x7FFF).lanewise(VectorOperators.LSHL, 13).reinterpretAsFloats()
-                            .mul(TWO_112).reinterpretAsInts()
-                            .or(h.and(0x8000).lanewise(VectorOperators.LSHL, 16));
-                    VectorMask<Integer> special = h.and(0x7C00).compare(VectorOperators.EQ, 0x7C00);
-                    bits.lanewise(VectorOperators.OR, 0x7F80_0000, special).reinterpretAsFloats().intoArray(dst, o + i);
-                }
-                for (int i = vec; i < dim; i++) {
-                    dst[o + i] = Float.float16ToFloat(src.get(LE_SHORT, off + 2L * i));
-                }
+            for (int i = 0; i < vec; i += L) {
+                ((IntVector) ByteVector.fromArray(B2, src, off + 2 * i).reinterpretAsShorts()
+                        .convertShape(VectorOperators.S2I, I, 0)).lanewise(VectorOperators.LSHL, 16)
+                        .reinterpretAsFloats().intoArray(dst, o + i);
+            }
+        }
+    }
+
+    private static void f16(byte[] src, int[] offs, int count, float[] dst, int stride, int vec) {
+        for (int k = 0; k < count; k++) {
+            int off = offs[k];
+            int o = k * stride;
+            for (int i = 0; i < vec; i += L) {
+                IntVector h = (IntVector) ByteVector.fromArray(B2, src, off + 2 * i).reinterpretAsShorts()
+                        .convertShape(VectorOperators.S2I, I, 0);
+                IntVector bits = h.and(0x7FFF).lanewise(VectorOperators.LSHL, 13).reinterpretAsFloats()
+                        .mul(TWO_112).reinterpretAsInts()
+                        .or(h.and(0x8000).lanewise(VectorOperators.LSHL, 16));
+                VectorMask<Integer> special = h.and(0x7C00).compare(VectorOperators.EQ, 0x7C00);
+                bits.blend(bits.or(0x7F80_0000), special).reinterpretAsFloats().intoArray(dst, o + i);
             }
         }
     }

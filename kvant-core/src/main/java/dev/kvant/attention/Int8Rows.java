@@ -3,11 +3,8 @@ package dev.kvant.attention;
 import static dev.kvant.attention.Lanes.B;
 import static dev.kvant.attention.Lanes.F;
 import static dev.kvant.attention.Lanes.L;
-import static dev.kvant.attention.Lanes.LE;
-import static dev.kvant.attention.Lanes.LE_SHORT;
+import static dev.kvant.attention.Lanes.half;
 
-import java.lang.foreign.MemorySegment;
-import java.lang.foreign.ValueLayout;
 import jdk.incubator.vector.ByteVector;
 import jdk.incubator.vector.FloatVector;
 import jdk.incubator.vector.VectorOperators;
@@ -33,25 +30,50 @@ final class Int8Rows implements RowDecoder {
     }
 
     @Override
-    public void decode(MemorySegment src, long[] offs, int count, float[] dst, int stride) {
-        int blockBytes = block + 2;
+    public void decode(byte[] src, int[] offs, int count, float[] dst, int stride) {
         int full = dim / block;
-        for (int k = 0; k < count; k++) {
-            long off = offs[k];
-            int o = k * stride;
-            for (int b = 0; b < full; b++) {
-                long in = off + (long) b * blockBytes;
-                float d = Float.float16ToFloat(src.get(LE_SHORT, in));
-                for (int i = 0; i < block; i += L) {
-                    ((FloatVector) ByteVector.fromMemorySegment(B, src, in + 2 + i, LE)
-                            .convertShape(VectorOperators.B2F, F, 0)).mul(d).intoArray(dst, o + b * block + i);
+        // Constant block sizes in the loops: with the size in a field the same loops ran 1.5-2x slower.
+        if (block == 32) {
+            decode32(src, offs, count, dst, stride, full);
+        } else {
+            decode64(src, offs, count, dst, stride, full);
+        }
+        if (full * block < dim) {
+            for (int k = 0; k < count; k++) {
+                int in = offs[k] + full * (block + 2);
+                float d = Float.float16ToFloat(half(src, in));
+                for (int i = full * block; i < dim; i++) {
+                    dst[k * stride + i] = src[in + 2 + i - full * block] * d;
                 }
             }
-            if (full * block < dim) {
-                long in = off + (long) full * blockBytes;
-                float d = Float.float16ToFloat(src.get(LE_SHORT, in));
-                for (int i = full * block; i < dim; i++) {
-                    dst[o + i] = src.get(ValueLayout.JAVA_BYTE, in + 2 + i - full * block) * d;
+        }
+    }
+
+    private static void decode32(byte[] src, int[] offs, int count, float[] dst, int stride, int blocks) {
+        for (int k = 0; k < count; k++) {
+            int off = offs[k];
+            int o = k * stride;
+            for (int b = 0; b < blocks; b++) {
+                int in = off + b * 34;
+                float d = Float.float16ToFloat(half(src, in));
+                for (int i = 0; i < 32; i += L) {
+                    ((FloatVector) ByteVector.fromArray(B, src, in + 2 + i).convertShape(VectorOperators.B2F, F, 0))
+                            .mul(d).intoArray(dst, o + b * 32 + i);
+                }
+            }
+        }
+    }
+
+    private static void decode64(byte[] src, int[] offs, int count, float[] dst, int stride, int blocks) {
+        for (int k = 0; k < count; k++) {
+            int off = offs[k];
+            int o = k * stride;
+            for (int b = 0; b < blocks; b++) {
+                int in = off + b * 66;
+                float d = Float.float16ToFloat(half(src, in));
+                for (int i = 0; i < 64; i += L) {
+                    ((FloatVector) ByteVector.fromArray(B, src, in + 2 + i).convertShape(VectorOperators.B2F, F, 0))
+                            .mul(d).intoArray(dst, o + b * 64 + i);
                 }
             }
         }

@@ -64,7 +64,19 @@ final class Lanes {
         }
     }
 
+    static {
+        if (java.nio.ByteOrder.nativeOrder() != LE) {
+            // Halves are read from staged bytes by reinterpreting byte vectors, which follows the platform order.
+            throw new ExceptionInInitializerError("kvant's attention kernels need a little-endian platform");
+        }
+    }
+
     private Lanes() {
+    }
+
+    /** The little-endian 16 bits at b[i], as stored for fp16 scales and norms. */
+    static short half(byte[] b, int i) {
+        return (short) ((b[i] & 0xFF) | (b[i + 1] << 8));
     }
 
     @SuppressWarnings("unchecked")
@@ -75,6 +87,15 @@ final class Lanes {
             s[k] = VectorShuffle.fromOp(F, i -> i ^ d);
         }
         return s;
+    }
+
+    /** Index vector (as ints) of the lower halves for {@link #combine}'s stage. */
+    static int[] low(int stage) {
+        return LOW[stage];
+    }
+
+    static int[] high(int stage) {
+        return HIGH[stage];
     }
 
     /** The sum of the L floats at x[off] by the fixed tree: lane i + lane i+L/2 first, down to one lane. */

@@ -4,6 +4,8 @@ import static dev.kvant.attention.Lanes.F;
 import static dev.kvant.attention.Lanes.I;
 import static dev.kvant.attention.Lanes.L;
 
+import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
 import java.util.Arrays;
 import jdk.incubator.vector.FloatVector;
 import jdk.incubator.vector.IntVector;
@@ -38,18 +40,26 @@ final class PartitionWorker {
     private static final VectorShuffle<Float> SWAP2 = VectorShuffle.fromOp(F, i -> i ^ 2);
     /** Lane j of a scores vector holds row j % 4 of its 4-row block. */
     private static final IntVector ROW_IN_BLOCK = IntVector.fromArray(I, rowInBlock(), 0);
+    private static final int P = CpuAttention.PARTITION;
+    private static final int T = CpuAttention.TILE;
+    /** Positions staged per copy: a page's worth (4 tiles), so that each copy streams long enough to run at speed. */
+    private static final int STAGE = 4 * T;
 
     private float[] kt = new float[0];
     private float[] vt = new float[0];
+    /** Blocked scores, then weights: one region of P·slots floats per kv head of the task. */
     private float[] scores = new float[0];
     private int[] queryOff = new int[0];
     private int[] limit = new int[0];
     private int[] laneLimit = new int[0];
     private int[] accOff = new int[0];
-    private int[] rows = new int[CpuAttention.PARTITION];
-    private final long[] offs = new long[CpuAttention.TILE];
+    private final int[] rows = new int[P];
+    private final int[] kept = new int[T];
+    private int[] offs = new int[0];
+    private int[] tileOffs = new int[0];
     private final float[] lanes = new float[2 * L];
     private final float[] red = new float[16 * L];
+    private final float[] sums = new float[L];
     private final float[] capScratch = new float[Softmax.SOFT_CAP_CHUNK];
     private float[] pMax = new float[0];
     private float[] pSum = new float[0];
@@ -58,6 +68,8 @@ final class PartitionWorker {
     private float[] sSum = new float[0];
     private float[] sAcc = new float[0];
     private float[] row = new float[0];
+    /** A tile's cache bytes, see {@link #stage}. */
+    private byte[] staging = new byte[0];
 
     private PartitionWorker() {
     }
@@ -74,39 +86,79 @@ final class PartitionWorker {
         return r;
     }
 
-    private void ensure(AttentionCall c, int slots) {
-        int t = CpuAttention.TILE;
-        if (kt.length < t * c.dpK) {
-            kt = new float[t * c.dpK];
+    private void ensure(AttentionCall c, int slots, int heads) {
+        if (kt.length < T * heads * c.dpK) {
+            kt = new float[T * heads * c.dpK];
         }
-        if (vt.length < t * c.dpV) {
-            vt = new float[t * c.dpV];
+        if (offs.length < STAGE * heads) {
+            offs = new int[STAGE * heads];
+            tileOffs = new int[T * heads];
         }
-        if (scores.length < CpuAttention.PARTITION * slots) {
-            scores = new float[CpuAttention.PARTITION * slots];
+        if (vt.length < T * heads * c.dpV) {
+            vt = new float[T * heads * c.dpV];
+        }
+        if (scores.length < heads * P * slots) {
+            scores = new float[heads * P * slots];
         }
         if (queryOff.length < slots) {
             queryOff = new int[slots];
             limit = new int[slots];
             laneLimit = new int[4 * slots];
             accOff = new int[slots];
-            pMax = new float[slots];
-            pSum = new float[slots];
-            sMax = new float[slots];
-            sSum = new float[slots];
         }
-        if (pAcc.length < slots * c.dpV) {
-            pAcc = new float[slots * c.dpV];
-            sAcc = new float[slots * c.dpV];
+        if (pMax.length < heads * slots) {
+            pMax = new float[heads * slots];
+            pSum = new float[heads * slots];
+            sMax = new float[heads * slots];
+            sSum = new float[heads * slots];
+        }
+        if (pAcc.length < heads * slots * c.dpV) {
+            pAcc = new float[heads * slots * c.dpV];
+            sAcc = new float[heads * slots * c.dpV];
         }
         if (row.length < Math.max(c.dimV, c.dimK) + L) {
             row = new float[Math.max(c.dimV, c.dimK) + L];
         }
+        long stage = (long) STAGE * c.kvHeads * Math.max(c.kRowBytes, c.vRowBytes) + 64;
+        if (staging.length < stage) {
+            staging = new byte[Math.toIntExact(stage)];
+        }
+    }
+
+    /**
+     * Copies the cache bytes of positions [pos, pos + count), kv heads [g0, g0 + heads), from a K or V pool into the
+     * staging array, and sets offs to the rows' offsets there, position-major. Decoding straight from the pool
+     * stalled on memory more than half the time: a tile's rows are read in a short burst between stretches of
+     * arithmetic, and the hardware prefetcher does not run far enough ahead to cover a burst. A bulk copy streams
+     * at copy bandwidth instead, and the decoders then read a heap array in L2, which they do faster than a native
+     * segment (see {@link RowDecoder#decode}). These are the compressed bytes: nothing is expanded here.
+     */
+    private int stage(AttentionCall c, MemorySegment pool, long pageBytes, long rowBytes, int pos, int count, int g0,
+                      int heads) {
+        int kvHeads = c.kvHeads;
+        int at = 0;
+        int n = 0;
+        for (int k = 0; k < count; ) {
+            int p = pos + k;
+            int inPage = p % c.pageTokens;
+            int run = Math.min(count - k, c.pageTokens - inPage);
+            long from = c.seq.page(p / c.pageTokens) * pageBytes + ((long) inPage * kvHeads + g0) * rowBytes;
+            int bytes = (int) (((long) (run - 1) * kvHeads + heads) * rowBytes);
+            MemorySegment.copy(pool, ValueLayout.JAVA_BYTE, from, staging, at, bytes);
+            for (int r = 0; r < run; r++) {
+                for (int j = 0; j < heads; j++) {
+                    offs[n++] = at + (int) ((r * kvHeads + j) * rowBytes);
+                }
+            }
+            at += bytes;
+            k += run;
+        }
+        return n;
     }
 
     /** Rotates, scales and pads the query rows of token t into {@code c.queries}. */
     void prepareQueries(AttentionCall c, float[] q, int t, float scale) {
-        ensure(c, 4);
+        ensure(c, 4, 1);
         for (int h = 0; h < c.heads; h++) {
             int r = t * c.heads + h;
             System.arraycopy(q, r * c.headDimK, row, 0, c.headDimK);
@@ -120,86 +172,127 @@ final class PartitionWorker {
     }
 
     /**
-     * The partials of the queries of tokens [t0, t0 + tokens) (all heads of kv head g's group, slot i = token
-     * (i / group), head g·group + i % group) over partition p: max, sum at {@code max/sum[ml + i]}, unnormalized
-     * accumulator at {@code acc[accBase + i·dpV]}. Slots up to a multiple of 4 are padding, left empty.
+     * The partials of kv heads [g0, g0 + heads) over partition p, for the queries of tokens [t0, t0 + tokens):
+     * query slot i of head g is token t0 + i / group, query head g·group + i % group. Head j = g - g0, slot i
+     * writes its max and sum at {@code e = base + j·headStride + i} and its unnormalized accumulator at
+     * {@code acc[e·dpV]}. Slots past tokens·group, up to a multiple of 4, are padding, left empty.
+     *
+     * <p>Rows are read position by position, all the task's heads of a position together: the cache stores a
+     * position's heads side by side, so this is a forward walk through memory that the hardware prefetcher follows
+     * (reading one head's rows alone strides over the others' and ran 3x slower).
      */
-    void partition(AttentionCall c, int g, int p, int t0, int tokens, float[] max, float[] sum, int ml,
-                   float[] acc, int accBase) {
+    void partition(AttentionCall c, int p, int g0, int heads, int t0, int tokens, float[] max, float[] sum,
+                   float[] acc, int base, int headStride) {
         int group = c.group;
         int nq = tokens * group;
         int slots = (nq + 3) & ~3;
-        ensure(c, slots);
-        int p0 = p * CpuAttention.PARTITION;
+        ensure(c, slots, heads);
+        int p0 = p * P;
         int maxRows = 0;
         for (int i = 0; i < slots; i++) {
-            if (i < nq) {
-                int t = t0 + i / group;
-                queryOff[i] = (t * c.heads + g * group + i % group) * c.dpK;
-                limit[i] = Math.clamp(c.start + t - p0 + 1, 0, CpuAttention.PARTITION);
-            } else {
-                queryOff[i] = c.zeroQuery;
-                limit[i] = 0;
-            }
+            limit[i] = i < nq ? Math.clamp(c.start + t0 + i / group - p0 + 1, 0, P) : 0;
             maxRows = Math.max(maxRows, limit[i]);
-            accOff[i] = accBase + i * c.dpV;
             laneLimit[4 * i] = laneLimit[4 * i + 1] = laneLimit[4 * i + 2] = laneLimit[4 * i + 3] = limit[i];
         }
-        Arrays.fill(acc, accBase, accBase + slots * c.dpV, 0f);
+        for (int j = 0; j < heads; j++) {
+            int e = base + j * headStride;
+            Arrays.fill(acc, e * c.dpV, (e + slots) * c.dpV, 0f);
+            if (maxRows == 0) {
+                Arrays.fill(max, e, e + slots, Float.NEGATIVE_INFINITY);
+                Arrays.fill(sum, e, e + slots, 0f);
+            }
+        }
         if (maxRows == 0) {
-            Arrays.fill(max, ml, ml + slots, Float.NEGATIVE_INFINITY);
-            Arrays.fill(sum, ml, ml + slots, 0f);
             return;
         }
+        int region = P * slots;
 
-        int tile = CpuAttention.TILE;
-        for (int ts = 0; ts < maxRows; ts += tile) {
-            int count = Math.min(tile, maxRows - ts);
-            for (int k = 0; k < count; k++) {
-                offs[k] = c.kOffset(p0 + ts + k, g);
+        for (int ts = 0; ts < maxRows; ts += T) {
+            int count = Math.min(T, maxRows - ts);
+            if (ts % STAGE == 0) {
+                stage(c, c.kPool, c.kPageBytes, c.kRowBytes, p0 + ts, Math.min(STAGE, maxRows - ts), g0, heads);
             }
-            c.kDecoder.decode(c.kPool, offs, count, kt, c.dpK);
-            TileKernels.scores(c.queries, queryOff, nq, slots, kt, c.dpK, (count + 3) & ~3, c.dpK, scores, ts, red);
+            System.arraycopy(offs, (ts % STAGE) * heads, tileOffs, 0, count * heads);
+            c.kDecoder.decode(staging, tileOffs, count * heads, kt, c.dpK);
+            for (int j = 0; j < heads; j++) {
+                setQueries(c, g0 + j, t0, nq, slots);
+                TileKernels.scores(c.queries, queryOff, nq, slots, kt, j * c.dpK, heads * c.dpK, (count + 3) & ~3,
+                        c.dpK, scores, j * region, ts, red);
+            }
         }
         int rows4 = (maxRows + 3) & ~3;
-        if (c.softCap > 0) {
-            Softmax.softCapInPlace(scores, 0, rows4 * slots, c.softCap, capScratch);
+        for (int j = 0; j < heads; j++) {
+            if (c.softCap > 0) {
+                Softmax.softCapInPlace(scores, j * region, j * region + rows4 * slots, c.softCap, capScratch);
+            }
+            softmax(slots, rows4, c.sparseV, j * region, max, sum, base + j * headStride);
         }
-        softmax(slots, rows4, c.sparseV, max, sum, ml);
 
-        int count = 0;
-        if (c.sparseV > 0) {
-            for (int r = 0; r < maxRows; r++) {
-                int at = TileKernels.at(r, 0, slots);
-                for (int i = 0; i < nq; i++) {
-                    if (scores[at + 4 * i] != 0f) {
-                        rows[count++] = r;
-                        break;
+        for (int r = 0; r < maxRows; r++) {
+            rows[r] = r;
+        }
+        boolean sparse = c.sparseV > 0;
+        for (int k0 = 0; k0 < maxRows; k0 += T) {
+            int count = Math.min(T, maxRows - k0);
+            if (k0 % STAGE == 0) {
+                stage(c, c.vPool, c.vPageBytes, c.vRowBytes, p0 + k0, Math.min(STAGE, maxRows - k0), g0, heads);
+            }
+            int first = (k0 % STAGE) * heads;
+            if (!sparse) {
+                System.arraycopy(offs, first, tileOffs, 0, count * heads);
+                c.vDecoder.decode(staging, tileOffs, count * heads, vt, c.dpV);
+                for (int j = 0; j < heads; j++) {
+                    setAccumulators(c, base + j * headStride, slots);
+                    TileKernels.weightedSum(scores, j * region, slots, rows, k0, count, vt, j * c.dpV, heads * c.dpV,
+                            c.dpV, acc, accOff, nq);
+                }
+                continue;
+            }
+            // Sparse V: per head, decode and accumulate only the rows some query still weights. The bytes were
+            // staged anyway (a skipped row shares its cache lines with its neighbours); what is saved is decoding
+            // and the multiply-adds.
+            for (int j = 0; j < heads; j++) {
+                int n = 0;
+                for (int k = 0; k < count; k++) {
+                    int r = k0 + k;
+                    int at = j * region + TileKernels.at(r, 0, slots);
+                    for (int i = 0; i < nq; i++) {
+                        if (scores[at + 4 * i] != 0f) {
+                            kept[n] = r;
+                            tileOffs[n++] = offs[first + k * heads + j];
+                            break;
+                        }
                     }
                 }
+                if (n > 0) {
+                    c.vDecoder.decode(staging, tileOffs, n, vt, c.dpV);
+                    setAccumulators(c, base + j * headStride, slots);
+                    TileKernels.weightedSum(scores, j * region, slots, kept, 0, n, vt, 0, c.dpV, c.dpV, acc, accOff,
+                            nq);
+                }
             }
-        } else {
-            for (int r = 0; r < maxRows; r++) {
-                rows[r] = r;
-            }
-            count = maxRows;
         }
-        for (int k0 = 0; k0 < count; k0 += tile) {
-            int n = Math.min(tile, count - k0);
-            for (int k = 0; k < n; k++) {
-                offs[k] = c.vOffset(p0 + rows[k0 + k], g);
-            }
-            c.vDecoder.decode(c.vPool, offs, n, vt, c.dpV);
-            TileKernels.weightedSum(scores, slots, rows, k0, n, vt, c.dpV, c.dpV, acc, accOff, nq);
+    }
+
+    private void setQueries(AttentionCall c, int g, int t0, int nq, int slots) {
+        int group = c.group;
+        for (int i = 0; i < slots; i++) {
+            queryOff[i] = i < nq ? ((t0 + i / group) * c.heads + g * group + i % group) * c.dpK : c.zeroQuery;
+        }
+    }
+
+    private void setAccumulators(AttentionCall c, int e, int slots) {
+        for (int i = 0; i < slots; i++) {
+            accOff[i] = (e + i) * c.dpV;
         }
     }
 
     /**
-     * Turns the scores of rows [0, rows4) into weights in place and writes each slot's max and sum. A vector holds
-     * L/4 slots × 4 rows, so per slot the running max and sum are 4 lanes (rows r mod 4), folded at the end in a
-     * fixed order; lanes past a slot's limit are masked out.
+     * Turns the scores of rows [0, rows4) in the region at off into weights in place and writes each slot's max
+     * and sum at ml + slot. A vector holds L/4 slots × 4 rows, so per slot the running max and sum are 4 lanes
+     * (rows r mod 4), folded at the end in a fixed order; lanes past a slot's limit are masked out.
      */
-    private void softmax(int slots, int rows4, float sparse, float[] max, float[] sum, int ml) {
+    private void softmax(int slots, int rows4, float sparse, int off, float[] max, float[] sum, int ml) {
         int stride = 4 * slots;
         int blocks = rows4 / 4;
         for (int v = 0; v < stride; v += L) {
@@ -207,27 +300,20 @@ final class PartitionWorker {
             FloatVector mx = FloatVector.broadcast(F, Float.NEGATIVE_INFINITY);
             for (int b = 0; b < blocks; b++) {
                 VectorMask<Float> out = ROW_IN_BLOCK.add(4 * b).compare(VectorOperators.GE, lim).cast(F);
-                mx = mx.max(FloatVector.fromArray(F, scores, b * stride + v).blend(Float.NEGATIVE_INFINITY, out));
+                mx = mx.max(FloatVector.fromArray(F, scores, off + b * stride + v)
+                        .blend(Float.NEGATIVE_INFINITY, out));
             }
             mx = mx.max(mx.rearrange(SWAP1));
             mx = mx.max(mx.rearrange(SWAP2));
-            // Rows outside a slot's limit become -inf, which exp turns into 0.
-            for (int b = 0; b < blocks; b++) {
-                int at = b * stride + v;
-                VectorMask<Float> out = ROW_IN_BLOCK.add(4 * b).compare(VectorOperators.GE, lim).cast(F);
-                FloatVector.fromArray(F, scores, at).sub(mx).blend(Float.NEGATIVE_INFINITY, out).intoArray(scores, at);
-            }
-            Softmax.expInPlace(scores, v, stride, blocks);
-            FloatVector total = FloatVector.zero(F);
-            for (int b = 0; b < blocks; b++) {
-                total = total.add(FloatVector.fromArray(F, scores, b * stride + v));
-            }
+            mx.intoArray(lanes, 0);
+            Softmax.weights(scores, off + v, stride, blocks, lanes, laneLimit, v, sums);
+            FloatVector total = FloatVector.fromArray(F, sums, 0);
             total = total.add(total.rearrange(SWAP2));
             total = total.add(total.rearrange(SWAP1));
             if (sparse > 0) {
                 FloatVector threshold = total.mul(sparse);
                 for (int b = 0; b < blocks; b++) {
-                    int at = b * stride + v;
+                    int at = off + b * stride + v;
                     FloatVector w = FloatVector.fromArray(F, scores, at);
                     w.blend(0f, w.compare(VectorOperators.LT, threshold)).intoArray(scores, at);
                 }
@@ -248,45 +334,54 @@ final class PartitionWorker {
      */
     void mergeSplit(AttentionCall c, int g, float[] out) {
         int slots = c.slots;
-        ensure(c, slots);
+        ensure(c, slots, 1);
         int nq = c.n * c.group;
         for (int i = 0; i < nq; i++) {
-            sMax[i] = Float.NEGATIVE_INFINITY;
-            sSum[i] = 0f;
+            sMax[0] = Float.NEGATIVE_INFINITY;
+            sSum[0] = 0f;
             for (int p = 0; p < c.parts; p++) {
                 int e = (g * c.parts + p) * slots + i;
-                Softmax.merge(sMax, sSum, i, sAcc, i * c.dpV, c.partMax, c.partSum, e, c.partAcc, e * c.dpV, c.dpV);
+                Softmax.merge(sMax, sSum, 0, sAcc, 0, c.partMax, c.partSum, e, c.partAcc, e * c.dpV, c.dpV);
             }
-            write(c, g, 0, i, out);
+            write(c, g, 0, i, 0, out);
         }
     }
 
     /**
-     * Prefill: the queries of tokens [t0, t0 + tokens) of kv head g over every partition up to their last position,
-     * merged as they come, then written.
+     * Prefill: the queries of tokens [t0, t0 + tokens) of kv heads [g0, g0 + heads) over every partition up to
+     * their last position, merged as they come, then written.
      */
-    void prefillBlock(AttentionCall c, int g, int t0, int tokens, float[] out) {
+    void prefillBlock(AttentionCall c, int g0, int heads, int t0, int tokens, float[] out) {
         int nq = tokens * c.group;
         int slots = (nq + 3) & ~3;
-        ensure(c, slots);
-        Arrays.fill(sMax, 0, slots, Float.NEGATIVE_INFINITY);
-        Arrays.fill(sSum, 0, slots, 0f);
-        int last = (c.start + t0 + tokens - 1) / CpuAttention.PARTITION;
+        ensure(c, slots, heads);
+        Arrays.fill(sMax, 0, heads * slots, Float.NEGATIVE_INFINITY);
+        Arrays.fill(sSum, 0, heads * slots, 0f);
+        int last = (c.start + t0 + tokens - 1) / P;
         for (int p = 0; p <= last; p++) {
-            partition(c, g, p, t0, tokens, pMax, pSum, 0, pAcc, 0);
-            for (int i = 0; i < nq; i++) {
-                Softmax.merge(sMax, sSum, i, sAcc, i * c.dpV, pMax, pSum, i, pAcc, i * c.dpV, c.dpV);
+            partition(c, p, g0, heads, t0, tokens, pMax, pSum, pAcc, 0, slots);
+            for (int j = 0; j < heads; j++) {
+                for (int i = 0; i < nq; i++) {
+                    int e = j * slots + i;
+                    Softmax.merge(sMax, sSum, e, sAcc, e * c.dpV, pMax, pSum, e, pAcc, e * c.dpV, c.dpV);
+                }
             }
         }
-        for (int i = 0; i < nq; i++) {
-            write(c, g, t0, i, out);
+        for (int j = 0; j < heads; j++) {
+            for (int i = 0; i < nq; i++) {
+                int e = j * slots + i;
+                write(c, g0 + j, t0, i, e, out);
+            }
         }
     }
 
-    /** Normalizes query slot i's merged state, rotates it out of V's domain and stores it. */
-    private void write(AttentionCall c, int g, int t0, int i, float[] out) {
-        float inv = 1f / sSum[i];
-        int a = i * c.dpV;
+    /**
+     * Normalizes merged state e, slot i of kv head g for tokens from t0, rotates it out of V's domain and stores
+     * it as query head g·group + i % group of token t0 + i / group.
+     */
+    private void write(AttentionCall c, int g, int t0, int i, int e, float[] out) {
+        float inv = 1f / sSum[e];
+        int a = e * c.dpV;
         for (int d = 0; d < c.dimV; d++) {
             row[d] = sAcc[a + d] * inv;
         }

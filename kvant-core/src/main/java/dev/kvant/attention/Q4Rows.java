@@ -3,13 +3,10 @@ package dev.kvant.attention;
 import static dev.kvant.attention.Lanes.B;
 import static dev.kvant.attention.Lanes.I;
 import static dev.kvant.attention.Lanes.L;
-import static dev.kvant.attention.Lanes.LE;
-import static dev.kvant.attention.Lanes.LE_SHORT;
+import static dev.kvant.attention.Lanes.half;
 
 import dev.kvant.kv.Q4Format;
 
-import java.lang.foreign.MemorySegment;
-import java.lang.foreign.ValueLayout;
 import jdk.incubator.vector.ByteVector;
 import jdk.incubator.vector.FloatVector;
 import jdk.incubator.vector.IntVector;
@@ -36,31 +33,37 @@ final class Q4Rows implements RowDecoder {
     }
 
     @Override
-    public void decode(MemorySegment src, long[] offs, int count, float[] dst, int stride) {
+    public void decode(byte[] src, int[] offs, int count, float[] dst, int stride) {
         int full = dim / BLOCK;
+        blocks(src, offs, count, dst, stride, full);
+        if (full * BLOCK < dim) {
+            for (int k = 0; k < count; k++) {
+                int in = offs[k] + full * Q4Format.BLOCK_BYTES;
+                float d = Float.float16ToFloat(half(src, in));
+                for (int i = full * BLOCK; i < dim; i++) {
+                    int e = i - full * BLOCK;
+                    int byt = src[in + 2 + e % HALF] & 0xFF;
+                    int code = e < HALF ? byt & 15 : byt >>> 4;
+                    dst[k * stride + i] = (code - 8) * d;
+                }
+            }
+        }
+    }
+
+    private static void blocks(byte[] src, int[] offs, int count, float[] dst, int stride, int blocks) {
         for (int k = 0; k < count; k++) {
-            long off = offs[k];
+            int off = offs[k];
             int o = k * stride;
-            for (int b = 0; b < full; b++) {
-                long in = off + (long) b * Q4Format.BLOCK_BYTES;
-                float d = Float.float16ToFloat(src.get(LE_SHORT, in));
-                int at = o + b * BLOCK;
-                for (int j = 0; j < HALF; j += L) {
-                    IntVector v = (IntVector) ByteVector.fromMemorySegment(B, src, in + 2 + j, LE)
+            for (int b = 0; b < blocks; b++) {
+                int in = off + b * 18;
+                float d = Float.float16ToFloat(half(src, in));
+                int at = o + b * 32;
+                for (int j = 0; j < 16; j += L) {
+                    IntVector v = (IntVector) ByteVector.fromArray(B, src, in + 2 + j)
                             .convertShape(VectorOperators.B2I, I, 0);
                     ((FloatVector) v.and(15).sub(8).convert(VectorOperators.I2F, 0)).mul(d).intoArray(dst, at + j);
                     ((FloatVector) v.lanewise(VectorOperators.LSHR, 4).and(15).sub(8).convert(VectorOperators.I2F, 0))
-                            .mul(d).intoArray(dst, at + j + HALF);
-                }
-            }
-            if (full * BLOCK < dim) {
-                long in = off + (long) full * Q4Format.BLOCK_BYTES;
-                float d = Float.float16ToFloat(src.get(LE_SHORT, in));
-                for (int i = full * BLOCK; i < dim; i++) {
-                    int e = i - full * BLOCK;
-                    int byt = src.get(ValueLayout.JAVA_BYTE, in + 2 + e % HALF) & 0xFF;
-                    int code = e < HALF ? byt & 15 : byt >>> 4;
-                    dst[o + i] = (code - 8) * d;
+                            .mul(d).intoArray(dst, at + j + 16);
                 }
             }
         }

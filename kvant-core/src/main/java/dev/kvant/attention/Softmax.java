@@ -5,6 +5,7 @@ import static dev.kvant.attention.Lanes.I;
 
 import jdk.incubator.vector.FloatVector;
 import jdk.incubator.vector.IntVector;
+import jdk.incubator.vector.VectorMask;
 import jdk.incubator.vector.VectorOperators;
 
 /**
@@ -37,6 +38,20 @@ final class Softmax {
 
     /** a[at] = exp(a[at]) for L floats at each of count places from {@code from}, stride apart. */
     static void expInPlace(float[] a, int from, int stride, int count) {
+        float[] zero = new float[Lanes.L];
+        int[] open = new int[Lanes.L];
+        java.util.Arrays.fill(open, Integer.MAX_VALUE);
+        weights(a, from, stride, count, zero, open, 0, new float[Lanes.L]);
+    }
+
+    /**
+     * The softmax weights of a run of blocked scores, in one pass: for i in [0, count), the L floats at
+     * {@code at = from + i·stride} become {@code exp(a[at] - shift)}, except lanes whose row, 4i + j % 4 for lane j
+     * (the blocked layout of {@link TileKernels}), is at or past {@code limit[limitOff + j]}: those become 0. The
+     * lane-wise sums of the weights, in block order, go to {@code sums[0 .. L)}.
+     */
+    static void weights(float[] a, int from, int stride, int count, float[] shift, int[] limit, int limitOff,
+                        float[] sums) {
         FloatVector c7 = FloatVector.broadcast(F, C7);
         FloatVector c6 = FloatVector.broadcast(F, C6);
         FloatVector c5 = FloatVector.broadcast(F, C5);
@@ -46,8 +61,12 @@ final class Softmax {
         FloatVector one = FloatVector.broadcast(F, 1f);
         FloatVector hi = FloatVector.broadcast(F, -LN2_HI);
         FloatVector lo = FloatVector.broadcast(F, -LN2_LO);
+        FloatVector m = FloatVector.fromArray(F, shift, 0);
+        IntVector lim = IntVector.fromArray(I, limit, limitOff);
+        IntVector row = IntVector.fromArray(I, ROW_IN_BLOCK, 0);
+        FloatVector total = FloatVector.zero(F);
         for (int i = 0, at = from; i < count; i++, at += stride) {
-            FloatVector x = FloatVector.fromArray(F, a, at);
+            FloatVector x = FloatVector.fromArray(F, a, at).sub(m);
             FloatVector xc = x.max(UNDERFLOW).min(OVERFLOW);
             FloatVector k = xc.mul(LOG2E).add(RINT).sub(RINT);
             FloatVector r = k.fma(hi, xc);
@@ -60,8 +79,22 @@ final class Softmax {
             p = p.fma(r, one);
             p = p.fma(r, one);
             IntVector n = (IntVector) k.convert(VectorOperators.F2I, 0);
-            p.reinterpretAsInts().add(n.lanewise(VectorOperators.LSHL, 23)).reinterpretAsFloats()
-                    .blend(0f, x.compare(VectorOperators.LT, UNDERFLOW)).intoArray(a, at);
+            VectorMask<Float> zero = x.compare(VectorOperators.LT, UNDERFLOW)
+                    .or(row.add(4 * i).compare(VectorOperators.GE, lim).cast(F));
+            FloatVector w = p.reinterpretAsInts().add(n.lanewise(VectorOperators.LSHL, 23)).reinterpretAsFloats()
+                    .blend(0f, zero);
+            w.intoArray(a, at);
+            total = total.add(w);
+        }
+        total.intoArray(sums, 0);
+    }
+
+    /** Lane j of a blocked scores vector holds row j % 4 of its 4-row block. */
+    private static final int[] ROW_IN_BLOCK = new int[Lanes.L];
+
+    static {
+        for (int j = 0; j < Lanes.L; j++) {
+            ROW_IN_BLOCK[j] = j & 3;
         }
     }
 

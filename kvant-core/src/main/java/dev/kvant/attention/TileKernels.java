@@ -1,11 +1,12 @@
 package dev.kvant.attention;
 
 import static dev.kvant.attention.Lanes.F;
+import static dev.kvant.attention.Lanes.I;
 import static dev.kvant.attention.Lanes.L;
 import static dev.kvant.attention.Lanes.combine;
 
 import jdk.incubator.vector.FloatVector;
-import jdk.incubator.vector.VectorMask;
+import jdk.incubator.vector.IntVector;
 
 /**
  * The float micro-kernels over a decoded tile: scores (queries · K rows) and weighted sums (weights × V rows).
@@ -24,8 +25,6 @@ import jdk.incubator.vector.VectorMask;
  * and query a weight is broadcast. Each output lane is a chain of fmas in row order, the same whatever the blocking.
  */
 final class TileKernels {
-    private static final VectorMask<Float> FIRST4 = F.indexInRange(0, 4);
-    private static final VectorMask<Float> FIRST8 = F.indexInRange(0, 8);
 
     private TileKernels() {
     }
@@ -36,199 +35,301 @@ final class TileKernels {
     }
 
     /**
-     * Scores of query slots [0, slots) against tile rows [0, rows4) (rows4 a multiple of 4), for partition rows
-     * from row0 (a multiple of 4). Query slot i is the dp floats at q[qOff[i]]. red: scratch of 16·L floats.
+     * Scores of query slots [0, slots) against tile rows [0, rows4) (rows4 a multiple of 4; row k at
+     * kt[ktOff + k·stride]), for partition rows from row0 (a multiple of 4), into the blocked layout at s[sOff]
+     * (sOff a multiple of 4). Query slot i is the dp floats at q[qOff[i]]. red: scratch of 16·L floats.
      */
-    static void scores(float[] q, int[] qOff, int queries, int slots, float[] kt, int stride, int rows4, int dp,
-                       float[] s, int row0, float[] red) {
-        for (int r = 0; r < rows4; r += 4) {
-            int k0 = r * stride;
-            int base = ((row0 + r) >> 2) * slots;
-            int i = 0;
-            for (; i + 4 <= queries; i += 4) {
-                dots4(q, qOff[i], qOff[i + 1], qOff[i + 2], qOff[i + 3], kt, k0, stride, dp, s, (base + i) << 2, red);
-            }
-            if (i + 2 <= queries) {
-                dots2(q, qOff[i], qOff[i + 1], kt, k0, stride, dp, s, (base + i) << 2, red);
-                i += 2;
-            }
-            if (i < queries) {
-                dots1(q, qOff[i], kt, k0, stride, dp, s, (base + i) << 2, red);
-            }
-        }
-    }
-
-    private static void dots4(float[] q, int q0, int q1, int q2, int q3, float[] kt, int k0, int stride, int dp,
-                              float[] s, int so, float[] red) {
-        FloatVector a00 = FloatVector.zero(F), a01 = a00, a02 = a00, a03 = a00;
-        FloatVector a10 = a00, a11 = a00, a12 = a00, a13 = a00;
-        FloatVector a20 = a00, a21 = a00, a22 = a00, a23 = a00;
-        FloatVector a30 = a00, a31 = a00, a32 = a00, a33 = a00;
-        int k1 = k0 + stride, k2 = k1 + stride, k3 = k2 + stride;
-        for (int c = 0; c < dp; c += L) {
-            FloatVector r0 = FloatVector.fromArray(F, kt, k0 + c);
-            FloatVector r1 = FloatVector.fromArray(F, kt, k1 + c);
-            FloatVector r2 = FloatVector.fromArray(F, kt, k2 + c);
-            FloatVector r3 = FloatVector.fromArray(F, kt, k3 + c);
-            FloatVector v = FloatVector.fromArray(F, q, q0 + c);
-            a00 = v.fma(r0, a00);
-            a01 = v.fma(r1, a01);
-            a02 = v.fma(r2, a02);
-            a03 = v.fma(r3, a03);
-            v = FloatVector.fromArray(F, q, q1 + c);
-            a10 = v.fma(r0, a10);
-            a11 = v.fma(r1, a11);
-            a12 = v.fma(r2, a12);
-            a13 = v.fma(r3, a13);
-            v = FloatVector.fromArray(F, q, q2 + c);
-            a20 = v.fma(r0, a20);
-            a21 = v.fma(r1, a21);
-            a22 = v.fma(r2, a22);
-            a23 = v.fma(r3, a23);
-            v = FloatVector.fromArray(F, q, q3 + c);
-            a30 = v.fma(r0, a30);
-            a31 = v.fma(r1, a31);
-            a32 = v.fma(r2, a32);
-            a33 = v.fma(r3, a33);
-        }
-        a00.intoArray(red, 0);
-        a01.intoArray(red, L);
-        a02.intoArray(red, 2 * L);
-        a03.intoArray(red, 3 * L);
-        a10.intoArray(red, 4 * L);
-        a11.intoArray(red, 5 * L);
-        a12.intoArray(red, 6 * L);
-        a13.intoArray(red, 7 * L);
-        a20.intoArray(red, 8 * L);
-        a21.intoArray(red, 9 * L);
-        a22.intoArray(red, 10 * L);
-        a23.intoArray(red, 11 * L);
-        a30.intoArray(red, 12 * L);
-        a31.intoArray(red, 13 * L);
-        a32.intoArray(red, 14 * L);
-        a33.intoArray(red, 15 * L);
-        reduce16(red, s, so);
-    }
-
-    private static void dots2(float[] q, int q0, int q1, float[] kt, int k0, int stride, int dp, float[] s, int so,
-                              float[] red) {
-        FloatVector a00 = FloatVector.zero(F), a01 = a00, a02 = a00, a03 = a00;
-        FloatVector a10 = a00, a11 = a00, a12 = a00, a13 = a00;
-        int k1 = k0 + stride, k2 = k1 + stride, k3 = k2 + stride;
-        for (int c = 0; c < dp; c += L) {
-            FloatVector r0 = FloatVector.fromArray(F, kt, k0 + c);
-            FloatVector r1 = FloatVector.fromArray(F, kt, k1 + c);
-            FloatVector r2 = FloatVector.fromArray(F, kt, k2 + c);
-            FloatVector r3 = FloatVector.fromArray(F, kt, k3 + c);
-            FloatVector v = FloatVector.fromArray(F, q, q0 + c);
-            a00 = v.fma(r0, a00);
-            a01 = v.fma(r1, a01);
-            a02 = v.fma(r2, a02);
-            a03 = v.fma(r3, a03);
-            v = FloatVector.fromArray(F, q, q1 + c);
-            a10 = v.fma(r0, a10);
-            a11 = v.fma(r1, a11);
-            a12 = v.fma(r2, a12);
-            a13 = v.fma(r3, a13);
-        }
-        a00.intoArray(red, 0);
-        a01.intoArray(red, L);
-        a02.intoArray(red, 2 * L);
-        a03.intoArray(red, 3 * L);
-        a10.intoArray(red, 4 * L);
-        a11.intoArray(red, 5 * L);
-        a12.intoArray(red, 6 * L);
-        a13.intoArray(red, 7 * L);
-        reduce8(red, s, so);
-    }
-
-    private static void dots1(float[] q, int q0, float[] kt, int k0, int stride, int dp, float[] s, int so,
-                              float[] red) {
-        FloatVector a0 = FloatVector.zero(F), a1 = a0, a2 = a0, a3 = a0;
-        int k1 = k0 + stride, k2 = k1 + stride, k3 = k2 + stride;
-        for (int c = 0; c < dp; c += L) {
-            FloatVector v = FloatVector.fromArray(F, q, q0 + c);
-            a0 = v.fma(FloatVector.fromArray(F, kt, k0 + c), a0);
-            a1 = v.fma(FloatVector.fromArray(F, kt, k1 + c), a1);
-            a2 = v.fma(FloatVector.fromArray(F, kt, k2 + c), a2);
-            a3 = v.fma(FloatVector.fromArray(F, kt, k3 + c), a3);
-        }
-        a0.intoArray(red, 0);
-        a1.intoArray(red, L);
-        a2.intoArray(red, 2 * L);
-        a3.intoArray(red, 3 * L);
-        reduce4(red, s, so);
-    }
-
-    /**
-     * The lane sums of the 16 accumulators at red (query-major) into s[so .. so+16), by the tree, in place in red.
-     * Kept apart from the dot loops: inlined into them, the tree pushed C2 past its inlining budget.
-     */
-    private static void reduce16(float[] red, float[] s, int so) {
-        for (int k = 0; k < 8; k++) {
-            combine(red, 2 * k, 2 * k + 1, k, 0);
-        }
-        for (int k = 0; k < 4; k++) {
-            combine(red, 2 * k, 2 * k + 1, k, 1);
-        }
-        combine(red, 0, 1, 0, 2);
-        combine(red, 2, 3, 1, 2);
-        if (L == 16) {
-            combine(red, 0, 1, 0, 3);
-            FloatVector.fromArray(F, red, 0).intoArray(s, so);
-        } else {
-            FloatVector.fromArray(F, red, 0).intoArray(s, so);
-            FloatVector.fromArray(F, red, L).intoArray(s, so + 8);
-        }
-    }
-
-    private static void reduce8(float[] red, float[] s, int so) {
-        for (int k = 0; k < 4; k++) {
-            combine(red, 2 * k, 2 * k + 1, k, 0);
-        }
-        combine(red, 0, 1, 0, 1);
-        combine(red, 2, 3, 1, 1);
-        combine(red, 0, 1, 0, 2);
-        if (L == 16) {
-            combine(red, 0, 0, 0, 3);
-            FloatVector.fromArray(F, red, 0).intoArray(s, so, FIRST8);
-        } else {
-            FloatVector.fromArray(F, red, 0).intoArray(s, so);
-        }
-    }
-
-    private static void reduce4(float[] red, float[] s, int so) {
-        combine(red, 0, 1, 0, 0);
-        combine(red, 2, 3, 1, 0);
-        combine(red, 0, 1, 0, 1);
-        combine(red, 0, 0, 0, 2);
-        if (L == 16) {
-            combine(red, 0, 0, 0, 3);
-        }
-        FloatVector.fromArray(F, red, 0).intoArray(s, so, FIRST4);
-    }
-
-    /**
-     * acc[accOff[i] + d] += Σ_k w(i, rows[from + k]) · vt[k·stride + d] for query slots [0, queries), d in [0, dp), rows
-     * in the given order; w(i, r) is the blocked-layout weight {@code w[at(r, i, slots)]}.
-     */
-    static void weightedSum(float[] w, int slots, int[] rows, int from, int count, float[] vt, int stride, int dp,
-                            float[] acc, int[] accOff, int queries) {
+    static void scores(float[] q, int[] qOff, int queries, int slots, float[] kt, int ktOff, int stride, int rows4,
+                       int dp, float[] s, int sOff, int row0, float[] red) {
+        // Blocks of 4 rows are slots·4 floats apart in s.
+        int step = 4 * slots;
+        int s0 = sOff + (row0 >> 2) * step;
+        int blocks = rows4 / 4;
         int i = 0;
         for (; i + 4 <= queries; i += 4) {
-            sum4(w, slots, i, rows, from, count, vt, stride, dp, acc, accOff[i], accOff[i + 1], accOff[i + 2],
-                    accOff[i + 3]);
+            dots4(q, qOff[i], qOff[i + 1], qOff[i + 2], qOff[i + 3], kt, ktOff, stride, blocks, dp, s, s0 + 4 * i,
+                    step, red);
         }
         if (i + 2 <= queries) {
-            sum2(w, slots, i, rows, from, count, vt, stride, dp, acc, accOff[i], accOff[i + 1]);
+            dots2(q, qOff[i], qOff[i + 1], kt, ktOff, stride, blocks, dp, s, s0 + 4 * i, step, red);
             i += 2;
         }
         if (i < queries) {
-            sum1(w, slots, i, rows, from, count, vt, stride, dp, acc, accOff[i]);
+            dots1(q, qOff[i], kt, ktOff, stride, blocks, dp, s, s0 + 4 * i, step, red);
         }
     }
 
-    private static void sum4(float[] w, int slots, int i, int[] rows, int from, int count, float[] vt, int stride, int dp,
+    /**
+     * 4 queries against blocks of 4 rows from kt[k0]: per block, 16 accumulators, summed across lanes into
+     * s[so + b·step ..+16). The rows loop is inside so the queries' bounds checks are paid once per call.
+     */
+    private static void dots4(float[] q, int q0, int q1, int q2, int q3, float[] kt, int k0, int stride, int blocks,
+                              int dp, float[] s, int so, int step, float[] red) {
+        IntVector l0 = IntVector.fromArray(I, Lanes.low(0), 0), h0 = IntVector.fromArray(I, Lanes.high(0), 0);
+        IntVector l1 = IntVector.fromArray(I, Lanes.low(1), 0), h1 = IntVector.fromArray(I, Lanes.high(1), 0);
+        IntVector l2 = IntVector.fromArray(I, Lanes.low(2), 0), h2 = IntVector.fromArray(I, Lanes.high(2), 0);
+        IntVector l3 = IntVector.fromArray(I, Lanes.low(Math.min(3, Lanes.STAGES - 1)), 0);
+        IntVector h3 = IntVector.fromArray(I, Lanes.high(Math.min(3, Lanes.STAGES - 1)), 0);
+        for (int b = 0; b < blocks; b++) {
+            FloatVector a00 = FloatVector.zero(F), a01 = a00, a02 = a00, a03 = a00;
+            FloatVector a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+            FloatVector a20 = a00, a21 = a00, a22 = a00, a23 = a00;
+            FloatVector a30 = a00, a31 = a00, a32 = a00, a33 = a00;
+            int r0 = k0 + 4 * b * stride, r1 = r0 + stride, r2 = r1 + stride, r3 = r2 + stride;
+            for (int c = 0; c < dp; c += L) {
+                FloatVector x0 = FloatVector.fromArray(F, kt, r0 + c);
+                FloatVector x1 = FloatVector.fromArray(F, kt, r1 + c);
+                FloatVector x2 = FloatVector.fromArray(F, kt, r2 + c);
+                FloatVector x3 = FloatVector.fromArray(F, kt, r3 + c);
+                FloatVector v = FloatVector.fromArray(F, q, q0 + c);
+                a00 = v.fma(x0, a00);
+                a01 = v.fma(x1, a01);
+                a02 = v.fma(x2, a02);
+                a03 = v.fma(x3, a03);
+                v = FloatVector.fromArray(F, q, q1 + c);
+                a10 = v.fma(x0, a10);
+                a11 = v.fma(x1, a11);
+                a12 = v.fma(x2, a12);
+                a13 = v.fma(x3, a13);
+                v = FloatVector.fromArray(F, q, q2 + c);
+                a20 = v.fma(x0, a20);
+                a21 = v.fma(x1, a21);
+                a22 = v.fma(x2, a22);
+                a23 = v.fma(x3, a23);
+                v = FloatVector.fromArray(F, q, q3 + c);
+                a30 = v.fma(x0, a30);
+                a31 = v.fma(x1, a31);
+                a32 = v.fma(x2, a32);
+                a33 = v.fma(x3, a33);
+            }
+            if (L == 16) {
+                // The tree of reduce(), in registers: 15 pair steps, no stores.
+                IntVector c0 = l0.selectFrom(a00.reinterpretAsInts(), a01.reinterpretAsInts()).reinterpretAsFloats()
+                        .add(h0.selectFrom(a00.reinterpretAsInts(), a01.reinterpretAsInts()).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector c1 = l0.selectFrom(a02.reinterpretAsInts(), a03.reinterpretAsInts()).reinterpretAsFloats()
+                        .add(h0.selectFrom(a02.reinterpretAsInts(), a03.reinterpretAsInts()).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector c2 = l0.selectFrom(a10.reinterpretAsInts(), a11.reinterpretAsInts()).reinterpretAsFloats()
+                        .add(h0.selectFrom(a10.reinterpretAsInts(), a11.reinterpretAsInts()).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector c3 = l0.selectFrom(a12.reinterpretAsInts(), a13.reinterpretAsInts()).reinterpretAsFloats()
+                        .add(h0.selectFrom(a12.reinterpretAsInts(), a13.reinterpretAsInts()).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector c4 = l0.selectFrom(a20.reinterpretAsInts(), a21.reinterpretAsInts()).reinterpretAsFloats()
+                        .add(h0.selectFrom(a20.reinterpretAsInts(), a21.reinterpretAsInts()).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector c5 = l0.selectFrom(a22.reinterpretAsInts(), a23.reinterpretAsInts()).reinterpretAsFloats()
+                        .add(h0.selectFrom(a22.reinterpretAsInts(), a23.reinterpretAsInts()).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector c6 = l0.selectFrom(a30.reinterpretAsInts(), a31.reinterpretAsInts()).reinterpretAsFloats()
+                        .add(h0.selectFrom(a30.reinterpretAsInts(), a31.reinterpretAsInts()).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector c7 = l0.selectFrom(a32.reinterpretAsInts(), a33.reinterpretAsInts()).reinterpretAsFloats()
+                        .add(h0.selectFrom(a32.reinterpretAsInts(), a33.reinterpretAsInts()).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector d0 = l1.selectFrom(c0, c1).reinterpretAsFloats().add(h1.selectFrom(c0, c1).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector d1 = l1.selectFrom(c2, c3).reinterpretAsFloats().add(h1.selectFrom(c2, c3).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector d2 = l1.selectFrom(c4, c5).reinterpretAsFloats().add(h1.selectFrom(c4, c5).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector d3 = l1.selectFrom(c6, c7).reinterpretAsFloats().add(h1.selectFrom(c6, c7).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector e0 = l2.selectFrom(d0, d1).reinterpretAsFloats().add(h2.selectFrom(d0, d1).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector e1 = l2.selectFrom(d2, d3).reinterpretAsFloats().add(h2.selectFrom(d2, d3).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                l3.selectFrom(e0, e1).reinterpretAsFloats().add(h3.selectFrom(e0, e1).reinterpretAsFloats())
+                        .intoArray(s, so + b * step);
+                continue;
+            }
+            a00.intoArray(red, 0);
+            a01.intoArray(red, L);
+            a02.intoArray(red, 2 * L);
+            a03.intoArray(red, 3 * L);
+            a10.intoArray(red, 4 * L);
+            a11.intoArray(red, 5 * L);
+            a12.intoArray(red, 6 * L);
+            a13.intoArray(red, 7 * L);
+            a20.intoArray(red, 8 * L);
+            a21.intoArray(red, 9 * L);
+            a22.intoArray(red, 10 * L);
+            a23.intoArray(red, 11 * L);
+            a30.intoArray(red, 12 * L);
+            a31.intoArray(red, 13 * L);
+            a32.intoArray(red, 14 * L);
+            a33.intoArray(red, 15 * L);
+            reduce(red, 16, s, so + b * step);
+        }
+    }
+
+    private static void dots2(float[] q, int q0, int q1, float[] kt, int k0, int stride, int blocks, int dp,
+                              float[] s, int so, int step, float[] red) {
+        for (int b = 0; b < blocks; b++) {
+            FloatVector a00 = FloatVector.zero(F), a01 = a00, a02 = a00, a03 = a00;
+            FloatVector a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+            int r0 = k0 + 4 * b * stride, r1 = r0 + stride, r2 = r1 + stride, r3 = r2 + stride;
+            for (int c = 0; c < dp; c += L) {
+                FloatVector x0 = FloatVector.fromArray(F, kt, r0 + c);
+                FloatVector x1 = FloatVector.fromArray(F, kt, r1 + c);
+                FloatVector x2 = FloatVector.fromArray(F, kt, r2 + c);
+                FloatVector x3 = FloatVector.fromArray(F, kt, r3 + c);
+                FloatVector v = FloatVector.fromArray(F, q, q0 + c);
+                a00 = v.fma(x0, a00);
+                a01 = v.fma(x1, a01);
+                a02 = v.fma(x2, a02);
+                a03 = v.fma(x3, a03);
+                v = FloatVector.fromArray(F, q, q1 + c);
+                a10 = v.fma(x0, a10);
+                a11 = v.fma(x1, a11);
+                a12 = v.fma(x2, a12);
+                a13 = v.fma(x3, a13);
+            }
+            a00.intoArray(red, 0);
+            a01.intoArray(red, L);
+            a02.intoArray(red, 2 * L);
+            a03.intoArray(red, 3 * L);
+            a10.intoArray(red, 4 * L);
+            a11.intoArray(red, 5 * L);
+            a12.intoArray(red, 6 * L);
+            a13.intoArray(red, 7 * L);
+            reduce(red, 8, s, so + b * step);
+        }
+    }
+
+    private static void dots1(float[] q, int q0, float[] kt, int k0, int stride, int blocks, int dp, float[] s,
+                              int so, int step, float[] red) {
+        for (int b = 0; b < blocks; b++) {
+            FloatVector a0 = FloatVector.zero(F), a1 = a0, a2 = a0, a3 = a0;
+            int r0 = k0 + 4 * b * stride, r1 = r0 + stride, r2 = r1 + stride, r3 = r2 + stride;
+            for (int c = 0; c < dp; c += L) {
+                FloatVector v = FloatVector.fromArray(F, q, q0 + c);
+                a0 = v.fma(FloatVector.fromArray(F, kt, r0 + c), a0);
+                a1 = v.fma(FloatVector.fromArray(F, kt, r1 + c), a1);
+                a2 = v.fma(FloatVector.fromArray(F, kt, r2 + c), a2);
+                a3 = v.fma(FloatVector.fromArray(F, kt, r3 + c), a3);
+            }
+            a0.intoArray(red, 0);
+            a1.intoArray(red, L);
+            a2.intoArray(red, 2 * L);
+            a3.intoArray(red, 3 * L);
+            reduce(red, 4, s, so + b * step);
+        }
+    }
+
+    /**
+     * The lane sums of the n (16, 8 or 4) accumulators at red into s[so .. so+n), lane j of the result being
+     * accumulator j's sum, by the tree of {@link Lanes#combine}. With 16 lanes the tree is written out, no calls:
+     * left to calls, C2 did not inline them and the reduction cost as much as the dot products.
+     */
+    static void reduce(float[] red, int n, float[] s, int so) {
+        if (L != 16) {
+            reduceAnyWidth(red, n, s, so);
+            return;
+        }
+        IntVector l0 = IntVector.fromArray(I, Lanes.low(0), 0), h0 = IntVector.fromArray(I, Lanes.high(0), 0);
+        IntVector l1 = IntVector.fromArray(I, Lanes.low(1), 0), h1 = IntVector.fromArray(I, Lanes.high(1), 0);
+        IntVector l2 = IntVector.fromArray(I, Lanes.low(2), 0), h2 = IntVector.fromArray(I, Lanes.high(2), 0);
+        IntVector l3 = IntVector.fromArray(I, Lanes.low(3), 0), h3 = IntVector.fromArray(I, Lanes.high(3), 0);
+        IntVector a0 = FloatVector.fromArray(F, red, 0).reinterpretAsInts();
+        IntVector a1 = FloatVector.fromArray(F, red, L).reinterpretAsInts();
+        IntVector a2 = FloatVector.fromArray(F, red, 2 * L).reinterpretAsInts();
+        IntVector a3 = FloatVector.fromArray(F, red, 3 * L).reinterpretAsInts();
+        // stage 0 (lanes 8 apart) and 1 (4 apart) over accumulators 0-3
+        IntVector c0 = l0.selectFrom(a0, a1).reinterpretAsFloats().add(h0.selectFrom(a0, a1).reinterpretAsFloats())
+                .reinterpretAsInts();
+        IntVector c1 = l0.selectFrom(a2, a3).reinterpretAsFloats().add(h0.selectFrom(a2, a3).reinterpretAsFloats())
+                .reinterpretAsInts();
+        IntVector d0 = l1.selectFrom(c0, c1).reinterpretAsFloats().add(h1.selectFrom(c0, c1).reinterpretAsFloats())
+                .reinterpretAsInts();
+        IntVector d1 = d0;
+        IntVector d2 = d0;
+        IntVector d3 = d0;
+        if (n >= 8) {
+            IntVector a4 = FloatVector.fromArray(F, red, 4 * L).reinterpretAsInts();
+            IntVector a5 = FloatVector.fromArray(F, red, 5 * L).reinterpretAsInts();
+            IntVector a6 = FloatVector.fromArray(F, red, 6 * L).reinterpretAsInts();
+            IntVector a7 = FloatVector.fromArray(F, red, 7 * L).reinterpretAsInts();
+            IntVector c2 = l0.selectFrom(a4, a5).reinterpretAsFloats().add(h0.selectFrom(a4, a5).reinterpretAsFloats())
+                    .reinterpretAsInts();
+            IntVector c3 = l0.selectFrom(a6, a7).reinterpretAsFloats().add(h0.selectFrom(a6, a7).reinterpretAsFloats())
+                    .reinterpretAsInts();
+            d1 = l1.selectFrom(c2, c3).reinterpretAsFloats().add(h1.selectFrom(c2, c3).reinterpretAsFloats())
+                    .reinterpretAsInts();
+        }
+        if (n == 16) {
+            IntVector a8 = FloatVector.fromArray(F, red, 8 * L).reinterpretAsInts();
+            IntVector a9 = FloatVector.fromArray(F, red, 9 * L).reinterpretAsInts();
+            IntVector a10 = FloatVector.fromArray(F, red, 10 * L).reinterpretAsInts();
+            IntVector a11 = FloatVector.fromArray(F, red, 11 * L).reinterpretAsInts();
+            IntVector a12 = FloatVector.fromArray(F, red, 12 * L).reinterpretAsInts();
+            IntVector a13 = FloatVector.fromArray(F, red, 13 * L).reinterpretAsInts();
+            IntVector a14 = FloatVector.fromArray(F, red, 14 * L).reinterpretAsInts();
+            IntVector a15 = FloatVector.fromArray(F, red, 15 * L).reinterpretAsInts();
+            IntVector c4 = l0.selectFrom(a8, a9).reinterpretAsFloats().add(h0.selectFrom(a8, a9).reinterpretAsFloats())
+                    .reinterpretAsInts();
+            IntVector c5 = l0.selectFrom(a10, a11).reinterpretAsFloats()
+                    .add(h0.selectFrom(a10, a11).reinterpretAsFloats()).reinterpretAsInts();
+            IntVector c6 = l0.selectFrom(a12, a13).reinterpretAsFloats()
+                    .add(h0.selectFrom(a12, a13).reinterpretAsFloats()).reinterpretAsInts();
+            IntVector c7 = l0.selectFrom(a14, a15).reinterpretAsFloats()
+                    .add(h0.selectFrom(a14, a15).reinterpretAsFloats()).reinterpretAsInts();
+            d2 = l1.selectFrom(c4, c5).reinterpretAsFloats().add(h1.selectFrom(c4, c5).reinterpretAsFloats())
+                    .reinterpretAsInts();
+            d3 = l1.selectFrom(c6, c7).reinterpretAsFloats().add(h1.selectFrom(c6, c7).reinterpretAsFloats())
+                    .reinterpretAsInts();
+        }
+        // stage 2 (lanes 2 apart) and 3 (adjacent); fewer accumulators pair a vector with itself
+        IntVector e0 = l2.selectFrom(d0, d1).reinterpretAsFloats().add(h2.selectFrom(d0, d1).reinterpretAsFloats())
+                .reinterpretAsInts();
+        IntVector e1 = l2.selectFrom(d2, d3).reinterpretAsFloats().add(h2.selectFrom(d2, d3).reinterpretAsFloats())
+                .reinterpretAsInts();
+        FloatVector f = l3.selectFrom(e0, e1).reinterpretAsFloats().add(h3.selectFrom(e0, e1).reinterpretAsFloats());
+        if (n == 16) {
+            f.intoArray(s, so);
+        } else {
+            f.intoArray(red, 0);
+            System.arraycopy(red, 0, s, so, n);
+        }
+    }
+
+    /** {@link #reduce} for vector widths other than 16, through {@link Lanes#combine}. */
+    private static void reduceAnyWidth(float[] red, int n, float[] s, int so) {
+        int v = n;
+        for (int stage = 0; stage < Lanes.STAGES; stage++) {
+            int pairs = Math.max(1, v / 2);
+            for (int k = 0; k < pairs; k++) {
+                combine(red, Math.min(2 * k, v - 1), Math.min(2 * k + 1, v - 1), k, stage);
+            }
+            v = pairs;
+        }
+        // The sums now lie in order at red[0 .. n), L to a vector.
+        System.arraycopy(red, 0, s, so, n);
+    }
+
+    /**
+     * acc[accOff[i] + d] += Σ_k w(i, rows[from + k]) · vt[vtOff + k·stride + d] for query slots [0, queries), d in
+     * [0, dp), rows in the given order; w(i, r) is the blocked-layout weight {@code w[wOff + at(r, i, slots)]}.
+     */
+    static void weightedSum(float[] w, int wOff, int slots, int[] rows, int from, int count, float[] vt, int vtOff,
+                            int stride, int dp, float[] acc, int[] accOff, int queries) {
+        int i = 0;
+        for (; i + 4 <= queries; i += 4) {
+            sum4(w, wOff, slots, i, rows, from, count, vt, vtOff, stride, dp, acc, accOff[i], accOff[i + 1],
+                    accOff[i + 2], accOff[i + 3]);
+        }
+        if (i + 2 <= queries) {
+            sum2(w, wOff, slots, i, rows, from, count, vt, vtOff, stride, dp, acc, accOff[i], accOff[i + 1]);
+            i += 2;
+        }
+        if (i < queries) {
+            sum1(w, wOff, slots, i, rows, from, count, vt, vtOff, stride, dp, acc, accOff[i]);
+        }
+    }
+
+    private static void sum4(float[] w, int wOff, int slots, int i, int[] rows, int from, int count, float[] vt,
+                             int vtOff, int stride, int dp,
                              float[] acc, int o0, int o1, int o2, int o3) {
         int c = 0;
         for (; c + 4 * L <= dp; c += 4 * L) {
@@ -242,8 +343,8 @@ final class TileKernels {
             FloatVector a30 = FloatVector.fromArray(F, acc, o3 + c), a31 = FloatVector.fromArray(F, acc, o3 + c1);
             FloatVector a32 = FloatVector.fromArray(F, acc, o3 + c2), a33 = FloatVector.fromArray(F, acc, o3 + c3);
             for (int k = 0; k < count; k++) {
-                int wi = at(rows[from + k], i, slots);
-                int vo = k * stride + c;
+                int wi = wOff + at(rows[from + k], i, slots);
+                int vo = vtOff + k * stride + c;
                 FloatVector v0 = FloatVector.fromArray(F, vt, vo);
                 FloatVector v1 = FloatVector.fromArray(F, vt, vo + L);
                 FloatVector v2 = FloatVector.fromArray(F, vt, vo + 2 * L);
@@ -292,8 +393,8 @@ final class TileKernels {
             FloatVector x2 = FloatVector.fromArray(F, acc, o2 + c);
             FloatVector x3 = FloatVector.fromArray(F, acc, o3 + c);
             for (int k = 0; k < count; k++) {
-                int wi = at(rows[from + k], i, slots);
-                FloatVector vx = FloatVector.fromArray(F, vt, k * stride + c);
+                int wi = wOff + at(rows[from + k], i, slots);
+                FloatVector vx = FloatVector.fromArray(F, vt, vtOff + k * stride + c);
                 x0 = vx.fma(FloatVector.broadcast(F, w[wi]), x0);
                 x1 = vx.fma(FloatVector.broadcast(F, w[wi + 4]), x1);
                 x2 = vx.fma(FloatVector.broadcast(F, w[wi + 8]), x2);
@@ -306,7 +407,8 @@ final class TileKernels {
         }
     }
 
-    private static void sum2(float[] w, int slots, int i, int[] rows, int from, int count, float[] vt, int stride, int dp,
+    private static void sum2(float[] w, int wOff, int slots, int i, int[] rows, int from, int count, float[] vt,
+                             int vtOff, int stride, int dp,
                              float[] acc, int o0, int o1) {
         int c = 0;
         for (; c + 4 * L <= dp; c += 4 * L) {
@@ -317,8 +419,8 @@ final class TileKernels {
             FloatVector z1 = FloatVector.fromArray(F, acc, o1 + c + 2 * L);
             FloatVector u1 = FloatVector.fromArray(F, acc, o1 + c + 3 * L);
             for (int k = 0; k < count; k++) {
-                int wi = at(rows[from + k], i, slots);
-                int vo = k * stride + c;
+                int wi = wOff + at(rows[from + k], i, slots);
+                int vo = vtOff + k * stride + c;
                 FloatVector vx = FloatVector.fromArray(F, vt, vo);
                 FloatVector vy = FloatVector.fromArray(F, vt, vo + L);
                 FloatVector vz = FloatVector.fromArray(F, vt, vo + 2 * L);
@@ -347,8 +449,8 @@ final class TileKernels {
             FloatVector x0 = FloatVector.fromArray(F, acc, o0 + c);
             FloatVector x1 = FloatVector.fromArray(F, acc, o1 + c);
             for (int k = 0; k < count; k++) {
-                int wi = at(rows[from + k], i, slots);
-                FloatVector vx = FloatVector.fromArray(F, vt, k * stride + c);
+                int wi = wOff + at(rows[from + k], i, slots);
+                FloatVector vx = FloatVector.fromArray(F, vt, vtOff + k * stride + c);
                 x0 = vx.fma(FloatVector.broadcast(F, w[wi]), x0);
                 x1 = vx.fma(FloatVector.broadcast(F, w[wi + 4]), x1);
             }
@@ -357,7 +459,8 @@ final class TileKernels {
         }
     }
 
-    private static void sum1(float[] w, int slots, int i, int[] rows, int from, int count, float[] vt, int stride, int dp,
+    private static void sum1(float[] w, int wOff, int slots, int i, int[] rows, int from, int count, float[] vt,
+                             int vtOff, int stride, int dp,
                              float[] acc, int o0) {
         int c = 0;
         for (; c + 4 * L <= dp; c += 4 * L) {
@@ -366,8 +469,8 @@ final class TileKernels {
             FloatVector z = FloatVector.fromArray(F, acc, o0 + c + 2 * L);
             FloatVector u = FloatVector.fromArray(F, acc, o0 + c + 3 * L);
             for (int k = 0; k < count; k++) {
-                int vo = k * stride + c;
-                FloatVector b = FloatVector.broadcast(F, w[at(rows[from + k], i, slots)]);
+                int vo = vtOff + k * stride + c;
+                FloatVector b = FloatVector.broadcast(F, w[wOff + at(rows[from + k], i, slots)]);
                 x = FloatVector.fromArray(F, vt, vo).fma(b, x);
                 y = FloatVector.fromArray(F, vt, vo + L).fma(b, y);
                 z = FloatVector.fromArray(F, vt, vo + 2 * L).fma(b, z);
@@ -381,7 +484,7 @@ final class TileKernels {
         for (; c < dp; c += L) {
             FloatVector x = FloatVector.fromArray(F, acc, o0 + c);
             for (int k = 0; k < count; k++) {
-                x = FloatVector.fromArray(F, vt, k * stride + c).fma(FloatVector.broadcast(F, w[at(rows[from + k], i, slots)]), x);
+                x = FloatVector.fromArray(F, vt, vtOff + k * stride + c).fma(FloatVector.broadcast(F, w[wOff + at(rows[from + k], i, slots)]), x);
             }
             x.intoArray(acc, o0 + c);
         }

@@ -3,13 +3,11 @@ package dev.kvant.attention;
 import static dev.kvant.attention.Lanes.B;
 import static dev.kvant.attention.Lanes.I;
 import static dev.kvant.attention.Lanes.L;
-import static dev.kvant.attention.Lanes.LE;
-import static dev.kvant.attention.Lanes.LE_SHORT;
+import static dev.kvant.attention.Lanes.half;
 
 import dev.kvant.kv.Rotation;
 import dev.kvant.kv.TurboFormat;
 
-import java.lang.foreign.MemorySegment;
 import jdk.incubator.vector.ByteVector;
 import jdk.incubator.vector.IntVector;
 import jdk.incubator.vector.VectorMask;
@@ -35,7 +33,6 @@ final class TurboRows implements RowDecoder {
     private final int dim;
     private final int blockBytes;
     private final int[] table;
-    private final boolean twoTables;
     /** For a plane of P < L bytes: lane i reads byte i mod P, at bit offset (i / P) fields further. */
     private final VectorShuffle<Integer> repeat;
     private final int[] laneField;
@@ -46,7 +43,6 @@ final class TurboRows implements RowDecoder {
         this.dim = Rotation.paddedDim(headDim);
         this.blockBytes = format.blockBytes(n);
         float[] c = format.codebook(headDim).centroidsAsFloat();
-        this.twoTables = c.length > L;
         this.table = new int[2 * L];
         for (int i = 0; i < c.length; i++) {
             table[i] = Float.floatToRawIntBits(c[i]);
@@ -65,87 +61,130 @@ final class TurboRows implements RowDecoder {
     }
 
     @Override
-    public void decode(MemorySegment src, long[] offs, int count, float[] dst, int stride) {
-        for (int k = 0; k < count; k++) {
-            for (int b = 0; b < dim; b += n) {
-                long in = offs[k] + (long) (b / n) * blockBytes;
-                float g = Float.float16ToFloat(src.get(LE_SHORT, in));
-                int o = k * stride + b;
-                switch (bits) {
-                    case 4 -> block4(src, in + 2, g, dst, o);
-                    case 3 -> block3(src, in + 2, g, dst, o);
-                    default -> block2(src, in + 2, g, dst, o);
-                }
+    public void decode(byte[] src, int[] offs, int count, float[] dst, int stride) {
+        int blocks = dim / n;
+        // Loops with constant sizes for the usual 128-blocks: with sizes in variables they ran 1.5-2x slower.
+        if (n == 128) {
+            switch (bits) {
+                case 4 -> rows4(src, offs, count, dst, stride, blocks, table, 128, 66);
+                case 3 -> rows3(src, offs, count, dst, stride, blocks, table, 128, 50);
+                default -> rows2(src, offs, count, dst, stride, blocks, table, 128, 34);
+            }
+        } else {
+            switch (bits) {
+                case 4 -> rows4(src, offs, count, dst, stride, blocks, table, n, blockBytes);
+                case 3 -> rows3Narrow(src, offs, count, dst, stride, blocks);
+                default -> rows2(src, offs, count, dst, stride, blocks, table, n, blockBytes);
             }
         }
     }
 
     // The lookups are written out in each method: a helper taking vectors would box them (see Lanes).
 
-    private void block4(MemorySegment src, long at, float g, float[] dst, int o) {
+    private static void rows4(byte[] src, int[] offs, int count, float[] dst, int stride, int blocks, int[] table,
+                              int n, int blockBytes) {
         IntVector t0 = IntVector.fromArray(I, table, 0);
         IntVector t1 = IntVector.fromArray(I, table, L);
+        boolean two = L < 16;
         int p = n / 2;
-        for (int j = 0; j < p; j += L) {
-            IntVector v = ((IntVector) ByteVector.fromMemorySegment(B, src, at + j, LE)
-                    .convertShape(VectorOperators.B2I, I, 0)).and(0xFF);
-            IntVector lo = v.and(15);
-            IntVector hi = v.lanewise(VectorOperators.LSHR, 4);
-            (twoTables ? lo.selectFrom(t0, t1) : lo.selectFrom(t0)).reinterpretAsFloats().mul(g).intoArray(dst, o + j);
-            (twoTables ? hi.selectFrom(t0, t1) : hi.selectFrom(t0)).reinterpretAsFloats().mul(g)
-                    .intoArray(dst, o + j + p);
+        for (int k = 0; k < count; k++) {
+            for (int b = 0; b < blocks; b++) {
+                int at = offs[k] + b * blockBytes;
+                float g = Float.float16ToFloat(half(src, at));
+                int o = k * stride + b * n;
+                for (int j = 0; j < p; j += L) {
+                    IntVector v = ((IntVector) ByteVector.fromArray(B, src, at + 2 + j)
+                            .convertShape(VectorOperators.B2I, I, 0)).and(0xFF);
+                    IntVector lo = v.and(15);
+                    IntVector hi = v.lanewise(VectorOperators.LSHR, 4);
+                    (two ? lo.selectFrom(t0, t1) : lo.selectFrom(t0)).reinterpretAsFloats().mul(g)
+                            .intoArray(dst, o + j);
+                    (two ? hi.selectFrom(t0, t1) : hi.selectFrom(t0)).reinterpretAsFloats().mul(g)
+                            .intoArray(dst, o + j + p);
+                }
+            }
         }
     }
 
-    private void block2(MemorySegment src, long at, float g, float[] dst, int o) {
+    private static void rows2(byte[] src, int[] offs, int count, float[] dst, int stride, int blocks, int[] table,
+                              int n, int blockBytes) {
         IntVector t = IntVector.fromArray(I, table, 0);
         int p = n / 4;
-        for (int j = 0; j < p; j += L) {
-            IntVector v = ((IntVector) ByteVector.fromMemorySegment(B, src, at + j, LE)
-                    .convertShape(VectorOperators.B2I, I, 0)).and(0xFF);
-            v.and(3).selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o + j);
-            v.lanewise(VectorOperators.LSHR, 2).and(3).selectFrom(t).reinterpretAsFloats().mul(g)
-                    .intoArray(dst, o + j + p);
-            v.lanewise(VectorOperators.LSHR, 4).and(3).selectFrom(t).reinterpretAsFloats().mul(g)
-                    .intoArray(dst, o + j + 2 * p);
-            v.lanewise(VectorOperators.LSHR, 6).selectFrom(t).reinterpretAsFloats().mul(g)
-                    .intoArray(dst, o + j + 3 * p);
+        for (int k = 0; k < count; k++) {
+            for (int b = 0; b < blocks; b++) {
+                int at = offs[k] + b * blockBytes;
+                float g = Float.float16ToFloat(half(src, at));
+                int o = k * stride + b * n;
+                for (int j = 0; j < p; j += L) {
+                    IntVector v = ((IntVector) ByteVector.fromArray(B, src, at + 2 + j)
+                            .convertShape(VectorOperators.B2I, I, 0)).and(0xFF);
+                    v.and(3).selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o + j);
+                    v.lanewise(VectorOperators.LSHR, 2).and(3).selectFrom(t).reinterpretAsFloats().mul(g)
+                            .intoArray(dst, o + j + p);
+                    v.lanewise(VectorOperators.LSHR, 4).and(3).selectFrom(t).reinterpretAsFloats().mul(g)
+                            .intoArray(dst, o + j + 2 * p);
+                    v.lanewise(VectorOperators.LSHR, 6).selectFrom(t).reinterpretAsFloats().mul(g)
+                            .intoArray(dst, o + j + 3 * p);
+                }
+            }
         }
     }
 
-    /** Low two bits from a plane of n/4 bytes, the high bit from the plane of n/8 bytes after it. */
-    private void block3(MemorySegment src, long at, float g, float[] dst, int o) {
+    /** Low two bits from a plane of n/4 bytes, the high bit from the plane of n/8 (at least L) bytes after it. */
+    private static void rows3(byte[] src, int[] offs, int count, float[] dst, int stride, int blocks, int[] table,
+                              int n, int blockBytes) {
         IntVector t = IntVector.fromArray(I, table, 0);
         int p2 = n / 4;
         int p1 = n / 8;
-        long hiAt = at + p2;
-        if (p1 >= L) {
-            for (int j = 0; j < p2; j += L) {
-                IntVector lo = ((IntVector) ByteVector.fromMemorySegment(B, src, at + j, LE)
-                        .convertShape(VectorOperators.B2I, I, 0)).and(0xFF);
-                IntVector hi = ((IntVector) ByteVector.fromMemorySegment(B, src, hiAt + j % p1, LE)
-                        .convertShape(VectorOperators.B2I, I, 0)).lanewise(VectorOperators.LSHL, 2);
-                int f = j / p1;
-                for (int q = 0; q < 4; q++) {
-                    lo.lanewise(VectorOperators.LSHR, 2 * q).and(3)
-                            .or(hi.lanewise(VectorOperators.LSHR, f + 2 * q).and(4))
-                            .selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o + j + q * p2);
+        for (int k = 0; k < count; k++) {
+            for (int b = 0; b < blocks; b++) {
+                int at = offs[k] + b * blockBytes;
+                float g = Float.float16ToFloat(half(src, at));
+                int o = k * stride + b * n;
+                for (int j = 0; j < p2; j += L) {
+                    IntVector lo = ((IntVector) ByteVector.fromArray(B, src, at + 2 + j)
+                            .convertShape(VectorOperators.B2I, I, 0)).and(0xFF);
+                    IntVector hi = ((IntVector) ByteVector.fromArray(B, src, at + 2 + p2 + j % p1)
+                            .convertShape(VectorOperators.B2I, I, 0)).lanewise(VectorOperators.LSHL, 2);
+                    int f = j / p1;
+                    for (int q = 0; q < 4; q++) {
+                        lo.lanewise(VectorOperators.LSHR, 2 * q).and(3)
+                                .or(hi.lanewise(VectorOperators.LSHR, f + 2 * q).and(4))
+                                .selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o + j + q * p2);
+                    }
                 }
             }
-        } else {
-            VectorMask<Byte> m = B.indexInRange(0, p1);
-            IntVector hiAll = ((IntVector) ByteVector.fromMemorySegment(B, src, hiAt, LE, m)
-                    .convertShape(VectorOperators.B2I, I, 0)).and(0xFF).rearrange(repeat)
-                    .lanewise(VectorOperators.LSHL, 2);
-            IntVector field = IntVector.fromArray(I, laneField, 0);
-            for (int j = 0; j < p2; j += L) {
-                IntVector lo = ((IntVector) ByteVector.fromMemorySegment(B, src, at + j, LE)
-                        .convertShape(VectorOperators.B2I, I, 0)).and(0xFF);
-                for (int q = 0; q < 4; q++) {
-                    int e0 = j + q * p2;
-                    lo.lanewise(VectorOperators.LSHR, 2 * q).and(3)
-                            .or(hiAll.lanewise(VectorOperators.LSHR, field.add(e0 / p1)).and(4))
-                            .selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o + e0);
+        }
+    }
+
+    /** turbo3 with a high-bit plane narrower than L (64-blocks at 16 lanes): read masked, repeated, lane-shifted. */
+    private void rows3Narrow(byte[] src, int[] offs, int count, float[] dst, int stride, int blocks) {
+        if (n / 8 >= L) {
+            rows3(src, offs, count, dst, stride, blocks, table, n, blockBytes);
+            return;
+        }
+        IntVector t = IntVector.fromArray(I, table, 0);
+        int p2 = n / 4;
+        int p1 = n / 8;
+        VectorMask<Byte> m = B.indexInRange(0, p1);
+        IntVector field = IntVector.fromArray(I, laneField, 0);
+        for (int k = 0; k < count; k++) {
+            for (int b = 0; b < blocks; b++) {
+                int at = offs[k] + b * blockBytes;
+                float g = Float.float16ToFloat(half(src, at));
+                int o = k * stride + b * n;
+                IntVector hiAll = ((IntVector) ByteVector.fromArray(B, src, at + 2 + p2, m)
+                        .convertShape(VectorOperators.B2I, I, 0)).and(0xFF).rearrange(repeat)
+                        .lanewise(VectorOperators.LSHL, 2);
+                for (int j = 0; j < p2; j += L) {
+                    IntVector lo = ((IntVector) ByteVector.fromArray(B, src, at + 2 + j)
+                            .convertShape(VectorOperators.B2I, I, 0)).and(0xFF);
+                    for (int q = 0; q < 4; q++) {
+                        int e0 = j + q * p2;
+                        lo.lanewise(VectorOperators.LSHR, 2 * q).and(3)
+                                .or(hiAll.lanewise(VectorOperators.LSHR, field.add(e0 / p1)).and(4))
+                                .selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o + e0);
+                    }
                 }
             }
         }

@@ -301,9 +301,9 @@ class CpuAttentionTest {
         int[] off = {0, dp, 2 * dp, 3 * dp, 4 * dp};
         float[] four = new float[8 * 8];
         float[] single = new float[8 * 8];
-        TileKernels.scores(q, off, 5, 8, kt, dp, 8, dp, four, 0, new float[16 * Lanes.L]);
+        TileKernels.scores(q, off, 5, 8, kt, 0, dp, 8, dp, four, 0, 0, new float[16 * Lanes.L]);
         for (int i = 0; i < 5; i++) {
-            TileKernels.scores(q, new int[] {off[i]}, 1, 8, kt, dp, 8, dp, single, 0, new float[16 * Lanes.L]);
+            TileKernels.scores(q, new int[] {off[i]}, 1, 8, kt, 0, dp, 8, dp, single, 0, 0, new float[16 * Lanes.L]);
             for (int r = 0; r < 8; r++) {
                 float alone = single[TileKernels.at(r, 0, 8)];
                 assertEquals(Float.floatToRawIntBits(alone), Float.floatToRawIntBits(four[TileKernels.at(r, i, 8)]),

@@ -6,6 +6,7 @@ import dev.kvant.kv.KvFormat;
 
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
 import java.util.SplittableRandom;
 import org.junit.jupiter.api.Test;
 
@@ -21,20 +22,20 @@ class RowDecoderTest {
                 long rowBytes = f.rowBytes(dim);
                 try (Arena arena = Arena.ofConfined()) {
                     MemorySegment seg = arena.allocate(rowBytes * rows * 2);
-                    long[] offs = new long[rows];
+                    int[] offs = new int[rows];
                     float[] x = new float[dim];
                     for (int r = 0; r < rows; r++) {
                         double scale = r == 0 ? 1e-6 : r == 1 ? 3e4 : 1 + rnd.nextDouble() * 4;
                         for (int d = 0; d < dim; d++) {
                             x[d] = (float) (rnd.nextGaussian() * scale);
                         }
-                        offs[r] = (2L * r + 1) * rowBytes;
+                        offs[r] = (int) ((2L * r + 1) * rowBytes);
                         f.encode(x, 0, dim, seg, offs[r]);
                     }
                     RowDecoder dec = RowDecoder.of(f, dim);
                     int stride = dec.dim() + 5;
                     float[] tile = new float[rows * stride];
-                    dec.decode(seg, offs, rows, tile, stride);
+                    dec.decode(seg.toArray(ValueLayout.JAVA_BYTE), offs, rows, tile, stride);
                     float[] want = new float[f.domainDim(dim)];
                     for (int r = 0; r < rows; r++) {
                         f.decode(seg, offs[r], dim, want, 0);
@@ -57,7 +58,7 @@ class RowDecoderTest {
             }
             RowDecoder dec = RowDecoder.of(KvFormat.parse("f16"), 65536);
             float[] out = new float[65536];
-            dec.decode(seg, new long[] {0}, 1, out, 65536);
+            dec.decode(seg.toArray(ValueLayout.JAVA_BYTE), new int[] {0}, 1, out, 65536);
             for (int h = 0; h < 65536; h++) {
                 float want = Float.float16ToFloat((short) h);
                 if (Float.isNaN(want)) {

@@ -1,0 +1,65 @@
+package dev.kvant.attention;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import dev.kvant.kv.KvFormat;
+import dev.kvant.tensor.Parallel;
+
+import java.util.ArrayList;
+import java.util.List;
+import java.util.SplittableRandom;
+import org.junit.jupiter.api.Test;
+
+class AttentionParityTest {
+    private static final long SEED = new SplittableRandom().nextLong();
+
+    private static AttentionParity.Settings settings(String k, String v) {
+        return new AttentionParity.Settings(KvFormat.parse(k), KvFormat.parse(v), 700, 4, 2, 8, 128, 128, SEED,
+                AttentionOptions.defaults());
+    }
+
+    @Test
+    void everyCpuKernelPassesAndAllAgreeBitForBit() {
+        AttentionParity.Report r = AttentionParity.run(settings("q4_0h", "turbo4"),
+                AttentionParity.cpuKernels(Parallel.serial()));
+        assertTrue(r.ok(), r.markdown());
+        assertEquals(4, r.results().size(), r.markdown());
+        long sum = r.results().get(1).checksum();
+        for (AttentionParity.Result x : r.results().subList(1, 4)) {
+            assertEquals(sum, x.checksum(), r.markdown());
+            assertTrue(x.nmse() > 0 && x.nmse() < 1e-10, r.markdown());
+        }
+        assertTrue(r.toJson().contains("\"seed\":" + SEED), r.toJson());
+    }
+
+    @Test
+    void aWrongKernelFailsTheReport() {
+        List<AttentionKernel> kernels = new ArrayList<>(AttentionParity.cpuKernels(Parallel.serial()));
+        kernels.add(new AttentionKernel() {
+            @Override
+            public String name() {
+                return "one-row-short";
+            }
+
+            @Override
+            public void run(AttentionProblem p, AttentionOptions o, float[] out) {
+                // Attends to one position too few: a plausible off-by-one in a causal mask.
+                CpuAttention.decode(p.seq(), 0, p.queries(), 1, p.start() - 1, p.heads(), p.scale(), o, out,
+                        Parallel.serial());
+            }
+        });
+        AttentionParity.Report r = AttentionParity.run(settings("f16", "f16"), kernels);
+        assertFalse(r.ok(), r.markdown());
+        assertTrue(r.markdown().contains("EXCEEDED"), r.markdown());
+    }
+
+    @Test
+    void checksumDependsOnEveryBit() {
+        float[] x = {1f, 2f, 3f};
+        long a = AttentionParity.checksum(x);
+        x[1] = Math.nextUp(2f);
+        assertTrue(a != AttentionParity.checksum(x));
+    }
+}
