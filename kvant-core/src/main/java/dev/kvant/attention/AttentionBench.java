@@ -131,13 +131,26 @@ public final class AttentionBench {
     }
 
     /**
-     * Median milliseconds of reps runs, after at least a second of warm-up runs: C2 takes that long to compile the
-     * kernels of a new format, and a shorter warm-up measured partly interpreted code.
+     * Median milliseconds of reps runs, after warm-up: batches of runs (each at least 100 ms) until a batch's time
+     * per run is within 10% of the previous one's, at least a second and at most 30 s. C2 can take several seconds to
+     * compile the kernels on a busy machine; a fixed short warm-up measured the first case 10x too slow.
      */
     private static double time(int reps, Runnable r) {
-        long warm = System.nanoTime();
-        for (int i = 0; i < 3 || System.nanoTime() - warm < 1_000_000_000L && i < 1000; i++) {
-            r.run();
+        long start = System.nanoTime();
+        double last = Double.MAX_VALUE;
+        while (true) {
+            long t0 = System.nanoTime();
+            int runs = 0;
+            do {
+                r.run();
+                runs++;
+            } while (System.nanoTime() - t0 < 100_000_000L);
+            double per = (System.nanoTime() - t0) / (double) runs;
+            long elapsed = System.nanoTime() - start;
+            if (elapsed > 30_000_000_000L || elapsed > 1_000_000_000L && Math.abs(per - last) < 0.1 * last) {
+                break;
+            }
+            last = per;
         }
         double[] t = new double[reps];
         for (int i = 0; i < reps; i++) {

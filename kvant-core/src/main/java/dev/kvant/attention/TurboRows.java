@@ -64,11 +64,11 @@ final class TurboRows implements RowDecoder {
     public void decode(byte[] src, int[] offs, int count, float[] dst, int stride) {
         int blocks = dim / n;
         // Loops with constant sizes for the usual 128-blocks: with sizes in variables they ran 1.5-2x slower.
-        if (n == 128) {
+        if (n == 128 && L == 16) {
             switch (bits) {
                 case 4 -> rows4(src, offs, count, dst, stride, blocks, table, 128, 66);
-                case 3 -> rows3(src, offs, count, dst, stride, blocks, table, 128, 50);
-                default -> rows2(src, offs, count, dst, stride, blocks, table, 128, 34);
+                case 3 -> rows3x128(src, offs, count, dst, stride, blocks, table);
+                default -> rows2x128(src, offs, count, dst, stride, blocks, table);
             }
         } else {
             switch (bits) {
@@ -126,6 +126,73 @@ final class TurboRows implements RowDecoder {
                     v.lanewise(VectorOperators.LSHR, 6).selectFrom(t).reinterpretAsFloats().mul(g)
                             .intoArray(dst, o + j + 3 * p);
                 }
+            }
+        }
+    }
+
+    /**
+     * turbo3, 128-blocks, 16 lanes, written out: the 8 chunks of a block come from two 16-byte loads of the low plane
+     * and one of the high plane. With the plane sizes as variables C2 kept a division per chunk.
+     */
+    private static void rows3x128(byte[] src, int[] offs, int count, float[] dst, int stride, int blocks,
+                                  int[] table) {
+        IntVector t = IntVector.fromArray(I, table, 0);
+        for (int k = 0; k < count; k++) {
+            for (int b = 0; b < blocks; b++) {
+                int at = offs[k] + b * 50;
+                float g = Float.float16ToFloat(half(src, at));
+                int o = k * stride + b * 128;
+                IntVector lo0 = ((IntVector) ByteVector.fromArray(B, src, at + 2)
+                        .convertShape(VectorOperators.B2I, I, 0)).and(0xFF);
+                IntVector lo1 = ((IntVector) ByteVector.fromArray(B, src, at + 18)
+                        .convertShape(VectorOperators.B2I, I, 0)).and(0xFF);
+                // high bits moved to bit 2, the code's third bit: element e's is bit e / 16 of byte e % 16
+                IntVector hi = ((IntVector) ByteVector.fromArray(B, src, at + 34)
+                        .convertShape(VectorOperators.B2I, I, 0)).lanewise(VectorOperators.LSHL, 2);
+                lo0.and(3).or(hi.and(4)).selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o);
+                lo1.and(3).or(hi.lanewise(VectorOperators.LSHR, 1).and(4)).selectFrom(t).reinterpretAsFloats().mul(g)
+                        .intoArray(dst, o + 16);
+                lo0.lanewise(VectorOperators.LSHR, 2).and(3).or(hi.lanewise(VectorOperators.LSHR, 2).and(4))
+                        .selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o + 32);
+                lo1.lanewise(VectorOperators.LSHR, 2).and(3).or(hi.lanewise(VectorOperators.LSHR, 3).and(4))
+                        .selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o + 48);
+                lo0.lanewise(VectorOperators.LSHR, 4).and(3).or(hi.lanewise(VectorOperators.LSHR, 4).and(4))
+                        .selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o + 64);
+                lo1.lanewise(VectorOperators.LSHR, 4).and(3).or(hi.lanewise(VectorOperators.LSHR, 5).and(4))
+                        .selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o + 80);
+                lo0.lanewise(VectorOperators.LSHR, 6).or(hi.lanewise(VectorOperators.LSHR, 6).and(4))
+                        .selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o + 96);
+                lo1.lanewise(VectorOperators.LSHR, 6).or(hi.lanewise(VectorOperators.LSHR, 7).and(4))
+                        .selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o + 112);
+            }
+        }
+    }
+
+    /** turbo2, 128-blocks, 16 lanes, written out: two 16-byte loads give the 8 chunks of a block. */
+    private static void rows2x128(byte[] src, int[] offs, int count, float[] dst, int stride, int blocks,
+                                  int[] table) {
+        IntVector t = IntVector.fromArray(I, table, 0);
+        for (int k = 0; k < count; k++) {
+            for (int b = 0; b < blocks; b++) {
+                int at = offs[k] + b * 34;
+                float g = Float.float16ToFloat(half(src, at));
+                int o = k * stride + b * 128;
+                IntVector v0 = ((IntVector) ByteVector.fromArray(B, src, at + 2)
+                        .convertShape(VectorOperators.B2I, I, 0)).and(0xFF);
+                IntVector v1 = ((IntVector) ByteVector.fromArray(B, src, at + 18)
+                        .convertShape(VectorOperators.B2I, I, 0)).and(0xFF);
+                v0.and(3).selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o);
+                v1.and(3).selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o + 16);
+                v0.lanewise(VectorOperators.LSHR, 2).and(3).selectFrom(t).reinterpretAsFloats().mul(g)
+                        .intoArray(dst, o + 32);
+                v1.lanewise(VectorOperators.LSHR, 2).and(3).selectFrom(t).reinterpretAsFloats().mul(g)
+                        .intoArray(dst, o + 48);
+                v0.lanewise(VectorOperators.LSHR, 4).and(3).selectFrom(t).reinterpretAsFloats().mul(g)
+                        .intoArray(dst, o + 64);
+                v1.lanewise(VectorOperators.LSHR, 4).and(3).selectFrom(t).reinterpretAsFloats().mul(g)
+                        .intoArray(dst, o + 80);
+                v0.lanewise(VectorOperators.LSHR, 6).selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o + 96);
+                v1.lanewise(VectorOperators.LSHR, 6).selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o + 112);
             }
         }
     }
