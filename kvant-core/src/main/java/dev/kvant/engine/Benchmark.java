@@ -1,5 +1,7 @@
 package dev.kvant.engine;
 
+import dev.kvant.backend.Backend;
+import dev.kvant.backend.CpuBackend;
 import dev.kvant.kv.KvFormat;
 import dev.kvant.model.LlamaModel;
 import dev.kvant.tensor.Parallel;
@@ -35,7 +37,19 @@ public final class Benchmark {
     private Benchmark() {
     }
 
+    /** Runs the tests on the CPU backend with a pool of {@code s.threads()} workers. */
     public static List<Row> run(LlamaModel model, Settings s, Consumer<String> progress) {
+        try (Parallel pool = new Parallel(s.threads())) {
+            return run(new CpuBackend(model, pool), s, progress);
+        }
+    }
+
+    /**
+     * Runs the tests on a backend. Generation feeds each step the greedy token of the step before (computed where
+     * the model runs, as a real generation does), so a device backend copies back one id per token.
+     */
+    public static List<Row> run(Backend backend, Settings s, Consumer<String> progress) {
+        LlamaModel model = backend.model();
         List<Row> rows = new ArrayList<>();
         int maxDepth = 0;
         for (int d : s.depths()) {
@@ -52,8 +66,7 @@ public final class Benchmark {
         String kv = s.kFormat().name() + "/" + s.vFormat().name();
         SplittableRandom random = new SplittableRandom(1234);
         int vocab = model.config().vocabSize();
-        try (Parallel pool = new Parallel(s.threads());
-             Session session = new Session(model, ctx, s.kFormat(), s.vFormat(), s.prefillChunk(), pool)) {
+        try (Session session = new Session(backend, ctx, s.kFormat(), s.vFormat(), s.prefillChunk())) {
             for (int depth : s.depths()) {
                 int[] fill = randomTokens(random, depth, vocab);
                 for (int p : s.promptSizes()) {
@@ -67,13 +80,13 @@ public final class Benchmark {
                     for (int r = -1; r < s.reps(); r++) {
                         resetTo(session, fill, depth);
                         long t0 = System.nanoTime();
-                        session.prefill(prompt);
+                        session.prefillGreedy(prompt);
                         long dt = System.nanoTime() - t0;
                         if (r >= 0) {
                             tps[r] = p / (dt / 1e9);
                         }
                     }
-                    rows.add(row(model, s, kv, test, depth, tps));
+                    rows.add(row(backend, s, kv, test, depth, tps));
                 }
                 for (int g : s.genSizes()) {
                     if (g <= 0) {
@@ -87,15 +100,14 @@ public final class Benchmark {
                         int token = random.nextInt(vocab);
                         long t0 = System.nanoTime();
                         for (int i = 0; i < g; i++) {
-                            session.decode(token);
-                            token = (token + 1) % vocab;
+                            token = session.decodeGreedy(token);
                         }
                         long dt = System.nanoTime() - t0;
                         if (r >= 0) {
                             tps[r] = g / (dt / 1e9);
                         }
                     }
-                    rows.add(row(model, s, kv, test, depth, tps));
+                    rows.add(row(backend, s, kv, test, depth, tps));
                 }
             }
         }
@@ -111,7 +123,7 @@ public final class Benchmark {
         session.truncate(depth);
     }
 
-    private static Row row(LlamaModel model, Settings s, String kv, String test, int depth, double[] tps) {
+    private static Row row(Backend backend, Settings s, String kv, String test, int depth, double[] tps) {
         double mean = 0;
         for (double v : tps) {
             mean += v;
@@ -122,7 +134,7 @@ public final class Benchmark {
             var += (v - mean) * (v - mean);
         }
         double sd = tps.length > 1 ? Math.sqrt(var / (tps.length - 1)) : 0;
-        return new Row(displayName(model.name()), "cpu", s.threads(), kv, test, depth, tps.length, mean, sd, tps);
+        return new Row(displayName(backend.model().name()), backend.name(), backend.threads(), kv, test, depth, tps.length, mean, sd, tps);
     }
 
     /** A file's name without its folders; synthetic names unchanged. */

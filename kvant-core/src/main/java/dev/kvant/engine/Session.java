@@ -1,47 +1,48 @@
 package dev.kvant.engine;
 
+import dev.kvant.backend.Backend;
+import dev.kvant.backend.BackendSequence;
+import dev.kvant.backend.CpuBackend;
 import dev.kvant.kv.KvCache;
 import dev.kvant.kv.KvFormat;
-import dev.kvant.kv.KvGeometry;
 import dev.kvant.kv.KvSequence;
 import dev.kvant.model.LlamaModel;
 import dev.kvant.model.ModelConfig;
 import dev.kvant.tensor.Parallel;
 
 /**
- * One sequence being processed by a model: its KV cache, scratch activations and position. Prompts are fed in
- * chunks of at most {@code prefillChunk} tokens, each chunk attending to everything before it.
+ * One sequence being processed by a model on a backend: its KV cache and position. Prompts are fed in chunks of at
+ * most {@code prefillChunk} tokens, each chunk attending to everything before it.
  */
 public final class Session implements AutoCloseable {
 
     /** Tokens per KV page. */
-    public static final int PAGE_TOKENS = 64;
+    public static final int PAGE_TOKENS = CpuBackend.PAGE_TOKENS;
 
-    private final LlamaModel model;
-    private final KvCache cache;
-    private final KvSequence seq;
-    private final LlamaModel.Scratch scratch = new LlamaModel.Scratch();
-    private final Parallel pool;
+    private final Backend backend;
+    private final BackendSequence seq;
     private final int contextLength;
     private final int prefillChunk;
     private final float[] logits;
 
-    public Session(LlamaModel model, int contextLength, KvFormat kFormat, KvFormat vFormat, int prefillChunk,
-                   Parallel pool) {
+    public Session(Backend backend, int contextLength, KvFormat kFormat, KvFormat vFormat, int prefillChunk) {
         if (contextLength <= 0) {
             throw new IllegalArgumentException("context length must be positive, got " + contextLength);
         }
         if (prefillChunk <= 0) {
             throw new IllegalArgumentException("prefill chunk must be positive, got " + prefillChunk);
         }
-        ModelConfig c = model.config();
-        this.model = model;
-        this.cache = KvCache.forTokens(geometry(c), kFormat, vFormat, PAGE_TOKENS, contextLength);
-        this.seq = cache.newSequence();
-        this.pool = pool;
+        this.backend = backend;
+        this.seq = backend.newSequence(contextLength, kFormat, vFormat);
         this.contextLength = contextLength;
         this.prefillChunk = prefillChunk;
-        this.logits = new float[c.vocabSize()];
+        this.logits = new float[backend.model().config().vocabSize()];
+    }
+
+    /** A session on the CPU backend over the given pool. */
+    public Session(LlamaModel model, int contextLength, KvFormat kFormat, KvFormat vFormat, int prefillChunk,
+                   Parallel pool) {
+        this(new CpuBackend(model, pool), contextLength, kFormat, vFormat, prefillChunk);
     }
 
     public int position() {
@@ -52,17 +53,25 @@ public final class Session implements AutoCloseable {
         return contextLength;
     }
 
-    public KvCache cache() {
-        return cache;
+    public Backend backend() {
+        return backend;
     }
 
-    public KvSequence sequence() {
+    public BackendSequence backendSequence() {
         return seq;
+    }
+
+    /** The host KV cache of a CPU session, for tools that inspect it. */
+    public KvSequence sequence() {
+        if (seq instanceof CpuBackend.Sequence cpu) {
+            return cpu.kv();
+        }
+        throw new IllegalStateException("the " + backend.name() + " backend keeps its cache off the host");
     }
 
     /** Bytes of KV cache one token takes for a model and a pair of formats. */
     public static long kvBytesPerToken(ModelConfig c, KvFormat kFormat, KvFormat vFormat) {
-        return KvCache.bytesPerToken(geometry(c), kFormat, vFormat);
+        return KvCache.bytesPerToken(CpuBackend.geometry(c), kFormat, vFormat);
     }
 
     /** The context (in whole pages) that a KV memory budget holds for a model and a pair of formats. */
@@ -77,12 +86,8 @@ public final class Session implements AutoCloseable {
         return (int) Math.min(pages * PAGE_TOKENS, Integer.MAX_VALUE - PAGE_TOKENS);
     }
 
-    private static KvGeometry geometry(ModelConfig c) {
-        return new KvGeometry(c.layers(), c.kvHeads(), c.headDimK(), c.headDimV());
-    }
-
     public LlamaModel model() {
-        return model;
+        return backend.model();
     }
 
     /** Feeds tokens and returns the logits after the last one (a view, valid until the next call). */
@@ -90,9 +95,19 @@ public final class Session implements AutoCloseable {
         checkRoom(tokens.length);
         for (int off = 0; off < tokens.length; off += prefillChunk) {
             int n = Math.min(prefillChunk, tokens.length - off);
-            model.forward(seq, tokens, off, n, false, logits, scratch, pool);
+            seq.forward(tokens, off, n, false, logits);
         }
         return logits;
+    }
+
+    /** Feeds tokens and returns the id of the largest logit after the last one (computed where the model runs). */
+    public int prefillGreedy(int[] tokens) {
+        checkRoom(tokens.length);
+        int last = (tokens.length - 1) / prefillChunk * prefillChunk;
+        for (int off = 0; off < last; off += prefillChunk) {
+            seq.forward(tokens, off, prefillChunk, false, logits);
+        }
+        return seq.forwardGreedy(tokens, last, tokens.length - last);
     }
 
     /**
@@ -100,11 +115,11 @@ public final class Session implements AutoCloseable {
      */
     public void prefillAllLogits(int[] tokens, int off, int n, float[] out) {
         checkRoom(n);
-        int vocab = model.config().vocabSize();
+        int vocab = backend.model().config().vocabSize();
         float[] chunkLogits = new float[Math.min(prefillChunk, n) * vocab];
         for (int done = 0; done < n; done += prefillChunk) {
             int m = Math.min(prefillChunk, n - done);
-            model.forward(seq, tokens, off + done, m, true, chunkLogits, scratch, pool);
+            seq.forward(tokens, off + done, m, true, chunkLogits);
             System.arraycopy(chunkLogits, 0, out, done * vocab, m * vocab);
         }
     }
@@ -112,8 +127,14 @@ public final class Session implements AutoCloseable {
     /** Feeds one token and returns the logits after it (a view, valid until the next call). */
     public float[] decode(int token) {
         checkRoom(1);
-        model.forward(seq, new int[] {token}, 0, 1, false, logits, scratch, pool);
+        seq.forward(new int[] {token}, 0, 1, false, logits);
         return logits;
+    }
+
+    /** Feeds one token and returns the id of the largest logit after it (computed where the model runs). */
+    public int decodeGreedy(int token) {
+        checkRoom(1);
+        return seq.forwardGreedy(new int[] {token}, 0, 1);
     }
 
     /** Forgets everything after the first {@code length} tokens. */
@@ -131,6 +152,5 @@ public final class Session implements AutoCloseable {
     @Override
     public void close() {
         seq.close();
-        cache.close();
     }
 }

@@ -92,9 +92,44 @@ public final class LlamaModel implements AutoCloseable {
      */
     public void forward(KvSequence seq, int[] tokens, int off, int n, boolean allLogits, float[] logits,
                         Scratch s, Parallel pool) {
-        ModelConfig c = config;
         int start = seq.length();
         seq.reserve(start + n);
+        run(new KvSequence[] {seq}, new int[] {start}, tokens, off, n, allLogits, logits, s, pool);
+    }
+
+    /**
+     * One decode step for several sequences: tokens[i] is appended to seqs[i]; logits[i*vocab ..) receive the
+     * logits after it. Every weight is read once for the whole batch; each row equals {@link #forward} of that
+     * sequence alone, bit for bit (matmul rows are matvecs, attention runs per sequence).
+     */
+    public void decodeBatch(KvSequence[] seqs, int[] tokens, float[] logits, Scratch s, Parallel pool) {
+        int n = seqs.length;
+        if (tokens.length < n) {
+            throw new IllegalArgumentException(n + " sequences but " + tokens.length + " tokens");
+        }
+        int[] starts = new int[n];
+        for (int i = 0; i < n; i++) {
+            for (int j = 0; j < i; j++) {
+                if (seqs[j] == seqs[i]) {
+                    throw new IllegalArgumentException("sequence " + i + " appears twice in one batch");
+                }
+            }
+            starts[i] = seqs[i].length();
+        }
+        for (int i = 0; i < n; i++) {
+            seqs[i].reserve(starts[i] + 1);
+        }
+        run(seqs, starts, tokens, 0, n, true, logits, s, pool);
+    }
+
+    /**
+     * The layers over n rows. With one sequence the rows are tokens at starts[0] .. starts[0]+n-1 of it; with n
+     * sequences row i is one token of seqs[i] at starts[i].
+     */
+    private void run(KvSequence[] seqs, int[] starts, int[] tokens, int off, int n, boolean allLogits,
+                     float[] logits, Scratch s, Parallel pool) {
+        ModelConfig c = config;
+        boolean batch = seqs.length > 1;
         s.ensure(c, n);
         int dim = c.dim();
         for (int t = 0; t < n; t++) {
@@ -106,9 +141,10 @@ public final class LlamaModel implements AutoCloseable {
             weights.tokenEmbedding().dequantizeRow(id, s.x, t * dim);
         }
         for (int t = 0; t < n; t++) {
-            c.rope().angles(start + t, s.ropeTable[t]);
+            c.rope().angles(batch ? starts[t] : starts[0] + t, s.ropeTable[t]);
         }
         float scale = (float) (1.0 / Math.sqrt(c.headDimK()));
+        int attnDim = c.heads() * c.headDimV();
         for (int l = 0; l < c.layers(); l++) {
             LlamaWeights.Layer w = weights.layers()[l];
             Ops.rmsNorm(s.x, w.attnNorm(), s.xb, n, dim, c.rmsEps());
@@ -128,8 +164,17 @@ public final class LlamaModel implements AutoCloseable {
                 c.rope().apply(s.q, t * c.qDim(), c.heads(), c.headDimK(), s.ropeTable[t]);
                 c.rope().apply(s.k, t * c.kvDimK(), c.kvHeads(), c.headDimK(), s.ropeTable[t]);
             }
-            seq.writeRows(l, start, n, s.k, 0, s.v, 0);
-            CpuAttention.attend(seq, l, s.q, n, start, c.heads(), scale, s.attnOut, pool);
+            if (!batch) {
+                seqs[0].writeRows(l, starts[0], n, s.k, 0, s.v, 0);
+                CpuAttention.attend(seqs[0], l, s.q, n, starts[0], c.heads(), scale, s.attnOut, pool);
+            } else {
+                for (int i = 0; i < n; i++) {
+                    seqs[i].writeRows(l, starts[i], 1, s.k, i * c.kvDimK(), s.v, i * c.kvDimV());
+                    System.arraycopy(s.q, i * c.qDim(), s.qRow, 0, c.qDim());
+                    CpuAttention.attend(seqs[i], l, s.qRow, 1, starts[i], c.heads(), scale, s.outRow, pool);
+                    System.arraycopy(s.outRow, 0, s.attnOut, i * attnDim, attnDim);
+                }
+            }
             w.wo().matmul(s.attnOut, n, s.xb, pool);
             Ops.add(s.x, s.xb, n * dim);
 
@@ -166,6 +211,8 @@ public final class LlamaModel implements AutoCloseable {
         float[] k;
         float[] v;
         float[] attnOut;
+        float[] qRow;
+        float[] outRow;
         float[] gate;
         float[] up;
         float[][] ropeTable;
@@ -181,6 +228,8 @@ public final class LlamaModel implements AutoCloseable {
             k = new float[n * c.kvDimK()];
             v = new float[n * c.kvDimV()];
             attnOut = new float[n * c.heads() * c.headDimV()];
+            qRow = new float[c.qDim()];
+            outRow = new float[c.heads() * c.headDimV()];
             gate = new float[n * c.ffnDim()];
             up = new float[n * c.ffnDim()];
             ropeTable = new float[n][c.rope().ropeDim()];

@@ -15,7 +15,7 @@ import java.util.Random;
  * Small models of every supported architecture, written with the GGUF writer, and the exact float weights they hold
  * (after quantization), for the float64 reference.
  */
-final class TinyModels {
+public final class TinyModels {
 
     static final int DIM = 256;
     static final int LAYERS = 2;
@@ -23,10 +23,10 @@ final class TinyModels {
     static final int KV_HEADS = 2;
     static final int HEAD_DIM = 64;
     static final int FFN = 512;
-    static final int VOCAB = 300;
+    public static final int VOCAB = 300;
 
     /** A written model: its GGUF image and the dequantized value of every tensor. */
-    record Built(GgufFile file, Map<String, float[]> tensors, String arch) {
+    public record Built(GgufFile file, Map<String, float[]> tensors, String arch) {
         float[] t(String name) {
             float[] v = tensors.get(name);
             if (v == null) {
@@ -36,7 +36,7 @@ final class TinyModels {
         }
     }
 
-    static Built build(String arch, GgmlType weights, long seed, Arena arena) {
+    public static Built build(String arch, GgmlType weights, long seed, Arena arena) {
         Random r = new Random(seed);
         WeightFormat fmt = WeightFormat.of(weights);
         GgufWriter w = new GgufWriter();

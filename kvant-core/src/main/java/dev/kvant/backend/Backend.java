@@ -1,0 +1,38 @@
+package dev.kvant.backend;
+
+import dev.kvant.kv.KvFormat;
+import dev.kvant.model.LlamaModel;
+
+/**
+ * Where a model's arithmetic runs. The model ({@link LlamaModel}: configuration, host weights, tokenizer) says what
+ * to compute; a backend computes it and owns the KV caches of its sequences. {@link CpuBackend} runs on the host;
+ * the CUDA backend (module kvant-cuda) keeps the weights and caches on a GPU.
+ */
+public interface Backend extends AutoCloseable {
+
+    /** "cpu", "cuda", ... as reported by benchmarks. */
+    String name();
+
+    /** The model this backend runs; its configuration and tokenizer. */
+    LlamaModel model();
+
+    /** Worker threads of the host side (reported by benchmarks). */
+    int threads();
+
+    /**
+     * A new empty sequence with room for contextLength tokens, its keys stored as kFormat and its values as vFormat.
+     *
+     * @throws IllegalArgumentException when the backend cannot hold that context (says how much it can)
+     */
+    BackendSequence newSequence(int contextLength, KvFormat kFormat, KvFormat vFormat);
+
+    /**
+     * One decode step for several sequences together: tokens[i] is appended to seqs[i] and the logits after it are
+     * written to logits[i*vocab .. (i+1)*vocab). Each row equals what {@code seqs[i].forward} gives alone, bit for
+     * bit. The sequences must be distinct and belong to this backend.
+     */
+    void decodeBatch(BackendSequence[] seqs, int[] tokens, float[] logits);
+
+    @Override
+    void close();
+}

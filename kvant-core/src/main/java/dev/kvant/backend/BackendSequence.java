@@ -1,0 +1,40 @@
+package dev.kvant.backend;
+
+/** One sequence on a backend: its KV cache and position. Not thread-safe; one caller at a time. */
+public interface BackendSequence extends AutoCloseable {
+
+    /** Tokens held in the cache. */
+    int length();
+
+    /** The most tokens the cache can hold. */
+    int capacity();
+
+    /**
+     * Runs tokens[off .. off+n) at positions length() .. length()+n-1 and appends their keys and values. Writes the
+     * logits of every token (allLogits: n x vocab) or of the last one (vocab floats) into logits.
+     */
+    void forward(int[] tokens, int off, int n, boolean allLogits, float[] logits);
+
+    /**
+     * As {@link #forward} without the logits, returning the id of the largest logit after the last token (the lowest
+     * id among equal ones). A backend on a device computes it there and copies back only the id.
+     */
+    int forwardGreedy(int[] tokens, int off, int n);
+
+    /** Forgets everything after the first {@code length} tokens. */
+    void truncate(int length);
+
+    @Override
+    void close();
+
+    /** The id of the largest value in logits[0 .. n) (the lowest id among equal ones). */
+    static int argmax(float[] logits, int n) {
+        int best = 0;
+        for (int i = 1; i < n; i++) {
+            if (logits[i] > logits[best]) {
+                best = i;
+            }
+        }
+        return best;
+    }
+}

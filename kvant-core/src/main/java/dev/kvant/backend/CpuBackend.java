@@ -1,0 +1,148 @@
+package dev.kvant.backend;
+
+import dev.kvant.engine.ContextFullException;
+import dev.kvant.kv.KvCache;
+import dev.kvant.kv.KvFormat;
+import dev.kvant.kv.KvGeometry;
+import dev.kvant.kv.KvSequence;
+import dev.kvant.model.LlamaModel;
+import dev.kvant.model.ModelConfig;
+import dev.kvant.tensor.Parallel;
+
+import java.util.Objects;
+
+/**
+ * The host backend: the model's own Vector API kernels on a fixed thread pool. Each sequence owns a paged
+ * {@link KvCache} sized for its context. The pool and the model stay the caller's to close.
+ */
+public final class CpuBackend implements Backend {
+
+    /** Tokens per KV page. */
+    public static final int PAGE_TOKENS = 64;
+
+    private final LlamaModel model;
+    private final Parallel pool;
+    private final LlamaModel.Scratch batchScratch = new LlamaModel.Scratch();
+
+    public CpuBackend(LlamaModel model, Parallel pool) {
+        this.model = Objects.requireNonNull(model, "model");
+        this.pool = Objects.requireNonNull(pool, "pool");
+    }
+
+    public static KvGeometry geometry(ModelConfig c) {
+        return new KvGeometry(c.layers(), c.kvHeads(), c.headDimK(), c.headDimV());
+    }
+
+    @Override
+    public String name() {
+        return "cpu";
+    }
+
+    @Override
+    public LlamaModel model() {
+        return model;
+    }
+
+    @Override
+    public int threads() {
+        return pool.threads();
+    }
+
+    public Parallel pool() {
+        return pool;
+    }
+
+    @Override
+    public Sequence newSequence(int contextLength, KvFormat kFormat, KvFormat vFormat) {
+        if (contextLength <= 0) {
+            throw new IllegalArgumentException("context length must be positive, got " + contextLength);
+        }
+        KvCache cache = KvCache.forTokens(geometry(model.config()), kFormat, vFormat, PAGE_TOKENS, contextLength);
+        return new Sequence(cache, contextLength);
+    }
+
+    @Override
+    public void decodeBatch(BackendSequence[] seqs, int[] tokens, float[] logits) {
+        KvSequence[] kv = new KvSequence[seqs.length];
+        for (int i = 0; i < seqs.length; i++) {
+            if (!(seqs[i] instanceof Sequence s) || s.owner() != this) {
+                throw new IllegalArgumentException("sequence " + i + " does not belong to this backend");
+            }
+            s.checkRoom(1);
+            kv[i] = s.kv;
+        }
+        model.decodeBatch(kv, tokens, logits, batchScratch, pool);
+    }
+
+    @Override
+    public void close() {
+    }
+
+    /** A sequence whose cache lives in host memory. */
+    public final class Sequence implements BackendSequence {
+        private final KvCache cache;
+        private final KvSequence kv;
+        private final int capacity;
+        private final LlamaModel.Scratch scratch = new LlamaModel.Scratch();
+        private float[] lastLogits;
+
+        Sequence(KvCache cache, int capacity) {
+            this.cache = cache;
+            this.kv = cache.newSequence();
+            this.capacity = capacity;
+        }
+
+        CpuBackend owner() {
+            return CpuBackend.this;
+        }
+
+        /** The cache itself, for tools that inspect what was written. */
+        public KvSequence kv() {
+            return kv;
+        }
+
+        @Override
+        public int length() {
+            return kv.length();
+        }
+
+        @Override
+        public int capacity() {
+            return capacity;
+        }
+
+        @Override
+        public void forward(int[] tokens, int off, int n, boolean allLogits, float[] logits) {
+            checkRoom(n);
+            model.forward(kv, tokens, off, n, allLogits, logits, scratch, pool);
+        }
+
+        @Override
+        public int forwardGreedy(int[] tokens, int off, int n) {
+            int vocab = model.config().vocabSize();
+            if (lastLogits == null) {
+                lastLogits = new float[vocab];
+            }
+            forward(tokens, off, n, false, lastLogits);
+            return BackendSequence.argmax(lastLogits, vocab);
+        }
+
+        @Override
+        public void truncate(int length) {
+            kv.truncate(length);
+        }
+
+        void checkRoom(int n) {
+            if (kv.length() + n > capacity) {
+                throw new ContextFullException("the sequence would need " + (kv.length() + n)
+                        + " tokens but the context holds " + capacity + " (raise -c)");
+            }
+        }
+
+        @Override
+        public void close() {
+            kv.close();
+            cache.close();
+        }
+    }
+}

@@ -1,0 +1,82 @@
+package dev.kvant.backend;
+
+import dev.kvant.engine.ContextFullException;
+import dev.kvant.gguf.GgmlType;
+import dev.kvant.kv.KvFormat;
+import dev.kvant.model.LlamaModel;
+import dev.kvant.model.TinyModels;
+import dev.kvant.tensor.Parallel;
+import org.junit.jupiter.api.Test;
+
+import java.lang.foreign.Arena;
+import java.util.Arrays;
+import java.util.Random;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+
+class CpuBackendTest {
+
+    @Test
+    void batchedDecodeEqualsEachSequenceAloneBitForBit() {
+        long seed = new Random().nextLong();
+        Random r = new Random(seed);
+        int vocab = TinyModels.VOCAB;
+        KvFormat[] formats = {KvFormat.parse("f16"), KvFormat.parse("q8_0"), KvFormat.parse("turbo3")};
+        int[] lengths = {1, 37, 130};
+        try (Arena arena = Arena.ofShared();
+             Parallel pool = new Parallel(2)) {
+            LlamaModel model = LlamaModel.fromGguf(TinyModels.build("qwen3", GgmlType.Q8_0, seed, arena).file());
+            CpuBackend backend = new CpuBackend(model, pool);
+            int n = lengths.length;
+            BackendSequence[] batch = new BackendSequence[n];
+            BackendSequence[] alone = new BackendSequence[n];
+            int[][] prompts = new int[n][];
+            for (int i = 0; i < n; i++) {
+                batch[i] = backend.newSequence(256, formats[i], formats[i]);
+                alone[i] = backend.newSequence(256, formats[i], formats[i]);
+                prompts[i] = r.ints(lengths[i], 0, vocab).toArray();
+                float[] sink = new float[vocab];
+                batch[i].forward(prompts[i], 0, lengths[i], false, sink);
+                alone[i].forward(prompts[i], 0, lengths[i], false, sink);
+            }
+            for (int step = 0; step < 3; step++) {
+                int[] tokens = r.ints(n, 0, vocab).toArray();
+                float[] batched = new float[n * vocab];
+                Arrays.fill(batched, Float.NaN);
+                backend.decodeBatch(batch, tokens, batched);
+                for (int i = 0; i < n; i++) {
+                    float[] one = new float[vocab];
+                    alone[i].forward(tokens, i, 1, false, one);
+                    assertArrayEquals(one, Arrays.copyOfRange(batched, i * vocab, (i + 1) * vocab),
+                            "step " + step + " sequence " + i + " (seed " + seed + ")");
+                    assertEquals(lengths[i] + step + 1, batch[i].length());
+                }
+            }
+            for (int i = 0; i < n; i++) {
+                batch[i].close();
+                alone[i].close();
+            }
+        }
+    }
+
+    @Test
+    void batchRefusesARepeatedSequenceAndAFullOne() {
+        try (Arena arena = Arena.ofShared();
+             Parallel pool = new Parallel(1)) {
+            LlamaModel model = LlamaModel.fromGguf(TinyModels.build("llama", GgmlType.F16, 7, arena).file());
+            CpuBackend backend = new CpuBackend(model, pool);
+            KvFormat f16 = KvFormat.parse("f16");
+            try (BackendSequence a = backend.newSequence(2, f16, f16)) {
+                float[] logits = new float[2 * TinyModels.VOCAB];
+                assertThrows(IllegalArgumentException.class,
+                        () -> backend.decodeBatch(new BackendSequence[] {a, a}, new int[] {1, 2}, logits));
+                a.forward(new int[] {1, 2}, 0, 2, false, logits);
+                assertThrows(ContextFullException.class,
+                        () -> backend.decodeBatch(new BackendSequence[] {a}, new int[] {3}, logits));
+                assertEquals(2, a.length());
+            }
+        }
+    }
+}
