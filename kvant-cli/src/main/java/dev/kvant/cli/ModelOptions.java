@@ -1,9 +1,12 @@
 package dev.kvant.cli;
 
+import dev.kvant.backend.Backend;
+import dev.kvant.backend.CpuBackend;
 import dev.kvant.gguf.GgmlType;
 import dev.kvant.kv.KvFormat;
 import dev.kvant.model.LlamaModel;
 import dev.kvant.model.SyntheticModel;
+import dev.kvant.tensor.Parallel;
 import picocli.CommandLine.Option;
 
 import java.nio.file.Files;
@@ -30,6 +33,10 @@ final class ModelOptions {
     @Option(names = {"--prefill-chunk"}, paramLabel = "N", defaultValue = "512",
             description = "prompt tokens per forward pass (default ${DEFAULT-VALUE})")
     int prefillChunk;
+
+    @Option(names = "--backend", paramLabel = "NAME", defaultValue = "auto",
+            description = "where the model runs: cpu, cuda, or auto (cuda when a GPU is present; default)")
+    String backend;
 
     @Option(names = "--kv-mem", paramLabel = "SIZE",
             description = "KV cache memory budget (e.g. 8G, 512M); the context becomes what fits, capped by -c if given")
@@ -89,6 +96,18 @@ final class ModelOptions {
 
     KvFormat vFormat() {
         return KvFormat.parse(ctv);
+    }
+
+    /**
+     * The backend --backend names for a loaded model; the CPU one runs on pool. The caller closes it before the
+     * model and the pool.
+     */
+    Backend openBackend(LlamaModel loaded, Parallel pool) {
+        return switch (backend.toLowerCase(java.util.Locale.ROOT)) {
+            case "cpu", "auto" -> new CpuBackend(loaded, pool);
+            default -> throw new IllegalArgumentException("--backend: unknown backend '" + backend
+                    + "' (cpu, cuda, auto)");
+        };
     }
 
     LlamaModel load() {
