@@ -1,12 +1,19 @@
 package dev.kvant.cli;
 
+import dev.kvant.backend.Backend;
+import dev.kvant.cuda.model.CudaBackend;
 import dev.kvant.engine.Benchmark;
+import dev.kvant.engine.Session;
+import dev.kvant.kv.KvFormat;
 import dev.kvant.model.LlamaModel;
+import dev.kvant.tensor.Parallel;
 import picocli.CommandLine.Command;
 import picocli.CommandLine.Mixin;
 import picocli.CommandLine.Option;
 
+import java.util.ArrayList;
 import java.util.List;
+import java.util.Locale;
 
 /** llama-bench's prompt-processing and generation tests. */
 @Command(name = "bench", mixinStandardHelpOptions = true,
@@ -37,12 +44,44 @@ final class BenchCommand implements Runnable {
             description = "cache depths to test at (default ${DEFAULT-VALUE})")
     int[] depth;
 
+    @Option(names = "--kv", paramLabel = "FORMAT", split = ",",
+            description = "cache formats to test one after another, each for K and V (e.g. f16,q8_0,turbo3); "
+                    + "overrides --ctk/--ctv")
+    String[] kvList;
+
     @Option(names = {"-r", "--repetitions"}, paramLabel = "N", defaultValue = "5",
             description = "timed repetitions per test (default ${DEFAULT-VALUE})")
     int reps;
 
     @Option(names = "--json", description = "print a JSON array, one object per row")
     boolean json;
+
+    /**
+     * Each row as a fraction of what the device allows, both measured in this run: generation against copy bandwidth
+     * / (weight bytes + cache bytes at that depth) per token, prompt processing against the bf16 GEMM rate / the
+     * weights' 2 flops per element per token.
+     */
+    static String limitsTable(CudaBackend cuda, CudaBackend.Limits limits, List<Benchmark.Row> rows,
+                              Benchmark.Settings s) {
+        StringBuilder sb = new StringBuilder();
+        long kvPerToken = Session.kvBytesPerToken(cuda.model().config(), s.kFormat(), s.vFormat());
+        sb.append(String.format(Locale.ROOT, "%ndevice %s: copy %.0f GB/s (read + written), bf16 GEMM %.0f TFLOP/s; "
+                        + "weights %.3f GB read per token, KV %s/%s %d bytes per cached token%n%n", cuda.deviceName(),
+                limits.copyGBps(), limits.bf16Tflops(), cuda.weightBytesPerToken() / 1e9, s.kFormat().name(),
+                s.vFormat().name(), kvPerToken));
+        sb.append("| kv | test | depth | t/s | limit t/s | of limit |\n| --- | --- | ---: | ---: | ---: | ---: |\n");
+        for (Benchmark.Row r : rows) {
+            double limit;
+            if (r.test().startsWith("tg")) {
+                limit = limits.copyGBps() * 1e9 / (cuda.weightBytesPerToken() + (double) kvPerToken * r.depth());
+            } else {
+                limit = limits.bf16Tflops() * 1e12 / (2.0 * cuda.weightElementsPerToken());
+            }
+            sb.append(String.format(Locale.ROOT, "| %s | %s | %d | %.1f | %.1f | %.0f%% |%n", r.kv(), r.test(),
+                    r.depth(), r.tpsMean(), limit, 100 * r.tpsMean() / limit));
+        }
+        return sb.toString();
+    }
 
     @Override
     public void run() {
@@ -69,12 +108,38 @@ final class BenchCommand implements Runnable {
             }
         }
         progress.update("loading model");
-        try (LlamaModel model = synthetic != null ? ModelOptions.synthetic(synthetic, weights) : opts.load()) {
-            Benchmark.Settings s = new Benchmark.Settings(prompt, gen, depth, reps, opts.threads, opts.kFormat(),
-                    opts.vFormat(), opts.prefillChunk);
-            List<Benchmark.Row> rows = Benchmark.run(model, s, progress::update);
+        try (LlamaModel model = synthetic != null ? ModelOptions.synthetic(synthetic, weights) : opts.load();
+             Parallel pool = new Parallel(opts.threads);
+             Backend backend = opts.openBackend(model, pool)) {
+            List<KvFormat[]> pairs = new ArrayList<>();
+            if (kvList != null) {
+                for (String f : kvList) {
+                    pairs.add(new KvFormat[] {KvFormat.parse(f), KvFormat.parse(f)});
+                }
+            } else {
+                pairs.add(new KvFormat[] {opts.kFormat(), opts.vFormat()});
+            }
+            CudaBackend.Limits limits = null;
+            if (backend instanceof CudaBackend cuda) {
+                progress.update("measuring the device's copy bandwidth and bf16 GEMM rate");
+                limits = cuda.measureLimits();
+            }
+            List<Benchmark.Row> rows = new ArrayList<>();
+            StringBuilder ratios = new StringBuilder();
+            for (KvFormat[] pair : pairs) {
+                Benchmark.Settings s = new Benchmark.Settings(prompt, gen, depth, reps, opts.threads, pair[0],
+                        pair[1], opts.prefillChunk);
+                List<Benchmark.Row> some = Benchmark.run(backend, s, progress::update);
+                rows.addAll(some);
+                if (limits != null) {
+                    ratios.append(limitsTable((CudaBackend) backend, limits, some, s));
+                }
+            }
             progress.done();
             System.out.println(json ? Benchmark.json(rows) : Benchmark.markdown(rows));
+            if (limits != null && !json) {
+                System.out.println(ratios);
+            }
         }
     }
 }

@@ -1,5 +1,6 @@
 package dev.kvant.cli;
 
+import dev.kvant.backend.Backend;
 import dev.kvant.engine.Generator;
 import dev.kvant.engine.Session;
 import dev.kvant.model.LlamaModel;
@@ -58,8 +59,9 @@ final class ChatCommand implements Runnable {
         BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
         try (LlamaModel model = opts.load();
              Parallel pool = new Parallel(opts.threads);
-             Session session = new Session(model, opts.contextLength(model, ctx, 4096), opts.kFormat(),
-                     opts.vFormat(), opts.prefillChunk, pool)) {
+             Backend backend = opts.openBackend(model, pool);
+             Session session = new Session(backend, opts.contextLength(model, ctx, 4096), opts.kFormat(), opts.vFormat(),
+                     opts.prefillChunk)) {
             Tokenizer tok = model.tokenizer();
             ChatTemplate tpl = ChatTemplate.detect(model.chatTemplate(), template);
             Sampler sampler = new Sampler(sampling.config());

@@ -2,6 +2,9 @@ package dev.kvant.cli;
 
 import dev.kvant.backend.Backend;
 import dev.kvant.backend.CpuBackend;
+import dev.kvant.cuda.Cuda;
+import dev.kvant.cuda.CudaAvailability;
+import dev.kvant.cuda.model.CudaBackend;
 import dev.kvant.gguf.GgmlType;
 import dev.kvant.kv.KvFormat;
 import dev.kvant.model.LlamaModel;
@@ -103,11 +106,34 @@ final class ModelOptions {
      * model and the pool.
      */
     Backend openBackend(LlamaModel loaded, Parallel pool) {
+        return openBackend(loaded, pool, 1);
+    }
+
+    /** As {@link #openBackend(LlamaModel, Parallel)} for up to {@code maxBatch} sequences decoded together. */
+    Backend openBackend(LlamaModel loaded, Parallel pool, int maxBatch) {
         return switch (backend.toLowerCase(java.util.Locale.ROOT)) {
-            case "cpu", "auto" -> new CpuBackend(loaded, pool);
+            case "cpu" -> new CpuBackend(loaded, pool);
+            case "cuda" -> openCuda(loaded, maxBatch);
+            case "auto" -> {
+                CudaAvailability cuda = Cuda.available();
+                yield cuda.ok() ? openCuda(loaded, maxBatch) : new CpuBackend(loaded, pool);
+            }
             default -> throw new IllegalArgumentException("--backend: unknown backend '" + backend
                     + "' (cpu, cuda, auto)");
         };
+    }
+
+    private Backend openCuda(LlamaModel loaded, int maxBatch) {
+        CudaAvailability cuda = Cuda.available();
+        if (!cuda.ok()) {
+            throw new IllegalArgumentException("--backend cuda: " + cuda.reason());
+        }
+        long kvTokens = 0;
+        if (kvMem != null) {
+            kvTokens = dev.kvant.engine.Session.contextForBudget(loaded.config(), kFormat(), vFormat(),
+                    parseSize(kvMem));
+        }
+        return CudaBackend.open(loaded, new CudaBackend.Options(maxBatch, Math.max(prefillChunk, 1), kvTokens));
     }
 
     LlamaModel load() {

@@ -1,5 +1,6 @@
 package dev.kvant.cli;
 
+import dev.kvant.backend.Backend;
 import dev.kvant.engine.Perplexity;
 import dev.kvant.engine.Session;
 import dev.kvant.model.LlamaModel;
@@ -49,7 +50,9 @@ final class PerplexityCommand implements Runnable {
         Progress progress = new Progress(json);
         try (LlamaModel model = opts.load();
              Parallel pool = new Parallel(opts.threads);
-             Session session = new Session(model, ctx, opts.kFormat(), opts.vFormat(), opts.prefillChunk, pool)) {
+             Backend backend = opts.openBackend(model, pool);
+             Session session = new Session(backend, ctx, opts.kFormat(), opts.vFormat(),
+                     opts.prefillChunk)) {
             Tokenizer tok = model.tokenizer();
             progress.update("tokenizing " + file);
             int[] tokens = tok.encode(text, true, false);

@@ -1,5 +1,6 @@
 package dev.kvant.cli;
 
+import dev.kvant.backend.Backend;
 import dev.kvant.engine.Generator;
 import dev.kvant.engine.Session;
 import dev.kvant.model.LlamaModel;
@@ -47,8 +48,9 @@ final class RunCommand implements Runnable {
         PrintStream out = new PrintStream(System.out, true, StandardCharsets.UTF_8);
         try (LlamaModel model = opts.load();
              Parallel pool = new Parallel(opts.threads);
-             Session session = new Session(model, opts.contextLength(model, ctx, 4096), opts.kFormat(), opts.vFormat(),
-                     opts.prefillChunk, pool)) {
+             Backend backend = opts.openBackend(model, pool);
+             Session session = new Session(backend, opts.contextLength(model, ctx, 4096), opts.kFormat(), opts.vFormat(),
+                     opts.prefillChunk)) {
             int[] tokens = model.tokenizer().encode(prompt, true, special);
             Generator.Stats st = Generator.generate(session, model.tokenizer(), tokens, nPredict,
                     new Sampler(sampling.config()), piece -> {

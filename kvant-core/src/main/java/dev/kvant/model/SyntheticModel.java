@@ -21,7 +21,10 @@ public final class SyntheticModel {
         LLAMA3_2_1B("llama3.2-1b", "llama", 2048, 16, 32, 8, 64, 8192, 128256, 8192, 500000f),
         QWEN2_5_7B("qwen2.5-7b", "qwen2", 3584, 28, 28, 4, 128, 18944, 152064, 8192, 1000000f),
         /** The geometry of the tinycode test model. */
-        TINY("tiny", "llama", 512, 8, 4, 2, 128, 1536, 4096, 8192, 100000f);
+        TINY("tiny", "llama", 512, 8, 4, 2, 128, 1536, 4096, 8192, 100000f),
+        /** The tiny geometry as qwen2 (NEOX RoPE, q/k/v biases) and qwen3 (NEOX RoPE, q/k norms): backend tests. */
+        TINY_QWEN2("tiny-qwen2", "qwen2", 512, 4, 4, 2, 128, 1536, 4096, 8192, 1000000f),
+        TINY_QWEN3("tiny-qwen3", "qwen3", 512, 4, 4, 2, 128, 1536, 4096, 8192, 1000000f);
 
         public final String id;
         final String arch;
@@ -61,10 +64,10 @@ public final class SyntheticModel {
         }
 
         public ModelConfig config() {
-            boolean qwen = arch.equals("qwen2");
+            boolean qwen = arch.startsWith("qwen");
             Rope rope = new Rope(qwen ? Rope.Mode.NEOX : Rope.Mode.NORMAL, headDim, ropeBase, 1f, null);
             return new ModelConfig(arch, dim, layers, heads, kvHeads, headDim, headDim, ffnDim, vocab, context,
-                    1e-5f, rope, qwen, false);
+                    1e-5f, rope, arch.equals("qwen2"), arch.equals("qwen3"));
         }
     }
 
@@ -91,7 +94,8 @@ public final class SyntheticModel {
                         c.qkvBias() ? fill.bias(c.qDim()) : null,
                         c.qkvBias() ? fill.bias(c.kvDimK()) : null,
                         c.qkvBias() ? fill.bias(c.kvDimV()) : null,
-                        null, null,
+                        c.qkNorm() ? fill.norm(c.headDimK()) : null,
+                        c.qkNorm() ? fill.norm(c.headDimK()) : null,
                         fill.norm(c.dim()),
                         fill.matrix(p + "ffn_gate.weight", c.ffnDim(), c.dim()),
                         fill.matrix(p + "ffn_up.weight", c.ffnDim(), c.dim()),

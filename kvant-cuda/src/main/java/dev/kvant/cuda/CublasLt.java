@@ -71,6 +71,7 @@ public final class CublasLt implements AutoCloseable {
     private final Arena arena = Arena.ofShared();
     private final MemorySegment alpha;
     private final MemorySegment beta;
+    private final MemorySegment one;
     private final Map<PlanKey, Plan> plans = new HashMap<>();
     private boolean closed;
 
@@ -88,6 +89,7 @@ public final class CublasLt implements AutoCloseable {
         this.workspace = context.allocate(workspaceBytes);
         this.alpha = arena.allocateFrom(JAVA_FLOAT, 1f);
         this.beta = arena.allocateFrom(JAVA_FLOAT, 0f);
+        this.one = arena.allocateFrom(JAVA_FLOAT, 1f);
     }
 
     /** A cuBLASLt handle on {@code context} with a {@link #DEFAULT_WORKSPACE_BYTES} workspace. */
@@ -123,8 +125,18 @@ public final class CublasLt implements AutoCloseable {
      * @param inputType  type of A and B: F16 or BF16
      * @param outputType type of C: F32, or the input type
      */
+    public void gemm(DeviceBuffer a, DeviceBuffer b, DeviceBuffer c, int m, int n, int k,
+                     CudaDataType inputType, CudaDataType outputType, CudaStream stream) {
+        gemm(a, b, c, m, n, k, inputType, outputType, false, stream);
+    }
+
+    /**
+     * As {@link #gemm(DeviceBuffer, DeviceBuffer, DeviceBuffer, int, int, int, CudaDataType, CudaDataType,
+     * CudaStream)}; with {@code accumulate} the product is added to C (C += A · Bᵀ: a residual connection for free).
+     */
     public synchronized void gemm(DeviceBuffer a, DeviceBuffer b, DeviceBuffer c, int m, int n, int k,
-                                  CudaDataType inputType, CudaDataType outputType, CudaStream stream) {
+                                  CudaDataType inputType, CudaDataType outputType, boolean accumulate,
+                                  CudaStream stream) {
         if (closed) {
             throw new IllegalStateException("cuBLASLt handle was used after close()");
         }
@@ -149,9 +161,10 @@ public final class CublasLt implements AutoCloseable {
             plan = plan(key);
             plans.put(key, plan);
         }
+        MemorySegment betaValue = accumulate ? one : beta;
         try {
             int rc = (int) lib.matmul.invokeExact(handle, plan.operation, alpha,
-                    b.address(), plan.weights, a.address(), plan.activations, beta,
+                    b.address(), plan.weights, a.address(), plan.activations, betaValue,
                     c.address(), plan.output, c.address(), plan.output,
                     plan.heuristic, workspace.address(), workspace.byteSize(), stream.handle());
             if (rc != CUBLAS_STATUS_SUCCESS) {

@@ -35,9 +35,10 @@ public final class AttentionPrecompile {
         int threads = args.length > 3 ? Integer.parseInt(args[3]) : Runtime.getRuntime().availableProcessors();
         KernelCache cache = new KernelCache(Path.of(args[0]), Nvrtc.load(), Integer.parseInt(args[2]));
         long t0 = System.nanoTime();
+        cache.cubin(dev.kvant.cuda.model.CudaBackend.kernelSource(), args[1], Map.of());
         compile(cache, args[1], standardShapes(), threads);
-        System.out.printf("compiled %d attention modules for %s into %s in %.1f s (%s)%n", standardShapes().size(),
-                args[1], args[0], (System.nanoTime() - t0) / 1e9, cache.stats());
+        System.out.printf("compiled the model module and %d attention modules for %s into %s in %.1f s (%s)%n",
+                standardShapes().size(), args[1], args[0], (System.nanoTime() - t0) / 1e9, cache.stats());
     }
 
     /**
@@ -51,6 +52,10 @@ public final class AttentionPrecompile {
             for (KvFormat f : KvFormat.all()) {
                 shapes.add(new AttentionShape(new KvGeometry(1, 8, d, d), 32, f, f, 64));
             }
+        }
+        // tinycode and the synthetic "tiny" shape: 4 query heads over 2 kv heads of 128
+        for (KvFormat f : KvFormat.all()) {
+            shapes.add(new AttentionShape(new KvGeometry(1, 2, 128, 128), 4, f, f, 64));
         }
         shapes.add(new AttentionShape(new KvGeometry(1, 8, 128, 128), 32, TurboFormat.TURBO3,
                 KvFormat.parse("q8_0"), 64));

@@ -1,0 +1,117 @@
+package dev.kvant.cuda.model;
+
+import dev.kvant.cuda.CudaContext;
+import dev.kvant.cuda.DeviceBuffer;
+import dev.kvant.model.LlamaWeights;
+import dev.kvant.model.ModelConfig;
+import dev.kvant.model.Rope;
+
+import java.lang.foreign.MemorySegment;
+import java.util.ArrayList;
+import java.util.List;
+
+/**
+ * A model's weights on the device, uploaded once: matrices in their compressed formats (q|k|v and gate|up stacked
+ * where their formats agree), norms and biases as f32, RoPE frequencies as f64.
+ */
+final class DeviceWeights implements AutoCloseable {
+
+    /** One transformer block. Biases and q/k norms are null where the architecture has none. */
+    record Layer(DeviceBuffer attnNorm, Projection qkv, DeviceBuffer qkvBias, DeviceBuffer qNorm, DeviceBuffer kNorm,
+                 Projection wo, DeviceBuffer ffnNorm, Projection gateUp, Projection down) {
+    }
+
+    final DeviceMatrix embedding;
+    final DeviceBuffer outputNorm;
+    final Projection output;
+    final Layer[] layers;
+    /** Angular frequency of each rotated pair (dev.kvant.model.Rope#frequency), f64. */
+    final DeviceBuffer ropeFreqs;
+    private final List<AutoCloseable> owned = new ArrayList<>();
+
+    DeviceWeights(CudaContext context, ModelConfig c, LlamaWeights w) {
+        try {
+            embedding = own(DeviceMatrix.upload(context, w.tokenEmbedding()));
+            outputNorm = floats(context, w.outputNorm());
+            output = own(Projection.upload(context, w.output()));
+            layers = new Layer[c.layers()];
+            for (int l = 0; l < c.layers(); l++) {
+                LlamaWeights.Layer x = w.layers()[l];
+                DeviceBuffer bias = null;
+                if (x.bq() != null) {
+                    float[] all = new float[x.bq().length + x.bk().length + x.bv().length];
+                    System.arraycopy(x.bq(), 0, all, 0, x.bq().length);
+                    System.arraycopy(x.bk(), 0, all, x.bq().length, x.bk().length);
+                    System.arraycopy(x.bv(), 0, all, x.bq().length + x.bk().length, x.bv().length);
+                    bias = floats(context, all);
+                }
+                layers[l] = new Layer(floats(context, x.attnNorm()),
+                        own(Projection.upload(context, x.wq(), x.wk(), x.wv())), bias,
+                        x.qNorm() == null ? null : floats(context, x.qNorm()),
+                        x.kNorm() == null ? null : floats(context, x.kNorm()),
+                        own(Projection.upload(context, x.wo())), floats(context, x.ffnNorm()),
+                        own(Projection.upload(context, x.wGate(), x.wUp())),
+                        own(Projection.upload(context, x.wDown())));
+            }
+            Rope rope = c.rope();
+            double[] freqs = new double[Math.max(1, rope.ropeDim() / 2)];
+            for (int i = 0; i < rope.ropeDim() / 2; i++) {
+                freqs[i] = rope.frequency(i);
+            }
+            ropeFreqs = own(context.allocate(8L * freqs.length));
+            ropeFreqs.copyFromHost(MemorySegment.ofArray(freqs));
+        } catch (RuntimeException e) {
+            close();
+            throw e;
+        }
+    }
+
+    private <T extends AutoCloseable> T own(T resource) {
+        owned.add(resource);
+        return resource;
+    }
+
+    private DeviceBuffer floats(CudaContext context, float[] values) {
+        DeviceBuffer b = own(context.allocate(4L * values.length));
+        b.copyFromHost(MemorySegment.ofArray(values));
+        return b;
+    }
+
+    /** Device bytes of the weights. */
+    long byteSize() {
+        long b = embedding.byteSize() + output.byteSize();
+        for (Layer l : layers) {
+            b += l.qkv().byteSize() + l.wo().byteSize() + l.gateUp().byteSize() + l.down().byteSize();
+        }
+        return b;
+    }
+
+    /** Bytes a decode step reads: every matrix but the embedding table (of which it reads one row per token). */
+    long bytesPerToken() {
+        return byteSize() - embedding.byteSize();
+    }
+
+    /** Widest f16 copy a prefill GEMM needs of one layer projection: rows x cols halves. */
+    long largestProjectionHalves() {
+        long max = 0;
+        for (Layer l : layers) {
+            max = Math.max(max, (long) l.qkv().rows() * l.qkv().cols());
+            max = Math.max(max, (long) l.wo().rows() * l.wo().cols());
+            max = Math.max(max, (long) l.gateUp().rows() * l.gateUp().cols());
+            max = Math.max(max, (long) l.down().rows() * l.down().cols());
+        }
+        return max;
+    }
+
+    @Override
+    public void close() {
+        for (int i = owned.size() - 1; i >= 0; i--) {
+            try {
+                owned.get(i).close();
+            } catch (Exception ignored) {
+                // closing device memory only fails when the context is gone, and then it is gone already
+            }
+        }
+        owned.clear();
+    }
+}

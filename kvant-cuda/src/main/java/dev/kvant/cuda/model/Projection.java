@@ -1,0 +1,110 @@
+package dev.kvant.cuda.model;
+
+import dev.kvant.cuda.CublasLt;
+import dev.kvant.cuda.CudaContext;
+import dev.kvant.cuda.CudaDataType;
+import dev.kvant.cuda.CudaStream;
+import dev.kvant.cuda.DeviceBuffer;
+import dev.kvant.tensor.WeightMatrix;
+
+import java.util.ArrayList;
+import java.util.List;
+
+/**
+ * A linear layer made of one or more weight matrices whose outputs sit side by side (q|k|v, gate|up). Matrices of
+ * one format are stacked into one {@link DeviceMatrix} (one launch); a change of format starts a new part.
+ */
+final class Projection implements AutoCloseable {
+    private final List<DeviceMatrix> parts;
+    private final int[] offsets;
+    private final int rows;
+    private final int cols;
+
+    private Projection(List<DeviceMatrix> parts) {
+        this.parts = parts;
+        this.offsets = new int[parts.size()];
+        int r = 0;
+        for (int i = 0; i < parts.size(); i++) {
+            offsets[i] = r;
+            r += parts.get(i).rows();
+        }
+        this.rows = r;
+        this.cols = parts.getFirst().cols();
+    }
+
+    static Projection upload(CudaContext context, WeightMatrix... matrices) {
+        List<DeviceMatrix> parts = new ArrayList<>();
+        try {
+            int i = 0;
+            while (i < matrices.length) {
+                int j = i + 1;
+                while (j < matrices.length && matrices[j].format().type() == matrices[i].format().type()) {
+                    j++;
+                }
+                WeightMatrix[] run = new WeightMatrix[j - i];
+                System.arraycopy(matrices, i, run, 0, run.length);
+                parts.add(DeviceMatrix.upload(context, run));
+                i = j;
+            }
+        } catch (RuntimeException e) {
+            parts.forEach(DeviceMatrix::close);
+            throw e;
+        }
+        return new Projection(parts);
+    }
+
+    int rows() {
+        return rows;
+    }
+
+    int cols() {
+        return cols;
+    }
+
+    /** One stacked matrix: a single launch serves every output. */
+    boolean single() {
+        return parts.size() == 1;
+    }
+
+    DeviceMatrix only() {
+        return parts.getFirst();
+    }
+
+    long byteSize() {
+        long b = 0;
+        for (DeviceMatrix m : parts) {
+            b += m.byteSize();
+        }
+        return b;
+    }
+
+    /** out[v][offset + r] (stride outStride) = W x[v] (+ bias), MV_STORE or MV_ADD. */
+    void matvec(ModelKernels k, DeviceBuffer x, int xStride, int nvec, DeviceBuffer out, int outStride,
+                DeviceBuffer bias, int mode, CudaStream stream) {
+        for (int i = 0; i < parts.size(); i++) {
+            DeviceMatrix m = parts.get(i);
+            long off = 4L * offsets[i];
+            k.matvec(m, m.rows(), x, xStride, nvec, out.slice(off, out.byteSize() - off), outStride,
+                    bias == null ? null : bias.slice(off, bias.byteSize() - off), mode, 0, stream);
+        }
+    }
+
+    /**
+     * out f32 [n][rows] = xh (f16 [n][cols]) · Wᵀ, or out += that when accumulate; the weights go through
+     * {@code scratch} as f16 (rows x cols), dequantized part by part.
+     */
+    void gemm(ModelKernels k, CublasLt blas, DeviceBuffer xh, int n, DeviceBuffer out, boolean accumulate,
+              DeviceBuffer scratch, CudaStream stream) {
+        for (int i = 0; i < parts.size(); i++) {
+            DeviceMatrix m = parts.get(i);
+            long off = 2L * offsets[i] * cols;
+            k.dequantize(m, scratch.slice(off, 2L * m.rows() * cols), stream);
+        }
+        blas.gemm(xh, scratch, out, n, rows, cols, CudaDataType.F16, CudaDataType.F32, accumulate, stream);
+    }
+
+    @Override
+    public void close() {
+        parts.forEach(DeviceMatrix::close);
+    }
+}

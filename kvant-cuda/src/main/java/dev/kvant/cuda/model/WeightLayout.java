@@ -1,0 +1,53 @@
+package dev.kvant.cuda.model;
+
+import dev.kvant.gguf.GgmlType;
+
+/**
+ * How a weight format lies in device memory, as model.cu's {@code W_*} ids and {@code dq8} read it. Q8_0 and Q4_0 are
+ * repacked into a plane of block quants and a plane of block scales, so a block's quants are one aligned load; the
+ * others keep GGUF's row layout. Either way the bits are GGUF's.
+ */
+enum WeightLayout {
+    F32(0, "f32", GgmlType.F32, false),
+    F16(1, "f16", GgmlType.F16, false),
+    BF16(2, "bf16", GgmlType.BF16, false),
+    Q8_0(3, "q8_0", GgmlType.Q8_0, true),
+    Q4_0(4, "q4_0", GgmlType.Q4_0, true),
+    Q4_K(5, "q4_k", GgmlType.Q4_K, false),
+    Q5_K(6, "q5_k", GgmlType.Q5_K, false),
+    Q6_K(7, "q6_k", GgmlType.Q6_K, false);
+
+    final int id;
+    /** Suffix of the format's kernels in model.cu. */
+    final String kernelSuffix;
+    final GgmlType type;
+    /** Repacked into a quant plane and a scale plane. */
+    final boolean planar;
+
+    WeightLayout(int id, String kernelSuffix, GgmlType type, boolean planar) {
+        this.id = id;
+        this.kernelSuffix = kernelSuffix;
+        this.type = type;
+        this.planar = planar;
+    }
+
+    static WeightLayout of(GgmlType type) {
+        for (WeightLayout l : values()) {
+            if (l.type == type) {
+                return l;
+            }
+        }
+        throw new IllegalArgumentException("the CUDA backend has no kernels for weights of type " + type
+                + " (it takes F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K)");
+    }
+
+    /** Bytes of one block's quants in the quant plane (planar layouts). */
+    int planeQuantBytes() {
+        return this == Q8_0 ? 32 : 16;
+    }
+
+    /** Bytes of one GGUF block (planar layouts): an f16 scale then the quants. */
+    int ggufBlockBytes() {
+        return 2 + planeQuantBytes();
+    }
+}

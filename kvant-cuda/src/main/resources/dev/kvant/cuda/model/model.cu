@@ -1,0 +1,523 @@
+// model.cu — the llama-family layer on the GPU, apart from attention (attention/*.cu): embedding lookup, RMSNorm,
+// weight-matrix × vector products for every weight format, RoPE, SwiGLU, greedy token choice, and the kernels that
+// feed tensor-core GEMMs in prefill (weights dequantized to f16, activations converted to f16).
+//
+// No <cuda_fp16.h>: NVRTC finds no toolkit headers on the GPU machine, so halves are raw bits and the conversions
+// are PTX (cvt.rn: round to nearest even).
+//
+// Weight layouts on the device (dev.kvant.cuda.model.DeviceWeights):
+//   F32, F16, BF16, Q4_K, Q5_K, Q6_K: GGUF's own row layout, rows of rowBytes bytes.
+//   Q8_0 and Q4_0: repacked per matrix into two planes so every block's quants are one aligned 16/32-byte load:
+//     quants [rows][cols/32][32 or 16 bytes], then at byte offset `scales` the block scales f16 [rows][cols/32].
+//   The bits are GGUF's; only their places change.
+//
+// Every reduction has a fixed shape that depends on the launch geometry only (which is fixed per kernel), never on
+// timing: the same inputs give the same bits.
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+
+#define FULL_MASK 0xffffffffu
+
+enum {
+    W_F32 = 0, W_F16 = 1, W_BF16 = 2, W_Q8_0 = 3, W_Q4_0 = 4, W_Q4_K = 5, W_Q5_K = 6, W_Q6_K = 7
+};
+
+// Output modes of the matrix-vector kernels.
+enum { MV_STORE = 0, MV_ADD = 1, MV_SWIGLU = 2 };
+
+__device__ __forceinline__ float h2f(u16 h) {
+    float x;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(x) : "h"(h));
+    return x;
+}
+__device__ __forceinline__ u16 f2h(float x) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+}
+__device__ __forceinline__ u32 pack_h2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ float bf2f(u16 b) {
+    return __uint_as_float(((u32) b) << 16);
+}
+__device__ __forceinline__ u16 ld_u16(const u8* p) {
+    return *(const u16*) p;
+}
+
+// ---- dequantizing: 8 consecutive weights (chunk c of the 32-weight sub-block s) of row `row`
+
+// K-quant scale and min of sub-block j (0..7) of a Q4_K/Q5_K super-block: six bits each, packed in 12 bytes.
+__device__ __forceinline__ void kq_scale_min(const u8* sc, int j, float& scale, float& min) {
+    if (j < 4) {
+        scale = (float) (sc[j] & 63);
+        min = (float) (sc[j + 4] & 63);
+    } else {
+        scale = (float) ((sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4));
+        min = (float) ((sc[j + 4] >> 4) | ((sc[j] >> 6) << 4));
+    }
+}
+
+template <int F>
+__device__ __forceinline__ void dq8(const u8* __restrict__ W, i64 rowBytes, i64 scales, int row, int s, int c,
+                                    float* w) {
+    if constexpr (F == W_F32) {
+        const float4* p = (const float4*) (W + row * rowBytes + (i64) (s * 32 + c * 8) * 4);
+        float4 a = p[0], b = p[1];
+        w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w; w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+    } else if constexpr (F == W_F16 || F == W_BF16) {
+        uint4 q = *(const uint4*) (W + row * rowBytes + (i64) (s * 32 + c * 8) * 2);
+        u32 v[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if constexpr (F == W_F16) {
+                w[2 * i] = h2f((u16) (v[i] & 0xFFFF));
+                w[2 * i + 1] = h2f((u16) (v[i] >> 16));
+            } else {
+                w[2 * i] = bf2f((u16) (v[i] & 0xFFFF));
+                w[2 * i + 1] = bf2f((u16) (v[i] >> 16));
+            }
+        }
+    } else if constexpr (F == W_Q8_0) {
+        i64 nb = rowBytes;  // for the repacked planes rowBytes carries blocks per row
+        i64 b = (i64) row * nb + s;
+        float d = h2f(*(const u16*) (W + scales + b * 2));
+        uint2 q = *(const uint2*) (W + b * 32 + c * 8);
+        u32 v[2] = {q.x, q.y};
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            w[i] = d * (float) (i8) ((v[i >> 2] >> (8 * (i & 3))) & 0xFF);
+        }
+    } else if constexpr (F == W_Q4_0) {
+        i64 nb = rowBytes;
+        i64 b = (i64) row * nb + s;
+        float d = h2f(*(const u16*) (W + scales + b * 2));
+        // weights 0..15 are the low nibbles of bytes 0..15, weights 16..31 their high nibbles
+        uint2 q = *(const uint2*) (W + b * 16 + (c & 1) * 8);
+        u32 v[2] = {q.x, q.y};
+        int shift = c >= 2 ? 4 : 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            w[i] = d * (float) ((int) ((v[i >> 2] >> (8 * (i & 3) + shift)) & 0xF) - 8);
+        }
+    } else if constexpr (F == W_Q4_K || F == W_Q5_K) {
+        const int blockBytes = F == W_Q4_K ? 144 : 176;
+        const u8* blk = W + row * rowBytes + (i64) (s >> 3) * blockBytes;
+        int j = s & 7;
+        float d = h2f(ld_u16(blk)), dmin = h2f(ld_u16(blk + 2));
+        float sc, mn;
+        kq_scale_min(blk + 4, j, sc, mn);
+        float scale = d * sc, off = dmin * mn;
+        const u8* qs = blk + (F == W_Q4_K ? 16 : 48) + (j >> 1) * 32 + c * 8;
+        int shift = (j & 1) * 4;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int q = (qs[i] >> shift) & 0xF;
+            if constexpr (F == W_Q5_K) {
+                q |= ((blk[16 + c * 8 + i] >> j) & 1) << 4;
+            }
+            w[i] = scale * (float) q - off;
+        }
+    } else {  // W_Q6_K: ql[128] qh[64] scales[16] (int8) d (f16), 210 bytes per 256 weights
+        const u8* blk = W + row * rowBytes + (i64) (s >> 3) * 210;
+        int j = s & 7;
+        int half = j >> 2, quarter = j & 3;
+        float d = h2f(ld_u16(blk + 208));
+        const u8* ql = blk + half * 64 + (quarter & 1) * 32;
+        const u8* qh = blk + 128 + half * 32;
+        const i8* scs = (const i8*) (blk + 192 + half * 8);
+        int lowShift = quarter >= 2 ? 4 : 0;
+        int highShift = quarter * 2;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int l = c * 8 + i;
+            int q = ((ql[l] >> lowShift) & 0xF) | (((qh[l] >> highShift) & 3) << 4);
+            w[i] = d * (float) scs[quarter * 2 + (l >> 4)] * (float) (q - 32);
+        }
+    }
+}
+
+// ---- embedding: x[t] = row tokens[t] of the table, dequantized
+
+template <int F>
+__device__ void embed(const u8* __restrict__ W, i64 rowBytes, i64 scales, const int* __restrict__ tokens,
+                      float* __restrict__ x, int dim) {
+    int t = blockIdx.x;
+    int row = tokens[t];
+    for (int chunk = threadIdx.x; chunk < dim / 8; chunk += blockDim.x) {
+        float w[8];
+        dq8<F>(W, rowBytes, scales, row, chunk >> 2, chunk & 3, w);
+        float4* out = (float4*) (x + (i64) t * dim + chunk * 8);
+        out[0] = make_float4(w[0], w[1], w[2], w[3]);
+        out[1] = make_float4(w[4], w[5], w[6], w[7]);
+    }
+}
+
+// ---- dequantize a whole matrix to f16 [rows][cols] (prefill: the GEMM's weight operand)
+
+template <int F>
+__device__ void dequant_f16(const u8* __restrict__ W, i64 rowBytes, i64 scales, int rows, int cols,
+                            uint4* __restrict__ out) {
+    i64 chunks = (i64) rows * (cols / 8);
+    int perRow = cols / 8;
+    for (i64 i = (i64) blockIdx.x * blockDim.x + threadIdx.x; i < chunks; i += (i64) gridDim.x * blockDim.x) {
+        int row = (int) (i / perRow);
+        int chunk = (int) (i - (i64) row * perRow);
+        float w[8];
+        dq8<F>(W, rowBytes, scales, row, chunk >> 2, chunk & 3, w);
+        out[i] = make_uint4(pack_h2(w[0], w[1]), pack_h2(w[2], w[3]), pack_h2(w[4], w[5]), pack_h2(w[6], w[7]));
+    }
+}
+
+// ---- weight matrix × vectors (decode)
+//
+// grid:   ceil(outputs / (MV_WARPS * rows per warp)) blocks of MV_WARPS warps.
+// warp:   4 weight rows (MV_STORE / MV_ADD: rows r..r+3; MV_SWIGLU: gate rows r, r+1 and up rows ffn+r, ffn+r+1)
+//         against nvec vectors; lane L takes the 32-weight sub-blocks L, L+32, ... of each row, so a warp reads
+//         4 rows' bytes once, contiguously, for all vectors together.
+// reduce: per lane a running sum over its sub-blocks (in order), then a butterfly over the 32 lanes: fixed order.
+// output: MV_STORE out[v][r] = dot (+ bias[r]); MV_ADD out[v][r] += dot; MV_SWIGLU out[v][r] = silu(g)·u.
+#define MV_WARPS 4
+
+template <int F, int NV>
+__device__ void matvec(const u8* __restrict__ W, i64 rowBytes, i64 scales, int outputs, int cols,
+                       const float* __restrict__ x, int xStride, int nvec, float* out, int outStride,
+                       const float* __restrict__ bias, int mode, int ffn) {
+    int lane = threadIdx.x & 31;
+    int warp = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+    int perWarp = mode == MV_SWIGLU ? 2 : 4;
+    int r0 = warp * perWarp;
+    if (r0 >= outputs) {
+        return;
+    }
+    int rows[4];
+    bool valid[4];
+    if (mode == MV_SWIGLU) {
+        rows[0] = r0; rows[1] = r0 + 1; rows[2] = ffn + r0; rows[3] = ffn + r0 + 1;
+        valid[0] = true; valid[1] = r0 + 1 < outputs; valid[2] = true; valid[3] = valid[1];
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            rows[i] = r0 + i;
+            valid[i] = r0 + i < outputs;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        if (!valid[i]) {
+            rows[i] = rows[0];  // read a valid row, discard the result
+        }
+    }
+    float acc[4][NV];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+            acc[i][v] = 0.f;
+        }
+    }
+    int nb = cols / 32;
+    for (int s = lane; s < nb; s += 32) {
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            float w[4][8];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                dq8<F>(W, rowBytes, scales, rows[i], s, c, w[i]);
+            }
+#pragma unroll
+            for (int v = 0; v < NV; v++) {
+                if (v < nvec) {
+                    const float4* xp = (const float4*) (x + (i64) v * xStride + s * 32 + c * 8);
+                    float4 a = xp[0], b = xp[1];
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        float t = w[i][0] * a.x;
+                        t = fmaf(w[i][1], a.y, t);
+                        t = fmaf(w[i][2], a.z, t);
+                        t = fmaf(w[i][3], a.w, t);
+                        t = fmaf(w[i][4], b.x, t);
+                        t = fmaf(w[i][5], b.y, t);
+                        t = fmaf(w[i][6], b.z, t);
+                        t = fmaf(w[i][7], b.w, t);
+                        acc[i][v] += t;
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                acc[i][v] += __shfl_xor_sync(FULL_MASK, acc[i][v], o);
+            }
+        }
+    }
+    if (lane != 0) {
+        return;
+    }
+    for (int v = 0; v < nvec && v < NV; v++) {
+        float* o = out + (i64) v * outStride;
+        if (mode == MV_SWIGLU) {
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                if (valid[i]) {
+                    float g = acc[i][v], u = acc[i + 2][v];
+                    o[r0 + i] = g / (1.f + expf(-g)) * u;
+                }
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                if (valid[i]) {
+                    float val = acc[i][v];
+                    if (bias != nullptr) {
+                        val += bias[r0 + i];
+                    }
+                    if (mode == MV_ADD) {
+                        o[r0 + i] += val;
+                    } else {
+                        o[r0 + i] = val;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#define KVANT_FORMAT_KERNELS(NAME, F)                                                                             \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * 32) kvant_mv1_##NAME(                                 \
+            const u8* W, i64 rowBytes, i64 scales, int outputs, int cols, const float* x, int xStride, int nvec, \
+            float* out, int outStride, const float* bias, int mode, int ffn) {                                    \
+        matvec<F, 1>(W, rowBytes, scales, outputs, cols, x, xStride, nvec, out, outStride, bias, mode, ffn);     \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * 32) kvant_mv8_##NAME(                                 \
+            const u8* W, i64 rowBytes, i64 scales, int outputs, int cols, const float* x, int xStride, int nvec, \
+            float* out, int outStride, const float* bias, int mode, int ffn) {                                    \
+        matvec<F, 8>(W, rowBytes, scales, outputs, cols, x, xStride, nvec, out, outStride, bias, mode, ffn);     \
+    }                                                                                                             \
+    extern "C" __global__ void kvant_embed_##NAME(const u8* W, i64 rowBytes, i64 scales, const int* tokens,       \
+                                                  float* x, int dim) {                                            \
+        embed<F>(W, rowBytes, scales, tokens, x, dim);                                                           \
+    }                                                                                                             \
+    extern "C" __global__ void kvant_dequant_##NAME(const u8* W, i64 rowBytes, i64 scales, int rows, int cols,   \
+                                                    uint4* out) {                                                 \
+        dequant_f16<F>(W, rowBytes, scales, rows, cols, out);                                                    \
+    }
+
+KVANT_FORMAT_KERNELS(f32, W_F32)
+KVANT_FORMAT_KERNELS(f16, W_F16)
+KVANT_FORMAT_KERNELS(bf16, W_BF16)
+KVANT_FORMAT_KERNELS(q8_0, W_Q8_0)
+KVANT_FORMAT_KERNELS(q4_0, W_Q4_0)
+KVANT_FORMAT_KERNELS(q4_k, W_Q4_K)
+KVANT_FORMAT_KERNELS(q5_k, W_Q5_K)
+KVANT_FORMAT_KERNELS(q6_k, W_Q6_K)
+
+// ---- RMSNorm of n rows of dim floats: y = x / sqrt(mean(x²) + eps) · w, into y (f32) and, when yh is given, yh
+// (f16, the operand of a prefill GEMM).
+// grid: n blocks; block: NORM_THREADS threads, thread i sums x[i], x[i+T], ... then a fixed tree.
+#define NORM_THREADS 256
+
+__device__ float block_sum(float v, float* shared) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        v += __shfl_xor_sync(FULL_MASK, v, o);
+    }
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) {
+        shared[warp] = v;
+    }
+    __syncthreads();
+    float total = 0.f;
+    for (int i = 0; i < (int) (blockDim.x >> 5); i++) {
+        total += shared[i];
+    }
+    __syncthreads();
+    return total;
+}
+
+extern "C" __global__ void __launch_bounds__(NORM_THREADS) kvant_rmsnorm(
+        const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y, u16* __restrict__ yh,
+        int dim, float eps) {
+    __shared__ float shared[NORM_THREADS / 32];
+    const float* xr = x + (i64) blockIdx.x * dim;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        ss = fmaf(xr[i], xr[i], ss);
+    }
+    ss = block_sum(ss, shared);
+    float inv = 1.f / sqrtf(ss / (float) dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = xr[i] * inv * w[i];
+        if (y != nullptr) {
+            y[(i64) blockIdx.x * dim + i] = v;
+        }
+        if (yh != nullptr) {
+            yh[(i64) blockIdx.x * dim + i] = f2h(v);
+        }
+    }
+}
+
+// ---- after the QKV projection: optional per-head RMSNorm of q and k (qwen3), RoPE at each vector's position,
+// q/k/v split into their own contiguous buffers, and each vector's cache slot from its page table.
+//
+// qkv: [n][qDim + 2·kvDim] (the fused projection's output); positions: int [n], or null for start + t;
+// tables: page table of vector t at tables + (t·seqStride)·tableStride (seqStride 0: one sequence, prefill).
+// grid: n blocks; block: 256 threads, warp w rotating heads w, w+8, ...; the freq table is doubles so the angles
+// equal the CPU's (dev.kvant.model.Rope).
+extern "C" __global__ void __launch_bounds__(256) kvant_rope_split(
+        const float* __restrict__ qkv, int n, const int* __restrict__ positions, int start,
+        float* __restrict__ q, float* __restrict__ k, float* __restrict__ v,
+        const double* __restrict__ freqs, int ropeDim, int neox, float positionScale,
+        int heads, int kvHeads, int headDim, int headDimV,
+        const float* __restrict__ qNorm, const float* __restrict__ kNorm, float eps,
+        const int* __restrict__ tables, int tableStride, int seqStride, int pageTokens, int* __restrict__ slots) {
+    int t = blockIdx.x;
+    int pos = positions != nullptr ? positions[t] : start + t;
+    int qDim = heads * headDim, kvDim = kvHeads * headDim, kvDimV = kvHeads * headDimV;
+    const float* row = qkv + (i64) t * (qDim + kvDim + kvDimV);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    double p = (double) pos / (double) positionScale;
+    for (int h = warp; h < heads + kvHeads; h += blockDim.x >> 5) {
+        bool isQ = h < heads;
+        const float* src = isQ ? row + h * headDim : row + qDim + (h - heads) * headDim;
+        float* dst = isQ ? q + (i64) t * qDim + h * headDim : k + (i64) t * kvDim + (h - heads) * headDim;
+        const float* norm = isQ ? qNorm : kNorm;
+        float scale = 1.f;
+        if (norm != nullptr) {
+            float ss = 0.f;
+            for (int i = lane; i < headDim; i += 32) {
+                ss = fmaf(src[i], src[i], ss);
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                ss += __shfl_xor_sync(FULL_MASK, ss, o);
+            }
+            scale = 1.f / sqrtf(ss / (float) headDim + eps);
+        }
+        int half = ropeDim / 2;
+        for (int i = lane; i < headDim; i += 32) {
+            // element i's partner and angle index
+            float xi = src[i] * scale;
+            if (norm != nullptr) {
+                xi *= norm[i];
+            }
+            int pair, partner;
+            bool first;
+            if (neox) {
+                pair = i < half ? i : i - half;
+                partner = i < half ? i + half : i - half;
+                first = i < half;
+            } else {
+                pair = i >> 1;
+                partner = i ^ 1;
+                first = (i & 1) == 0;
+            }
+            float out = xi;
+            if (i < ropeDim) {
+                float xp = src[partner] * scale;
+                if (norm != nullptr) {
+                    xp *= norm[partner];
+                }
+                double a = p * freqs[pair];
+                float c = (float) cos(a), s = (float) sin(a);
+                out = first ? xi * c - xp * s : xp * s + xi * c;
+            }
+            dst[i] = out;
+        }
+    }
+    const float* vs = row + qDim + kvDim;
+    for (int i = threadIdx.x; i < kvDimV; i += blockDim.x) {
+        v[(i64) t * kvDimV + i] = vs[i];
+    }
+    if (threadIdx.x == 0 && slots != nullptr) {
+        const int* table = tables + (i64) t * seqStride * tableStride;
+        slots[t] = table[pos / pageTokens] * pageTokens + pos % pageTokens;
+    }
+}
+
+// ---- prefill helpers
+
+// gu: [n][2·ffn] (gate rows, then up rows, of the stacked projection) → silu(gate)·up [n][ffn], as f16 into outH
+// (the operand of the down GEMM) or as f32 into outF (decode, when gate and up differ in format).
+extern "C" __global__ void kvant_swiglu(const float* __restrict__ gu, int ffn, int n, u16* __restrict__ outH,
+                                        float* __restrict__ outF) {
+    i64 total = (i64) n * ffn;
+    for (i64 i = (i64) blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64) gridDim.x * blockDim.x) {
+        i64 t = i / ffn;
+        int r = (int) (i - t * ffn);
+        float g = gu[t * 2 * ffn + r], u = gu[t * 2 * ffn + ffn + r];
+        float y = g / (1.f + expf(-g)) * u;
+        if (outH != nullptr) {
+            outH[i] = f2h(y);
+        } else {
+            outF[i] = y;
+        }
+    }
+}
+
+extern "C" __global__ void kvant_to_half(const float* __restrict__ x, u16* __restrict__ out, i64 total) {
+    for (i64 i = (i64) blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64) gridDim.x * blockDim.x) {
+        out[i] = f2h(x[i]);
+    }
+}
+
+// y[t][i] += b[i] for n rows of width floats
+extern "C" __global__ void kvant_add_bias(float* __restrict__ y, const float* __restrict__ b, int width, int n) {
+    i64 total = (i64) n * width;
+    for (i64 i = (i64) blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64) gridDim.x * blockDim.x) {
+        y[i] += b[i % width];
+    }
+}
+
+// ---- greedy choice: ids[v] = the index of the largest logit of vector v (the lowest index among equal ones).
+// grid: nvec blocks; block: 1024 threads, each a strided scan, then a fixed tree.
+extern "C" __global__ void __launch_bounds__(1024) kvant_argmax(const float* __restrict__ logits, int vocab,
+                                                                int* __restrict__ ids) {
+    __shared__ float bestV[32];
+    __shared__ int bestI[32];
+    const float* l = logits + (i64) blockIdx.x * vocab;
+    float bv = __int_as_float(0xff800000);  // -infinity
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        float v = l[i];
+        if (v > bv) {
+            bv = v;
+            bi = i;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(FULL_MASK, bv, o);
+        int oi = __shfl_xor_sync(FULL_MASK, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) {
+        bestV[warp] = bv;
+        bestI[warp] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int) (blockDim.x >> 5); w++) {
+            if (bestV[w] > bv || (bestV[w] == bv && bestI[w] < bi)) {
+                bv = bestV[w];
+                bi = bestI[w];
+            }
+        }
+        ids[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+    }
+}
