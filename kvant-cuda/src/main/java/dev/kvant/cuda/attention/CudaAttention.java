@@ -38,8 +38,7 @@ public final class CudaAttention implements AutoCloseable {
     private final float scale;
     private final float sparseThreshold;
     private final CudaModule module;
-    private final CudaFunction writeK;
-    private final CudaFunction writeV;
+    private final CudaFunction writeKv;
     private final CudaFunction decode;
     private final CudaFunction prefill;
     private final CudaFunction merge;
@@ -65,8 +64,7 @@ public final class CudaAttention implements AutoCloseable {
         this.decodeHeads = AttentionSource.decodeHeads(shape);
         KernelSource source = AttentionSource.source(shape);
         this.module = context.loadModule(cache, source, AttentionSource.defines(shape));
-        this.writeK = module.function("kvant_kv_write_k");
-        this.writeV = module.function("kvant_kv_write_v");
+        this.writeKv = module.function("kvant_kv_write_kv");
         this.decode = module.function("kvant_attn_decode");
         this.prefill = module.function("kvant_attn_prefill");
         this.merge = module.function("kvant_attn_merge");
@@ -136,11 +134,8 @@ public final class CudaAttention implements AutoCloseable {
         requireBytes("K rows", k, (long) rows * shape.headDimK() * 4);
         requireBytes("V rows", v, (long) rows * shape.headDimV() * 4);
         requireBytes("slots", slots, 4L * tokens);
-        Dim3 grid = Dim3.of((rows + 3) / 4);
-        writeK.launch(grid, Dim3.of(128), 0, stream, k, rows, shape.kvHeads(), slots, kv.kPool(layer),
-                shape.pageTokens(), kv.kPageBytes());
-        writeV.launch(grid, Dim3.of(128), 0, stream, v, rows, shape.kvHeads(), slots, kv.vPool(layer),
-                shape.pageTokens(), kv.vPageBytes());
+        writeKv.launch(new Dim3((rows + 3) / 4, 2, 1), Dim3.of(128), 0, stream, k, v, rows, shape.kvHeads(), slots,
+                kv.kPool(layer), kv.vPool(layer), shape.pageTokens(), kv.kPageBytes(), kv.vPageBytes());
     }
 
     /** One query per sequence: {@code seqs} sequences of the batch, each query at position length - 1. */

@@ -87,16 +87,17 @@ public final class CudaBackend implements Backend {
     private final DeviceBuffer tokensDev;
     private final DeviceBuffer positionsDev;
     private final DeviceBuffer slots;
-    private final DeviceBuffer ids;
+    /** Argmax keys of the last output product, one per vector (ModelKernels#logits). */
+    private final DeviceBuffer best;
     private final DeviceBuffer x;
-    private final DeviceBuffer xb;
+    private final ModelKernels.Vectors xb;
     private final DeviceBuffer qkv;
     private final DeviceBuffer q;
     private final DeviceBuffer kRows;
     private final DeviceBuffer vRows;
-    private final DeviceBuffer attn;
+    private final ModelKernels.Vectors attn;
     private final DeviceBuffer gu;
-    private final DeviceBuffer g;
+    private final ModelKernels.Vectors g;
     private final DeviceBuffer logits;
     private final DeviceBuffer xh;
     private final DeviceBuffer ah;
@@ -124,16 +125,16 @@ public final class CudaBackend implements Backend {
             this.tokensDev = floats(rowsMax);
             this.positionsDev = floats(rowsMax);
             this.slots = floats(rowsMax);
-            this.ids = floats(logitRows);
+            this.best = bytes(8L * logitRows);
             this.x = floats((long) rowsMax * c.dim());
-            this.xb = floats((long) rowsMax * c.dim());
+            this.xb = ModelKernels.Vectors.allocate(this::bytes, rowsMax, c.dim());
             this.qkv = floats((long) rowsMax * qkvDim);
             this.q = floats((long) rowsMax * c.qDim());
             this.kRows = floats((long) rowsMax * c.kvDimK());
             this.vRows = floats((long) rowsMax * c.kvDimV());
-            this.attn = floats((long) rowsMax * attnDim);
+            this.attn = ModelKernels.Vectors.allocate(this::bytes, rowsMax, attnDim);
             this.gu = floats((long) rowsMax * 2 * c.ffnDim());
-            this.g = floats((long) rowsMax * c.ffnDim());
+            this.g = ModelKernels.Vectors.allocate(this::bytes, rowsMax, c.ffnDim());
             this.logits = floats((long) logitRows * c.vocabSize());
             int p = options.maxPrefill();
             this.xh = own(context.allocate(2L * p * c.dim()));
@@ -141,7 +142,7 @@ public final class CudaBackend implements Backend {
             this.gh = own(context.allocate(2L * p * c.ffnDim()));
             this.wScratch = own(context.allocate(2L * w.largestProjectionHalves()));
             this.staging = own(context.allocatePinned(8L * rowsMax));
-            this.idsHost = own(context.allocatePinned(4L * logitRows));
+            this.idsHost = own(context.allocatePinned(8L * logitRows));
         } catch (RuntimeException e) {
             closeOwned();
             context.close();
@@ -179,7 +180,11 @@ public final class CudaBackend implements Backend {
     }
 
     private DeviceBuffer floats(long count) {
-        return own(context.allocate(4L * Math.max(1, count)));
+        return bytes(4L * count);
+    }
+
+    private DeviceBuffer bytes(long count) {
+        return own(context.allocate(Math.max(16, count)));
     }
 
     @Override
@@ -354,29 +359,34 @@ public final class CudaBackend implements Backend {
 
     private void decodeLaunches(KvPool pool, int n) {
         int dim = c.dim();
+        int ffn = c.ffnDim();
         float eps = c.rmsEps();
-        k.embed(w.embedding, tokensDev, n, x, stream);
+        k.embed(w.embedding, tokensDev, n, x, best, n, stream);
         for (int l = 0; l < c.layers(); l++) {
             DeviceWeights.Layer L = w.layers[l];
-            k.rmsnorm(x, L.attnNorm(), xb, null, n, dim, eps, stream);
-            L.qkv().matvec(k, xb, dim, n, qkv, qkvDim, L.qkvBias(), ModelKernels.MV_STORE, stream);
+            k.rmsnorm(x, L.attnNorm(), xb, n, dim, eps, stream);
+            L.qkv().matvec(k, xb, n, qkv, qkvDim, L.qkvBias(), ModelKernels.MV_STORE, stream);
             k.ropeSplit(rope(pool, n, positionsDev, 0, L, 1), stream);
             pool.attention().quantizeRows(pool.cache(), l, kRows, vRows, slots, n, stream);
-            pool.attention().decode(pool.cache(), l, q, pool.batch(), n, attn, stream);
-            L.wo().matvec(k, attn, attnDim, n, x, dim, null, ModelKernels.MV_ADD, stream);
-            k.rmsnorm(x, L.ffnNorm(), xb, null, n, dim, eps, stream);
-            if (L.gateUp().single()) {
-                k.matvec(L.gateUp().only(), c.ffnDim(), xb, dim, n, g, c.ffnDim(), null, ModelKernels.MV_SWIGLU,
-                        c.ffnDim(), stream);
-            } else {
-                L.gateUp().matvec(k, xb, dim, n, gu, 2 * c.ffnDim(), null, ModelKernels.MV_STORE, stream);
-                k.swiglu(gu, c.ffnDim(), n, null, g, stream);
+            pool.attention().decode(pool.cache(), l, q, pool.batch(), n, attn.floats(), stream);
+            if (L.wo().readsQ8()) {
+                k.quantize(attn, n, stream);
             }
-            L.down().matvec(k, g, c.ffnDim(), n, x, dim, null, ModelKernels.MV_ADD, stream);
+            L.wo().matvec(k, attn, n, x, dim, null, ModelKernels.MV_ADD, stream);
+            k.rmsnorm(x, L.ffnNorm(), xb, n, dim, eps, stream);
+            if (L.gateUp().single()) {
+                k.matvec(L.gateUp().only(), ffn, xb, n, g.floats(), ffn, null, ModelKernels.MV_SWIGLU, ffn, stream);
+            } else {
+                L.gateUp().matvec(k, xb, n, gu, 2 * ffn, null, ModelKernels.MV_STORE, stream);
+                k.swiglu(gu, ffn, n, null, g.floats(), stream);
+            }
+            if (L.down().readsQ8()) {
+                k.quantize(g, n, stream);
+            }
+            L.down().matvec(k, g, n, x, dim, null, ModelKernels.MV_ADD, stream);
         }
-        k.rmsnorm(x, w.outputNorm, xb, null, n, dim, eps, stream);
-        w.output.matvec(k, xb, dim, n, logits, c.vocabSize(), null, ModelKernels.MV_STORE, stream);
-        k.argmax(logits, c.vocabSize(), n, ids, stream);
+        k.rmsnorm(x, w.outputNorm, xb, n, dim, eps, stream);
+        k.logits(w.output.only(), c.vocabSize(), xb, n, logits, best, stream);
     }
 
     private ModelKernels.RopeLaunch rope(KvPool pool, int n, DeviceBuffer positions, int start,
@@ -409,37 +419,35 @@ public final class CudaBackend implements Backend {
         pool.batch().set(0, s.pages, s.pageCount, start + n);
         pool.batch().upload(stream);
         tokensDev.copyFromHostAsync(st.asSlice(0, 4L * n), 0, stream);
-        k.embed(w.embedding, tokensDev, n, x, stream);
+        k.embed(w.embedding, tokensDev, n, x, best, 1, stream);
         for (int l = 0; l < c.layers(); l++) {
             DeviceWeights.Layer L = w.layers[l];
-            k.rmsnorm(x, L.attnNorm(), null, xh, n, dim, eps, stream);
+            k.rmsnormHalf(x, L.attnNorm(), xh, n, dim, eps, stream);
             L.qkv().gemm(k, blas, xh, n, qkv, false, wScratch, stream);
             if (L.qkvBias() != null) {
                 k.addBias(qkv, L.qkvBias(), qkvDim, n, stream);
             }
             k.ropeSplit(rope(pool, n, null, start, L, 0), stream);
             pool.attention().quantizeRows(pool.cache(), l, kRows, vRows, slots, n, stream);
-            pool.attention().prefill(pool.cache(), l, q, pool.batch(), 0, start, n, attn, stream);
-            k.toHalf(attn, ah, (long) n * attnDim, stream);
+            pool.attention().prefill(pool.cache(), l, q, pool.batch(), 0, start, n, attn.floats(), stream);
+            k.toHalf(attn.floats(), ah, (long) n * attnDim, stream);
             L.wo().gemm(k, blas, ah, n, x, true, wScratch, stream);
-            k.rmsnorm(x, L.ffnNorm(), null, xh, n, dim, eps, stream);
+            k.rmsnormHalf(x, L.ffnNorm(), xh, n, dim, eps, stream);
             L.gateUp().gemm(k, blas, xh, n, gu, false, wScratch, stream);
             k.swiglu(gu, ffn, n, gh, null, stream);
             L.down().gemm(k, blas, gh, n, x, true, wScratch, stream);
         }
         int chosen = -1;
         if (allLogits) {
-            k.rmsnorm(x, w.outputNorm, xb, null, n, dim, eps, stream);
+            k.rmsnorm(x, w.outputNorm, xb, n, dim, eps, stream);
             for (int r = 0; r < n; r += ModelKernels.MAX_VECTORS) {
                 int m = Math.min(ModelKernels.MAX_VECTORS, n - r);
-                w.output.matvec(k, xb.slice(4L * r * dim, 4L * m * dim), dim, m, logits, c.vocabSize(), null,
-                        ModelKernels.MV_STORE, stream);
+                k.logits(w.output.only(), c.vocabSize(), xb.from(r), m, logits, null, stream);
                 copyLogits(0, m, out, r * c.vocabSize());
             }
         } else {
-            k.rmsnorm(x.slice(4L * (n - 1) * dim, 4L * dim), w.outputNorm, xb, null, 1, dim, eps, stream);
-            w.output.matvec(k, xb, dim, 1, logits, c.vocabSize(), null, ModelKernels.MV_STORE, stream);
-            k.argmax(logits, c.vocabSize(), 1, ids, stream);
+            k.rmsnorm(x.slice(4L * (n - 1) * dim, 4L * dim), w.outputNorm, xb, 1, dim, eps, stream);
+            k.logits(w.output.only(), c.vocabSize(), xb, 1, logits, best, stream);
             chosen = readIds(1)[0];
             if (out != null) {
                 copyLogits(0, 1, out, 0);
@@ -453,11 +461,11 @@ public final class CudaBackend implements Backend {
     }
 
     private int[] readIds(int n) {
-        ids.copyToHostAsync(idsHost.segment().asSlice(0, 4L * n), 0, stream);
+        best.copyToHostAsync(idsHost.segment().asSlice(0, 8L * n), 0, stream);
         stream.synchronize();
         int[] r = new int[n];
         for (int i = 0; i < n; i++) {
-            r[i] = idsHost.segment().getAtIndex(ValueLayout.JAVA_INT, i);
+            r[i] = ModelKernels.argmaxIndex(idsHost.segment().getAtIndex(ValueLayout.JAVA_LONG, i));
         }
         return r;
     }

@@ -28,6 +28,8 @@ final class ModelKernels implements AutoCloseable {
     private final CudaModule module;
     private final Map<WeightLayout, CudaFunction> mv1 = new EnumMap<>(WeightLayout.class);
     private final Map<WeightLayout, CudaFunction> mv8 = new EnumMap<>(WeightLayout.class);
+    private final Map<WeightLayout, CudaFunction> mq1 = new EnumMap<>(WeightLayout.class);
+    private final Map<WeightLayout, CudaFunction> mq8 = new EnumMap<>(WeightLayout.class);
     private final Map<WeightLayout, CudaFunction> embed = new EnumMap<>(WeightLayout.class);
     private final Map<WeightLayout, CudaFunction> dequant = new EnumMap<>(WeightLayout.class);
     private final CudaFunction rmsnorm;
@@ -35,7 +37,7 @@ final class ModelKernels implements AutoCloseable {
     private final CudaFunction swiglu;
     private final CudaFunction toHalf;
     private final CudaFunction addBias;
-    private final CudaFunction argmax;
+    private final CudaFunction quantizeQ8;
     private final int blocksForStreams;
 
     ModelKernels(CudaContext context, KernelCache cache) {
@@ -44,6 +46,10 @@ final class ModelKernels implements AutoCloseable {
             mv1.put(l, module.function("kvant_mv1_" + l.kernelSuffix));
             mv8.put(l, module.function("kvant_mv8_" + l.kernelSuffix));
             embed.put(l, module.function("kvant_embed_" + l.kernelSuffix));
+            if (l.planar) {
+                mq1.put(l, module.function("kvant_mq1_" + l.kernelSuffix));
+                mq8.put(l, module.function("kvant_mq8_" + l.kernelSuffix));
+            }
             dequant.put(l, module.function("kvant_dequant_" + l.kernelSuffix));
         }
         this.rmsnorm = module.function("kvant_rmsnorm");
@@ -51,31 +57,74 @@ final class ModelKernels implements AutoCloseable {
         this.swiglu = module.function("kvant_swiglu");
         this.toHalf = module.function("kvant_to_half");
         this.addBias = module.function("kvant_add_bias");
-        this.argmax = module.function("kvant_argmax");
+        this.quantizeQ8 = module.function("kvant_quantize_q8");
         this.blocksForStreams = context.multiprocessors() * 8;
     }
 
     /**
      * out[v][r] (row stride outStride) = m[r] · x[v] for v < nvec, per {@code mode}; in MV_SWIGLU the matrix is gate
-     * rows then up rows and {@code outputs} = ffn.
+     * rows then up rows and {@code outputs} = ffn. The planar formats (Q8_0, Q4_0) read the vectors' 8-bit form
+     * ({@link Vectors#q8()}), the others their floats.
      */
-    void matvec(DeviceMatrix m, int outputs, DeviceBuffer x, int xStride, int nvec, DeviceBuffer out,
-                int outStride, DeviceBuffer bias, int mode, int ffn, CudaStream stream) {
+    void matvec(DeviceMatrix m, int outputs, Vectors x, int nvec, DeviceBuffer out, int outStride, DeviceBuffer bias,
+                int mode, int ffn, CudaStream stream) {
+        matvec(m.layout().planar, m, outputs, x, nvec, out, outStride, bias, mode, ffn, null, stream);
+    }
+
+    /** As above with the path chosen: 8-bit vectors (planar formats only) or floats. */
+    void matvec(boolean q8, DeviceMatrix m, int outputs, Vectors x, int nvec, DeviceBuffer out, int outStride,
+                DeviceBuffer bias, int mode, int ffn, DeviceBuffer best, CudaStream stream) {
         if (nvec < 1 || nvec > MAX_VECTORS) {
             throw new IllegalArgumentException("matrix-vector launch of " + nvec + " vectors; 1.." + MAX_VECTORS);
+        }
+        if (x.width() != m.cols()) {
+            throw new IllegalArgumentException("vectors of " + x.width() + " for a matrix of " + m.cols()
+                    + " columns");
         }
         int perWarp = mode == MV_SWIGLU ? 2 : 4;
         int warps = (outputs + perWarp - 1) / perWarp;
         int blocks = (warps + MV_WARPS - 1) / MV_WARPS;
-        CudaFunction f = (nvec == 1 ? mv1 : mv8).get(m.layout());
-        f.launch(Dim3.of(blocks), Dim3.of(MV_WARPS * 32), 0, stream, m.data(), m.rowStride(), m.scales(), outputs,
-                m.cols(), x, xStride, nvec, out, outStride, bias == null ? 0L : (Object) bias, mode, ffn);
+        Object b = bias == null ? 0L : (Object) bias;
+        if (q8) {
+            CudaFunction f = (nvec == 1 ? mq1 : mq8).get(m.layout());
+            f.launch(Dim3.of(blocks), Dim3.of(MV_WARPS * 32), 0, stream, m.data(), m.rowStride(), m.scales(),
+                    outputs, m.cols(), x.q8(), x.q8Scales(), nvec, out, outStride, b, mode, ffn, orNull(best));
+        } else {
+            CudaFunction f = (nvec == 1 ? mv1 : mv8).get(m.layout());
+            f.launch(Dim3.of(blocks), Dim3.of(MV_WARPS * 32), 0, stream, m.data(), m.rowStride(), m.scales(),
+                    outputs, m.cols(), x.floats(), x.width(), nvec, out, outStride, b, mode, ffn, orNull(best));
+        }
     }
 
-    /** x[t] = row tokens[t] of the embedding table, for n tokens. */
-    void embed(DeviceMatrix table, DeviceBuffer tokens, int n, DeviceBuffer x, CudaStream stream) {
+    /** The 8-bit form of nvec vectors (their floats are already in x). */
+    void quantize(Vectors x, int nvec, CudaStream stream) {
+        int blocks = nvec * (x.width() / 32);
+        quantizeQ8.launch(Dim3.of((blocks + 7) / 8), Dim3.of(256), 0, stream, x.floats(), x.width(), nvec, x.q8(),
+                x.q8Scales());
+    }
+
+    /**
+     * x[t] = row tokens[t] of the embedding table, for n tokens; also clears the nBest argmax keys of the step's
+     * output product (see {@link #logits}).
+     */
+    void embed(DeviceMatrix table, DeviceBuffer tokens, int n, DeviceBuffer x, DeviceBuffer best, int nBest,
+               CudaStream stream) {
         embed.get(table.layout()).launch(Dim3.of(n), Dim3.of(128), 0, stream, table.data(), table.rowStride(),
-                table.scales(), tokens, x, table.cols());
+                table.scales(), tokens, x, table.cols(), best, nBest);
+    }
+
+    /**
+     * logits[v] = output · x[v], and best[v] (cleared by {@link #embed}) = the argmax key of vector v: logit bits
+     * ordered as integers in the high half, 0xFFFFFFFF − index in the low half ({@link #argmaxIndex}).
+     */
+    void logits(DeviceMatrix output, int vocab, Vectors x, int nvec, DeviceBuffer logits, DeviceBuffer best,
+                CudaStream stream) {
+        matvec(output.layout().planar, output, vocab, x, nvec, logits, vocab, null, MV_STORE, 0, best, stream);
+    }
+
+    /** The token id an argmax key names. */
+    static int argmaxIndex(long key) {
+        return (int) (0xFFFFFFFFL - (key & 0xFFFFFFFFL));
     }
 
     /** The whole matrix as f16 [rows][cols] into out. */
@@ -86,15 +135,32 @@ final class ModelKernels implements AutoCloseable {
                 m.rows(), m.cols(), out);
     }
 
-    /** n rows: y (f32, may be null) and yh (f16, may be null) = rmsnorm(x) · w. */
-    void rmsnorm(DeviceBuffer x, DeviceBuffer w, DeviceBuffer y, DeviceBuffer yh, int n, int dim, float eps,
-                 CudaStream stream) {
-        rmsnorm.launch(Dim3.of(n), Dim3.of(256), 0, stream, x, w, y == null ? 0L : (Object) y,
-                yh == null ? 0L : (Object) yh, dim, eps);
+    /** n rows: y = rmsnorm(x) · w, as floats and 8-bit (decode) into y. */
+    void rmsnorm(DeviceBuffer x, DeviceBuffer w, Vectors y, int n, int dim, float eps, CudaStream stream) {
+        checkNormWidth(dim);
+        rmsnorm.launch(Dim3.of(n), Dim3.of(NORM_THREADS), 0, stream, x, w, y.floats(), 0L, y.q8(), y.q8Scales(),
+                dim, eps);
+    }
+
+    /** n rows: yh (f16, a GEMM operand) = rmsnorm(x) · w. */
+    void rmsnormHalf(DeviceBuffer x, DeviceBuffer w, DeviceBuffer yh, int n, int dim, float eps, CudaStream stream) {
+        checkNormWidth(dim);
+        rmsnorm.launch(Dim3.of(n), Dim3.of(NORM_THREADS), 0, stream, x, w, 0L, yh, 0L, 0L, dim, eps);
+    }
+
+    /** model.cu NORM_THREADS x NORM_CHUNKS x 4 values per row at most. */
+    static final int NORM_THREADS = 1024;
+    static final int MAX_NORM_WIDTH = NORM_THREADS * 4 * 4;
+
+    static void checkNormWidth(int dim) {
+        if (dim > MAX_NORM_WIDTH || dim % 32 != 0) {
+            throw new IllegalArgumentException("the CUDA RMSNorm takes widths that are multiples of 32 up to "
+                    + MAX_NORM_WIDTH + ", got " + dim);
+        }
     }
 
     void ropeSplit(RopeLaunch r, CudaStream stream) {
-        ropeSplit.launch(Dim3.of(r.n()), Dim3.of(256), 0, stream, r.qkv(), r.n(), orNull(r.positions()), r.start(),
+        ropeSplit.launch(new Dim3(r.n(), (r.heads() + r.kvHeads() + 3) / 4, 1), Dim3.of(128), 0, stream, r.qkv(), r.n(), orNull(r.positions()), r.start(),
                 r.q(), r.k(), r.v(), r.freqs(), r.ropeDim(), r.neox() ? 1 : 0, r.positionScale(), r.heads(),
                 r.kvHeads(), r.headDim(), r.headDimV(), orNull(r.qNorm()), orNull(r.kNorm()), r.eps(), r.tables(),
                 r.tableStride(), r.seqStride(), r.pageTokens(), r.slots());
@@ -114,16 +180,30 @@ final class ModelKernels implements AutoCloseable {
         addBias.launch(Dim3.of(grid((long) n * width)), Dim3.of(256), 0, stream, y, b, width, n);
     }
 
-    void argmax(DeviceBuffer logits, int vocab, int nvec, DeviceBuffer ids, CudaStream stream) {
-        argmax.launch(Dim3.of(nvec), Dim3.of(1024), 0, stream, logits, vocab, ids);
-    }
-
     private int grid(long count) {
         return (int) Math.max(1, Math.min((count + 255) / 256, blocksForStreams));
     }
 
     private static Object orNull(DeviceBuffer b) {
         return b == null ? 0L : b;
+    }
+
+    /**
+     * Up to maxRows vectors of one width in the two forms the matrix-vector kernels read: floats [rows][width], and
+     * 8-bit codes [rows][width] with (scale, scale·Σcodes) per 32 values [rows][width/32].
+     */
+    record Vectors(DeviceBuffer floats, DeviceBuffer q8, DeviceBuffer q8Scales, int width) {
+        static Vectors allocate(java.util.function.LongFunction<DeviceBuffer> allocator, int maxRows, int width) {
+            return new Vectors(allocator.apply(4L * maxRows * width), allocator.apply((long) maxRows * width),
+                    allocator.apply(8L * maxRows * (width / 32)), width);
+        }
+
+        /** Row r on: the floats, codes and scales of vectors r, r+1, ... */
+        Vectors from(int r) {
+            return new Vectors(floats.slice(4L * r * width, floats.byteSize() - 4L * r * width),
+                    q8.slice((long) r * width, q8.byteSize() - (long) r * width),
+                    q8Scales.slice(8L * r * (width / 32), q8Scales.byteSize() - 8L * r * (width / 32)), width);
+        }
     }
 
     /** Arguments of one kvant_rope_split launch (see model.cu). */

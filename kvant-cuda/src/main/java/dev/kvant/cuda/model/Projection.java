@@ -79,14 +79,24 @@ final class Projection implements AutoCloseable {
     }
 
     /** out[v][offset + r] (stride outStride) = W x[v] (+ bias), MV_STORE or MV_ADD. */
-    void matvec(ModelKernels k, DeviceBuffer x, int xStride, int nvec, DeviceBuffer out, int outStride,
+    void matvec(ModelKernels k, ModelKernels.Vectors x, int nvec, DeviceBuffer out, int outStride,
                 DeviceBuffer bias, int mode, CudaStream stream) {
         for (int i = 0; i < parts.size(); i++) {
             DeviceMatrix m = parts.get(i);
             long off = 4L * offsets[i];
-            k.matvec(m, m.rows(), x, xStride, nvec, out.slice(off, out.byteSize() - off), outStride,
+            k.matvec(m, m.rows(), x, nvec, out.slice(off, out.byteSize() - off), outStride,
                     bias == null ? null : bias.slice(off, bias.byteSize() - off), mode, 0, stream);
         }
+    }
+
+    /** Some part is in a planar format, so the vectors' 8-bit form is read. */
+    boolean readsQ8() {
+        for (DeviceMatrix m : parts) {
+            if (m.layout().planar) {
+                return true;
+            }
+        }
+        return false;
     }
 
     /**

@@ -1,14 +1,14 @@
 // kv_write.cu — quantize on write (SET_ROWS): float rows of K or V into their cache slots, bit-identical to the CPU
 // encoder dev.kvant.kv.KvFormat.encode of the JVM that compiled this module.
 //
-// kvant_kv_write_k / kvant_kv_write_v(src, rows, kvHeads, slots, pool, pageTokens, pageBytes)
-//   src   float [tokens][kvHeads][D] (D = DK or DV), rows = tokens * kvHeads
+// kvant_kv_write_kv(k, v, rows, kvHeads, slots, kPool, vPool, pageTokens, kPageBytes, vPageBytes)
+//   k, v  float [tokens][kvHeads][D] (D = DK for k, DV for v), rows = tokens * kvHeads
 //   slots int32 [tokens]: physical token slot page * pageTokens + tokenInPage, read from device memory so a captured
 //         graph writes wherever the slots say at replay; a negative slot skips its token (a padded batch)
-//   pool  the layer's K or V pool: page p at p * pageBytes, row (token t of the page, head h) at
+//   pools the layer's K and V pools: page p at p * pageBytes, row (token t of the page, head h) at
 //         (t * kvHeads + h) * rowBytes, as dev.kvant.kv.KvCache lays it out.
 //
-// grid:   ceil(rows / 4) blocks; block: 128 threads = 4 warps, one row per warp.
+// grid:   (ceil(rows / 4), 2) blocks, y = 0 for K, 1 for V; block: 128 threads = 4 warps, one row per warp.
 // shared: D bytes per warp (the codes of turbo rows, re-read to pack the bit planes); static.
 // thread: lane l holds the row's elements 32j + l (j < D/32) in registers: the rotation's butterflies are warp
 //         shuffles (distances 1..16) and register pairs (32, 64), block maxima are shuffle reductions, and the
@@ -190,14 +190,15 @@ __device__ __forceinline__ void write_rows(const float* __restrict__ src, int ro
     encode_row<FMT, D>(src + (i64) row * D, dst, codes[warp], lane);
 }
 
-extern "C" __global__ void __launch_bounds__(128) kvant_kv_write_k(const float* __restrict__ src, int rows,
-        int kvHeads, const int* __restrict__ slots, u8* __restrict__ pool, int pageTokens, i64 pageBytes) {
-    write_rows<KF, DK>(src, rows, kvHeads, slots, pool, pageTokens, pageBytes);
-}
-
-extern "C" __global__ void __launch_bounds__(128) kvant_kv_write_v(const float* __restrict__ src, int rows,
-        int kvHeads, const int* __restrict__ slots, u8* __restrict__ pool, int pageTokens, i64 pageBytes) {
-    write_rows<VF, DV>(src, rows, kvHeads, slots, pool, pageTokens, pageBytes);
+// kvant_kv_write_kv: K and V rows in one launch (grid.y = 0 writes K rows, 1 writes V rows).
+extern "C" __global__ void __launch_bounds__(128) kvant_kv_write_kv(const float* __restrict__ k,
+        const float* __restrict__ v, int rows, int kvHeads, const int* __restrict__ slots, u8* __restrict__ kPool,
+        u8* __restrict__ vPool, int pageTokens, i64 kPageBytes, i64 vPageBytes) {
+    if (blockIdx.y == 0) {
+        write_rows<KF, DK>(k, rows, kvHeads, slots, kPool, pageTokens, kPageBytes);
+    } else {
+        write_rows<VF, DV>(v, rows, kvHeads, slots, vPool, pageTokens, vPageBytes);
+    }
 }
 
 // kvant_fill_normal — dst[i] = a standard normal draw from a counter-based hash of (seed, i): test and benchmark

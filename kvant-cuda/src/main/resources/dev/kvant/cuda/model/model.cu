@@ -47,6 +47,14 @@ __device__ __forceinline__ u32 pack_h2(float lo, float hi) {
 __device__ __forceinline__ float bf2f(u16 b) {
     return __uint_as_float(((u32) b) << 16);
 }
+// Greedy choice folded into the output product: a 64-bit key that orders by logit, then by the lower index, so an
+// atomicMax over every row gives the argmax (lowest index among equal logits) whatever the order of the rows.
+__device__ __forceinline__ unsigned long long argmax_key(float v, int index) {
+    u32 b = __float_as_uint(v);
+    u32 ordered = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return ((unsigned long long) ordered << 32) | (u32) (0xFFFFFFFFu - (u32) index);
+}
+
 __device__ __forceinline__ u16 ld_u16(const u8* p) {
     return *(const u16*) p;
 }
@@ -188,7 +196,7 @@ __device__ void dequant_f16(const u8* __restrict__ W, i64 rowBytes, i64 scales, 
 template <int F, int NV>
 __device__ void matvec(const u8* __restrict__ W, i64 rowBytes, i64 scales, int outputs, int cols,
                        const float* __restrict__ x, int xStride, int nvec, float* out, int outStride,
-                       const float* __restrict__ bias, int mode, int ffn) {
+                       const float* __restrict__ bias, int mode, int ffn, unsigned long long* __restrict__ best) {
     int lane = threadIdx.x & 31;
     int warp = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
     int perWarp = mode == MV_SWIGLU ? 2 : 4;
@@ -265,7 +273,11 @@ __device__ void matvec(const u8* __restrict__ W, i64 rowBytes, i64 scales, int o
     if (lane != 0) {
         return;
     }
-    for (int v = 0; v < nvec && v < NV; v++) {
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+        if (v >= nvec) {
+            break;
+        }
         float* o = out + (i64) v * outStride;
         if (mode == MV_SWIGLU) {
 #pragma unroll
@@ -288,25 +300,233 @@ __device__ void matvec(const u8* __restrict__ W, i64 rowBytes, i64 scales, int o
                     } else {
                         o[r0 + i] = val;
                     }
+                    if (best != nullptr) {
+                        atomicMax(best + v, argmax_key(val, r0 + i));
+                    }
                 }
             }
         }
     }
 }
 
+// ---- the planar Q4_0 and Q8_0 formats against 8-bit vectors (decode's main path)
+//
+// The vector is quantized first (kvant_quantize_q8, or fused into kvant_rmsnorm): per 32 values a scale d = max|x|/127,
+// codes q = round(x/d) (int8, plane xq [nvec][cols]) and (d, d·Σq) (float2, plane xds [nvec][cols/32]). A block of
+// weights then costs a handful of integer dot-product instructions (dp4a: four int8 products and their sum):
+// Q8_0: dot = dw·dx·Σ qw·qx;  Q4_0 (codes c = q+8): dot = dw·(dx·Σ c·qx − 8·dx·Σ qx).
+// Integer sums are exact and the float steps run in a fixed order: the same bits for one vector or eight.
+// Launch geometry and outputs as kvant_mv*.
+
+__device__ __forceinline__ int dp4a(int a, int b, int c) {
+    int r;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+
+template <int F, int NV>
+__device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int outputs, int cols,
+                          const i8* __restrict__ xq, const float2* __restrict__ xds, int nvec, float* out,
+                          int outStride, const float* __restrict__ bias, int mode, int ffn,
+                          unsigned long long* __restrict__ best) {
+    int lane = threadIdx.x & 31;
+    int warp = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+    int perWarp = mode == MV_SWIGLU ? 2 : 4;
+    int r0 = warp * perWarp;
+    if (r0 >= outputs) {
+        return;
+    }
+    int rows[4];
+    bool valid[4];
+    if (mode == MV_SWIGLU) {
+        rows[0] = r0; rows[1] = r0 + 1; rows[2] = ffn + r0; rows[3] = ffn + r0 + 1;
+        valid[0] = true; valid[1] = r0 + 1 < outputs; valid[2] = true; valid[3] = valid[1];
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            rows[i] = r0 + i;
+            valid[i] = r0 + i < outputs;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        if (!valid[i]) {
+            rows[i] = rows[0];
+        }
+    }
+    float acc[4][NV];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+            acc[i][v] = 0.f;
+        }
+    }
+    int nb = cols / 32;
+#pragma unroll 2
+    for (int s = lane; s < nb; s += 32) {
+        int wq[4][8];
+        float dw[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            i64 b = (i64) rows[i] * nb + s;
+            dw[i] = h2f(__ldg((const unsigned short*) (W + scales + b * 2)));
+            if constexpr (F == W_Q4_0) {
+                uint4 q = __ldg((const uint4*) (W + b * 16));
+                u32 v[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    wq[i][k] = (int) (v[k] & 0x0F0F0F0Fu);
+                    wq[i][k + 4] = (int) ((v[k] >> 4) & 0x0F0F0F0Fu);
+                }
+            } else {
+                uint4 q0 = __ldg((const uint4*) (W + b * 32));
+                uint4 q1 = __ldg((const uint4*) (W + b * 32 + 16));
+                wq[i][0] = (int) q0.x; wq[i][1] = (int) q0.y; wq[i][2] = (int) q0.z; wq[i][3] = (int) q0.w;
+                wq[i][4] = (int) q1.x; wq[i][5] = (int) q1.y; wq[i][6] = (int) q1.z; wq[i][7] = (int) q1.w;
+            }
+        }
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+            if (v < nvec) {
+                const uint4* xp = (const uint4*) (xq + (i64) v * cols + s * 32);
+                uint4 x0 = xp[0], x1 = xp[1];
+                int xw[8] = {(int) x0.x, (int) x0.y, (int) x0.z, (int) x0.w,
+                             (int) x1.x, (int) x1.y, (int) x1.z, (int) x1.w};
+                float2 ds = xds[(i64) v * nb + s];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    int sum = 0;
+#pragma unroll
+                    for (int k = 0; k < 8; k++) {
+                        sum = dp4a(wq[i][k], xw[k], sum);
+                    }
+                    float dot;
+                    if constexpr (F == W_Q4_0) {
+                        dot = dw[i] * (ds.x * (float) sum - 8.f * ds.y);
+                    } else {
+                        dot = dw[i] * (ds.x * (float) sum);
+                    }
+                    acc[i][v] += dot;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                acc[i][v] += __shfl_xor_sync(FULL_MASK, acc[i][v], o);
+            }
+        }
+    }
+    if (lane != 0) {
+        return;
+    }
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+        if (v >= nvec) {
+            break;
+        }
+        float* o = out + (i64) v * outStride;
+        if (mode == MV_SWIGLU) {
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                if (valid[i]) {
+                    float g = acc[i][v], u = acc[i + 2][v];
+                    o[r0 + i] = g / (1.f + expf(-g)) * u;
+                }
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                if (valid[i]) {
+                    float val = acc[i][v];
+                    if (bias != nullptr) {
+                        val += bias[r0 + i];
+                    }
+                    if (mode == MV_ADD) {
+                        o[r0 + i] += val;
+                    } else {
+                        o[r0 + i] = val;
+                    }
+                    if (best != nullptr) {
+                        atomicMax(best + v, argmax_key(val, r0 + i));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#define KVANT_Q8_KERNELS(NAME, F)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * 32) kvant_mq1_##NAME(                                 \
+            const u8* W, i64 nb, i64 scales, int outputs, int cols, const i8* xq, const float2* xds, int nvec,    \
+            float* out, int outStride, const float* bias, int mode, int ffn, unsigned long long* best) {          \
+        matvec_q8<F, 1>(W, nb, scales, outputs, cols, xq, xds, nvec, out, outStride, bias, mode, ffn, best);     \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * 32) kvant_mq8_##NAME(                                 \
+            const u8* W, i64 nb, i64 scales, int outputs, int cols, const i8* xq, const float2* xds, int nvec,    \
+            float* out, int outStride, const float* bias, int mode, int ffn, unsigned long long* best) {          \
+        matvec_q8<F, 8>(W, nb, scales, outputs, cols, xq, xds, nvec, out, outStride, bias, mode, ffn, best);     \
+    }
+
+KVANT_Q8_KERNELS(q8_0, W_Q8_0)
+KVANT_Q8_KERNELS(q4_0, W_Q4_0)
+
+// One warp quantizes one 32-value block of a vector: lane l holds value l.
+__device__ __forceinline__ void quantize_block(float v, i8* q, float2* ds) {
+    float a = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        a = fmaxf(a, __shfl_xor_sync(FULL_MASK, a, o));
+    }
+    float d = a / 127.f;
+    int c = d > 0.f ? __float2int_rn(v / d) : 0;
+    int sum = c;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        sum += __shfl_xor_sync(FULL_MASK, sum, o);
+    }
+    q[threadIdx.x & 31] = (i8) c;
+    if ((threadIdx.x & 31) == 0) {
+        *ds = make_float2(d, d * (float) sum);
+    }
+}
+
+// x: nvec rows of n floats (row stride n) → xq [nvec][n], xds [nvec][n/32]. grid: ceil(nvec·n/32 / 8), block 256.
+extern "C" __global__ void __launch_bounds__(256) kvant_quantize_q8(const float* __restrict__ x, int n, int nvec,
+                                                                    i8* __restrict__ xq, float2* __restrict__ xds) {
+    int block = blockIdx.x * 8 + (threadIdx.x >> 5);
+    int perRow = n / 32;
+    if (block >= nvec * perRow) {
+        return;
+    }
+    int v = block / perRow, b = block - v * perRow;
+    float value = x[(i64) v * n + b * 32 + (threadIdx.x & 31)];
+    quantize_block(value, xq + (i64) v * n + b * 32, xds + (i64) v * perRow + b);
+}
+
 #define KVANT_FORMAT_KERNELS(NAME, F)                                                                             \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32) kvant_mv1_##NAME(                                 \
             const u8* W, i64 rowBytes, i64 scales, int outputs, int cols, const float* x, int xStride, int nvec, \
-            float* out, int outStride, const float* bias, int mode, int ffn) {                                    \
-        matvec<F, 1>(W, rowBytes, scales, outputs, cols, x, xStride, nvec, out, outStride, bias, mode, ffn);     \
+            float* out, int outStride, const float* bias, int mode, int ffn, unsigned long long* best) {          \
+        matvec<F, 1>(W, rowBytes, scales, outputs, cols, x, xStride, nvec, out, outStride, bias, mode, ffn,      \
+                     best);                                                                                       \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32) kvant_mv8_##NAME(                                 \
             const u8* W, i64 rowBytes, i64 scales, int outputs, int cols, const float* x, int xStride, int nvec, \
-            float* out, int outStride, const float* bias, int mode, int ffn) {                                    \
-        matvec<F, 8>(W, rowBytes, scales, outputs, cols, x, xStride, nvec, out, outStride, bias, mode, ffn);     \
+            float* out, int outStride, const float* bias, int mode, int ffn, unsigned long long* best) {          \
+        matvec<F, 8>(W, rowBytes, scales, outputs, cols, x, xStride, nvec, out, outStride, bias, mode, ffn,      \
+                     best);                                                                                       \
     }                                                                                                             \
     extern "C" __global__ void kvant_embed_##NAME(const u8* W, i64 rowBytes, i64 scales, const int* tokens,       \
-                                                  float* x, int dim) {                                            \
+                                                  float* x, int dim, unsigned long long* best, int nbest) {       \
+        if (blockIdx.x == 0 && (int) threadIdx.x < nbest) {                                                       \
+            best[threadIdx.x] = 0ull;                                                                             \
+        }                                                                                                         \
         embed<F>(W, rowBytes, scales, tokens, x, dim);                                                           \
     }                                                                                                             \
     extern "C" __global__ void kvant_dequant_##NAME(const u8* W, i64 rowBytes, i64 scales, int rows, int cols,   \
@@ -323,10 +543,13 @@ KVANT_FORMAT_KERNELS(q4_k, W_Q4_K)
 KVANT_FORMAT_KERNELS(q5_k, W_Q5_K)
 KVANT_FORMAT_KERNELS(q6_k, W_Q6_K)
 
-// ---- RMSNorm of n rows of dim floats: y = x / sqrt(mean(x²) + eps) · w, into y (f32) and, when yh is given, yh
-// (f16, the operand of a prefill GEMM).
-// grid: n blocks; block: NORM_THREADS threads, thread i sums x[i], x[i+T], ... then a fixed tree.
-#define NORM_THREADS 256
+// ---- RMSNorm of n rows of dim floats: y = x / sqrt(mean(x²) + eps) · w, into any of y (f32), yh (f16, the
+// operand of a prefill GEMM) and yq/yds (8-bit codes and scales, the operand of the decode products).
+// grid: n blocks; block: NORM_THREADS threads. Thread t holds the 4-value chunks t, t+T, ... of its row in registers
+// (dim <= 4·T·NORM_CHUNKS), so the row is read once; the sum of squares is a fixed tree (per-thread chunks in order,
+// then warp butterflies, then warps in order). An 8-bit block of 32 values is the chunks of 8 neighbouring lanes.
+#define NORM_THREADS 1024
+#define NORM_CHUNKS 4
 
 __device__ float block_sum(float v, float* shared) {
 #pragma unroll
@@ -348,22 +571,66 @@ __device__ float block_sum(float v, float* shared) {
 
 extern "C" __global__ void __launch_bounds__(NORM_THREADS) kvant_rmsnorm(
         const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y, u16* __restrict__ yh,
-        int dim, float eps) {
+        i8* __restrict__ yq, float2* __restrict__ yds, int dim, float eps) {
     __shared__ float shared[NORM_THREADS / 32];
-    const float* xr = x + (i64) blockIdx.x * dim;
+    const float4* xr = (const float4*) (x + (i64) blockIdx.x * dim);
+    int chunks = dim / 4;
+    const float4* wr = (const float4*) w;
+    float4 v[NORM_CHUNKS], wv[NORM_CHUNKS];
     float ss = 0.f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        ss = fmaf(xr[i], xr[i], ss);
+#pragma unroll
+    for (int k = 0; k < NORM_CHUNKS; k++) {
+        int c = threadIdx.x + k * NORM_THREADS;
+        v[k] = c < chunks ? xr[c] : make_float4(0.f, 0.f, 0.f, 0.f);
+        wv[k] = c < chunks ? wr[c] : make_float4(0.f, 0.f, 0.f, 0.f);  // fetched with x: one memory round trip
+        ss = fmaf(v[k].x, v[k].x, ss);
+        ss = fmaf(v[k].y, v[k].y, ss);
+        ss = fmaf(v[k].z, v[k].z, ss);
+        ss = fmaf(v[k].w, v[k].w, ss);
     }
     ss = block_sum(ss, shared);
     float inv = 1.f / sqrtf(ss / (float) dim + eps);
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        float v = xr[i] * inv * w[i];
-        if (y != nullptr) {
-            y[(i64) blockIdx.x * dim + i] = v;
+    i64 row = (i64) blockIdx.x * dim;
+#pragma unroll
+    for (int k = 0; k < NORM_CHUNKS; k++) {
+        int c = threadIdx.x + k * NORM_THREADS;
+        if (k * NORM_THREADS >= chunks) {
+            break;  // uniform across the block: no chunk of this pass exists
         }
-        if (yh != nullptr) {
-            yh[(i64) blockIdx.x * dim + i] = f2h(v);
+        bool live = c < chunks;  // dim % 32 == 0, so whole groups of 8 lanes agree
+        float4 ww = wv[k];
+        float o[4] = {v[k].x * inv * ww.x, v[k].y * inv * ww.y, v[k].z * inv * ww.z, v[k].w * inv * ww.w};
+        if (live && y != nullptr) {
+            ((float4*) (y + row))[c] = make_float4(o[0], o[1], o[2], o[3]);
+        }
+        if (live && yh != nullptr) {
+            ((uint2*) (yh + row))[c] = make_uint2(pack_h2(o[0], o[1]), pack_h2(o[2], o[3]));
+        }
+        if (yq != nullptr) {
+            float a = fmaxf(fmaxf(fabsf(o[0]), fabsf(o[1])), fmaxf(fabsf(o[2]), fabsf(o[3])));
+#pragma unroll
+            for (int m = 1; m < 8; m <<= 1) {
+                a = fmaxf(a, __shfl_xor_sync(FULL_MASK, a, m));
+            }
+            float d = a / 127.f;
+            int q[4];
+            int sum = 0;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                q[j] = d > 0.f ? __float2int_rn(o[j] / d) : 0;
+                sum += q[j];
+            }
+#pragma unroll
+            for (int m = 1; m < 8; m <<= 1) {
+                sum += __shfl_xor_sync(FULL_MASK, sum, m);
+            }
+            if (live) {
+                ((u32*) (yq + row))[c] = (u32) (q[0] & 0xFF) | ((u32) (q[1] & 0xFF) << 8)
+                                         | ((u32) (q[2] & 0xFF) << 16) | ((u32) (q[3] & 0xFF) << 24);
+                if ((c & 7) == 0) {
+                    yds[(i64) blockIdx.x * (dim / 32) + c / 8] = make_float2(d, d * (float) sum);
+                }
+            }
         }
     }
 }
@@ -373,9 +640,9 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) kvant_rmsnorm(
 //
 // qkv: [n][qDim + 2·kvDim] (the fused projection's output); positions: int [n], or null for start + t;
 // tables: page table of vector t at tables + (t·seqStride)·tableStride (seqStride 0: one sequence, prefill).
-// grid: n blocks; block: 256 threads, warp w rotating heads w, w+8, ...; the freq table is doubles so the angles
-// equal the CPU's (dev.kvant.model.Rope).
-extern "C" __global__ void __launch_bounds__(256) kvant_rope_split(
+// grid: (n, ceil((heads + kvHeads) / 4)); block: 128 threads, warp w rotating head 4·blockIdx.y + w. Each block makes
+// the (cos, sin) table of its position in doubles first, so the angles equal the CPU's (dev.kvant.model.Rope).
+extern "C" __global__ void __launch_bounds__(128) kvant_rope_split(
         const float* __restrict__ qkv, int n, const int* __restrict__ positions, int start,
         float* __restrict__ q, float* __restrict__ k, float* __restrict__ v,
         const double* __restrict__ freqs, int ropeDim, int neox, float positionScale,
@@ -387,8 +654,15 @@ extern "C" __global__ void __launch_bounds__(256) kvant_rope_split(
     int qDim = heads * headDim, kvDim = kvHeads * headDim, kvDimV = kvHeads * headDimV;
     const float* row = qkv + (i64) t * (qDim + kvDim + kvDimV);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __shared__ float2 angle[128];  // (cos, sin) of each rotated pair; ropeDim <= 256
     double p = (double) pos / (double) positionScale;
-    for (int h = warp; h < heads + kvHeads; h += blockDim.x >> 5) {
+    for (int i = threadIdx.x; i < ropeDim / 2; i += blockDim.x) {
+        double a = p * freqs[i];
+        angle[i] = make_float2((float) cos(a), (float) sin(a));
+    }
+    __syncthreads();
+    int h = blockIdx.y * 4 + warp;
+    if (h < heads + kvHeads) {
         bool isQ = h < heads;
         const float* src = isQ ? row + h * headDim : row + qDim + (h - heads) * headDim;
         float* dst = isQ ? q + (i64) t * qDim + h * headDim : k + (i64) t * kvDim + (h - heads) * headDim;
@@ -429,12 +703,14 @@ extern "C" __global__ void __launch_bounds__(256) kvant_rope_split(
                 if (norm != nullptr) {
                     xp *= norm[partner];
                 }
-                double a = p * freqs[pair];
-                float c = (float) cos(a), s = (float) sin(a);
-                out = first ? xi * c - xp * s : xp * s + xi * c;
+                float2 cs = angle[pair];
+                out = first ? xi * cs.x - xp * cs.y : xp * cs.y + xi * cs.x;
             }
             dst[i] = out;
         }
+    }
+    if (blockIdx.y != 0) {
+        return;
     }
     const float* vs = row + qDim + kvDim;
     for (int i = threadIdx.x; i < kvDimV; i += blockDim.x) {
@@ -477,47 +753,5 @@ extern "C" __global__ void kvant_add_bias(float* __restrict__ y, const float* __
     i64 total = (i64) n * width;
     for (i64 i = (i64) blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64) gridDim.x * blockDim.x) {
         y[i] += b[i % width];
-    }
-}
-
-// ---- greedy choice: ids[v] = the index of the largest logit of vector v (the lowest index among equal ones).
-// grid: nvec blocks; block: 1024 threads, each a strided scan, then a fixed tree.
-extern "C" __global__ void __launch_bounds__(1024) kvant_argmax(const float* __restrict__ logits, int vocab,
-                                                                int* __restrict__ ids) {
-    __shared__ float bestV[32];
-    __shared__ int bestI[32];
-    const float* l = logits + (i64) blockIdx.x * vocab;
-    float bv = __int_as_float(0xff800000);  // -infinity
-    int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-        float v = l[i];
-        if (v > bv) {
-            bv = v;
-            bi = i;
-        }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(FULL_MASK, bv, o);
-        int oi = __shfl_xor_sync(FULL_MASK, bi, o);
-        if (ov > bv || (ov == bv && oi < bi)) {
-            bv = ov;
-            bi = oi;
-        }
-    }
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (lane == 0) {
-        bestV[warp] = bv;
-        bestI[warp] = bi;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < (int) (blockDim.x >> 5); w++) {
-            if (bestV[w] > bv || (bestV[w] == bv && bestI[w] < bi)) {
-                bv = bestV[w];
-                bi = bestI[w];
-            }
-        }
-        ids[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
     }
 }

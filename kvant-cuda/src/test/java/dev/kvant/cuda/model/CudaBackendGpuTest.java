@@ -70,13 +70,15 @@ class CudaBackendGpuTest {
     /**
      * A 100-token prompt in chunks of 64 (tensor-core GEMMs, f16 operands) and four decode steps (f32 matrix-vector
      * kernels) give the CPU's logits: NMSE below 1e-4 for prefill rows, 1e-5 for decode steps (whose attention reads
-     * the K/V rows the prefill wrote, so they inherit its f16 rounding; measured about 1e-6).
+     * the K/V rows the prefill wrote, so they inherit its f16 rounding; measured about 1e-6), 1e-3 for decode with
+     * Q8_0 and Q4_0 weights, whose products read 8-bit vectors.
      */
     @ParameterizedTest(name = "{0} {1}")
     @MethodSource("shapesAndFormats")
     void logitsMatchTheCpuBackend(String shape, GgmlType type) {
         long seed = new SplittableRandom().nextLong();
         SplittableRandom r = new SplittableRandom(seed);
+        boolean planar = type == GgmlType.Q8_0 || type == GgmlType.Q4_0;
         try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.parse(shape), type, seed);
              CudaBackend gpu = CudaBackend.open(model, new CudaBackend.Options(4, 64, 0))) {
             CpuBackend cpu = new CpuBackend(model, pool);
@@ -97,7 +99,7 @@ class CudaBackendGpuTest {
                     g.forward(t, 0, 1, false, gd);
                     c.forward(t, 0, 1, false, cd);
                     double ed = nmse(gd, cd);
-                    assertTrue(ed < 1e-5, shape + " " + type + " decode step " + step + " NMSE " + ed + " (seed "
+                    assertTrue(ed < (planar ? 1e-3 : 1e-5), shape + " " + type + " decode step " + step + " NMSE " + ed + " (seed "
                             + seed + ")");
                 }
                 assertEquals(104, g.length());

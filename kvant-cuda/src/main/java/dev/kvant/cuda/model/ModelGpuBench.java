@@ -1,0 +1,139 @@
+package dev.kvant.cuda.model;
+
+import dev.kvant.cuda.CudaContext;
+import dev.kvant.cuda.CudaEvent;
+import dev.kvant.cuda.CudaGraph;
+import dev.kvant.cuda.CudaStream;
+import dev.kvant.cuda.DeviceBuffer;
+import dev.kvant.cuda.DeviceCopy;
+import dev.kvant.cuda.KernelCache;
+
+import java.util.Arrays;
+import java.util.Locale;
+import java.util.SplittableRandom;
+
+/**
+ * Times the decode kernels of model.cu one by one on the llama3-8b projections (Q4_0 and Q8_0, random blocks), with
+ * float and with 8-bit vectors, for one vector and for eight: microseconds per launch and the weight bytes read per
+ * second against the copy bandwidth measured in the same run.
+ *
+ * <pre>java -cp kvant-cuda.jar:kvant-core.jar dev.kvant.cuda.model.ModelGpuBench</pre>
+ */
+public final class ModelGpuBench {
+    private ModelGpuBench() {
+    }
+
+    record Shape(String name, int rows, int cols, int mode) {
+    }
+
+    public static void main(String[] args) {
+        Shape[] shapes = {
+                new Shape("qkv", 6144, 4096, ModelKernels.MV_STORE),
+                new Shape("wo", 4096, 4096, ModelKernels.MV_ADD),
+                new Shape("gate|up", 28672, 4096, ModelKernels.MV_SWIGLU),
+                new Shape("down", 4096, 14336, ModelKernels.MV_ADD),
+                new Shape("output", 128256, 4096, ModelKernels.MV_STORE)};
+        try (CudaContext context = CudaContext.open()) {
+            KernelCache cache = KernelCache.open(context);
+            CudaStream stream = context.createStream();
+            double copy;
+            try (DeviceCopy c = DeviceCopy.load(context, cache);
+                 DeviceBuffer a = context.allocate(1L << 30);
+                 DeviceBuffer b = context.allocate(1L << 30)) {
+                copy = c.bandwidthGBps(a, b, 1L << 30, 10, stream);
+            }
+            System.out.printf(Locale.ROOT, "copy %.0f GB/s (read + written)%n%n", copy);
+            System.out.println("| format | matrix | rows x cols | vectors | kernel | µs | GB/s | of copy |");
+            System.out.println("| --- | --- | --- | ---: | --- | ---: | ---: | ---: |");
+            try (ModelKernels k = new ModelKernels(context, cache)) {
+                for (WeightLayout layout : new WeightLayout[] {WeightLayout.Q4_0, WeightLayout.Q8_0}) {
+                    for (Shape s : shapes) {
+                        int nb = s.cols() / 32;
+                        long blocks = (long) s.rows() * nb;
+                        long bytes = blocks * (layout.planeQuantBytes() + 2);
+                        try (DeviceBuffer w = context.allocate(bytes);
+                             DeviceBuffer xf = context.allocate(4L * 8 * s.cols());
+                             DeviceBuffer xq = context.allocate(8L * s.cols());
+                             DeviceBuffer xs = context.allocate(8L * 8 * (s.cols() / 32));
+                             DeviceBuffer out = context.allocate(4L * 8 * s.rows())) {
+                            fillRandom(context, w, bytes);
+                            fillRandom(context, xf, 4L * 8 * s.cols());
+                            ModelKernels.Vectors x = new ModelKernels.Vectors(xf, xq, xs, s.cols());
+                            k.quantize(x, 8, stream);
+                            // small finite scales: every scale half is 0x1000 (about 6e-5)
+                            DeviceBuffer scales = w.slice(blocks * layout.planeQuantBytes(), blocks * 2);
+                            scales.fillBytes((byte) 0x10);
+                            DeviceMatrix m = new DeviceMatrix(layout, w, nb, blocks * layout.planeQuantBytes(),
+                                    s.rows(), s.cols());
+                            int outputs = s.mode() == ModelKernels.MV_SWIGLU ? s.rows() / 2 : s.rows();
+                            for (int nvec : new int[] {1, 8}) {
+                                for (boolean q8 : new boolean[] {false, true}) {
+                                    double us = time(context, stream, () -> k.matvec(q8, m, outputs, x, nvec, out,
+                                            outputs, null, s.mode(), outputs, null, stream));
+                                    double gbs = bytes / (us * 1e-6) / 1e9;
+                                    System.out.printf(Locale.ROOT, "| %s | %s | %d x %d | %d | %s | %.1f | %.0f | %.0f%% |%n",
+                                            layout.kernelSuffix, s.name(), s.rows(), s.cols(), nvec,
+                                            q8 ? "8-bit vectors" : "float vectors", us, gbs, 100 * gbs / copy);
+                                }
+                            }
+                        }
+                    }
+                }
+                try (DeviceBuffer x = context.allocate(4L * 14336);
+                     DeviceBuffer w = context.allocate(4L * 4096);
+                     DeviceBuffer yf = context.allocate(4L * 14336);
+                     DeviceBuffer yq = context.allocate(14336);
+                     DeviceBuffer ys = context.allocate(8L * 14336 / 32);
+                     DeviceBuffer logits = context.allocate(4L * 128256);
+                     DeviceBuffer ids = context.allocate(4)) {
+                    fillRandom(context, x, 4L * 14336);
+                    fillRandom(context, logits, 4L * 128256);
+                    w.fillFloats(1f);
+                    ModelKernels.Vectors y = new ModelKernels.Vectors(yf, yq, ys, 4096);
+                    ModelKernels.Vectors wide = new ModelKernels.Vectors(x, yq, ys, 14336);
+                    System.out.printf(Locale.ROOT, "%nrmsnorm 4096 (+ 8-bit): %.2f µs; quantize 14336: %.2f µs%n",
+                            time(context, stream, () -> k.rmsnorm(x, w, y, 1, 4096, 1e-5f, stream)),
+                            time(context, stream, () -> k.quantize(wide, 1, stream)));
+                }
+            }
+            stream.close();
+        }
+    }
+
+    private static void fillRandom(CudaContext context, DeviceBuffer b, long bytes) {
+        SplittableRandom r = new SplittableRandom(42);
+        byte[] host = new byte[(int) Math.min(bytes, 1 << 24)];
+        for (int i = 0; i < host.length; i++) {
+            host[i] = (byte) (r.nextInt(256) & 0x3f);  // small finite floats/halves whatever the bytes are read as
+        }
+        for (long off = 0; off < bytes; off += host.length) {
+            int n = (int) Math.min(host.length, bytes - off);
+            b.copyFromHost(java.lang.foreign.MemorySegment.ofArray(host).asSlice(0, n), off);
+        }
+    }
+
+    /**
+     * Median of 9 replays of a CUDA graph of 20 launches, in µs per launch: kernels back to back as in the decode
+     * graph, without the host's launch cost.
+     */
+    private static double time(CudaContext context, CudaStream stream, Runnable launch) {
+        double[] t = new double[9];
+        try (CudaGraph graph = CudaGraph.capture(stream, () -> {
+                for (int i = 0; i < 20; i++) {
+                    launch.run();
+                }
+            });
+             CudaEvent start = context.createEvent(); CudaEvent end = context.createEvent()) {
+            graph.launch(stream);
+            for (int r = 0; r < t.length; r++) {
+                start.record(stream);
+                graph.launch(stream);
+                end.record(stream);
+                end.synchronize();
+                t[r] = CudaEvent.elapsedMillis(start, end) * 1e3 / 20;
+            }
+        }
+        Arrays.sort(t);
+        return t[t.length / 2];
+    }
+}
