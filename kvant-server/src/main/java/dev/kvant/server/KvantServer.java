@@ -90,6 +90,9 @@ public final class KvantServer implements AutoCloseable {
                     }
                 })
                 .error(ApiException.class, (req, res, e) -> error(res, e))
+                .error(io.helidon.http.RequestException.class, (req, res, e) -> error(res, new ApiException(
+                        e.status().code(), "invalid_request_error", null, null, "the request could not be read: "
+                        + e.getMessage(), 0)))
                 .error(Throwable.class, (req, res, e) -> error(res, new ApiException(500, "server_error", null, null,
                         "internal error: " + e, 0)));
         this.web = WebServer.builder()
