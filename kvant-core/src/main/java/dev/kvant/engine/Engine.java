@@ -490,8 +490,9 @@ public final class Engine implements AutoCloseable {
             return;
         }
         a.done = true;
-        deliver(a.p, new GenerationEvent.Finished(reason, a.prompt().length, a.cached, a.generatedCount));
+        // Pages first, so that a caller who sees the end sees the pages back too.
         release(a, true);
+        deliver(a.p, new GenerationEvent.Finished(reason, a.prompt().length, a.cached, a.generatedCount));
     }
 
     private void fail(Active a, String message) {
@@ -499,8 +500,8 @@ public final class Engine implements AutoCloseable {
             return;
         }
         a.done = true;
-        deliver(a.p, new GenerationEvent.Failed(message, false));
         release(a, false);
+        deliver(a.p, new GenerationEvent.Failed(message, false));
     }
 
     /** Returns the sequence: to the prefix cache when its contents can be trusted, else to the pool. */
@@ -527,9 +528,9 @@ public final class Engine implements AutoCloseable {
         for (Active a : running) {
             if (!a.done) {
                 a.done = true;
-                deliver(a.p, new GenerationEvent.Failed(message, true));
                 inFlight.decrementAndGet();
                 a.seq.close();
+                deliver(a.p, new GenerationEvent.Failed(message, true));
             }
         }
         running.clear();
