@@ -33,6 +33,17 @@ public interface Backend extends AutoCloseable {
      */
     void decodeBatch(BackendSequence[] seqs, int[] tokens, float[] logits);
 
+    /**
+     * One KV page pool with room for this many tokens (summed over its sequences), shared by the sequences made from
+     * it, so that prefixes can be shared and pages counted; what a server runs on.
+     *
+     * @throws UnsupportedOperationException on a backend that has no shared pool yet
+     */
+    default SequencePool newSequencePool(int tokens, KvFormat kFormat, KvFormat vFormat) {
+        throw new UnsupportedOperationException("the " + name() + " backend cannot share one KV page pool between"
+                + " sequences yet (kvant serve needs that); use --backend cpu");
+    }
+
     @Override
     void close();
 }

@@ -12,8 +12,9 @@ import dev.kvant.tensor.Parallel;
 import java.util.Objects;
 
 /**
- * The host backend: the model's own Vector API kernels on a fixed thread pool. Each sequence owns a paged
- * {@link KvCache} sized for its context. The pool and the model stay the caller's to close.
+ * The host backend: the model's own Vector API kernels on a fixed thread pool. A sequence from {@link #newSequence}
+ * owns a paged {@link KvCache} sized for its context; sequences of a {@link #newSequencePool} share one cache, so
+ * that prefixes share pages. The pool and the model stay the caller's to close.
  */
 public final class CpuBackend implements Backend {
 
@@ -58,7 +59,15 @@ public final class CpuBackend implements Backend {
             throw new IllegalArgumentException("context length must be positive, got " + contextLength);
         }
         KvCache cache = KvCache.forTokens(geometry(model.config()), kFormat, vFormat, PAGE_TOKENS, contextLength);
-        return new Sequence(cache, contextLength);
+        return new Sequence(cache, cache.newSequence(), contextLength, true);
+    }
+
+    @Override
+    public SharedPool newSequencePool(int tokens, KvFormat kFormat, KvFormat vFormat) {
+        if (tokens <= 0) {
+            throw new IllegalArgumentException("a KV pool needs room for at least one token, got " + tokens);
+        }
+        return new SharedPool(KvCache.forTokens(geometry(model.config()), kFormat, vFormat, PAGE_TOKENS, tokens));
     }
 
     @Override
@@ -78,18 +87,79 @@ public final class CpuBackend implements Backend {
     public void close() {
     }
 
+    /** Sequences drawing pages from one host {@link KvCache}. */
+    public final class SharedPool implements SequencePool {
+        private final KvCache cache;
+
+        SharedPool(KvCache cache) {
+            this.cache = cache;
+        }
+
+        /** The cache itself, for tools that inspect it. */
+        public KvCache cache() {
+            return cache;
+        }
+
+        @Override
+        public int pageTokens() {
+            return cache.pageTokens();
+        }
+
+        @Override
+        public int totalPages() {
+            return cache.totalPages();
+        }
+
+        @Override
+        public int freePages() {
+            return cache.freePages();
+        }
+
+        @Override
+        public Sequence newSequence(int capacity) {
+            checkCapacity(capacity);
+            return new Sequence(cache, cache.newSequence(), capacity, false);
+        }
+
+        @Override
+        public Sequence fork(BackendSequence parent, int prefixTokens, int capacity) {
+            checkCapacity(capacity);
+            if (!(parent instanceof Sequence p) || p.cache != cache) {
+                throw new IllegalArgumentException("the sequence to fork does not belong to this pool");
+            }
+            if (prefixTokens > capacity) {
+                throw new IllegalArgumentException("a prefix of " + prefixTokens + " tokens does not fit a sequence of "
+                        + capacity);
+            }
+            return new Sequence(cache, cache.fork(p.kv, prefixTokens), capacity, false);
+        }
+
+        private void checkCapacity(int capacity) {
+            if (capacity <= 0) {
+                throw new IllegalArgumentException("a sequence needs room for at least one token, got " + capacity);
+            }
+        }
+
+        @Override
+        public void close() {
+            cache.close();
+        }
+    }
+
     /** A sequence whose cache lives in host memory. */
     public final class Sequence implements BackendSequence {
         private final KvCache cache;
         private final KvSequence kv;
         private final int capacity;
+        private final boolean ownsCache;
         private final LlamaModel.Scratch scratch = new LlamaModel.Scratch();
         private float[] lastLogits;
 
-        Sequence(KvCache cache, int capacity) {
+        Sequence(KvCache cache, KvSequence kv, int capacity, boolean ownsCache) {
             this.cache = cache;
-            this.kv = cache.newSequence();
+            this.kv = kv;
             this.capacity = capacity;
+            this.ownsCache = ownsCache;
         }
 
         CpuBackend owner() {
@@ -142,7 +212,9 @@ public final class CpuBackend implements Backend {
         @Override
         public void close() {
             kv.close();
-            cache.close();
+            if (ownsCache) {
+                cache.close();
+            }
         }
     }
 }

@@ -1,0 +1,176 @@
+package dev.kvant.cli;
+
+import dev.kvant.backend.Backend;
+import dev.kvant.model.LlamaModel;
+import dev.kvant.server.ServeBench;
+import dev.kvant.server.TextCodec;
+import dev.kvant.tensor.Parallel;
+import picocli.CommandLine.Command;
+import picocli.CommandLine.Mixin;
+import picocli.CommandLine.Option;
+
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.time.Duration;
+import java.time.LocalDate;
+import java.util.Locale;
+import java.util.SplittableRandom;
+
+/**
+ * {@code kvant bench-serve}: the server measured from its clients' side on a loopback port (docs/SERVER.md):
+ * batching throughput at --parallel 1 against N, a conversation's second-turn time to first token against its
+ * first, and the load test.
+ */
+@Command(name = "bench-serve", mixinStandardHelpOptions = true,
+        description = {"Benchmark kvant serve in-process over loopback HTTP.",
+                "batching: aggregate generated tokens/s at --parallel 1 and N (same requests, same clients);",
+                "prefix: time to first token of a conversation's 2nd turn vs its 1st;",
+                "load: concurrent streaming clients with random cancellations; checks every request ends cleanly"
+                        + " and no KV page leaks; TTFT and inter-token latency percentiles."})
+final class ServeBenchCommand implements Runnable {
+
+    @Mixin
+    ModelOptions opts;
+
+    @Option(names = "--synthetic", paramLabel = "SHAPE",
+            description = "synthetic model instead of -m: llama3-8b, llama3.2-1b, qwen2.5-7b, tiny")
+    String synthetic;
+
+    @Option(names = "--weights", paramLabel = "TYPE", defaultValue = "q8_0",
+            description = "weight format of a synthetic model (default ${DEFAULT-VALUE})")
+    String weights;
+
+    @Option(names = "--mode", paramLabel = "MODE", defaultValue = "batching",
+            description = "batching, prefix or load (default ${DEFAULT-VALUE})")
+    String mode;
+
+    @Option(names = {"-c", "--ctx-size"}, paramLabel = "N", defaultValue = "4096",
+            description = "context of one sequence (default ${DEFAULT-VALUE})")
+    int ctx;
+
+    @Option(names = {"-np", "--parallel"}, paramLabel = "N", defaultValue = "8",
+            description = "parallel sequences (batching compares 1 with this; default ${DEFAULT-VALUE})")
+    int parallel;
+
+    @Option(names = "--clients", paramLabel = "N", defaultValue = "8",
+            description = "concurrent clients (default ${DEFAULT-VALUE}; load: 32 is the issue's figure)")
+    int clients;
+
+    @Option(names = "--requests", paramLabel = "N", defaultValue = "32", description = "requests (default ${DEFAULT-VALUE})")
+    int requests;
+
+    @Option(names = {"-p", "--prompt-tokens"}, paramLabel = "N", defaultValue = "32",
+            description = "batching: prompt tokens; load: longest prompt (default ${DEFAULT-VALUE})")
+    int promptTokens;
+
+    @Option(names = {"-n", "--gen-tokens"}, paramLabel = "N", defaultValue = "64",
+            description = "batching: tokens per request; load: the most per request (default ${DEFAULT-VALUE})")
+    int genTokens;
+
+    @Option(names = "--conversation", paramLabel = "N", defaultValue = "16384",
+            description = "prefix: tokens of the first turn (default ${DEFAULT-VALUE})")
+    int conversation;
+
+    @Option(names = {"-f", "--file"}, paramLabel = "TEXT", description = "prefix: text to fill the conversation with")
+    Path file;
+
+    @Option(names = "--cancel", paramLabel = "FRACTION", defaultValue = "0.15",
+            description = "load: share of requests the client walks away from (default ${DEFAULT-VALUE})")
+    double cancel;
+
+    @Option(names = "--seed", paramLabel = "S", description = "random seed (default: random, printed)")
+    Long seed;
+
+    @Override
+    public void run() {
+        ModelOptions.checkThreads(opts.threads);
+        if (opts.model == null && synthetic == null) {
+            throw new IllegalArgumentException("no model given: pass -m path/to/model.gguf or --synthetic SHAPE");
+        }
+        long s = seed != null ? seed : new SplittableRandom().nextLong();
+        try (LlamaModel model = synthetic != null ? ModelOptions.synthetic(synthetic, weights) : opts.load();
+             Parallel threads = new Parallel(opts.threads);
+             Backend backend = opts.openBackend(model, threads)) {
+            String name = synthetic != null ? "synthetic " + synthetic + " " + weights : opts.model.getFileName().toString();
+            ServeBench.Setup setup = new ServeBench.Setup(backend, TextCodec.of(model, null), opts.kFormat(),
+                    opts.vFormat(), ctx, opts.prefillChunk, name);
+            System.out.printf(Locale.ROOT, "# kvant bench-serve --mode %s: %s, backend %s, %d threads, K %s V %s,"
+                            + " context %d, prefill chunk %d, seed %d, %s, nproc %d%n", mode, name, backend.name(),
+                    backend.threads(), opts.ctk, opts.ctv, ctx, opts.prefillChunk, s, LocalDate.now(),
+                    Runtime.getRuntime().availableProcessors());
+            switch (mode) {
+                case "batching" -> batching(setup, s);
+                case "prefix" -> prefix(setup, model);
+                case "load" -> load(setup, s);
+                default -> throw new IllegalArgumentException("--mode must be batching, prefix or load, got " + mode);
+            }
+        }
+    }
+
+    private void batching(ServeBench.Setup setup, long s) {
+        System.out.printf(Locale.ROOT, "%d requests from %d clients, prompt %d tokens, %d generated each (greedy,"
+                + " end of generation ignored)%n%n", requests, clients, promptTokens, genTokens);
+        System.out.println("| --parallel | mean batch | tokens | seconds | generated t/s | vs 1 |");
+        System.out.println("| ---: | ---: | ---: | ---: | ---: | ---: |");
+        double base = 0;
+        for (int p : parallel == 1 ? new int[] {1} : new int[] {1, parallel}) {
+            ServeBench.Throughput t = ServeBench.batching(setup, p, clients, requests, promptTokens, genTokens, s);
+            if (p == 1) {
+                base = t.tokensPerSecond();
+            }
+            System.out.printf(Locale.ROOT, "| %d | %.2f | %d | %.2f | %.1f | %.2fx |%n", p, t.meanBatch(), t.tokens(),
+                    t.seconds(), t.tokensPerSecond(), t.tokensPerSecond() / base);
+        }
+    }
+
+    private void prefix(ServeBench.Setup setup, LlamaModel model) {
+        String corpus;
+        if (file != null) {
+            try {
+                corpus = Files.readString(file, StandardCharsets.UTF_8);
+            } catch (IOException e) {
+                throw new IllegalArgumentException("cannot read " + file + ": " + e.getMessage());
+            }
+        } else {
+            StringBuilder sb = new StringBuilder();
+            SplittableRandom r = new SplittableRandom(7);
+            while (sb.length() < 200_000) {
+                sb.append("def f").append(r.nextInt(1000)).append("(x):\n    return x * ").append(r.nextInt(100))
+                        .append('\n');
+            }
+            corpus = sb.toString();
+        }
+        if (conversation + 64 >= setup.contextLength()) {
+            throw new IllegalArgumentException("--conversation " + conversation + " needs a context above it: raise -c");
+        }
+        ServeBench.PrefixReuse p = ServeBench.prefixReuse(setup, corpus, conversation);
+        System.out.println("| turn | prompt tokens | cached | time to first token |");
+        System.out.println("| --- | ---: | ---: | ---: |");
+        System.out.printf(Locale.ROOT, "| 1 | %d | 0 | %.3f s |%n", p.firstPromptTokens(), p.firstSeconds());
+        System.out.printf(Locale.ROOT, "| 2 | %d | %d | %.3f s |%n", p.secondPromptTokens(), p.secondCachedTokens(),
+                p.secondSeconds());
+        System.out.printf(Locale.ROOT, "%nsecond turn reaches its first token %.1fx sooner%n", p.speedup());
+    }
+
+    private void load(ServeBench.Setup setup, long s) {
+        ServeBench.LoadPlan plan = new ServeBench.LoadPlan(clients, requests, 8, promptTokens, genTokens, cancel, s,
+                Duration.ofMinutes(30));
+        System.out.printf(Locale.ROOT, "%d streaming clients, %d requests, prompts 8..%d tokens, up to %d generated,"
+                + " %.0f%% cancelled by the client, --parallel %d%n%n", clients, requests, promptTokens, genTokens,
+                cancel * 100, parallel);
+        ServeBench.LoadReport r = ServeBench.load(setup, parallel, plan);
+        System.out.printf(Locale.ROOT, "completed %d, cancelled by client %d, rejected (503) %d, failed %d in %.1f s;"
+                        + " %d tokens generated, %d prompt tokens from the prefix cache%n", r.completed(),
+                r.cancelled(), r.rejected(), r.failures().size(), r.seconds(), r.generatedTokens(), r.cachedTokens());
+        System.out.println("time to first token: " + r.ttft().millis());
+        System.out.println("inter-token latency: " + r.itl().millis());
+        System.out.printf(Locale.ROOT, "KV pages free: %d of %d before, %d after (prefix cache dropped)%s%n",
+                r.freePagesBefore(), r.totalPages(), r.freePagesAfter(), r.clean() ? "" : "  <-- NOT CLEAN");
+        r.failures().stream().limit(10).forEach(f -> System.out.println("  failure: " + f));
+        if (!r.clean()) {
+            throw new IllegalStateException("the load test did not end cleanly");
+        }
+    }
+}

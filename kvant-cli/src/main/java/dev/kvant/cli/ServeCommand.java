@@ -1,0 +1,149 @@
+package dev.kvant.cli;
+
+import dev.kvant.backend.Backend;
+import dev.kvant.backend.SequencePool;
+import dev.kvant.engine.Engine;
+import dev.kvant.engine.EngineConfig;
+import dev.kvant.engine.Session;
+import dev.kvant.model.LlamaModel;
+import dev.kvant.server.KvantServer;
+import dev.kvant.server.ServerConfig;
+import dev.kvant.server.TextCodec;
+import dev.kvant.tensor.Parallel;
+import picocli.CommandLine.Command;
+import picocli.CommandLine.Mixin;
+import picocli.CommandLine.Option;
+
+import java.nio.file.Path;
+import java.time.Duration;
+import java.util.Locale;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
+
+/**
+ * {@code kvant serve}: the OpenAI-compatible HTTP server (docs/SERVER.md). Runs until SIGINT or SIGTERM, then stops
+ * taking requests, lets those in flight finish within --shutdown-grace, and exits 0.
+ */
+@Command(name = "serve", mixinStandardHelpOptions = true,
+        description = {"Serve the model over an OpenAI-compatible HTTP API (chat/completions, completions, models,"
+                + " health, metrics) with continuous batching and prefix reuse.",
+                "Stops on Ctrl-C or SIGTERM: in-flight requests get --shutdown-grace seconds to finish."})
+final class ServeCommand implements Runnable {
+
+    @Mixin
+    ModelOptions opts;
+
+    @Option(names = "--synthetic", paramLabel = "SHAPE",
+            description = "serve a synthetic model instead of -m (llama3-8b, llama3.2-1b, qwen2.5-7b, tiny): random"
+                    + " weights, no tokenizer (text is taken byte by byte), for benchmarks")
+    String synthetic;
+
+    @Option(names = "--weights", paramLabel = "TYPE", defaultValue = "q8_0",
+            description = "weight format of a synthetic model (default ${DEFAULT-VALUE})")
+    String weights;
+
+    @Option(names = {"-c", "--ctx-size"}, paramLabel = "N",
+            description = "context of one sequence, prompt and answer (default 4096, or what --kv-mem holds)")
+    Integer ctx;
+
+    @Option(names = "--host", paramLabel = "ADDR", defaultValue = "127.0.0.1",
+            description = "address to listen on (default ${DEFAULT-VALUE}: this machine only)")
+    String host;
+
+    @Option(names = "--port", paramLabel = "N", defaultValue = "8080", description = "port (default ${DEFAULT-VALUE})")
+    int port;
+
+    @Option(names = {"-np", "--parallel"}, paramLabel = "N", defaultValue = "4",
+            description = "sequences decoded together in one step (default ${DEFAULT-VALUE})")
+    int parallel;
+
+    @Option(names = "--max-queue", paramLabel = "N", defaultValue = "64",
+            description = "requests that may wait for a slot; more get 503 with Retry-After (default ${DEFAULT-VALUE})")
+    int maxQueue;
+
+    @Option(names = "--api-key", paramLabel = "KEY",
+            description = "require 'Authorization: Bearer KEY' on every request but /health (default: $KVANT_API_KEY,"
+                    + " else none)")
+    String apiKey = System.getenv("KVANT_API_KEY");
+
+    @Option(names = "--alias", paramLabel = "NAME", description = "model name in responses (default: the file name)")
+    String alias;
+
+    @Option(names = "--chat-template", paramLabel = "NAME",
+            description = "override the template detected from the model: llama3, llama2, chatml, mistral, gemma, raw")
+    String template;
+
+    @Option(names = "--no-prefix-cache", description = "do not keep finished sequences for prefix reuse")
+    boolean noPrefixCache;
+
+    @Option(names = "--shutdown-grace", paramLabel = "SECONDS", defaultValue = "30",
+            description = "how long in-flight requests may take to finish on shutdown (default ${DEFAULT-VALUE})")
+    int grace;
+
+    @Override
+    public void run() {
+        ModelOptions.checkThreads(opts.threads);
+        if (parallel < 1 || parallel > 256) {
+            throw new IllegalArgumentException("--parallel must be between 1 and 256, got " + parallel);
+        }
+        if (opts.model != null && synthetic != null) {
+            throw new IllegalArgumentException("give either -m or --synthetic, not both");
+        }
+        if (opts.model == null && synthetic == null) {
+            throw new IllegalArgumentException("no model given: pass -m path/to/model.gguf (or --synthetic SHAPE)");
+        }
+        try (LlamaModel model = synthetic != null ? ModelOptions.synthetic(synthetic, weights) : opts.load();
+             Parallel threads = new Parallel(opts.threads);
+             Backend backend = opts.openBackend(model, threads)) {
+            int pageTokens = Session.PAGE_TOKENS;
+            int context;
+            int poolTokens;
+            if (opts.kvMem != null) {
+                poolTokens = Session.contextForBudget(model.config(), opts.kFormat(), opts.vFormat(),
+                        ModelOptions.parseSize(opts.kvMem));
+                context = Math.min(ctx != null ? ctx : Math.min(4096, poolTokens), poolTokens);
+            } else {
+                context = ctx != null ? ctx : 4096;
+                poolTokens = parallel * ((context + pageTokens - 1) / pageTokens * pageTokens);
+            }
+            String name = alias != null ? alias : synthetic != null ? "synthetic-" + synthetic
+                    : stripGguf(opts.model.getFileName());
+            ServerConfig config = new ServerConfig(host, port, apiKey, name, 32L << 20, Duration.ofSeconds(1));
+            try (SequencePool pool = backend.newSequencePool(poolTokens, opts.kFormat(), opts.vFormat());
+                 Engine engine = new Engine(backend, pool,
+                         new EngineConfig(parallel, context, opts.prefillChunk, maxQueue, !noPrefixCache))) {
+                KvantServer server = KvantServer.start(config, engine, TextCodec.of(model, template));
+                CountDownLatch stop = new CountDownLatch(1);
+                CountDownLatch stopped = new CountDownLatch(1);
+                Thread hook = new Thread(() -> {
+                    stop.countDown();
+                    try {
+                        stopped.await(grace + 10L, TimeUnit.SECONDS);
+                    } catch (InterruptedException e) {
+                        Thread.currentThread().interrupt();
+                    }
+                    // A signal's exit status would be 128+signal; a drained server exits 0.
+                    Runtime.getRuntime().halt(0);
+                }, "kvant-serve-shutdown");
+                Runtime.getRuntime().addShutdownHook(hook);
+                System.err.printf(Locale.ROOT, "kvant serve: %s on http://%s:%d/v1 (backend %s, %d threads,"
+                                + " parallel %d, context %d, KV pool %d pages of %d tokens, K %s, V %s%s)%n", name,
+                        host, server.port(), backend.name(), backend.threads(), parallel, context, pool.totalPages(),
+                        pool.pageTokens(), opts.ctk, opts.ctv, apiKey != null ? ", API key required" : "");
+                stop.await();
+                System.err.println("kvant serve: shutting down (in-flight requests get " + grace + " s)");
+                boolean clean = server.shutdown(Duration.ofSeconds(grace));
+                System.err.println("kvant serve: stopped" + (clean ? "" : " (requests still running at the deadline"
+                        + " were cancelled)"));
+                stopped.countDown();
+            }
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
+    }
+
+    private static String stripGguf(Path file) {
+        String n = file.toString();
+        return n.toLowerCase(Locale.ROOT).endsWith(".gguf") ? n.substring(0, n.length() - 5) : n;
+    }
+}

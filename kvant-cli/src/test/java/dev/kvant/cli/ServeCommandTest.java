@@ -1,0 +1,34 @@
+package dev.kvant.cli;
+
+import org.junit.jupiter.api.Test;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+class ServeCommandTest {
+
+    @Test
+    void serveHelpListsTheServerOptions() {
+        MainTest.Run r = MainTest.run("serve", "--help");
+        assertEquals(0, r.code(), r.err());
+        for (String option : new String[] {"--port", "--host", "--parallel", "--api-key", "--max-queue", "--ctk",
+                "--backend", "--shutdown-grace"}) {
+            assertTrue(r.out().contains(option), option + " in:\n" + r.out());
+        }
+    }
+
+    @Test
+    void serveWithoutAModelSaysWhatToPass() {
+        MainTest.Run r = MainTest.run("serve", "--port", "0");
+        assertEquals(1, r.code());
+        assertTrue(r.err().contains("no model given"), r.err());
+    }
+
+    @Test
+    void benchServeBatchingOnASyntheticModelPrintsBothRows() {
+        MainTest.Run r = MainTest.run("bench-serve", "--synthetic", "tiny", "--mode", "batching", "-np", "2",
+                "--clients", "2", "--requests", "2", "-p", "8", "-n", "4", "-c", "128", "-t", "2", "--seed", "1");
+        assertEquals(0, r.code(), r.err());
+        assertTrue(r.out().contains("| 1 |") && r.out().contains("| 2 |"), r.out());
+    }
+}

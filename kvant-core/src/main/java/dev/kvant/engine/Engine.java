@@ -1,0 +1,570 @@
+package dev.kvant.engine;
+
+import dev.kvant.backend.Backend;
+import dev.kvant.backend.BackendSequence;
+import dev.kvant.backend.SequencePool;
+import dev.kvant.sample.Sampler;
+
+import java.time.Duration;
+import java.util.ArrayDeque;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import java.util.Objects;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.LinkedBlockingQueue;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.atomic.AtomicLong;
+import java.util.function.Consumer;
+
+/**
+ * Continuous batching over one backend and one shared KV pool: up to {@code parallel} sequences run at once, and each
+ * engine step decodes one token for every sequence past its prompt (one {@link Backend#decodeBatch}, the weights read
+ * once for all) and computes one chunk of at most {@code prefillChunk} prompt tokens for one sequence still reading
+ * its prompt, taking turns between them. So a long prompt is read a chunk per step while the others go on decoding,
+ * and a short prompt that arrives behind it waits for at most one of its chunks. New requests join between steps.
+ *
+ * <p><b>Pages.</b> A request is admitted only when the pool can hold it to the end: the pages it may still take
+ * (prompt plus maxTokens, capped by the context, minus the whole pages a cached prefix lends it) must not exceed the
+ * free pages less what the running sequences may still take. Cached prefixes are evicted, least recently used first,
+ * to make room. A running sequence therefore never runs out of pages, and a request that does not fit waits in the
+ * queue (first come, first served) until running ones end.
+ *
+ * <p><b>Prefix reuse.</b> A finished (or cancelled) request's sequence is kept in a {@link PrefixCache} with the tokens
+ * it holds; a request whose prompt starts with the same tokens forks it (whole pages shared, the boundary page copied)
+ * and computes only the rest. When a prompt has been read, its whole pages are also kept, at no cost in pages, so
+ * requests running at the same time share a system prompt.
+ *
+ * <p><b>Threads.</b> One engine thread runs every step and owns every sequence; {@link #submit} and {@link
+ * Generation#cancel} may be called from any thread. A failing step fails the requests it ran, not the engine.
+ */
+public final class Engine implements AutoCloseable {
+
+    /** How long an idle engine thread sleeps between looks at the clock (the inbox wakes it at once). */
+    private static final long IDLE_POLL_MILLIS = 500;
+    /** The prefix cache's bound on entries, apart from pages. */
+    private static final int MAX_PREFIX_ENTRIES = 256;
+
+    private final Backend backend;
+    private final SequencePool pool;
+    private final EngineConfig config;
+    private final int vocab;
+    private final int pageTokens;
+    private final PrefixCache cache = new PrefixCache(MAX_PREFIX_ENTRIES);
+    private final LinkedBlockingQueue<Object> inbox = new LinkedBlockingQueue<>();
+    private final ArrayDeque<Pending> waiting = new ArrayDeque<>();
+    private final List<Active> running = new ArrayList<>();
+    private final AtomicInteger inFlight = new AtomicInteger();
+    private final AtomicLong ids = new AtomicLong();
+    private final Thread thread;
+    private final float[] batchLogits;
+    private final float[] prefillLogits;
+    private final float[] row;
+    private volatile boolean stopping;
+    private volatile long deadlineNanos;
+    private volatile int runningCount;
+    private int prefillTurn;
+
+    private volatile long promptTokens;
+    private volatile long cachedTokens;
+    private volatile long generatedTokens;
+    private volatile long prefixHits;
+    private volatile long prefixMisses;
+    private volatile long steps;
+    private volatile long decodeRows;
+
+    /** A request waiting for a slot. */
+    private record Pending(Generation handle, GenerationRequest request, Consumer<GenerationEvent> listener) {
+    }
+
+    /** A request holding a sequence. */
+    private final class Active {
+        final Pending p;
+        final BackendSequence seq;
+        final Sampler sampler;
+        final int cached;
+        /** Prompt tokens in the cache so far. */
+        int fed;
+        int[] generated = new int[16];
+        int generatedCount;
+        /** The last generated token, to be fed in the next decode step. */
+        int next;
+        boolean decoding;
+        boolean done;
+
+        Active(Pending p, BackendSequence seq, int cached) {
+            this.p = p;
+            this.seq = seq;
+            this.cached = cached;
+            this.fed = cached;
+            this.sampler = new Sampler(p.request.sampling());
+            for (int t : p.request.prompt()) {
+                sampler.accept(t);
+            }
+        }
+
+        int[] prompt() {
+            return p.request.prompt();
+        }
+
+        void addGenerated(int t) {
+            if (generatedCount == generated.length) {
+                generated = Arrays.copyOf(generated, generated.length * 2);
+            }
+            generated[generatedCount++] = t;
+        }
+
+        /** The tokens the sequence holds, in order. */
+        int[] heldTokens() {
+            int n = seq.length();
+            int[] prompt = prompt();
+            int[] out = Arrays.copyOf(prompt, n);
+            if (n > prompt.length) {
+                System.arraycopy(generated, 0, out, prompt.length, n - prompt.length);
+            }
+            return out;
+        }
+
+        /** Pages the sequence may still take from the pool before it ends. */
+        int outstandingPages() {
+            return pages(maxLength(p.request)) - pages(seq.length());
+        }
+    }
+
+    /**
+     * @param pool a pool of this backend with room for at least one context; the engine draws every sequence from it
+     *             and closes none of it but the sequences; the caller closes pool and backend after the engine
+     */
+    public Engine(Backend backend, SequencePool pool, EngineConfig config) {
+        this.backend = Objects.requireNonNull(backend, "backend");
+        this.pool = Objects.requireNonNull(pool, "pool");
+        this.config = Objects.requireNonNull(config, "config");
+        this.vocab = backend.model().config().vocabSize();
+        this.pageTokens = pool.pageTokens();
+        if (pool.totalPages() < pages(config.contextLength())) {
+            throw new IllegalArgumentException("the KV pool holds " + (long) pool.totalPages() * pageTokens
+                    + " tokens, less than one context of " + config.contextLength() + " (raise the KV memory or lower -c)");
+        }
+        this.batchLogits = new float[config.parallel() * vocab];
+        this.prefillLogits = new float[vocab];
+        this.row = new float[vocab];
+        this.thread = Thread.ofPlatform().name("kvant-engine").daemon(true).unstarted(this::run);
+        thread.start();
+    }
+
+    public EngineConfig config() {
+        return config;
+    }
+
+    public Backend backend() {
+        return backend;
+    }
+
+    /**
+     * Queues a request; events about it go to listener on the engine's thread.
+     *
+     * @throws ContextFullException        when the prompt does not fit the context (says both lengths)
+     * @throws IllegalArgumentException    for a token outside the vocabulary
+     * @throws EngineBusyException         when the queue is full or the engine is shutting down
+     */
+    public Generation submit(GenerationRequest request, Consumer<GenerationEvent> listener) {
+        Objects.requireNonNull(listener, "listener");
+        int[] prompt = request.prompt();
+        if (prompt.length >= config.contextLength()) {
+            throw new ContextFullException("the prompt has " + prompt.length + " tokens but the context holds "
+                    + config.contextLength() + " (prompt and generated tokens together)");
+        }
+        for (int t : prompt) {
+            if (t < 0 || t >= vocab) {
+                throw new IllegalArgumentException("token id " + t + " is outside the vocabulary (0.." + (vocab - 1) + ")");
+            }
+        }
+        if (stopping) {
+            throw new EngineBusyException("the server is shutting down", true);
+        }
+        int limit = config.parallel() + config.maxQueue();
+        while (true) {
+            int n = inFlight.get();
+            if (n >= limit) {
+                throw new EngineBusyException("all " + config.parallel() + " slots are busy and " + config.maxQueue()
+                        + " requests are queued; retry later", false);
+            }
+            if (inFlight.compareAndSet(n, n + 1)) {
+                break;
+            }
+        }
+        Generation g = new Generation(ids.incrementAndGet());
+        inbox.add(new Pending(g, request, listener));
+        return g;
+    }
+
+    /** The state and counters now. */
+    public EngineStats stats() {
+        int inflight = inFlight.get();
+        int run = runningCount;
+        return new EngineStats(Math.max(0, inflight - run), run, pool.totalPages(), pool.freePages(), cache.size(),
+                promptTokens, cachedTokens, generatedTokens, prefixHits, prefixMisses, steps, decodeRows);
+    }
+
+    /** Closes every cached prefix (on the engine's thread) and returns when done; pages of running requests stay. */
+    public void clearPrefixCache() {
+        CompletableFuture<Void> done = new CompletableFuture<>();
+        inbox.add((Runnable) () -> {
+            cache.clear();
+            done.complete(null);
+        });
+        try {
+            done.get(60, TimeUnit.SECONDS);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        } catch (ExecutionException | TimeoutException e) {
+            throw new IllegalStateException("the engine did not clear its prefix cache", e);
+        }
+    }
+
+    /**
+     * Stops taking requests; those accepted go on until they end or the grace period is over, when the rest fail
+     * with "the server is shutting down". Returns whether the engine thread ended within grace (plus a second).
+     */
+    public boolean shutdown(Duration grace) {
+        deadlineNanos = System.nanoTime() + Math.max(0, grace.toNanos());
+        stopping = true;
+        inbox.add(Boolean.TRUE);
+        try {
+            thread.join(grace.plusSeconds(1));
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
+        return !thread.isAlive();
+    }
+
+    public boolean isShuttingDown() {
+        return stopping;
+    }
+
+    @Override
+    public void close() {
+        shutdown(Duration.ZERO);
+    }
+
+    // ---- the engine thread ----
+
+    private void run() {
+        try {
+            while (true) {
+                boolean idle = running.isEmpty();
+                receive(idle);
+                if (stopping && System.nanoTime() - deadlineNanos >= 0) {
+                    failAll("the server is shutting down");
+                    break;
+                }
+                dropCancelled();
+                admit();
+                if (running.isEmpty()) {
+                    if (stopping && waiting.isEmpty()) {
+                        break;
+                    }
+                    continue;
+                }
+                step();
+            }
+        } catch (Throwable t) {
+            failAll("the engine stopped on an internal error: " + t);
+            throw t;
+        } finally {
+            stopping = true;
+            cache.clear();
+            receive(false);
+            failAll("the server is shutting down");
+        }
+    }
+
+    /** Moves new requests from the inbox to the queue and runs commands; waits for one when idle. */
+    private void receive(boolean idle) {
+        try {
+            Object first = null;
+            if (idle && waiting.isEmpty()) {
+                long wait = IDLE_POLL_MILLIS;
+                if (stopping) {
+                    wait = Math.max(0, Math.min(wait, TimeUnit.NANOSECONDS.toMillis(deadlineNanos - System.nanoTime())));
+                }
+                first = inbox.poll(wait, TimeUnit.MILLISECONDS);
+            }
+            for (Object m = first != null ? first : inbox.poll(); m != null; m = inbox.poll()) {
+                switch (m) {
+                    case Pending p -> waiting.addLast(p);
+                    case Runnable r -> r.run();
+                    default -> { } // a wake-up
+                }
+            }
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            stopping = true;
+        }
+    }
+
+    private void dropCancelled() {
+        waiting.removeIf(p -> {
+            if (p.handle.isCancelled()) {
+                deliver(p, new GenerationEvent.Finished(FinishReason.CANCELLED, p.request.prompt().length, 0, 0));
+                inFlight.decrementAndGet();
+                return true;
+            }
+            return false;
+        });
+        for (Active a : running) {
+            if (a.p.handle.isCancelled()) {
+                finish(a, FinishReason.CANCELLED);
+            }
+        }
+        removeDone();
+    }
+
+    private void admit() {
+        while (running.size() < config.parallel() && !waiting.isEmpty()) {
+            if (!start(waiting.peekFirst())) {
+                return;
+            }
+            waiting.removeFirst();
+        }
+    }
+
+    /** Gives the request a sequence if the pool can hold it to its end; false when it must wait. */
+    private boolean start(Pending p) {
+        int[] prompt = p.request.prompt();
+        PrefixCache.Match m = config.prefixCache() ? cache.match(prompt) : new PrefixCache.Match(null, 0);
+        int maxPages = pages(maxLength(p.request));
+        while (available() < maxPages - m.tokens() / pageTokens) {
+            if (!cache.evictLeastRecent(m.entry())) {
+                if (m.entry() == null) {
+                    return false;
+                }
+                cache.remove(m.entry());
+                m = new PrefixCache.Match(null, 0);
+            }
+        }
+        BackendSequence seq;
+        try {
+            seq = m.entry() != null ? pool.fork(m.entry().seq, m.tokens(), config.contextLength())
+                    : pool.newSequence(config.contextLength());
+        } catch (RuntimeException e) {
+            deliver(p, new GenerationEvent.Failed("could not start the sequence: " + e.getMessage(), false));
+            inFlight.decrementAndGet();
+            return true;
+        }
+        Active a = new Active(p, seq, m.tokens());
+        running.add(a);
+        runningCount = running.size();
+        promptTokens += prompt.length;
+        cachedTokens += m.tokens();
+        if (m.entry() != null) {
+            prefixHits++;
+        } else {
+            prefixMisses++;
+        }
+        deliver(p, new GenerationEvent.Started(prompt.length, m.tokens()));
+        return true;
+    }
+
+    /** Free pages less those the running sequences may still take. */
+    private int available() {
+        int owed = 0;
+        for (Active a : running) {
+            owed += a.outstandingPages();
+        }
+        return pool.freePages() - owed;
+    }
+
+    private void step() {
+        steps++;
+        decodeStep();
+        prefillStep();
+        removeDone();
+    }
+
+    private void decodeStep() {
+        int n = 0;
+        BackendSequence[] seqs = new BackendSequence[running.size()];
+        int[] tokens = new int[running.size()];
+        Active[] batch = new Active[running.size()];
+        for (Active a : running) {
+            if (a.decoding && !a.done) {
+                batch[n] = a;
+                seqs[n] = a.seq;
+                tokens[n] = a.next;
+                n++;
+            }
+        }
+        if (n == 0) {
+            return;
+        }
+        try {
+            backend.decodeBatch(Arrays.copyOf(seqs, n), tokens, batchLogits);
+        } catch (RuntimeException e) {
+            for (int i = 0; i < n; i++) {
+                fail(batch[i], "the decode step failed: " + e.getMessage());
+            }
+            return;
+        }
+        decodeRows += n;
+        for (int i = 0; i < n; i++) {
+            sampleNext(batch[i], batchLogits, i * vocab);
+        }
+    }
+
+    /** One chunk of the next sequence (in turn) still reading its prompt. */
+    private void prefillStep() {
+        int count = running.size();
+        Active a = null;
+        for (int k = 0; k < count; k++) {
+            Active c = running.get((prefillTurn + k) % count);
+            if (!c.decoding && !c.done) {
+                a = c;
+                prefillTurn = (prefillTurn + k + 1) % count;
+                break;
+            }
+        }
+        if (a == null) {
+            return;
+        }
+        int[] prompt = a.prompt();
+        int n = Math.min(config.prefillChunk(), prompt.length - a.fed);
+        try {
+            a.seq.forward(prompt, a.fed, n, false, prefillLogits);
+        } catch (RuntimeException e) {
+            fail(a, "reading the prompt failed: " + e.getMessage());
+            return;
+        }
+        a.fed += n;
+        if (a.fed == prompt.length) {
+            keepPromptPages(a);
+            sampleNext(a, prefillLogits, 0);
+        }
+    }
+
+    /** Lends the prompt's whole pages to the prefix cache (a fork at a page boundary copies nothing). */
+    private void keepPromptPages(Active a) {
+        int whole = a.prompt().length / pageTokens * pageTokens;
+        if (!config.prefixCache() || whole < PrefixCache.MIN_MATCH || whole <= a.cached) {
+            return;
+        }
+        try {
+            cache.insert(Arrays.copyOf(a.prompt(), whole), pool.fork(a.seq, whole, whole));
+        } catch (RuntimeException e) {
+            // Sharing is an optimisation: a prompt that cannot be kept is simply not reused.
+        }
+    }
+
+    private void sampleNext(Active a, float[] logits, int off) {
+        System.arraycopy(logits, off, row, 0, vocab);
+        int t;
+        try {
+            t = a.sampler.sample(row, vocab);
+        } catch (RuntimeException e) {
+            fail(a, "sampling failed: " + e.getMessage());
+            return;
+        }
+        if (a.p.request.stopsAt(t)) {
+            finish(a, FinishReason.STOP);
+            return;
+        }
+        a.addGenerated(t);
+        a.sampler.accept(t);
+        generatedTokens++;
+        deliver(a.p, new GenerationEvent.Token(t));
+        if (a.generatedCount >= a.p.request.maxTokens()) {
+            finish(a, FinishReason.LENGTH);
+        } else if (a.seq.length() >= config.contextLength()) {
+            finish(a, FinishReason.CONTEXT);
+        } else {
+            a.next = t;
+            a.decoding = true;
+        }
+    }
+
+    private void finish(Active a, FinishReason reason) {
+        if (a.done) {
+            return;
+        }
+        a.done = true;
+        // Pages first, so that a caller who sees the end sees the pages back too.
+        release(a, true);
+        deliver(a.p, new GenerationEvent.Finished(reason, a.prompt().length, a.cached, a.generatedCount));
+    }
+
+    private void fail(Active a, String message) {
+        if (a.done) {
+            return;
+        }
+        a.done = true;
+        release(a, false);
+        deliver(a.p, new GenerationEvent.Failed(message, false));
+    }
+
+    /** Returns the sequence: to the prefix cache when its contents can be trusted, else to the pool. */
+    private void release(Active a, boolean keep) {
+        inFlight.decrementAndGet();
+        if (keep && config.prefixCache() && a.seq.length() >= PrefixCache.MIN_MATCH && !stopping) {
+            try {
+                cache.insert(a.heldTokens(), a.seq);
+                return;
+            } catch (RuntimeException e) {
+                // closed by insert
+                return;
+            }
+        }
+        a.seq.close();
+    }
+
+    private void removeDone() {
+        running.removeIf(a -> a.done);
+        runningCount = running.size();
+    }
+
+    private void failAll(String message) {
+        for (Active a : running) {
+            if (!a.done) {
+                a.done = true;
+                inFlight.decrementAndGet();
+                a.seq.close();
+                deliver(a.p, new GenerationEvent.Failed(message, true));
+            }
+        }
+        running.clear();
+        runningCount = 0;
+        for (Pending p : waiting) {
+            deliver(p, new GenerationEvent.Failed(message, true));
+            inFlight.decrementAndGet();
+        }
+        waiting.clear();
+        for (Object m = inbox.poll(); m != null; m = inbox.poll()) {
+            if (m instanceof Pending p) {
+                deliver(p, new GenerationEvent.Failed(message, true));
+                inFlight.decrementAndGet();
+            } else if (m instanceof Runnable r) {
+                r.run();
+            }
+        }
+    }
+
+    /** Hands an event to the request's listener; a listener that throws cancels its own request, nothing else. */
+    private void deliver(Pending p, GenerationEvent e) {
+        try {
+            p.listener.accept(e);
+        } catch (RuntimeException ex) {
+            p.handle.cancel();
+        }
+    }
+
+    /** The most tokens a request's sequence will hold: the prompt and all generated tokens but the last. */
+    private int maxLength(GenerationRequest r) {
+        return (int) Math.min((long) r.prompt().length + r.maxTokens() - 1, config.contextLength());
+    }
+
+    private int pages(int tokens) {
+        return (tokens + pageTokens - 1) / pageTokens;
+    }
+}

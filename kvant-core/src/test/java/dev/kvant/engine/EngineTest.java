@@ -1,0 +1,253 @@
+package dev.kvant.engine;
+
+import dev.kvant.backend.BackendSequence;
+import dev.kvant.backend.CpuBackend;
+import dev.kvant.backend.SequencePool;
+import dev.kvant.gguf.GgmlType;
+import dev.kvant.kv.KvFormat;
+import dev.kvant.model.LlamaModel;
+import dev.kvant.model.TinyModels;
+import dev.kvant.sample.SamplerConfig;
+import dev.kvant.tensor.Parallel;
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.Test;
+
+import java.lang.foreign.Arena;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import java.util.Random;
+import java.util.concurrent.LinkedBlockingQueue;
+import java.util.concurrent.TimeUnit;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertInstanceOf;
+import static org.junit.jupiter.api.Assertions.assertNotNull;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+class EngineTest {
+
+    private static final KvFormat F16 = KvFormat.parse("f16");
+    private static final int CHUNK = 32;
+    private static final int CTX = 256;
+    private static Arena arena;
+    private static Parallel threads;
+    private static CpuBackend backend;
+    private static final long SEED = new Random().nextLong();
+
+    @BeforeAll
+    static void model() {
+        arena = Arena.ofShared();
+        threads = new Parallel(2);
+        LlamaModel model = LlamaModel.fromGguf(TinyModels.build("llama", GgmlType.F16, SEED, arena).file());
+        backend = new CpuBackend(model, threads);
+    }
+
+    @AfterAll
+    static void close() {
+        threads.close();
+        arena.close();
+    }
+
+    /** Collects one generation's events. */
+    static final class Events {
+        final LinkedBlockingQueue<GenerationEvent> queue = new LinkedBlockingQueue<>();
+        final List<Integer> tokens = new ArrayList<>();
+        GenerationEvent.Started started;
+
+        GenerationEvent end() throws InterruptedException {
+            while (true) {
+                GenerationEvent e = queue.poll(60, TimeUnit.SECONDS);
+                assertNotNull(e, "no event within 60 s (seed " + SEED + ")");
+                switch (e) {
+                    case GenerationEvent.Started s -> started = s;
+                    case GenerationEvent.Token t -> tokens.add(t.id());
+                    default -> {
+                        return e;
+                    }
+                }
+            }
+        }
+
+        int[] ids() {
+            return tokens.stream().mapToInt(Integer::intValue).toArray();
+        }
+    }
+
+    private static GenerationRequest greedy(int[] prompt, int maxTokens) {
+        return new GenerationRequest(prompt, maxTokens, SamplerConfig.greedy(), null);
+    }
+
+    /** Greedy generation on a private sequence, prompt read in CHUNK-token pieces: what the engine must reproduce. */
+    private static int[] alone(BackendSequence seq, int[] prompt, int from, int maxTokens) {
+        int vocab = TinyModels.VOCAB;
+        float[] logits = new float[vocab];
+        for (int off = from; off < prompt.length; off += CHUNK) {
+            seq.forward(prompt, off, Math.min(CHUNK, prompt.length - off), false, logits);
+        }
+        int[] out = new int[maxTokens];
+        for (int i = 0; i < maxTokens; i++) {
+            out[i] = BackendSequence.argmax(logits, vocab);
+            if (i + 1 < maxTokens) {
+                seq.forward(out, i, 1, false, logits);
+            }
+        }
+        return out;
+    }
+
+    @Test
+    void batchedRequestsGenerateWhatEachGeneratesAlone() throws Exception {
+        Random r = new Random(SEED);
+        int[][] prompts = {r.ints(5, 0, TinyModels.VOCAB).toArray(), r.ints(100, 0, TinyModels.VOCAB).toArray(),
+                r.ints(47, 0, TinyModels.VOCAB).toArray()};
+        int[] lengths = {12, 9, 20};
+        try (SequencePool pool = backend.newSequencePool(4 * CTX, F16, F16);
+             Engine engine = new Engine(backend, pool, new EngineConfig(3, CTX, CHUNK, 8, false))) {
+            Events[] ev = new Events[prompts.length];
+            for (int i = 0; i < prompts.length; i++) {
+                ev[i] = new Events();
+                engine.submit(greedy(prompts[i], lengths[i]), ev[i].queue::add);
+            }
+            for (int i = 0; i < prompts.length; i++) {
+                GenerationEvent end = ev[i].end();
+                GenerationEvent.Finished f = assertInstanceOf(GenerationEvent.Finished.class, end);
+                assertEquals(FinishReason.LENGTH, f.reason());
+                assertEquals(lengths[i], f.generatedTokens());
+                try (BackendSequence seq = pool.newSequence(CTX)) {
+                    assertArrayEquals(alone(seq, prompts[i], 0, lengths[i]), ev[i].ids(),
+                            "request " + i + " (seed " + SEED + ")");
+                }
+            }
+            EngineStats s = engine.stats();
+            assertTrue(s.decodeRows() > s.steps() - prompts.length * 4, "decode steps were batched: " + s);
+            assertEquals(s.totalPages(), s.freePages(), "pages returned: " + s);
+        }
+    }
+
+    @Test
+    void nextTurnForksTheCachedConversationAndComputesOnlyTheRest() throws Exception {
+        Random r = new Random(SEED + 1);
+        int[] turn1 = r.ints(150, 0, TinyModels.VOCAB).toArray();
+        try (SequencePool pool = backend.newSequencePool(2 * CTX, F16, F16);
+             Engine engine = new Engine(backend, pool, new EngineConfig(2, CTX, CHUNK, 8, true))) {
+            Events a = new Events();
+            engine.submit(greedy(turn1, 10), a.queue::add);
+            assertInstanceOf(GenerationEvent.Finished.class, a.end());
+            assertEquals(0, a.started.cachedTokens());
+            // The next turn: the whole first turn with its answer, and a new question.
+            int[] reply = a.ids();
+            int[] turn2 = new int[turn1.length + reply.length + 30];
+            System.arraycopy(turn1, 0, turn2, 0, turn1.length);
+            System.arraycopy(reply, 0, turn2, turn1.length, reply.length);
+            int[] question = r.ints(30, 0, TinyModels.VOCAB).toArray();
+            System.arraycopy(question, 0, turn2, turn1.length + reply.length, 30);
+            Events b = new Events();
+            engine.submit(greedy(turn2, 8), b.queue::add);
+            assertInstanceOf(GenerationEvent.Finished.class, b.end());
+            // The cache holds the first turn and every reply token but the last (never fed back).
+            int held = turn1.length + reply.length - 1;
+            assertEquals(held, b.started.cachedTokens(), "seed " + SEED);
+
+            try (BackendSequence seq = pool.newSequence(CTX)) {
+                alone(seq, turn1, 0, reply.length);
+                seq.truncate(held);
+                assertArrayEquals(alone(seq, turn2, held, 8), b.ids(), "seed " + SEED);
+            }
+            EngineStats s = engine.stats();
+            assertEquals(1, s.prefixHits());
+            assertEquals(held, s.cachedTokens());
+            engine.clearPrefixCache();
+            assertEquals(s.totalPages(), engine.stats().freePages(), "no page leaked");
+        }
+    }
+
+    @Test
+    void cancelledRequestFreesItsSequenceAndOthersGoOn() throws Exception {
+        Random r = new Random(SEED + 2);
+        try (SequencePool pool = backend.newSequencePool(2 * CTX, F16, F16);
+             Engine engine = new Engine(backend, pool, new EngineConfig(2, CTX, CHUNK, 8, true))) {
+            Events longOne = new Events();
+            Events other = new Events();
+            Generation g = engine.submit(greedy(r.ints(20, 0, TinyModels.VOCAB).toArray(), 200), longOne.queue::add);
+            engine.submit(greedy(r.ints(20, 0, TinyModels.VOCAB).toArray(), 30), other.queue::add);
+            while (longOne.tokens.size() < 3) {
+                GenerationEvent e = longOne.queue.poll(30, TimeUnit.SECONDS);
+                assertNotNull(e);
+                if (e instanceof GenerationEvent.Token t) {
+                    longOne.tokens.add(t.id());
+                }
+            }
+            g.cancel();
+            GenerationEvent.Finished f = assertInstanceOf(GenerationEvent.Finished.class, longOne.end());
+            assertEquals(FinishReason.CANCELLED, f.reason());
+            assertTrue(f.generatedTokens() < 200);
+            GenerationEvent.Finished o = assertInstanceOf(GenerationEvent.Finished.class, other.end());
+            assertEquals(30, o.generatedTokens());
+            engine.clearPrefixCache();
+            assertEquals(pool.totalPages(), pool.freePages(), "no page leaked");
+        }
+    }
+
+    @Test
+    void fullQueueAndTooLongPromptAreRefusedWithReasons() throws Exception {
+        Random r = new Random(SEED + 3);
+        try (SequencePool pool = backend.newSequencePool(CTX, F16, F16);
+             Engine engine = new Engine(backend, pool, new EngineConfig(1, CTX, CHUNK, 1, false))) {
+            ContextFullException tooLong = assertThrows(ContextFullException.class,
+                    () -> engine.submit(greedy(new int[CTX], 1), e -> { }));
+            assertTrue(tooLong.getMessage().contains(CTX + " tokens") && tooLong.getMessage().contains("holds " + CTX),
+                    tooLong.getMessage());
+            assertThrows(IllegalArgumentException.class,
+                    () -> engine.submit(greedy(new int[] {1, TinyModels.VOCAB}, 1), e -> { }));
+            Events a = new Events();
+            Events b = new Events();
+            Generation ga = engine.submit(greedy(r.ints(8, 0, TinyModels.VOCAB).toArray(), 100), a.queue::add);
+            Generation gb = engine.submit(greedy(r.ints(8, 0, TinyModels.VOCAB).toArray(), 100), b.queue::add);
+            EngineBusyException busy = assertThrows(EngineBusyException.class,
+                    () -> engine.submit(greedy(new int[] {1, 2}, 1), e -> { }));
+            assertTrue(busy.getMessage().contains("queued"), busy.getMessage());
+            ga.cancel();
+            gb.cancel();
+            a.end();
+            b.end();
+        }
+    }
+
+    @Test
+    void shutdownFailsWhatIsStillRunningAtTheDeadline() throws Exception {
+        Random r = new Random(SEED + 4);
+        try (SequencePool pool = backend.newSequencePool(2 * CTX, F16, F16)) {
+            Engine engine = new Engine(backend, pool, new EngineConfig(1, CTX, CHUNK, 4, true));
+            Events running = new Events();
+            Events queued = new Events();
+            engine.submit(greedy(r.ints(8, 0, TinyModels.VOCAB).toArray(), 240), running.queue::add);
+            engine.submit(greedy(r.ints(8, 0, TinyModels.VOCAB).toArray(), 240), queued.queue::add);
+            assertTrue(engine.shutdown(Duration.ofMillis(200)), "engine thread ended");
+            assertThrows(EngineBusyException.class, () -> engine.submit(greedy(new int[] {1, 2}, 1), e -> { }));
+            GenerationEvent.Failed f = assertInstanceOf(GenerationEvent.Failed.class, queued.end());
+            assertTrue(f.shuttingDown());
+            running.end();
+            assertEquals(pool.totalPages(), pool.freePages(), "shutdown returned every page");
+        }
+    }
+
+    @Test
+    void requestsThatDoNotFitThePoolWaitForPagesInsteadOfFailing() throws Exception {
+        Random r = new Random(SEED + 5);
+        // Room for one full context: the second request waits until the first ends.
+        try (SequencePool pool = backend.newSequencePool(CTX, F16, F16);
+             Engine engine = new Engine(backend, pool, new EngineConfig(2, CTX, CHUNK, 4, false))) {
+            Events a = new Events();
+            Events b = new Events();
+            engine.submit(greedy(r.ints(100, 0, TinyModels.VOCAB).toArray(), 100), a.queue::add);
+            engine.submit(greedy(r.ints(100, 0, TinyModels.VOCAB).toArray(), 100), b.queue::add);
+            assertEquals(100, assertInstanceOf(GenerationEvent.Finished.class, a.end()).generatedTokens());
+            assertEquals(100, assertInstanceOf(GenerationEvent.Finished.class, b.end()).generatedTokens());
+            assertEquals(pool.totalPages(), pool.freePages());
+        }
+    }
+}

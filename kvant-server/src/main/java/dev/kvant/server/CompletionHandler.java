@@ -1,0 +1,319 @@
+package dev.kvant.server;
+
+import com.fasterxml.jackson.databind.node.ArrayNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import dev.kvant.engine.ContextFullException;
+import dev.kvant.engine.Engine;
+import dev.kvant.engine.EngineBusyException;
+import dev.kvant.engine.FinishReason;
+import dev.kvant.engine.Generation;
+import dev.kvant.engine.GenerationEvent;
+import dev.kvant.engine.GenerationRequest;
+import dev.kvant.sample.SamplerConfig;
+import io.helidon.http.HeaderNames;
+import io.helidon.webserver.http.ServerRequest;
+import io.helidon.webserver.http.ServerResponse;
+
+import java.io.IOException;
+import java.io.OutputStream;
+import java.io.UncheckedIOException;
+import java.nio.charset.StandardCharsets;
+import java.security.SecureRandom;
+import java.util.HexFormat;
+import java.util.concurrent.LinkedBlockingQueue;
+import java.util.concurrent.TimeUnit;
+import java.util.function.Consumer;
+
+/**
+ * {@code POST /v1/chat/completions} and {@code POST /v1/completions}: validates the request, queues it on the
+ * engine, and answers either with one JSON object or as server-sent events ending in {@code data: [DONE]}. Runs on
+ * the request's virtual thread, which waits on the generation's event queue; the engine thread never blocks on a
+ * client. A write that fails (the client went away) cancels the generation, which frees its sequence at the next step.
+ */
+final class CompletionHandler {
+
+    private final Engine engine;
+    private final TextCodec codec;
+    private final Metrics metrics;
+    private final ServerConfig config;
+    private final String idPrefix = HexFormat.of().formatHex(new SecureRandom().generateSeed(4));
+
+    CompletionHandler(Engine engine, TextCodec codec, Metrics metrics, ServerConfig config) {
+        this.engine = engine;
+        this.codec = codec;
+        this.metrics = metrics;
+        this.config = config;
+    }
+
+    /** How a generation ended, as the response reports it. */
+    private record Outcome(String finishReason, int promptTokens, int cachedTokens, int completionTokens,
+                           GenerationEvent.Failed failure) {
+    }
+
+    void handle(ServerRequest req, ServerResponse res, CompletionRequest.Kind kind, long arrivalNanos) {
+        byte[] bytes = req.content().hasEntity() ? req.content().as(byte[].class) : new byte[0];
+        CompletionRequest r = CompletionRequest.parse(kind, Json.parseObject(bytes));
+        boolean chat = kind == CompletionRequest.Kind.CHAT;
+        int[] prompt;
+        try {
+            prompt = chat ? codec.chat(r.messages()) : r.prompt() != null ? codec.text(r.prompt()) : r.promptTokens();
+        } catch (IllegalArgumentException e) {
+            throw ApiException.invalid(chat ? "messages" : "prompt", e.getMessage());
+        }
+        String what = chat ? "messages" : "prompt";
+        if (prompt.length == 0) {
+            throw ApiException.invalid(what, "the " + what + " came to no tokens");
+        }
+        int ctx = engine.config().contextLength();
+        if (prompt.length >= ctx) {
+            throw new ApiException(400, "invalid_request_error", what, "context_length_exceeded",
+                    "This model's maximum context length is " + ctx + " tokens, but the " + what + " came to "
+                            + prompt.length + " tokens. Shorten the " + what + " (or start the server with a larger -c).",
+                    0);
+        }
+        int maxTokens = r.maxTokens() != null ? r.maxTokens() : ctx - prompt.length;
+        long seed = r.seed() != null ? r.seed() : new SecureRandom().nextLong();
+        SamplerConfig sampling = new SamplerConfig(r.temperature(), r.topK(), r.topP(), r.minP(), r.repeatPenalty(), 64,
+                seed);
+        LinkedBlockingQueue<GenerationEvent> events = new LinkedBlockingQueue<>();
+        Generation g;
+        try {
+            g = engine.submit(new GenerationRequest(prompt, maxTokens, sampling,
+                    r.ignoreEos() ? null : codec::isEndOfGeneration), events::add);
+        } catch (EngineBusyException e) {
+            metrics.rejected();
+            throw new ApiException(503, "server_error", null, e.shuttingDown() ? "shutting_down" : "overloaded",
+                    e.getMessage(), e.shuttingDown() ? 0 : 1);
+        } catch (ContextFullException e) {
+            throw new ApiException(400, "invalid_request_error", what, "context_length_exceeded", e.getMessage(), 0);
+        } catch (IllegalArgumentException e) {
+            throw ApiException.invalid(what, e.getMessage());
+        }
+        String id = (chat ? "chatcmpl-" : "cmpl-") + idPrefix + Long.toHexString(g.id());
+        long created = System.currentTimeMillis() / 1000;
+        try {
+            if (r.stream()) {
+                stream(res, r, g, events, id, created, arrivalNanos);
+            } else {
+                respond(res, r, g, events, id, created, arrivalNanos);
+            }
+        } catch (UncheckedIOException e) {
+            metrics.disconnect();
+        } finally {
+            g.cancel();
+        }
+    }
+
+    private void stream(ServerResponse res, CompletionRequest r, Generation g,
+                        LinkedBlockingQueue<GenerationEvent> events, String id, long created, long arrival) {
+        boolean chat = r.kind() == CompletionRequest.Kind.CHAT;
+        res.status(200);
+        res.header(HeaderNames.CONTENT_TYPE, "text/event-stream; charset=utf-8");
+        res.header(HeaderNames.CACHE_CONTROL, "no-cache");
+        OutputStream out = res.outputStream();
+        if (chat) {
+            ObjectNode delta = Json.MAPPER.createObjectNode().put("role", "assistant").put("content", "");
+            event(out, chunk(id, created, r, delta, null, null));
+        }
+        Outcome o = consume(r, g, events, arrival, text -> event(out, chunk(id, created, r, null, text, null)),
+                () -> write(out, ": keep-alive\n\n"));
+        if (o.failure() != null) {
+            event(out, ApiException.body(o.failure().message(), "server_error", null,
+                    o.failure().shuttingDown() ? "shutting_down" : "generation_failed"));
+        } else {
+            event(out, chunk(id, created, r, chat ? Json.MAPPER.createObjectNode() : null, chat ? null : "",
+                    o.finishReason()));
+            if (r.includeUsage()) {
+                ObjectNode u = envelope(id, created, r);
+                u.putArray("choices");
+                u.set("usage", usage(o));
+                event(out, u);
+            }
+        }
+        write(out, "data: [DONE]\n\n");
+        close(out);
+    }
+
+    private void respond(ServerResponse res, CompletionRequest r, Generation g,
+                         LinkedBlockingQueue<GenerationEvent> events, String id, long created, long arrival) {
+        StringBuilder text = new StringBuilder();
+        OutputStream[] committed = {null};
+        long heartbeatAfter = System.nanoTime() + config.heartbeat().toNanos();
+        Outcome o = consume(r, g, events, arrival, text::append, () -> {
+            // A long generation: send the headers and a space (JSON allows leading blanks) so that a write fails,
+            // and the generation is cancelled, once the client has gone.
+            if (System.nanoTime() - heartbeatAfter < 0) {
+                return;
+            }
+            if (committed[0] == null) {
+                res.status(200);
+                res.header(HeaderNames.CONTENT_TYPE, "application/json");
+                committed[0] = res.outputStream();
+            }
+            write(committed[0], " ");
+        });
+        ObjectNode body;
+        if (o.failure() != null) {
+            if (committed[0] == null) {
+                GenerationEvent.Failed f = o.failure();
+                throw new ApiException(f.shuttingDown() ? 503 : 500, "server_error", null,
+                        f.shuttingDown() ? "shutting_down" : "generation_failed", f.message(), 0);
+            }
+            body = ApiException.body(o.failure().message(), "server_error", null, "generation_failed");
+        } else {
+            body = envelope(id, created, r);
+            ObjectNode choice = body.putArray("choices").addObject();
+            choice.put("index", 0);
+            if (r.kind() == CompletionRequest.Kind.CHAT) {
+                choice.putObject("message").put("role", "assistant").put("content", text.toString())
+                        .putNull("refusal");
+            } else {
+                choice.put("text", text.toString());
+            }
+            choice.putNull("logprobs");
+            choice.put("finish_reason", o.finishReason());
+            body.set("usage", usage(o));
+        }
+        byte[] bytes = Json.write(body).getBytes(StandardCharsets.UTF_8);
+        if (committed[0] == null) {
+            res.header(HeaderNames.CONTENT_TYPE, "application/json");
+            res.send(bytes);
+        } else {
+            write(committed[0], new String(bytes, StandardCharsets.UTF_8));
+            close(committed[0]);
+        }
+    }
+
+    /**
+     * Reads the generation's events until it ends, handing text to sink as soon as no stop string can claim it, and
+     * calling idle after each heartbeat period without an event.
+     */
+    private Outcome consume(CompletionRequest r, Generation g, LinkedBlockingQueue<GenerationEvent> events,
+                            long arrival, Consumer<String> sink, Runnable idle) {
+        TextCodec.Detokenizer decoder = codec.detokenizer();
+        StopStrings stops = new StopStrings(r.stop());
+        int promptTokens = 0;
+        int cachedTokens = 0;
+        int generated = 0;
+        long last = 0;
+        long heartbeatMillis = config.heartbeat().toMillis();
+        while (true) {
+            GenerationEvent e;
+            try {
+                e = events.poll(heartbeatMillis, TimeUnit.MILLISECONDS);
+            } catch (InterruptedException ex) {
+                Thread.currentThread().interrupt();
+                g.cancel();
+                throw new UncheckedIOException(new IOException("interrupted while waiting for tokens"));
+            }
+            if (e == null) {
+                idle.run();
+                continue;
+            }
+            switch (e) {
+                case GenerationEvent.Started s -> {
+                    promptTokens = s.promptTokens();
+                    cachedTokens = s.cachedTokens();
+                }
+                case GenerationEvent.Token t -> {
+                    long now = System.nanoTime();
+                    if (generated == 0) {
+                        metrics.timeToFirstToken.observe((now - arrival) / 1e9);
+                    } else {
+                        metrics.interTokenLatency.observe((now - last) / 1e9);
+                    }
+                    last = now;
+                    generated++;
+                    String text = stops.push(decoder.feed(t.id()));
+                    if (!text.isEmpty()) {
+                        sink.accept(text);
+                    }
+                    if (stops.matched()) {
+                        g.cancel();
+                        return new Outcome("stop", promptTokens, cachedTokens, generated, null);
+                    }
+                }
+                case GenerationEvent.Finished f -> {
+                    String text = stops.push(decoder.flush());
+                    text += stops.finish();
+                    if (!text.isEmpty()) {
+                        sink.accept(text);
+                    }
+                    String reason = stops.matched() || f.reason() == FinishReason.STOP
+                            || f.reason() == FinishReason.CANCELLED ? "stop" : "length";
+                    return new Outcome(reason, f.promptTokens(), f.cachedTokens(), generated, null);
+                }
+                case GenerationEvent.Failed f -> {
+                    return new Outcome(null, promptTokens, cachedTokens, generated, f);
+                }
+            }
+        }
+    }
+
+    private ObjectNode envelope(String id, long created, CompletionRequest r) {
+        ObjectNode o = Json.MAPPER.createObjectNode();
+        o.put("id", id);
+        boolean chat = r.kind() == CompletionRequest.Kind.CHAT;
+        o.put("object", chat ? (r.stream() ? "chat.completion.chunk" : "chat.completion") : "text_completion");
+        o.put("created", created);
+        o.put("model", config.modelId());
+        o.putNull("system_fingerprint");
+        return o;
+    }
+
+    /** One streamed piece: a chat delta or a text, and the finish reason on the last. */
+    private ObjectNode chunk(String id, long created, CompletionRequest r, ObjectNode delta, String text,
+                             String finishReason) {
+        ObjectNode o = envelope(id, created, r);
+        ArrayNode choices = o.putArray("choices");
+        ObjectNode c = choices.addObject();
+        c.put("index", 0);
+        if (r.kind() == CompletionRequest.Kind.CHAT) {
+            c.set("delta", delta != null ? delta : Json.MAPPER.createObjectNode().put("content", text));
+        } else {
+            c.put("text", text);
+        }
+        c.putNull("logprobs");
+        c.put("finish_reason", finishReason);
+        return o;
+    }
+
+    private static ObjectNode usage(Outcome o) {
+        ObjectNode u = Json.MAPPER.createObjectNode();
+        u.put("prompt_tokens", o.promptTokens());
+        u.put("completion_tokens", o.completionTokens());
+        u.put("total_tokens", o.promptTokens() + o.completionTokens());
+        u.putObject("prompt_tokens_details").put("cached_tokens", o.cachedTokens());
+        return u;
+    }
+
+    private static void event(OutputStream out, ObjectNode data) {
+        write(out, "data: " + Json.write(data) + "\n\n");
+    }
+
+    /** Writes and flushes; any failure means the client is gone and surfaces as UncheckedIOException. */
+    private static void write(OutputStream out, String s) {
+        try {
+            out.write(s.getBytes(StandardCharsets.UTF_8));
+            out.flush();
+        } catch (IOException e) {
+            throw new UncheckedIOException(e);
+        } catch (UncheckedIOException e) {
+            throw e;
+        } catch (RuntimeException e) {
+            throw new UncheckedIOException(new IOException("writing to the client failed", e));
+        }
+    }
+
+    private static void close(OutputStream out) {
+        try {
+            out.close();
+        } catch (IOException e) {
+            throw new UncheckedIOException(e);
+        } catch (UncheckedIOException e) {
+            throw e;
+        } catch (RuntimeException e) {
+            throw new UncheckedIOException(new IOException("closing the response failed", e));
+        }
+    }
+}

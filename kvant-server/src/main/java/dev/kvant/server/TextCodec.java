@@ -1,0 +1,130 @@
+package dev.kvant.server;
+
+import dev.kvant.model.LlamaModel;
+import dev.kvant.tokenizer.ChatMessage;
+import dev.kvant.tokenizer.ChatTemplate;
+import dev.kvant.tokenizer.StreamDecoder;
+import dev.kvant.tokenizer.Tokenizer;
+
+import java.nio.charset.StandardCharsets;
+import java.util.List;
+
+/**
+ * Text to the model's token ids and back, as the server needs it: a chat rendered with the model's template, a plain
+ * prompt, the generated ids streamed back as text, and which ids end a generation.
+ */
+public sealed interface TextCodec {
+
+    /** The prompt of a conversation, ending with the cue for the assistant's turn. */
+    int[] chat(List<ChatMessage> messages);
+
+    /** The prompt of a text completion. */
+    int[] text(String prompt);
+
+    boolean isEndOfGeneration(int token);
+
+    /** A fresh decoder for one generation's ids. */
+    Detokenizer detokenizer();
+
+    /** Generated ids to text, one at a time, never splitting a character. */
+    interface Detokenizer {
+        String feed(int id);
+
+        String flush();
+    }
+
+    /** The model's own tokenizer and chat template, or {@link Bytes} for a model without a tokenizer. */
+    static TextCodec of(LlamaModel model, String templateOverride) {
+        if (!model.hasTokenizer()) {
+            return new Bytes(model.config().vocabSize());
+        }
+        return new Model(model.tokenizer(), ChatTemplate.detect(model.chatTemplate(), templateOverride));
+    }
+
+    /** A real model: its tokenizer, BOS as the model asks, control-token texts in the rendered chat recognised. */
+    record Model(Tokenizer tokenizer, ChatTemplate template) implements TextCodec {
+        @Override
+        public int[] chat(List<ChatMessage> messages) {
+            return tokenizer.encode(template.render(messages, true), true, true);
+        }
+
+        @Override
+        public int[] text(String prompt) {
+            return tokenizer.encode(prompt, true, true);
+        }
+
+        @Override
+        public boolean isEndOfGeneration(int token) {
+            return tokenizer.isEndOfGeneration(token);
+        }
+
+        @Override
+        public Detokenizer detokenizer() {
+            StreamDecoder d = tokenizer.streamDecoder();
+            return new Detokenizer() {
+                @Override
+                public String feed(int id) {
+                    return d.feed(id);
+                }
+
+                @Override
+                public String flush() {
+                    return d.flush();
+                }
+            };
+        }
+    }
+
+    /**
+     * For synthetic benchmark models, which have no tokenizer: each UTF-8 byte of the text is one id, a chat is
+     * rendered as "role: content" lines, and a generated id comes back as its ASCII character when it is a printable
+     * one, else as {@code <id>}. No id ends a generation. The text means nothing; the token counts and timings do.
+     */
+    record Bytes(int vocabSize) implements TextCodec {
+        public Bytes {
+            if (vocabSize < 256) {
+                throw new IllegalArgumentException("a model without a tokenizer needs a vocabulary of at least 256 ids"
+                        + " to take bytes as tokens, got " + vocabSize);
+            }
+        }
+
+        @Override
+        public int[] chat(List<ChatMessage> messages) {
+            StringBuilder sb = new StringBuilder();
+            for (ChatMessage m : messages) {
+                sb.append(m.role()).append(": ").append(m.content()).append('\n');
+            }
+            return text(sb.append("assistant:").toString());
+        }
+
+        @Override
+        public int[] text(String prompt) {
+            byte[] b = prompt.getBytes(StandardCharsets.UTF_8);
+            int[] ids = new int[b.length];
+            for (int i = 0; i < b.length; i++) {
+                ids[i] = b[i] & 0xFF;
+            }
+            return ids;
+        }
+
+        @Override
+        public boolean isEndOfGeneration(int token) {
+            return false;
+        }
+
+        @Override
+        public Detokenizer detokenizer() {
+            return new Detokenizer() {
+                @Override
+                public String feed(int id) {
+                    return id >= 0x20 && id < 0x7F || id == '\n' ? String.valueOf((char) id) : "<" + id + ">";
+                }
+
+                @Override
+                public String flush() {
+                    return "";
+                }
+            };
+        }
+    }
+}

@@ -1,0 +1,163 @@
+package dev.kvant.server;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import dev.kvant.backend.SequencePool;
+import dev.kvant.engine.Engine;
+import dev.kvant.engine.EngineConfig;
+import dev.kvant.kv.KvFormat;
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.Test;
+
+import java.net.URI;
+import java.net.http.HttpClient;
+import java.net.http.HttpRequest;
+import java.net.http.HttpResponse;
+import java.time.Duration;
+import java.util.Random;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+/** Raw HTTP against the error paths: each bad request gets its status and an OpenAI-style error naming the fault. */
+class ServerErrorsTest {
+
+    private static final long SEED = new Random().nextLong();
+    private static final String KEY = "test-key-" + SEED;
+    private static final int CTX = 256;
+    private static TestServers models;
+    private static SequencePool pool;
+    private static Engine engine;
+    private static KvantServer server;
+    private static final HttpClient HTTP = HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1).build();
+
+    @BeforeAll
+    static void start() {
+        models = TestServers.tiny(SEED);
+        KvFormat f16 = KvFormat.parse("f16");
+        pool = models.backend.newSequencePool(2 * CTX, f16, f16);
+        engine = new Engine(models.backend, pool, new EngineConfig(1, CTX, 32, 1, true));
+        server = KvantServer.start(ServerConfig.local(0, "tiny").withApiKey(KEY), engine, TextCodec.of(models.model,
+                null));
+    }
+
+    @AfterAll
+    static void stop() {
+        server.shutdown(Duration.ofSeconds(2));
+        engine.close();
+        pool.close();
+        models.close();
+    }
+
+    record Reply(int status, JsonNode json, HttpResponse<String> raw) {
+        String message() {
+            return json.path("error").path("message").asText();
+        }
+    }
+
+    private static Reply send(String method, String path, String body, String key) throws Exception {
+        HttpRequest.Builder b = HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + server.port() + path))
+                .timeout(Duration.ofSeconds(60))
+                .method(method, body == null ? HttpRequest.BodyPublishers.noBody()
+                        : HttpRequest.BodyPublishers.ofString(body));
+        if (key != null) {
+            b.header("Authorization", "Bearer " + key);
+        }
+        HttpResponse<String> r = HTTP.send(b.build(), HttpResponse.BodyHandlers.ofString());
+        boolean isJson = r.headers().firstValue("Content-Type").orElse("").startsWith("application/json");
+        JsonNode json = isJson ? Json.MAPPER.readTree(r.body()) : null;
+        return new Reply(r.statusCode(), json, r);
+    }
+
+    private static Reply post(String path, String body) throws Exception {
+        return send("POST", path, body, KEY);
+    }
+
+    private static void assertError(Reply r, int status, String param, String messagePart) {
+        assertEquals(status, r.status(), r.raw().body());
+        JsonNode e = r.json().path("error");
+        assertTrue(e.isObject(), "an OpenAI-style error object: " + r.raw().body());
+        if (param != null) {
+            assertEquals(param, e.path("param").asText(), r.raw().body());
+        }
+        assertTrue(r.message().contains(messagePart), "'" + messagePart + "' in: " + r.message());
+    }
+
+    @Test
+    void malformedJsonIs400AndSaysWhere() throws Exception {
+        assertError(post("/v1/chat/completions", "{\"messages\": [}"), 400, null, "not valid JSON at line 1");
+        assertError(post("/v1/chat/completions", "[1, 2]"), 400, null, "must be a JSON object");
+        assertError(post("/v1/chat/completions", ""), 400, null, "empty");
+        assertError(post("/v1/completions", "{\"prompt\": \"a\", \"prompt\": \"b\"}"), 400, null, "Duplicate field");
+    }
+
+    @Test
+    void fieldsOfTheWrongTypeAndUnknownFieldsAre400NamingTheField() throws Exception {
+        String msgs = "\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]";
+        assertError(post("/v1/chat/completions", "{" + msgs + ", \"temperature\": \"hot\"}"), 400, "temperature",
+                "must be a number between 0 and 2, got a string");
+        assertError(post("/v1/chat/completions", "{" + msgs + ", \"max_tokens\": 1.5}"), 400, "max_tokens",
+                "must be an integer");
+        assertError(post("/v1/chat/completions", "{" + msgs + ", \"stream\": \"yes\"}"), 400, "stream",
+                "must be a boolean");
+        assertError(post("/v1/chat/completions", "{" + msgs + ", \"stop\": [1]}"), 400, "stop", "array of up to 4");
+        assertError(post("/v1/chat/completions", "{" + msgs + ", \"colour\": \"blue\"}"), 400, "colour",
+                "Unrecognized request argument supplied: colour");
+        assertError(post("/v1/chat/completions", "{" + msgs + ", \"n\": 2}"), 400, "n", "n must be 1");
+        assertError(post("/v1/chat/completions", "{\"messages\": []}"), 400, "messages", "non-empty array");
+        assertError(post("/v1/chat/completions", "{\"messages\": [{\"role\": \"robot\", \"content\": \"x\"}]}"), 400,
+                "messages[0].role", "'robot'");
+        assertError(post("/v1/completions", "{\"prompt\": [1, 2, 300]}"), 400, "prompt", "outside the vocabulary");
+        assertError(post("/v1/completions", "{\"prompt\": {\"a\": 1}}"), 400, "prompt", "must be a string");
+    }
+
+    @Test
+    void promptLongerThanTheContextIs400WithBothLengths() throws Exception {
+        Reply r = post("/v1/completions", "{\"prompt\": \"" + "x".repeat(CTX + 10) + "\"}");
+        assertError(r, 400, "prompt", "maximum context length is " + CTX + " tokens");
+        assertTrue(r.message().contains((CTX + 10) + " tokens"), r.message());
+        assertEquals("context_length_exceeded", r.json().path("error").path("code").asText());
+    }
+
+    @Test
+    void withAnApiKeySetRequestsWithoutItAre401ButHealthIsOpen() throws Exception {
+        assertError(send("POST", "/v1/completions", "{\"prompt\": \"a\"}", null), 401, null, "API key");
+        assertError(send("GET", "/v1/models", null, "wrong"), 401, null, "API key");
+        assertEquals(200, send("GET", "/health", null, null).status());
+        Reply models = send("GET", "/v1/models", null, KEY);
+        assertEquals("tiny", models.json().path("data").path(0).path("id").asText());
+    }
+
+    @Test
+    void unknownPathIs404AndWrongMethodIs405() throws Exception {
+        assertError(send("GET", "/v1/embeddings", null, KEY), 404, null, "Unknown request URL");
+        assertError(send("GET", "/v1/chat/completions", null, KEY), 405, null, "takes POST");
+    }
+
+    @Test
+    void aFullQueueIs503WithRetryAfterAndTheServerGoesOn() throws Exception {
+        // One slot and one queue place: two long requests fill them, the third is refused.
+        SseClient client = new SseClient(URI.create("http://127.0.0.1:" + server.port() + "/"), KEY);
+        Thread[] holders = new Thread[2];
+        for (int i = 0; i < 2; i++) {
+            holders[i] = Thread.ofVirtual().start(() -> client.stream("v1/completions",
+                    ServeBench.textRequest(new int[] {97, 97, 97, 97}, 200, true), 3, Duration.ofSeconds(60)));
+        }
+        long deadline = System.nanoTime() + 30_000_000_000L;
+        while (engine.stats().running() + engine.stats().waiting() < 2 && System.nanoTime() < deadline) {
+            Thread.sleep(5);
+        }
+        Reply r = post("/v1/completions", "{\"prompt\": \"b\", \"max_tokens\": 1}");
+        assertError(r, 503, null, "retry later");
+        assertEquals("1", r.raw().headers().firstValue("Retry-After").orElse(""));
+        for (Thread t : holders) {
+            t.join();
+        }
+        Reply ok = post("/v1/completions", "{\"prompt\": \"hello\", \"max_tokens\": 3, \"ignore_eos\": true}");
+        assertEquals(200, ok.status(), ok.raw().body());
+        assertEquals(3, ok.json().path("usage").path("completion_tokens").asInt());
+        String metrics = send("GET", "/metrics", null, KEY).raw().body();
+        assertTrue(metrics.contains("kvant_requests_total{endpoint=\"/v1/completions\",code=\"503\"} "), metrics);
+        assertTrue(metrics.contains("kvant_kv_pages_total " + pool.totalPages()), metrics);
+    }
+}

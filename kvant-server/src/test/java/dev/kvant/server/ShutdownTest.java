@@ -1,0 +1,51 @@
+package dev.kvant.server;
+
+import dev.kvant.backend.SequencePool;
+import dev.kvant.engine.Engine;
+import dev.kvant.engine.EngineConfig;
+import dev.kvant.kv.KvFormat;
+import org.junit.jupiter.api.Test;
+
+import java.net.ConnectException;
+import java.net.URI;
+import java.net.http.HttpClient;
+import java.net.http.HttpRequest;
+import java.net.http.HttpResponse;
+import java.time.Duration;
+import java.util.Random;
+import java.util.concurrent.CompletableFuture;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+class ShutdownTest {
+
+    @Test
+    void shutdownLetsInFlightStreamsFinishThenStopsListeningAndReturnsEveryPage() throws Exception {
+        long seed = new Random().nextLong();
+        KvFormat f16 = KvFormat.parse("f16");
+        try (TestServers m = TestServers.tiny(seed);
+             SequencePool pool = m.backend.newSequencePool(512, f16, f16)) {
+            Engine engine = new Engine(m.backend, pool, new EngineConfig(2, 256, 32, 4, true));
+            KvantServer server = KvantServer.start(ServerConfig.local(0, "tiny"), engine, TextCodec.of(m.model, null));
+            URI base = URI.create("http://127.0.0.1:" + server.port() + "/");
+            SseClient client = new SseClient(base, null);
+            CompletableFuture<SseClient.Trace> inFlight = CompletableFuture.supplyAsync(() -> client.stream(
+                    "v1/completions", ServeBench.textRequest(new int[] {1, 2, 3, 4}, 60, true), -1,
+                    Duration.ofSeconds(60)));
+            while (engine.stats().generatedTokens() < 2) {
+                Thread.sleep(2);
+            }
+            assertTrue(server.shutdown(Duration.ofSeconds(30)), "drained within the grace period");
+            SseClient.Trace t = inFlight.get();
+            assertTrue(t.done(), "seed " + seed + ": " + t);
+            assertEquals(60, t.completionTokens(), "seed " + seed + ": " + t);
+            HttpClient http = HttpClient.newHttpClient();
+            assertThrows(ConnectException.class, () -> http.send(HttpRequest.newBuilder(base.resolve("health")).build(),
+                    HttpResponse.BodyHandlers.ofString()));
+            engine.close();
+            assertEquals(pool.totalPages(), pool.freePages(), "seed " + seed);
+        }
+    }
+}
