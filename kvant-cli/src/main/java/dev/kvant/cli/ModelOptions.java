@@ -109,6 +109,9 @@ final class ModelOptions {
         return openBackend(loaded, pool, 1);
     }
 
+    /** Sequences one device decode launch takes; larger batches run as several launches. */
+    static final int MAX_DEVICE_BATCH = 8;
+
     /** As {@link #openBackend(LlamaModel, Parallel)} for up to {@code maxBatch} sequences decoded together. */
     Backend openBackend(LlamaModel loaded, Parallel pool, int maxBatch) {
         return switch (backend.toLowerCase(java.util.Locale.ROOT)) {

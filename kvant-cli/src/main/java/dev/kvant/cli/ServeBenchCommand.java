@@ -92,7 +92,7 @@ final class ServeBenchCommand implements Runnable {
         long s = seed != null ? seed : new SplittableRandom().nextLong();
         try (LlamaModel model = synthetic != null ? ModelOptions.synthetic(synthetic, weights) : opts.load();
              Parallel threads = new Parallel(opts.threads);
-             Backend backend = opts.openBackend(model, threads)) {
+             Backend backend = opts.openBackend(model, threads, Math.min(parallel, ModelOptions.MAX_DEVICE_BATCH))) {
             String name = synthetic != null ? "synthetic " + synthetic + " " + weights : opts.model.getFileName().toString();
             ServeBench.Setup setup = new ServeBench.Setup(backend, TextCodec.of(model, null), opts.kFormat(),
                     opts.vFormat(), ctx, opts.prefillChunk, name);

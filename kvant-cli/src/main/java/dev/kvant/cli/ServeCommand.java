@@ -94,7 +94,7 @@ final class ServeCommand implements Runnable {
         }
         try (LlamaModel model = synthetic != null ? ModelOptions.synthetic(synthetic, weights) : opts.load();
              Parallel threads = new Parallel(opts.threads);
-             Backend backend = opts.openBackend(model, threads)) {
+             Backend backend = opts.openBackend(model, threads, Math.min(parallel, ModelOptions.MAX_DEVICE_BATCH))) {
             int pageTokens = Session.PAGE_TOKENS;
             int context;
             int poolTokens;

@@ -26,15 +26,4 @@ public interface BackendSequence extends AutoCloseable {
 
     @Override
     void close();
-
-    /** The id of the largest value in logits[0 .. n) (the lowest id among equal ones). */
-    static int argmax(float[] logits, int n) {
-        int best = 0;
-        for (int i = 1; i < n; i++) {
-            if (logits[i] > logits[best]) {
-                best = i;
-            }
-        }
-        return best;
-    }
 }

@@ -7,6 +7,7 @@ import dev.kvant.kv.KvGeometry;
 import dev.kvant.kv.KvSequence;
 import dev.kvant.model.LlamaModel;
 import dev.kvant.model.ModelConfig;
+import dev.kvant.sample.Sampler;
 import dev.kvant.tensor.Parallel;
 
 import java.util.Objects;
@@ -194,7 +195,7 @@ public final class CpuBackend implements Backend {
                 lastLogits = new float[vocab];
             }
             forward(tokens, off, n, false, lastLogits);
-            return BackendSequence.argmax(lastLogits, vocab);
+            return Sampler.argmax(lastLogits, vocab);
         }
 
         @Override

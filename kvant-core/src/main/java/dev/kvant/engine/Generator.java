@@ -44,8 +44,11 @@ public final class Generator {
         for (int t : prompt) {
             sampler.accept(t);
         }
+        // a greedy sampler's choice is the backend's argmax: a device backend then copies back one id per token
+        boolean onBackend = sampler.argmaxSuffices();
         long t0 = System.nanoTime();
-        float[] logits = session.prefill(prompt);
+        int chosen = onBackend ? session.prefillGreedy(prompt) : -1;
+        float[] logits = onBackend ? null : session.prefill(prompt);
         long t1 = System.nanoTime();
         StreamDecoder decoder = tokenizer.streamDecoder();
         int vocab = session.model().config().vocabSize();
@@ -53,7 +56,7 @@ public final class Generator {
         int[] ids = new int[Math.max(0, Math.min(maxTokens, session.contextLength()))];
         String stop = "length";
         while (generated < maxTokens) {
-            int next = sampler.sample(logits, vocab);
+            int next = onBackend ? chosen : sampler.sample(logits, vocab);
             if (tokenizer.isEndOfGeneration(next)) {
                 stop = "eog";
                 break;
@@ -71,7 +74,11 @@ public final class Generator {
                 stop = "context";
                 break;
             }
-            logits = session.decode(next);
+            if (onBackend) {
+                chosen = session.decodeGreedy(next);
+            } else {
+                logits = session.decode(next);
+            }
         }
         String rest = decoder.flush();
         if (!rest.isEmpty()) {

@@ -19,6 +19,14 @@ public final class Sampler {
     }
 
     /** Records a token of the context (prompt or generated) for the repetition penalty. */
+    /**
+     * Whether this sampler always takes the largest logit (greedy, no repetition penalty): then the choice can be made
+     * where the model runs and the logits need not be copied out.
+     */
+    public boolean argmaxSuffices() {
+        return config.isGreedy() && (config.repeatPenalty() == 1f || config.repeatLastN() == 0);
+    }
+
     public void accept(int token) {
         recent[recentHead] = token;
         recentHead = (recentHead + 1) % recent.length;

@@ -7,6 +7,7 @@ import dev.kvant.gguf.GgmlType;
 import dev.kvant.kv.KvFormat;
 import dev.kvant.model.LlamaModel;
 import dev.kvant.model.TinyModels;
+import dev.kvant.sample.Sampler;
 import dev.kvant.sample.SamplerConfig;
 import dev.kvant.tensor.Parallel;
 import org.junit.jupiter.api.AfterAll;
@@ -91,7 +92,7 @@ class EngineTest {
         }
         int[] out = new int[maxTokens];
         for (int i = 0; i < maxTokens; i++) {
-            out[i] = BackendSequence.argmax(logits, vocab);
+            out[i] = Sampler.argmax(logits, vocab);
             if (i + 1 < maxTokens) {
                 seq.forward(out, i, 1, false, logits);
             }

@@ -2,6 +2,7 @@ package dev.kvant.cuda.model;
 
 import dev.kvant.backend.Backend;
 import dev.kvant.backend.BackendSequence;
+import dev.kvant.backend.SequencePool;
 import dev.kvant.cuda.CublasLt;
 import dev.kvant.cuda.CudaContext;
 import dev.kvant.cuda.CudaDataType;
@@ -304,8 +305,8 @@ public final class CudaBackend implements Backend {
     public void decodeBatch(BackendSequence[] seqs, int[] tokens, float[] out) {
         checkOpen();
         int n = seqs.length;
-        if (n < 1 || n > options.maxBatch()) {
-            throw new IllegalArgumentException("a decode step takes 1.." + options.maxBatch() + " sequences, got " + n);
+        if (n < 1) {
+            throw new IllegalArgumentException("a decode step of no sequences");
         }
         Sequence[] s = new Sequence[n];
         for (int i = 0; i < n; i++) {
@@ -323,7 +324,107 @@ public final class CudaBackend implements Backend {
             s[i] = cs;
             cs.checkRoom(1);
         }
-        decode(s, tokens, out);
+        // groups of up to maxBatch sequences, one graph replay each
+        int vocab = c.vocabSize();
+        for (int from = 0; from < n; from += options.maxBatch()) {
+            int m = Math.min(options.maxBatch(), n - from);
+            float[] part = from == 0 && m == n ? out : new float[m * vocab];
+            decode(Arrays.copyOfRange(s, from, from + m), Arrays.copyOfRange(tokens, from, from + m), part);
+            if (part != out) {
+                System.arraycopy(part, 0, out, from * vocab, m * vocab);
+            }
+        }
+    }
+
+    @Override
+    public SequencePool newSequencePool(int tokens, KvFormat kFormat, KvFormat vFormat) {
+        checkOpen();
+        if (tokens <= 0) {
+            throw new IllegalArgumentException("a KV pool of " + tokens + " tokens");
+        }
+        KvPool pool = new KvPool(context, c, kFormat, vFormat, PAGE_TOKENS, tokens, tokens, options.maxBatch(),
+                options.maxPrefill(), HEADROOM);
+        return new SharedPool(pool);
+    }
+
+    /** Sequences of one device KV pool, with prefixes shared page by page ({@link SequencePool}). */
+    final class SharedPool implements SequencePool {
+        private final KvPool pool;
+        private boolean closed;
+
+        SharedPool(KvPool pool) {
+            this.pool = pool;
+        }
+
+        @Override
+        public int pageTokens() {
+            return PAGE_TOKENS;
+        }
+
+        @Override
+        public int totalPages() {
+            return pool.totalPages();
+        }
+
+        @Override
+        public int freePages() {
+            return pool.freePages();
+        }
+
+        @Override
+        public BackendSequence newSequence(int capacity) {
+            check(capacity);
+            return new Sequence(pool, capacity);
+        }
+
+        @Override
+        public BackendSequence fork(BackendSequence parent, int prefixTokens, int capacity) {
+            check(capacity);
+            if (!(parent instanceof Sequence p) || p.pool != pool) {
+                throw new IllegalArgumentException("the sequence to fork does not belong to this pool");
+            }
+            if (prefixTokens < 0 || prefixTokens > p.length || prefixTokens > capacity) {
+                throw new IllegalArgumentException("cannot fork " + prefixTokens + " tokens of a sequence of "
+                        + p.length + " into one of capacity " + capacity);
+            }
+            int whole = prefixTokens / PAGE_TOKENS;
+            boolean partial = prefixTokens % PAGE_TOKENS != 0;
+            pool.checkFree(partial ? 1 : 0, whole, prefixTokens, PAGE_TOKENS);
+            Sequence child = new Sequence(pool, capacity);
+            child.pages = Arrays.copyOf(p.pages, Math.max(8, whole + 1));
+            for (int i = 0; i < whole; i++) {
+                pool.share(p.pages[i]);
+            }
+            child.pageCount = whole;
+            if (partial) {
+                int copy = pool.take();
+                pool.copyPage(p.pages[whole], copy, c.layers(), stream);
+                child.pages[whole] = copy;
+                child.pageCount = whole + 1;
+            }
+            child.length = prefixTokens;
+            return child;
+        }
+
+        private void check(int capacity) {
+            checkOpen();
+            if (closed) {
+                throw new IllegalStateException("the KV pool is closed");
+            }
+            if (capacity <= 0 || capacity > pool.maxContext()) {
+                throw new IllegalArgumentException("a sequence of " + capacity + " tokens in a pool planned for "
+                        + pool.maxContext());
+            }
+        }
+
+        @Override
+        public void close() {
+            if (!closed) {
+                closed = true;
+                stream.synchronize();
+                pool.close();
+            }
+        }
     }
 
     // ---- decode: one token for each of n sequences, one graph replay
@@ -591,13 +692,32 @@ public final class CudaBackend implements Backend {
             }
         }
 
-        /** Pages for the first {@code tokens} tokens, taken from the pool. */
+        /**
+         * Pages for the first {@code tokens} tokens, taken from the pool, with the pages that tokens from
+         * {@code length} on are written into made this sequence's own (a page shared with a fork is copied first).
+         * Checks for enough free pages before changing anything.
+         */
         void ensurePages(int tokens) {
             int need = (tokens + PAGE_TOKENS - 1) / PAGE_TOKENS;
-            if (need > pages.length) {
-                pages = java.util.Arrays.copyOf(pages, Math.max(need, 2 * pages.length));
+            int firstWritten = length / PAGE_TOKENS;
+            int copies = 0;
+            for (int i = firstWritten; i < Math.min(need, pageCount); i++) {
+                if (pool.shared(pages[i])) {
+                    copies++;
+                }
             }
-            pool.checkFree(need - pageCount, pageCount, tokens, PAGE_TOKENS);
+            pool.checkFree(need - pageCount + copies, pageCount, tokens, PAGE_TOKENS);
+            if (need > pages.length) {
+                pages = Arrays.copyOf(pages, Math.max(need, 2 * pages.length));
+            }
+            for (int i = firstWritten; i < Math.min(need, pageCount); i++) {
+                if (pool.shared(pages[i])) {
+                    int own = pool.take();
+                    pool.copyPage(pages[i], own, c.layers(), stream);
+                    pool.give(pages[i]);
+                    pages[i] = own;
+                }
+            }
             while (pageCount < need) {
                 pages[pageCount++] = pool.take();
             }

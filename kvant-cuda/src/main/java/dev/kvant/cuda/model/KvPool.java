@@ -30,6 +30,8 @@ final class KvPool implements AutoCloseable {
     private final DeviceBatch batch;
     private final CudaGraph[] graphs;
     private final int[] free;
+    /** Sequences holding each page (a shared prefix page has several); 0 for a free page. */
+    private final int[] refs;
     private int freeCount;
 
     KvPool(CudaContext context, ModelConfig c, KvFormat kFormat, KvFormat vFormat, int pageTokens, long tokens,
@@ -71,6 +73,7 @@ final class KvPool implements AutoCloseable {
         this.attention = attention;
         this.graphs = new CudaGraph[maxBatch + 1];
         this.free = new int[pageCount];
+        this.refs = new int[pageCount];
         for (int i = 0; i < pageCount; i++) {
             this.free[i] = pageCount - 1 - i;  // pages are handed out lowest first
         }
@@ -93,7 +96,7 @@ final class KvPool implements AutoCloseable {
         return batch;
     }
 
-    int freePages() {
+    synchronized int freePages() {
         return freeCount;
     }
 
@@ -101,11 +104,15 @@ final class KvPool implements AutoCloseable {
         return free.length;
     }
 
+    int pageTokens() {
+        return cache.pageTokens();
+    }
+
     /**
      * Checks that {@code more} pages are free for a sequence holding {@code held} pages that needs
      * {@code tokens} tokens, before anything is taken.
      */
-    void checkFree(int more, int held, int tokens, int pageTokens) {
+    synchronized void checkFree(int more, int held, int tokens, int pageTokens) {
         if (more > freeCount) {
             throw new KvCacheFullException("the " + kFormat.name() + "/" + vFormat.name() + " device KV cache has "
                     + freeCount + " of " + free.length + " pages free, a sequence of " + tokens + " tokens needs "
@@ -114,12 +121,35 @@ final class KvPool implements AutoCloseable {
         }
     }
 
-    int take() {
-        return free[--freeCount];
+    synchronized int take() {
+        int page = free[--freeCount];
+        refs[page] = 1;
+        return page;
     }
 
-    void give(int page) {
-        free[freeCount++] = page;
+    /** One more sequence holds the page. */
+    synchronized void share(int page) {
+        refs[page]++;
+    }
+
+    synchronized boolean shared(int page) {
+        return refs[page] > 1;
+    }
+
+    /** A holder lets go of the page; the last one frees it. */
+    synchronized void give(int page) {
+        if (--refs[page] == 0) {
+            free[freeCount++] = page;
+        }
+    }
+
+    /** Queues a copy of every layer's K and V rows of page {@code from} onto page {@code to}. */
+    void copyPage(int from, int to, int layers, CudaStream stream) {
+        long kb = cache.kPageBytes(), vb = cache.vPageBytes();
+        for (int l = 0; l < layers; l++) {
+            cache.kPool(l).copyFromAsync(cache.kPool(l), from * kb, to * kb, kb, stream);
+            cache.vPool(l).copyFromAsync(cache.vPool(l), from * vb, to * vb, vb, stream);
+        }
     }
 
     /** The decode graph of n sequences, captured from {@code launches} on first use. */

@@ -66,15 +66,21 @@ public final class ModelGpuBench {
                             DeviceMatrix m = new DeviceMatrix(layout, w, nb, blocks * layout.planeQuantBytes(),
                                     s.rows(), s.cols());
                             int outputs = s.mode() == ModelKernels.MV_SWIGLU ? s.rows() / 2 : s.rows();
-                            for (int nvec : new int[] {1, 8}) {
-                                for (boolean q8 : new boolean[] {false, true}) {
-                                    double us = time(context, stream, () -> k.matvec(q8, m, outputs, x, nvec, out,
-                                            outputs, null, s.mode(), outputs, null, stream));
-                                    double gbs = bytes / (us * 1e-6) / 1e9;
-                                    System.out.printf(Locale.ROOT, "| %s | %s | %d x %d | %d | %s | %.1f | %.0f | %.0f%% |%n",
-                                            layout.kernelSuffix, s.name(), s.rows(), s.cols(), nvec,
-                                            q8 ? "8-bit vectors" : "float vectors", us, gbs, 100 * gbs / copy);
+                            // one vector: 8-bit with 4, 2 and 1 rows a warp, floats; eight vectors: 8-bit
+                            int[][] variants = {{1, 1, 4}, {1, 1, 2}, {1, 1, 1}, {1, 0, 4}, {8, 1, 4}};
+                            for (int[] variant : variants) {
+                                int nvec = variant[0];
+                                boolean q8 = variant[1] == 1;
+                                int rows = variant[2];
+                                if (rows == 1 && s.mode() == ModelKernels.MV_SWIGLU) {
+                                    continue;
                                 }
+                                double us = time(context, stream, () -> k.matvec(q8, rows, m, outputs, x, nvec, out,
+                                        outputs, null, s.mode(), outputs, null, stream));
+                                double gbs = bytes / (us * 1e-6) / 1e9;
+                                System.out.printf(Locale.ROOT, "| %s | %s | %d x %d | %d | %s, %d rows a warp | %.1f | %.0f"
+                                                + " | %.0f%% |%n", layout.kernelSuffix, s.name(), s.rows(), s.cols(),
+                                        nvec, q8 ? "8-bit vectors" : "float vectors", rows, us, gbs, 100 * gbs / copy);
                             }
                         }
                     }

@@ -30,6 +30,8 @@ final class ModelKernels implements AutoCloseable {
     private final Map<WeightLayout, CudaFunction> mv8 = new EnumMap<>(WeightLayout.class);
     private final Map<WeightLayout, CudaFunction> mq1 = new EnumMap<>(WeightLayout.class);
     private final Map<WeightLayout, CudaFunction> mq8 = new EnumMap<>(WeightLayout.class);
+    private final Map<WeightLayout, CudaFunction> mq1r2 = new EnumMap<>(WeightLayout.class);
+    private final Map<WeightLayout, CudaFunction> mq1r1 = new EnumMap<>(WeightLayout.class);
     private final Map<WeightLayout, CudaFunction> embed = new EnumMap<>(WeightLayout.class);
     private final Map<WeightLayout, CudaFunction> dequant = new EnumMap<>(WeightLayout.class);
     private final CudaFunction rmsnorm;
@@ -49,6 +51,8 @@ final class ModelKernels implements AutoCloseable {
             if (l.planar) {
                 mq1.put(l, module.function("kvant_mq1_" + l.kernelSuffix));
                 mq8.put(l, module.function("kvant_mq8_" + l.kernelSuffix));
+                mq1r2.put(l, module.function("kvant_mq1r2_" + l.kernelSuffix));
+                mq1r1.put(l, module.function("kvant_mq1r1_" + l.kernelSuffix));
             }
             dequant.put(l, module.function("kvant_dequant_" + l.kernelSuffix));
         }
@@ -71,9 +75,28 @@ final class ModelKernels implements AutoCloseable {
         matvec(m.layout().planar, m, outputs, x, nvec, out, outStride, bias, mode, ffn, null, stream);
     }
 
+    /**
+     * Weight rows one warp takes in a one-vector product of the 8-bit kernels: 4 on the big matrices (the vector's
+     * loads shared by more rows), fewer on the small ones, where 4 rows a warp leave the GPU short of warps to hide
+     * memory latency with (ModelGpuBench measures each).
+     */
+    static int rowsPerWarp(int weightRows) {
+        return weightRows >= ROWS_FOR_FOUR ? 4 : 2;
+    }
+
+    /** Weight rows from which one-vector products take 4 rows a warp. */
+    static final int ROWS_FOR_FOUR = 16384;
+
     /** As above with the path chosen: 8-bit vectors (planar formats only) or floats. */
     void matvec(boolean q8, DeviceMatrix m, int outputs, Vectors x, int nvec, DeviceBuffer out, int outStride,
                 DeviceBuffer bias, int mode, int ffn, DeviceBuffer best, CudaStream stream) {
+        matvec(q8, q8 && nvec == 1 ? rowsPerWarp(m.rows()) : 4, m, outputs, x, nvec, out, outStride, bias, mode, ffn,
+                best, stream);
+    }
+
+    /** As above with the rows per warp chosen (1, 2 or 4; one-vector 8-bit products only, 4 otherwise). */
+    void matvec(boolean q8, int rowsPerWarp, DeviceMatrix m, int outputs, Vectors x, int nvec, DeviceBuffer out,
+                int outStride, DeviceBuffer bias, int mode, int ffn, DeviceBuffer best, CudaStream stream) {
         if (nvec < 1 || nvec > MAX_VECTORS) {
             throw new IllegalArgumentException("matrix-vector launch of " + nvec + " vectors; 1.." + MAX_VECTORS);
         }
@@ -81,12 +104,18 @@ final class ModelKernels implements AutoCloseable {
             throw new IllegalArgumentException("vectors of " + x.width() + " for a matrix of " + m.cols()
                     + " columns");
         }
-        int perWarp = mode == MV_SWIGLU ? 2 : 4;
+        if (rowsPerWarp != 4 && (!q8 || nvec != 1 || rowsPerWarp < 1 || rowsPerWarp > 2
+                || (mode == MV_SWIGLU && rowsPerWarp < 2))) {
+            throw new IllegalArgumentException(rowsPerWarp + " rows a warp: 4, or 1-2 for one-vector 8-bit products"
+                    + " (2 with SwiGLU)");
+        }
+        int perWarp = mode == MV_SWIGLU ? rowsPerWarp / 2 : rowsPerWarp;
         int warps = (outputs + perWarp - 1) / perWarp;
         int blocks = (warps + MV_WARPS - 1) / MV_WARPS;
         Object b = bias == null ? 0L : (Object) bias;
         if (q8) {
-            CudaFunction f = (nvec == 1 ? mq1 : mq8).get(m.layout());
+            CudaFunction f = (nvec != 1 ? mq8 : rowsPerWarp == 4 ? mq1 : rowsPerWarp == 2 ? mq1r2 : mq1r1)
+                    .get(m.layout());
             f.launch(Dim3.of(blocks), Dim3.of(MV_WARPS * 32), 0, stream, m.data(), m.rowStride(), m.scales(),
                     outputs, m.cols(), x.q8(), x.q8Scales(), nvec, out, outStride, b, mode, ffn, orNull(best));
         } else {

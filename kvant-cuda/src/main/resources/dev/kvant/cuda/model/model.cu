@@ -324,39 +324,40 @@ __device__ __forceinline__ int dp4a(int a, int b, int c) {
     return r;
 }
 
-template <int F, int NV>
+template <int F, int NV, int R>
 __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int outputs, int cols,
                           const i8* __restrict__ xq, const float2* __restrict__ xds, int nvec, float* out,
                           int outStride, const float* __restrict__ bias, int mode, int ffn,
                           unsigned long long* __restrict__ best) {
     int lane = threadIdx.x & 31;
     int warp = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
-    int perWarp = mode == MV_SWIGLU ? 2 : 4;
+    constexpr int H = R / 2 > 0 ? R / 2 : 1;  // outputs per warp in MV_SWIGLU (R >= 2 there)
+    int perWarp = mode == MV_SWIGLU ? H : R;
     int r0 = warp * perWarp;
     if (r0 >= outputs) {
         return;
     }
-    int rows[4];
-    bool valid[4];
-    if (mode == MV_SWIGLU) {
-        rows[0] = r0; rows[1] = r0 + 1; rows[2] = ffn + r0; rows[3] = ffn + r0 + 1;
-        valid[0] = true; valid[1] = r0 + 1 < outputs; valid[2] = true; valid[3] = valid[1];
-    } else {
+    int rows[R];
+    bool valid[R];
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < R; i++) {
+        if (mode == MV_SWIGLU) {
+            rows[i] = i < H ? r0 + i : ffn + r0 + (i - H);
+            valid[i] = r0 + (i % H) < outputs;
+        } else {
             rows[i] = r0 + i;
             valid[i] = r0 + i < outputs;
         }
     }
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < R; i++) {
         if (!valid[i]) {
             rows[i] = rows[0];
         }
     }
-    float acc[4][NV];
+    float acc[R][NV];
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < R; i++) {
 #pragma unroll
         for (int v = 0; v < NV; v++) {
             acc[i][v] = 0.f;
@@ -365,10 +366,10 @@ __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
     int nb = cols / 32;
 #pragma unroll 2
     for (int s = lane; s < nb; s += 32) {
-        int wq[4][8];
-        float dw[4];
+        int wq[R][8];
+        float dw[R];
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < R; i++) {
             i64 b = (i64) rows[i] * nb + s;
             dw[i] = h2f(__ldg((const unsigned short*) (W + scales + b * 2)));
             if constexpr (F == W_Q4_0) {
@@ -395,7 +396,7 @@ __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
                              (int) x1.x, (int) x1.y, (int) x1.z, (int) x1.w};
                 float2 ds = xds[(i64) v * nb + s];
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
+                for (int i = 0; i < R; i++) {
                     int sum = 0;
 #pragma unroll
                     for (int k = 0; k < 8; k++) {
@@ -413,7 +414,7 @@ __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
         }
     }
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < R; i++) {
 #pragma unroll
         for (int v = 0; v < NV; v++) {
 #pragma unroll
@@ -433,15 +434,15 @@ __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
         float* o = out + (i64) v * outStride;
         if (mode == MV_SWIGLU) {
 #pragma unroll
-            for (int i = 0; i < 2; i++) {
+            for (int i = 0; i < H; i++) {
                 if (valid[i]) {
-                    float g = acc[i][v], u = acc[i + 2][v];
+                    float g = acc[i][v], u = acc[i + H][v];
                     o[r0 + i] = g / (1.f + expf(-g)) * u;
                 }
             }
         } else {
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
+            for (int i = 0; i < R; i++) {
                 if (valid[i]) {
                     float val = acc[i][v];
                     if (bias != nullptr) {
@@ -465,12 +466,22 @@ __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32) kvant_mq1_##NAME(                                 \
             const u8* W, i64 nb, i64 scales, int outputs, int cols, const i8* xq, const float2* xds, int nvec,    \
             float* out, int outStride, const float* bias, int mode, int ffn, unsigned long long* best) {          \
-        matvec_q8<F, 1>(W, nb, scales, outputs, cols, xq, xds, nvec, out, outStride, bias, mode, ffn, best);     \
+        matvec_q8<F, 1, 4>(W, nb, scales, outputs, cols, xq, xds, nvec, out, outStride, bias, mode, ffn, best);  \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * 32) kvant_mq1r2_##NAME(                               \
+            const u8* W, i64 nb, i64 scales, int outputs, int cols, const i8* xq, const float2* xds, int nvec,    \
+            float* out, int outStride, const float* bias, int mode, int ffn, unsigned long long* best) {          \
+        matvec_q8<F, 1, 2>(W, nb, scales, outputs, cols, xq, xds, nvec, out, outStride, bias, mode, ffn, best);  \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * 32) kvant_mq1r1_##NAME(                               \
+            const u8* W, i64 nb, i64 scales, int outputs, int cols, const i8* xq, const float2* xds, int nvec,    \
+            float* out, int outStride, const float* bias, int mode, int ffn, unsigned long long* best) {          \
+        matvec_q8<F, 1, 1>(W, nb, scales, outputs, cols, xq, xds, nvec, out, outStride, bias, mode, ffn, best);  \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32) kvant_mq8_##NAME(                                 \
             const u8* W, i64 nb, i64 scales, int outputs, int cols, const i8* xq, const float2* xds, int nvec,    \
             float* out, int outStride, const float* bias, int mode, int ffn, unsigned long long* best) {          \
-        matvec_q8<F, 8>(W, nb, scales, outputs, cols, xq, xds, nvec, out, outStride, bias, mode, ffn, best);     \
+        matvec_q8<F, 8, 4>(W, nb, scales, outputs, cols, xq, xds, nvec, out, outStride, bias, mode, ffn, best);  \
     }
 
 KVANT_Q8_KERNELS(q8_0, W_Q8_0)

@@ -10,6 +10,7 @@ import dev.kvant.kv.KvCacheFullException;
 import dev.kvant.kv.KvFormat;
 import dev.kvant.model.LlamaModel;
 import dev.kvant.model.SyntheticModel;
+import dev.kvant.sample.Sampler;
 import dev.kvant.tensor.Parallel;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.Assumptions;
@@ -142,7 +143,7 @@ class CudaBackendGpuTest {
                 float[] logits = poisoned(vocab);
                 alone[i].forward(new int[] {t}, 0, 1, false, logits);
                 int id = batch[i].forwardGreedy(new int[] {t}, 0, 1);
-                assertEquals(BackendSequence.argmax(logits, vocab), id, "sequence " + i + " (seed " + seed + ")");
+                assertEquals(Sampler.argmax(logits, vocab), id, "sequence " + i + " (seed " + seed + ")");
             }
             for (int i = 0; i < n; i++) {
                 batch[i].close();
@@ -175,6 +176,59 @@ class CudaBackendGpuTest {
                 assertTrue(id >= 0 && id < vocab, "greedy id " + id);
                 assertEquals(65, b.length());
             }
+        }
+    }
+
+    /**
+     * A fork shares the parent's whole pages and copies the one its prefix ends inside; it continues exactly as a
+     * sequence fed the same tokens, and a parent that rewrites a shared page (after truncating into it) copies the page
+     * first, so the fork never sees the rewrite. Every page comes back when the sequences close.
+     */
+    @Test
+    void forksSharePagesAndNeverSeeEachOthersWrites() {
+        long seed = new SplittableRandom().nextLong();
+        SplittableRandom r = new SplittableRandom(seed);
+        try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.TINY, GgmlType.Q8_0, seed);
+             CudaBackend gpu = CudaBackend.open(model, new CudaBackend.Options(4, 64, 0));
+             dev.kvant.backend.SequencePool pool = gpu.newSequencePool(2048, TURBO3, TURBO3)) {
+            int vocab = model.config().vocabSize();
+            int total = pool.totalPages();
+            int[] prompt = r.ints(150, 0, vocab).toArray();
+            BackendSequence parent = pool.newSequence(512);
+            BackendSequence reference = pool.newSequence(512);
+            for (BackendSequence s : new BackendSequence[] {parent, reference}) {
+                s.forwardGreedy(prompt, 0, 128);  // two whole prefill chunks
+                for (int t = 128; t < 140; t++) {
+                    s.forwardGreedy(prompt, t, 1);  // decode steps: the same K/V bits in both
+                }
+            }
+            for (int t = 140; t < 150; t++) {
+                parent.forwardGreedy(prompt, t, 1);
+            }
+            int free = pool.freePages();
+            BackendSequence child = pool.fork(parent, 140, 512);
+            assertEquals(free - 1, pool.freePages(), "a fork at 140 copies one page and shares two (seed " + seed + ")");
+            assertEquals(140, child.length());
+            int[] next = r.ints(3, 0, vocab).toArray();
+            for (int i = 0; i < next.length; i++) {
+                float[] a = poisoned(vocab);
+                float[] b = poisoned(vocab);
+                child.forward(next, i, 1, false, a);
+                reference.forward(next, i, 1, false, b);
+                assertArrayEquals(b, a, "fork step " + i + " (seed " + seed + ")");
+            }
+            // the parent rewrites positions 100.. (page 1, shared with the child) with other tokens
+            parent.truncate(100);
+            parent.forwardGreedy(r.ints(40, 0, vocab).toArray(), 0, 40);
+            float[] a = poisoned(vocab);
+            float[] b = poisoned(vocab);
+            child.forward(new int[] {5}, 0, 1, false, a);
+            reference.forward(new int[] {5}, 0, 1, false, b);
+            assertArrayEquals(b, a, "after the parent's rewrite (seed " + seed + ")");
+            parent.close();
+            child.close();
+            reference.close();
+            assertEquals(total, pool.freePages(), "pages leaked (seed " + seed + ")");
         }
     }
 
