@@ -34,6 +34,23 @@ public interface Backend extends AutoCloseable {
     void decodeBatch(BackendSequence[] seqs, int[] tokens, float[] logits);
 
     /**
+     * As {@link #decodeBatch} but returning, per sequence, the id of its largest logit (the lowest among equal ones)
+     * instead of the logits: a device backend chooses there and copies back one id per sequence.
+     */
+    default int[] decodeBatchGreedy(BackendSequence[] seqs, int[] tokens) {
+        int vocab = model().config().vocabSize();
+        float[] logits = new float[seqs.length * vocab];
+        decodeBatch(seqs, tokens, logits);
+        int[] ids = new int[seqs.length];
+        float[] row = new float[vocab];
+        for (int i = 0; i < seqs.length; i++) {
+            System.arraycopy(logits, i * vocab, row, 0, vocab);
+            ids[i] = dev.kvant.sample.Sampler.argmax(row, vocab);
+        }
+        return ids;
+    }
+
+    /**
      * One KV page pool with room for this many tokens (summed over its sequences), shared by the sequences made from
      * it, so that prefixes can be shared and pages counted; what a server runs on.
      *

@@ -401,8 +401,18 @@ public final class Engine implements AutoCloseable {
         if (n == 0) {
             return;
         }
+        // greedy sequences let the backend choose (a GPU then copies back ids, not logits)
+        boolean greedy = true;
+        for (int i = 0; i < n; i++) {
+            greedy &= batch[i].sampler.argmaxSuffices();
+        }
+        int[] ids = null;
         try {
-            backend.decodeBatch(Arrays.copyOf(seqs, n), tokens, batchLogits);
+            if (greedy) {
+                ids = backend.decodeBatchGreedy(Arrays.copyOf(seqs, n), Arrays.copyOf(tokens, n));
+            } else {
+                backend.decodeBatch(Arrays.copyOf(seqs, n), tokens, batchLogits);
+            }
         } catch (RuntimeException e) {
             for (int i = 0; i < n; i++) {
                 fail(batch[i], "the decode step failed: " + e.getMessage());
@@ -411,7 +421,11 @@ public final class Engine implements AutoCloseable {
         }
         decodeRows += n;
         for (int i = 0; i < n; i++) {
-            sampleNext(batch[i], batchLogits, i * vocab);
+            if (greedy) {
+                take(batch[i], ids[i]);
+            } else {
+                sampleNext(batch[i], batchLogits, i * vocab);
+            }
         }
     }
 
@@ -467,6 +481,11 @@ public final class Engine implements AutoCloseable {
             fail(a, "sampling failed: " + e.getMessage());
             return;
         }
+        take(a, t);
+    }
+
+    /** The sequence's next token is t: stop, or deliver it and go on. */
+    private void take(Active a, int t) {
         if (a.p.request.stopsAt(t)) {
             finish(a, FinishReason.STOP);
             return;

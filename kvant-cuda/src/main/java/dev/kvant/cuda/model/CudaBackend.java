@@ -303,6 +303,16 @@ public final class CudaBackend implements Backend {
 
     @Override
     public void decodeBatch(BackendSequence[] seqs, int[] tokens, float[] out) {
+        decodeGroups(seqs, tokens, Objects.requireNonNull(out, "logits"));
+    }
+
+    @Override
+    public int[] decodeBatchGreedy(BackendSequence[] seqs, int[] tokens) {
+        return decodeGroups(seqs, tokens, null);
+    }
+
+    /** Checks the batch and runs it in groups of up to maxBatch; logits into out when given; the chosen ids. */
+    private int[] decodeGroups(BackendSequence[] seqs, int[] tokens, float[] out) {
         checkOpen();
         int n = seqs.length;
         if (n < 1) {
@@ -326,14 +336,18 @@ public final class CudaBackend implements Backend {
         }
         // groups of up to maxBatch sequences, one graph replay each
         int vocab = c.vocabSize();
+        int[] ids = new int[n];
         for (int from = 0; from < n; from += options.maxBatch()) {
             int m = Math.min(options.maxBatch(), n - from);
-            float[] part = from == 0 && m == n ? out : new float[m * vocab];
-            decode(Arrays.copyOfRange(s, from, from + m), Arrays.copyOfRange(tokens, from, from + m), part);
-            if (part != out) {
+            float[] part = out == null ? null : from == 0 && m == n ? out : new float[m * vocab];
+            int[] chosen = decode(Arrays.copyOfRange(s, from, from + m), Arrays.copyOfRange(tokens, from, from + m),
+                    part);
+            System.arraycopy(chosen, 0, ids, from, m);
+            if (part != null && part != out) {
                 System.arraycopy(part, 0, out, from * vocab, m * vocab);
             }
         }
+        return ids;
     }
 
     @Override

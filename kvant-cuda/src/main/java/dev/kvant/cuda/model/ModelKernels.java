@@ -76,21 +76,18 @@ final class ModelKernels implements AutoCloseable {
     }
 
     /**
-     * Weight rows one warp takes in a one-vector product of the 8-bit kernels: 4 on the big matrices (the vector's
-     * loads shared by more rows), fewer on the small ones, where 4 rows a warp leave the GPU short of warps to hide
-     * memory latency with (ModelGpuBench measures each).
+     * Weight rows one warp takes in a one-vector product of the 8-bit kernels: one (two, a gate and an up row, with
+     * SwiGLU). More rows a warp share the vector's loads but leave fewer warps to hide memory latency with; on the
+     * H200 one row a warp was as fast or faster on every llama3-8b projection (ModelGpuBench, docs/BENCHMARKS.md).
      */
-    static int rowsPerWarp(int weightRows) {
-        return weightRows >= ROWS_FOR_FOUR ? 4 : 2;
+    static int rowsPerWarp(int mode) {
+        return mode == MV_SWIGLU ? 2 : 1;
     }
-
-    /** Weight rows from which one-vector products take 4 rows a warp. */
-    static final int ROWS_FOR_FOUR = 16384;
 
     /** As above with the path chosen: 8-bit vectors (planar formats only) or floats. */
     void matvec(boolean q8, DeviceMatrix m, int outputs, Vectors x, int nvec, DeviceBuffer out, int outStride,
                 DeviceBuffer bias, int mode, int ffn, DeviceBuffer best, CudaStream stream) {
-        matvec(q8, q8 && nvec == 1 ? rowsPerWarp(m.rows()) : 4, m, outputs, x, nvec, out, outStride, bias, mode, ffn,
+        matvec(q8, q8 && nvec == 1 ? rowsPerWarp(mode) : 4, m, outputs, x, nvec, out, outStride, bias, mode, ffn,
                 best, stream);
     }
 
