@@ -41,6 +41,14 @@ final class ModelOptions {
             description = "where the model runs: cpu, cuda, or auto (cuda when a GPU is present; default)")
     String backend;
 
+    @Option(names = "--gpus", paramLabel = "LIST", split = ",",
+            description = "GPU ordinals to split the layers over, e.g. 0,1 (cuda backend; default: one GPU)")
+    int[] gpus;
+
+    @Option(names = "--layer-split", paramLabel = "auto|A,B,...", defaultValue = "auto",
+            description = "layers per GPU of --gpus, first to last; auto balances their weight bytes (default)")
+    String layerSplit;
+
     @Option(names = "--kv-mem", paramLabel = "SIZE",
             description = "KV cache memory budget (e.g. 8G, 512M); the context becomes what fits, capped by -c if given")
     String kvMem;
@@ -136,7 +144,21 @@ final class ModelOptions {
             kvTokens = dev.kvant.engine.Session.contextForBudget(loaded.config(), kFormat(), vFormat(),
                     parseSize(kvMem));
         }
-        return CudaBackend.open(loaded, new CudaBackend.Options(maxBatch, Math.max(prefillChunk, 1), kvTokens));
+        int[] split = null;
+        if (!"auto".equalsIgnoreCase(layerSplit.strip())) {
+            try {
+                split = java.util.Arrays.stream(layerSplit.split(",")).map(String::strip).mapToInt(Integer::parseInt)
+                        .toArray();
+            } catch (NumberFormatException e) {
+                throw new IllegalArgumentException("--layer-split: '" + layerSplit
+                        + "' is neither auto nor a list of layer counts (e.g. 14,18)");
+            }
+        }
+        if (split != null && gpus == null) {
+            throw new IllegalArgumentException("--layer-split needs --gpus (one GPU per part)");
+        }
+        return CudaBackend.open(loaded, new CudaBackend.Options(maxBatch, Math.max(prefillChunk, 1), kvTokens,
+                gpus, split));
     }
 
     LlamaModel load() {

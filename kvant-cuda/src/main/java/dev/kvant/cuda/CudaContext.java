@@ -186,6 +186,22 @@ public final class CudaContext implements AutoCloseable {
         return loadModule(cache, source, Map.of());
     }
 
+    /**
+     * Lets this context read and write {@code peer}'s memory directly where the devices allow it (NVLink, PCIe
+     * P2P); returns whether they do. Copies between them work either way (through the host otherwise).
+     */
+    public boolean enablePeerAccess(CudaContext peer) {
+        if (peer.ordinal == ordinal) {
+            return true;
+        }
+        if (!driver.deviceCanAccessPeer(device, peer.device)) {
+            return false;
+        }
+        makeCurrent();
+        driver.ctxEnablePeerAccess(peer.handle);
+        return true;
+    }
+
     /** Waits for all work in this context. */
     public void synchronize() {
         makeCurrent();

@@ -56,6 +56,7 @@ public final class CudaDriver {
     public static final int CAPTURE_MODE_RELAXED = 2;
 
     private static final int CUDA_SUCCESS = 0;
+    private static final int CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704;
 
     private final NativeLibrary library;
     private final MethodHandle cuInit, cuDriverGetVersion, cuDeviceGetCount, cuDeviceGet, cuDeviceGetName,
@@ -67,7 +68,7 @@ public final class CudaDriver {
             cuStreamCreate, cuStreamDestroy, cuStreamSynchronize, cuEventCreate, cuEventRecord, cuEventSynchronize,
             cuEventElapsedTime, cuEventDestroy, cuStreamBeginCapture, cuStreamEndCapture,
             cuGraphInstantiateWithFlags, cuGraphLaunch, cuGraphExecDestroy, cuGraphDestroy, cuGetErrorName,
-            cuGetErrorString;
+            cuGetErrorString, cuStreamWaitEvent, cuMemcpyPeerAsync, cuCtxEnablePeerAccess, cuDeviceCanAccessPeer;
 
     CudaDriver(NativeLibrary library) {
         this.library = library;
@@ -121,6 +122,10 @@ public final class CudaDriver {
         cuGraphExecDestroy = bind("cuGraphExecDestroy", ADDRESS);
         cuGraphDestroy = bind("cuGraphDestroy", ADDRESS);
         cuGetErrorName = bind("cuGetErrorName", JAVA_INT, ADDRESS);
+        cuStreamWaitEvent = bind("cuStreamWaitEvent", ADDRESS, ADDRESS, JAVA_INT);
+        cuMemcpyPeerAsync = bind("cuMemcpyPeerAsync", JAVA_LONG, ADDRESS, JAVA_LONG, ADDRESS, JAVA_LONG, ADDRESS);
+        cuCtxEnablePeerAccess = bind("cuCtxEnablePeerAccess", ADDRESS, JAVA_INT);
+        cuDeviceCanAccessPeer = bind("cuDeviceCanAccessPeer", ADDRESS, JAVA_INT, JAVA_INT);
         cuGetErrorString = bind("cuGetErrorString", JAVA_INT, ADDRESS);
     }
 
@@ -563,6 +568,58 @@ public final class CudaDriver {
             throw rethrow(t);
         }
         if (rc != CUDA_SUCCESS) throw error(rc, "cuEventRecord(" + hex(event) + ", stream " + hex(stream) + ")");
+    }
+
+    /** Makes later work on the stream wait for the event (which may belong to another device's context). */
+    public void streamWaitEvent(MemorySegment stream, MemorySegment event) {
+        int rc;
+        try {
+            rc = (int) cuStreamWaitEvent.invokeExact(stream, event, 0);
+        } catch (Throwable t) {
+            throw rethrow(t);
+        }
+        if (rc != CUDA_SUCCESS) throw error(rc, "cuStreamWaitEvent(" + hex(stream) + ", " + hex(event) + ")");
+    }
+
+    /** Copies between the memory of two contexts (two devices, or one), ordered on the stream. */
+    public void memcpyPeerAsync(long dst, MemorySegment dstContext, long src, MemorySegment srcContext, long bytes,
+                                MemorySegment stream) {
+        int rc;
+        try {
+            rc = (int) cuMemcpyPeerAsync.invokeExact(dst, dstContext, src, srcContext, bytes, stream);
+        } catch (Throwable t) {
+            throw rethrow(t);
+        }
+        if (rc != CUDA_SUCCESS) {
+            throw error(rc, "cuMemcpyPeerAsync(dst " + hex(dst) + ", src " + hex(src) + ", " + bytes + " bytes)");
+        }
+    }
+
+    /** Whether device {@code device} can read and write {@code peer}'s memory directly (NVLink or PCIe P2P). */
+    public boolean deviceCanAccessPeer(int device, int peer) {
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment out = a.allocate(JAVA_INT);
+            int rc = (int) cuDeviceCanAccessPeer.invokeExact(out, device, peer);
+            if (rc != CUDA_SUCCESS) throw error(rc, "cuDeviceCanAccessPeer(" + device + ", " + peer + ")");
+            return out.get(JAVA_INT, 0) != 0;
+        } catch (CudaException e) {
+            throw e;
+        } catch (Throwable t) {
+            throw rethrow(t);
+        }
+    }
+
+    /** Lets the current context access {@code peer}'s memory directly; already enabled counts as done. */
+    public void ctxEnablePeerAccess(MemorySegment peer) {
+        int rc;
+        try {
+            rc = (int) cuCtxEnablePeerAccess.invokeExact(peer, 0);
+        } catch (Throwable t) {
+            throw rethrow(t);
+        }
+        if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) {
+            throw error(rc, "cuCtxEnablePeerAccess(" + hex(peer) + ")");
+        }
     }
 
     public void eventSynchronize(MemorySegment event) {

@@ -19,6 +19,12 @@ public final class CudaStream implements AutoCloseable {
         return new CudaStream(context, MemorySegment.NULL, false);
     }
 
+    /** Later work on this stream waits until {@code event} (of any context) has happened. */
+    public void waitFor(CudaEvent event) {
+        context.makeCurrent();
+        context.driver().streamWaitEvent(handle(), event.handle());
+    }
+
     /** The CUstream handle (NULL for the legacy default stream). */
     public MemorySegment handle() {
         if (closed) {

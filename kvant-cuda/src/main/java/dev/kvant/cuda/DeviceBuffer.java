@@ -92,6 +92,18 @@ public final class DeviceBuffer implements AutoCloseable {
         }
     }
 
+    /**
+     * Queues a copy of {@code bytes} from {@code src} (a buffer of any context, another device's too) into this
+     * buffer, on {@code stream}.
+     */
+    public void copyFromPeerAsync(DeviceBuffer src, long srcOffset, long dstOffset, long bytes, CudaStream stream) {
+        src.checkRange("copyFromPeerAsync source", srcOffset, bytes);
+        checkRange("copyFromPeerAsync", dstOffset, bytes);
+        stream.context().makeCurrent();
+        context.driver().memcpyPeerAsync(address + dstOffset, context.handle(), src.address + srcOffset,
+                src.context.handle(), bytes, stream.handle());
+    }
+
     /** Fills all of {@code dst} from the start of this buffer. */
     public void copyToHost(MemorySegment dst) {
         copyToHost(dst, 0);

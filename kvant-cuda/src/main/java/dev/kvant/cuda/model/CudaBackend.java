@@ -7,18 +7,15 @@ import dev.kvant.cuda.CublasLt;
 import dev.kvant.cuda.CudaContext;
 import dev.kvant.cuda.CudaDataType;
 import dev.kvant.cuda.CudaEvent;
-import dev.kvant.cuda.DeviceCopy;
-import dev.kvant.cuda.CudaGraph;
 import dev.kvant.cuda.CudaStream;
 import dev.kvant.cuda.DeviceBuffer;
+import dev.kvant.cuda.DeviceCopy;
 import dev.kvant.cuda.KernelCache;
 import dev.kvant.cuda.KernelSource;
-import dev.kvant.cuda.PinnedBuffer;
 import dev.kvant.engine.ContextFullException;
 import dev.kvant.kv.KvFormat;
 import dev.kvant.model.LlamaModel;
 import dev.kvant.model.ModelConfig;
-import dev.kvant.model.Rope;
 
 import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;
@@ -30,11 +27,13 @@ import java.util.Map;
 import java.util.Objects;
 
 /**
- * The whole model on one GPU. Weights are uploaded once in their compressed formats; each pair of K/V formats gets a
- * paged device cache ({@link KvPool}) shared by the sequences that use it.
+ * The whole model on one GPU, or split by layers over several ({@link Stage}: each holds its layers' weights and KV
+ * pages; the hidden state crosses to the next GPU once per step, a peer copy ordered by an event, so the split
+ * changes no arithmetic: the same kernels run in the same order). Weights are uploaded once in their compressed
+ * formats; each pair of K/V formats gets a paged device cache ({@link KvPool}) shared by the sequences that use it.
  *
- * <p>Decode (one token for each of up to {@code maxBatch} sequences) is one CUDA graph per batch size, captured on
- * first use: every per-step value (tokens, positions, page tables, lengths) is read from device memory that is
+ * <p>Decode (one token for each of up to {@code maxBatch} sequences) is one CUDA graph per batch size and stage,
+ * captured on first use: every per-step value (tokens, positions, page tables, lengths) is read from device memory that is
  * refreshed by asynchronous copies before the replay, and the only wait is for the chosen token ids (or the logits,
  * when the caller asks for them). Prefill runs a chunk of up to {@code maxPrefill} tokens through tensor-core GEMMs
  * (weights dequantized to f16 one projection at a time) and writes K/V compressed as they are produced.
@@ -50,8 +49,11 @@ public final class CudaBackend implements Backend {
      * @param maxBatch   sequences one decode step takes (the server's --parallel)
      * @param maxPrefill prompt tokens of one prefill launch; longer prompts are fed in chunks of this size
      * @param kvTokens   tokens each KV pool holds; 0: contextLength x maxBatch of the first sequence that asks for it
+     * @param devices    GPU ordinals, one per stage of a layer split (the same ordinal twice splits the layers over
+     *                   two stages of one GPU: the test of the split's code path); empty: one GPU
+     * @param layerSplit layers per stage, first to last; null: balanced by weight bytes
      */
-    public record Options(int maxBatch, int maxPrefill, long kvTokens) {
+    public record Options(int maxBatch, int maxPrefill, long kvTokens, int[] devices, int[] layerSplit) {
         public Options {
             if (maxBatch < 1 || maxBatch > ModelKernels.MAX_VECTORS) {
                 throw new IllegalArgumentException("maxBatch must be 1.." + ModelKernels.MAX_VECTORS + ", got "
@@ -63,6 +65,13 @@ public final class CudaBackend implements Backend {
             if (kvTokens < 0) {
                 throw new IllegalArgumentException("kvTokens must not be negative, got " + kvTokens);
             }
+            devices = devices == null ? new int[0] : devices.clone();
+            layerSplit = layerSplit == null ? null : layerSplit.clone();
+        }
+
+        /** One GPU ($KVANT_CUDA_DEVICE, else 0). */
+        public Options(int maxBatch, int maxPrefill, long kvTokens) {
+            this(maxBatch, maxPrefill, kvTokens, null, null);
         }
 
         public static Options defaults() {
@@ -73,119 +82,146 @@ public final class CudaBackend implements Backend {
     private final LlamaModel model;
     private final ModelConfig c;
     private final Options options;
-    private final CudaContext context;
-    private final CudaStream stream;
-    private final ModelKernels k;
-    private final CublasLt blas;
-    private final DeviceWeights w;
+    private final Stage[] stages;
+    private final List<CudaContext> contexts;
     private final Map<String, KvPool> pools = new LinkedHashMap<>();
-    private final List<AutoCloseable> owned = new ArrayList<>();
-
-    private final int qkvDim;
-    private final int attnDim;
     private final int rowsMax;
-    private final int logitRows;
-    private final DeviceBuffer tokensDev;
-    private final DeviceBuffer positionsDev;
-    private final DeviceBuffer slots;
-    /** Argmax keys of the last output product, one per vector (ModelKernels#logits). */
-    private final DeviceBuffer best;
-    private final DeviceBuffer x;
-    private final ModelKernels.Vectors xb;
-    private final DeviceBuffer qkv;
-    private final DeviceBuffer q;
-    private final DeviceBuffer kRows;
-    private final DeviceBuffer vRows;
-    private final ModelKernels.Vectors attn;
-    private final DeviceBuffer gu;
-    private final ModelKernels.Vectors g;
-    private final DeviceBuffer logits;
-    private final DeviceBuffer xh;
-    private final DeviceBuffer ah;
-    private final DeviceBuffer gh;
-    private final DeviceBuffer wScratch;
-    private final PinnedBuffer staging;
-    private final PinnedBuffer idsHost;
     private boolean closed;
 
-    private CudaBackend(LlamaModel model, Options options, CudaContext context) {
+    private CudaBackend(LlamaModel model, Options options, List<CudaContext> contexts, int[] split) {
         this.model = model;
         this.c = model.config();
         this.options = options;
-        this.context = context;
+        this.contexts = contexts;
+        this.rowsMax = Math.max(options.maxBatch(), options.maxPrefill());
+        int logitRows = Math.max(options.maxBatch(), ModelKernels.MAX_VECTORS);
+        this.stages = new Stage[split.length];
         try {
-            KernelCache cache = KernelCache.open(context);
-            this.stream = own(context.createStream());
-            this.k = own(new ModelKernels(context, cache));
-            this.blas = own(CublasLt.create(context));
-            this.w = own(new DeviceWeights(context, c, model.weights()));
-            this.qkvDim = c.qDim() + c.kvDimK() + c.kvDimV();
-            this.attnDim = c.heads() * c.headDimV();
-            this.rowsMax = Math.max(options.maxBatch(), options.maxPrefill());
-            this.logitRows = Math.max(options.maxBatch(), ModelKernels.MAX_VECTORS);
-            this.tokensDev = floats(rowsMax);
-            this.positionsDev = floats(rowsMax);
-            this.slots = floats(rowsMax);
-            this.best = bytes(8L * logitRows);
-            this.x = floats((long) rowsMax * c.dim());
-            this.xb = ModelKernels.Vectors.allocate(this::bytes, rowsMax, c.dim());
-            this.qkv = floats((long) rowsMax * qkvDim);
-            this.q = floats((long) rowsMax * c.qDim());
-            this.kRows = floats((long) rowsMax * c.kvDimK());
-            this.vRows = floats((long) rowsMax * c.kvDimV());
-            this.attn = ModelKernels.Vectors.allocate(this::bytes, rowsMax, attnDim);
-            this.gu = floats((long) rowsMax * 2 * c.ffnDim());
-            this.g = ModelKernels.Vectors.allocate(this::bytes, rowsMax, c.ffnDim());
-            this.logits = floats((long) logitRows * c.vocabSize());
-            int p = options.maxPrefill();
-            this.xh = own(context.allocate(2L * p * c.dim()));
-            this.ah = own(context.allocate(2L * p * attnDim));
-            this.gh = own(context.allocate(2L * p * c.ffnDim()));
-            this.wScratch = own(context.allocate(2L * w.largestProjectionHalves()));
-            this.staging = own(context.allocatePinned(8L * rowsMax));
-            this.idsHost = own(context.allocatePinned(8L * logitRows));
+            int from = 0;
+            for (int i = 0; i < split.length; i++) {
+                stages[i] = new Stage(contexts.get(i), model, from, from + split[i], rowsMax, logitRows,
+                        options.maxPrefill());
+                from += split[i];
+            }
+            for (int i = 0; i + 1 < stages.length; i++) {
+                stages[i].context.enablePeerAccess(stages[i + 1].context);
+            }
         } catch (RuntimeException e) {
-            closeOwned();
-            context.close();
+            for (Stage st : stages) {
+                if (st != null) {
+                    st.close();
+                }
+            }
+            contexts.forEach(CudaContext::close);
             throw e;
         }
     }
 
     /**
-     * The model on GPU 0: uploads the weights and compiles (or loads from the kernel cache) the kernels.
+     * The model on its GPUs ({@link Options#devices}; one stage per device, layers split as
+     * {@link Options#layerSplit} says): uploads the weights and compiles (or loads from the kernel cache) the kernels.
      *
      * @throws dev.kvant.cuda.CudaUnavailableException when there is no usable GPU
      * @throws IllegalArgumentException when the weights do not fit, or the model has a shape the kernels do not take
      */
     public static CudaBackend open(LlamaModel model, Options options) {
-        CudaContext context = CudaContext.open();
-        long need = model.weights().bytesPerToken() + model.weights().tokenEmbedding().data().byteSize() + HEADROOM;
-        long free = context.memoryInfo().free();
-        if (need > free) {
-            context.close();
-            throw new IllegalArgumentException(String.format(java.util.Locale.ROOT,
-                    "model %s needs %.2f GiB of GPU memory for its weights; %s has %.2f GiB free", model.name(),
-                    need / 1073741824.0, context.deviceName(), free / 1073741824.0));
+        ModelConfig c = model.config();
+        int[] devices = options.devices().length == 0 ? new int[] {-1} : options.devices();
+        int[] split = options.layerSplit() != null ? options.layerSplit() : autoSplit(model, devices.length);
+        if (split.length != devices.length) {
+            throw new IllegalArgumentException("--layer-split gives " + split.length + " parts for "
+                    + devices.length + " GPUs");
         }
-        return new CudaBackend(model, options, context);
+        int sum = 0;
+        for (int n : split) {
+            if (n < 1) {
+                throw new IllegalArgumentException("every GPU of a layer split needs at least one layer: "
+                        + Arrays.toString(split));
+            }
+            sum += n;
+        }
+        if (sum != c.layers()) {
+            throw new IllegalArgumentException("--layer-split " + Arrays.toString(split) + " covers " + sum
+                    + " layers; the model has " + c.layers());
+        }
+        List<CudaContext> contexts = new ArrayList<>();
+        try {
+            int from = 0;
+            for (int i = 0; i < devices.length; i++) {
+                CudaContext context = devices[i] < 0 ? CudaContext.open() : CudaContext.open(devices[i]);
+                contexts.add(context);
+                long need = stageWeightBytes(model, from, from + split[i]) + HEADROOM;
+                long free = context.memoryInfo().free();
+                if (need > free) {
+                    throw new IllegalArgumentException(String.format(java.util.Locale.ROOT,
+                            "layers %d..%d of %s need %.2f GiB of GPU memory for their weights; %s (device %d) has "
+                                    + "%.2f GiB free%s", from, from + split[i] - 1, model.name(),
+                            need / 1073741824.0, context.deviceName(), context.ordinal(), free / 1073741824.0,
+                            devices.length == 1 ? " (split the layers over more GPUs with --gpus)" : ""));
+                }
+                from += split[i];
+            }
+        } catch (RuntimeException e) {
+            contexts.forEach(CudaContext::close);
+            throw e;
+        }
+        return new CudaBackend(model, options, contexts, split);
+    }
+
+    /** Host bytes of the weights that layers [from, to) of a stage hold, with the embedding or output at the ends. */
+    static long stageWeightBytes(LlamaModel model, int from, int to) {
+        long bytes = 0;
+        for (int l = from; l < to; l++) {
+            bytes += layerBytes(model, l);
+        }
+        if (from == 0) {
+            bytes += model.weights().tokenEmbedding().data().byteSize();
+        }
+        if (to == model.config().layers()) {
+            bytes += model.weights().output().data().byteSize();
+        }
+        return bytes;
+    }
+
+    private static long layerBytes(LlamaModel model, int l) {
+        var x = model.weights().layers()[l];
+        long bytes = 0;
+        for (var m : new dev.kvant.tensor.WeightMatrix[] {x.wq(), x.wk(), x.wv(), x.wo(), x.wGate(), x.wUp(),
+                x.wDown()}) {
+            bytes += m.data().byteSize();
+        }
+        return bytes;
+    }
+
+    /**
+     * Layers per GPU that balance the weight bytes each holds (the embedding table on the first, the output on the
+     * last): consecutive layers are given to a GPU until it reaches its share of the total.
+     */
+    static int[] autoSplit(LlamaModel model, int gpus) {
+        int layers = model.config().layers();
+        if (gpus > layers) {
+            throw new IllegalArgumentException(gpus + " GPUs for " + layers + " layers");
+        }
+        double total = stageWeightBytes(model, 0, layers);
+        int[] split = new int[gpus];
+        int l = 0;
+        double held = model.weights().tokenEmbedding().data().byteSize();
+        for (int g = 0; g < gpus - 1; g++) {
+            double target = total * (g + 1) / gpus;
+            int start = l;
+            while (l < layers - (gpus - 1 - g) && (l == start || held + layerBytes(model, l) / 2.0 <= target)) {
+                held += layerBytes(model, l);
+                l++;
+            }
+            split[g] = l - start;
+        }
+        split[gpus - 1] = layers - l;
+        return split;
     }
 
     /** The source of the model kernels (for ahead-of-time compiles: AttentionPrecompile). */
     public static KernelSource kernelSource() {
         return ModelKernels.SOURCE;
-    }
-
-    private <T extends AutoCloseable> T own(T resource) {
-        owned.add(resource);
-        return resource;
-    }
-
-    private DeviceBuffer floats(long count) {
-        return bytes(4L * count);
-    }
-
-    private DeviceBuffer bytes(long count) {
-        return own(context.allocate(Math.max(16, count)));
     }
 
     @Override
@@ -207,27 +243,42 @@ public final class CudaBackend implements Backend {
         return options;
     }
 
-    /** The device, e.g. "NVIDIA H200". */
+    /** The device, e.g. "NVIDIA H200", and how many when the layers are split. */
     public String deviceName() {
-        return context.deviceName();
+        return stages[0].context.deviceName() + (stages.length > 1 ? " x " + stages.length : "");
+    }
+
+    /** Layers of each stage, first to last. */
+    public int[] layerSplit() {
+        int[] split = new int[stages.length];
+        for (int i = 0; i < stages.length; i++) {
+            split[i] = stages[i].layerCount();
+        }
+        return split;
     }
 
     /** Device bytes of the weights, and what one decode step reads of them. */
     public long weightBytes() {
-        return w.byteSize();
+        long b = 0;
+        for (Stage st : stages) {
+            b += st.w.byteSize();
+        }
+        return b;
     }
 
     public long weightBytesPerToken() {
-        return w.bytesPerToken();
+        long b = 0;
+        for (Stage st : stages) {
+            b += st.w.bytesPerToken();
+        }
+        return b;
     }
 
     /** Multiply-adds of the weight matrices one token goes through (every matrix but the embedding table). */
     public long weightElementsPerToken() {
-        long n = (long) w.output.rows() * w.output.cols();
-        for (DeviceWeights.Layer l : w.layers) {
-            for (Projection p : new Projection[] {l.qkv(), l.wo(), l.gateUp(), l.down()}) {
-                n += (long) p.rows() * p.cols();
-            }
+        long n = 0;
+        for (Stage st : stages) {
+            n += st.w.elementsPerToken();
         }
         return n;
     }
@@ -239,6 +290,9 @@ public final class CudaBackend implements Backend {
      */
     public Limits measureLimits() {
         checkOpen();
+        CudaContext context = stages[0].context;
+        CudaStream stream = stages[0].stream;
+        CublasLt blas = stages[0].blas;
         long bytes = 1L << 30;
         int reps = 7;
         double[] bw = new double[reps];
@@ -290,7 +344,7 @@ public final class CudaBackend implements Backend {
         KvPool pool = pools.get(key);
         if (pool == null) {
             long tokens = options.kvTokens() > 0 ? options.kvTokens() : (long) contextLength * options.maxBatch();
-            pool = new KvPool(context, c, kFormat, vFormat, PAGE_TOKENS, tokens, contextLength, options.maxBatch(),
+            pool = new KvPool(stages, c, kFormat, vFormat, PAGE_TOKENS, tokens, contextLength, options.maxBatch(),
                     options.maxPrefill(), HEADROOM);
             pools.put(key, pool);
         }
@@ -356,7 +410,7 @@ public final class CudaBackend implements Backend {
         if (tokens <= 0) {
             throw new IllegalArgumentException("a KV pool of " + tokens + " tokens");
         }
-        KvPool pool = new KvPool(context, c, kFormat, vFormat, PAGE_TOKENS, tokens, tokens, options.maxBatch(),
+        KvPool pool = new KvPool(stages, c, kFormat, vFormat, PAGE_TOKENS, tokens, tokens, options.maxBatch(),
                 options.maxPrefill(), HEADROOM);
         return new SharedPool(pool);
     }
@@ -412,7 +466,7 @@ public final class CudaBackend implements Backend {
             child.pageCount = whole;
             if (partial) {
                 int copy = pool.take();
-                pool.copyPage(p.pages[whole], copy, c.layers(), stream);
+                pool.copyPage(p.pages[whole], copy);
                 child.pages[whole] = copy;
                 child.pageCount = whole + 1;
             }
@@ -435,33 +489,50 @@ public final class CudaBackend implements Backend {
         public void close() {
             if (!closed) {
                 closed = true;
-                stream.synchronize();
+                for (Stage st : stages) {
+                    st.stream.synchronize();
+                }
                 pool.close();
             }
         }
     }
 
-    // ---- decode: one token for each of n sequences, one graph replay
+    // ---- decode: one token for each of n sequences, one graph replay per stage
 
     /** Runs the step; writes logits (n x vocab) when out is given; returns the chosen ids. */
     private int[] decode(Sequence[] seqs, int[] tokens, float[] out) {
         int n = seqs.length;
         KvPool pool = seqs[0].pool;
-        MemorySegment st = staging.segment();
-        for (int i = 0; i < n; i++) {
-            Sequence s = seqs[i];
-            int token = tokens[i];
+        for (int token : tokens) {
             checkToken(token);
-            s.ensurePages(s.length + 1);
-            pool.batch().set(i, s.pages, s.pageCount, s.length + 1);
-            st.setAtIndex(ValueLayout.JAVA_INT, i, token);
-            st.setAtIndex(ValueLayout.JAVA_INT, rowsMax + i, s.length);
         }
-        tokensDev.copyFromHostAsync(st.asSlice(0, 4L * n), 0, stream);
-        positionsDev.copyFromHostAsync(st.asSlice(4L * rowsMax, 4L * n), 0, stream);
-        pool.batch().upload(stream);
-        CudaGraph graph = pool.graph(n, () -> decodeLaunches(pool, n), stream);
-        graph.launch(stream);
+        for (Sequence s : seqs) {
+            s.ensurePages(s.length + 1);
+        }
+        for (KvPool.Part part : pool.parts()) {
+            Stage st = part.stage();
+            MemorySegment staging = st.stagingSegment();
+            for (int i = 0; i < n; i++) {
+                Sequence s = seqs[i];
+                part.batch().set(i, s.pages, s.pageCount, s.length + 1);
+                staging.setAtIndex(ValueLayout.JAVA_INT, i, tokens[i]);
+                staging.setAtIndex(ValueLayout.JAVA_INT, rowsMax + i, s.length);
+            }
+            if (st.first) {
+                st.tokens.copyFromHostAsync(staging.asSlice(0, 4L * n), 0, st.stream);
+            }
+            st.positions.copyFromHostAsync(staging.asSlice(4L * rowsMax, 4L * n), 0, st.stream);
+            part.batch().upload(st.stream);
+        }
+        List<KvPool.Part> parts = pool.parts();
+        for (int i = 0; i < parts.size(); i++) {
+            KvPool.Part part = parts.get(i);
+            Stage st = part.stage();
+            KvPool.graph(part, n, () -> st.decodeLaunches(part, n)).launch(st.stream);
+            if (!st.last) {
+                st.sendHidden(parts.get(i + 1).stage(), n);
+            }
+        }
         int[] chosen = readIds(n);
         if (out != null) {
             copyLogits(0, n, out, 0);
@@ -472,48 +543,7 @@ public final class CudaBackend implements Backend {
         return chosen;
     }
 
-    private void decodeLaunches(KvPool pool, int n) {
-        int dim = c.dim();
-        int ffn = c.ffnDim();
-        float eps = c.rmsEps();
-        k.embed(w.embedding, tokensDev, n, x, best, n, stream);
-        for (int l = 0; l < c.layers(); l++) {
-            DeviceWeights.Layer L = w.layers[l];
-            k.rmsnorm(x, L.attnNorm(), xb, n, dim, eps, stream);
-            L.qkv().matvec(k, xb, n, qkv, qkvDim, L.qkvBias(), ModelKernels.MV_STORE, stream);
-            k.ropeSplit(rope(pool, n, positionsDev, 0, L, 1), stream);
-            pool.attention().quantizeRows(pool.cache(), l, kRows, vRows, slots, n, stream);
-            pool.attention().decode(pool.cache(), l, q, pool.batch(), n, attn.floats(), stream);
-            if (L.wo().readsQ8()) {
-                k.quantize(attn, n, stream);
-            }
-            L.wo().matvec(k, attn, n, x, dim, null, ModelKernels.MV_ADD, stream);
-            k.rmsnorm(x, L.ffnNorm(), xb, n, dim, eps, stream);
-            if (L.gateUp().single()) {
-                k.matvec(L.gateUp().only(), ffn, xb, n, g.floats(), ffn, null, ModelKernels.MV_SWIGLU, ffn, stream);
-            } else {
-                L.gateUp().matvec(k, xb, n, gu, 2 * ffn, null, ModelKernels.MV_STORE, stream);
-                k.swiglu(gu, ffn, n, null, g.floats(), stream);
-            }
-            if (L.down().readsQ8()) {
-                k.quantize(g, n, stream);
-            }
-            L.down().matvec(k, g, n, x, dim, null, ModelKernels.MV_ADD, stream);
-        }
-        k.rmsnorm(x, w.outputNorm, xb, n, dim, eps, stream);
-        k.logits(w.output.only(), c.vocabSize(), xb, n, logits, best, stream);
-    }
-
-    private ModelKernels.RopeLaunch rope(KvPool pool, int n, DeviceBuffer positions, int start,
-                                         DeviceWeights.Layer L, int seqStride) {
-        Rope r = c.rope();
-        return new ModelKernels.RopeLaunch(qkv, n, positions, start, q, kRows, vRows, w.ropeFreqs, r.ropeDim(),
-                r.mode() == Rope.Mode.NEOX, r.linearScale(), c.heads(), c.kvHeads(), c.headDimK(), c.headDimV(),
-                L.qNorm(), L.kNorm(), c.rmsEps(), pool.batch().tables(), pool.batch().tableStride(), seqStride,
-                PAGE_TOKENS, slots);
-    }
-
-    // ---- prefill: a chunk of one sequence through tensor-core GEMMs
+    // ---- prefill: a chunk of one sequence through tensor-core GEMMs, stage after stage
 
     /**
      * Runs tokens[off .. off+n) (n <= maxPrefill) of one sequence. allLogits: every row's logits into out; else the
@@ -522,74 +552,63 @@ public final class CudaBackend implements Backend {
     private int prefill(Sequence s, int[] tokens, int off, int n, boolean allLogits, float[] out) {
         KvPool pool = s.pool;
         int start = s.length;
-        int dim = c.dim();
-        float eps = c.rmsEps();
-        int ffn = c.ffnDim();
-        MemorySegment st = staging.segment();
         for (int t = 0; t < n; t++) {
             checkToken(tokens[off + t]);
-            st.setAtIndex(ValueLayout.JAVA_INT, t, tokens[off + t]);
         }
         s.ensurePages(start + n);
-        pool.batch().set(0, s.pages, s.pageCount, start + n);
-        pool.batch().upload(stream);
-        tokensDev.copyFromHostAsync(st.asSlice(0, 4L * n), 0, stream);
-        k.embed(w.embedding, tokensDev, n, x, best, 1, stream);
-        for (int l = 0; l < c.layers(); l++) {
-            DeviceWeights.Layer L = w.layers[l];
-            k.rmsnormHalf(x, L.attnNorm(), xh, n, dim, eps, stream);
-            L.qkv().gemm(k, blas, xh, n, qkv, false, wScratch, stream);
-            if (L.qkvBias() != null) {
-                k.addBias(qkv, L.qkvBias(), qkvDim, n, stream);
+        List<KvPool.Part> parts = pool.parts();
+        for (int i = 0; i < parts.size(); i++) {
+            KvPool.Part part = parts.get(i);
+            Stage st = part.stage();
+            part.batch().set(0, s.pages, s.pageCount, start + n);
+            part.batch().upload(st.stream);
+            if (st.first) {
+                MemorySegment staging = st.stagingSegment();
+                for (int t = 0; t < n; t++) {
+                    staging.setAtIndex(ValueLayout.JAVA_INT, t, tokens[off + t]);
+                }
+                st.tokens.copyFromHostAsync(staging.asSlice(0, 4L * n), 0, st.stream);
             }
-            k.ropeSplit(rope(pool, n, null, start, L, 0), stream);
-            pool.attention().quantizeRows(pool.cache(), l, kRows, vRows, slots, n, stream);
-            pool.attention().prefill(pool.cache(), l, q, pool.batch(), 0, start, n, attn.floats(), stream);
-            k.toHalf(attn.floats(), ah, (long) n * attnDim, stream);
-            L.wo().gemm(k, blas, ah, n, x, true, wScratch, stream);
-            k.rmsnormHalf(x, L.ffnNorm(), xh, n, dim, eps, stream);
-            L.gateUp().gemm(k, blas, xh, n, gu, false, wScratch, stream);
-            k.swiglu(gu, ffn, n, gh, null, stream);
-            L.down().gemm(k, blas, gh, n, x, true, wScratch, stream);
+            st.prefillLaunches(part, n, start, allLogits);
+            if (!st.last) {
+                st.sendHidden(parts.get(i + 1).stage(), n);
+            }
         }
+        Stage last = stages[stages.length - 1];
         int chosen = -1;
         if (allLogits) {
-            k.rmsnorm(x, w.outputNorm, xb, n, dim, eps, stream);
             for (int r = 0; r < n; r += ModelKernels.MAX_VECTORS) {
                 int m = Math.min(ModelKernels.MAX_VECTORS, n - r);
-                k.logits(w.output.only(), c.vocabSize(), xb.from(r), m, logits, null, stream);
+                last.allLogits(r, m);
                 copyLogits(0, m, out, r * c.vocabSize());
             }
         } else {
-            k.rmsnorm(x.slice(4L * (n - 1) * dim, 4L * dim), w.outputNorm, xb, 1, dim, eps, stream);
-            k.logits(w.output.only(), c.vocabSize(), xb, 1, logits, best, stream);
             chosen = readIds(1)[0];
             if (out != null) {
                 copyLogits(0, 1, out, 0);
             }
-        }
-        if (allLogits) {
-            stream.synchronize();
         }
         s.length = start + n;
         return chosen;
     }
 
     private int[] readIds(int n) {
-        best.copyToHostAsync(idsHost.segment().asSlice(0, 8L * n), 0, stream);
-        stream.synchronize();
+        Stage last = stages[stages.length - 1];
+        last.best.copyToHostAsync(last.idsHost.segment().asSlice(0, 8L * n), 0, last.stream);
+        last.stream.synchronize();
         int[] r = new int[n];
         for (int i = 0; i < n; i++) {
-            r[i] = ModelKernels.argmaxIndex(idsHost.segment().getAtIndex(ValueLayout.JAVA_LONG, i));
+            r[i] = ModelKernels.argmaxIndex(last.idsHost.segment().getAtIndex(ValueLayout.JAVA_LONG, i));
         }
         return r;
     }
 
     /** Rows [from, from+count) of the device logits into out[outOff ..]; waits for them. */
     private void copyLogits(int from, int count, float[] out, int outOff) {
-        stream.synchronize();
+        Stage last = stages[stages.length - 1];
+        last.stream.synchronize();
         long bytes = 4L * count * c.vocabSize();
-        logits.copyToHost(MemorySegment.ofArray(out).asSlice(4L * outOff, bytes), 4L * from * c.vocabSize());
+        last.logits.copyToHost(MemorySegment.ofArray(out).asSlice(4L * outOff, bytes), 4L * from * c.vocabSize());
     }
 
     private void checkToken(int id) {
@@ -611,23 +630,17 @@ public final class CudaBackend implements Backend {
             return;
         }
         closed = true;
+        for (Stage st : stages) {
+            st.stream.synchronize();
+        }
         for (KvPool p : pools.values()) {
             p.close();
         }
         pools.clear();
-        closeOwned();
-        context.close();
-    }
-
-    private void closeOwned() {
-        for (int i = owned.size() - 1; i >= 0; i--) {
-            try {
-                owned.get(i).close();
-            } catch (Exception ignored) {
-                // device memory of a context being torn down
-            }
+        for (Stage st : stages) {
+            st.close();
         }
-        owned.clear();
+        contexts.forEach(CudaContext::close);
     }
 
     /** A sequence whose cache pages live in its pool on the device. */
@@ -727,7 +740,7 @@ public final class CudaBackend implements Backend {
             for (int i = firstWritten; i < Math.min(need, pageCount); i++) {
                 if (pool.shared(pages[i])) {
                     int own = pool.take();
-                    pool.copyPage(pages[i], own, c.layers(), stream);
+                    pool.copyPage(pages[i], own);
                     pool.give(pages[i]);
                     pages[i] = own;
                 }

@@ -11,8 +11,9 @@ import java.util.ArrayList;
 import java.util.List;
 
 /**
- * A model's weights on the device, uploaded once: matrices in their compressed formats (q|k|v and gate|up stacked
- * where their formats agree), norms and biases as f32, RoPE frequencies as f64.
+ * A model's weights on one device, uploaded once: matrices in their compressed formats (q|k|v and gate|up stacked
+ * where their formats agree), norms and biases as f32, RoPE frequencies as f64. A device of a layer split holds
+ * layers [from, to), the embedding table when it is the first and the output when it is the last.
  */
 final class DeviceWeights implements AutoCloseable {
 
@@ -21,21 +22,28 @@ final class DeviceWeights implements AutoCloseable {
                  Projection wo, DeviceBuffer ffnNorm, Projection gateUp, Projection down) {
     }
 
+    /** null unless this device runs the first layers. */
     final DeviceMatrix embedding;
+    /** null unless this device runs the last layers. */
     final DeviceBuffer outputNorm;
     final Projection output;
+    /** layers[i] is model layer from + i. */
     final Layer[] layers;
+    final int from;
     /** Angular frequency of each rotated pair (dev.kvant.model.Rope#frequency), f64. */
     final DeviceBuffer ropeFreqs;
     private final List<AutoCloseable> owned = new ArrayList<>();
 
-    DeviceWeights(CudaContext context, ModelConfig c, LlamaWeights w) {
+    DeviceWeights(CudaContext context, ModelConfig c, LlamaWeights w, int from, int to) {
+        this.from = from;
         try {
-            embedding = own(DeviceMatrix.upload(context, w.tokenEmbedding()));
-            outputNorm = floats(context, w.outputNorm());
-            output = own(Projection.upload(context, w.output()));
-            layers = new Layer[c.layers()];
-            for (int l = 0; l < c.layers(); l++) {
+            boolean first = from == 0;
+            boolean last = to == c.layers();
+            embedding = first ? own(DeviceMatrix.upload(context, w.tokenEmbedding())) : null;
+            outputNorm = last ? floats(context, w.outputNorm()) : null;
+            output = last ? own(Projection.upload(context, w.output())) : null;
+            layers = new Layer[to - from];
+            for (int l = from; l < to; l++) {
                 LlamaWeights.Layer x = w.layers()[l];
                 DeviceBuffer bias = null;
                 if (x.bq() != null) {
@@ -45,7 +53,7 @@ final class DeviceWeights implements AutoCloseable {
                     System.arraycopy(x.bv(), 0, all, x.bq().length + x.bk().length, x.bv().length);
                     bias = floats(context, all);
                 }
-                layers[l] = new Layer(floats(context, x.attnNorm()),
+                layers[l - from] = new Layer(floats(context, x.attnNorm()),
                         own(Projection.upload(context, x.wq(), x.wk(), x.wv())), bias,
                         x.qNorm() == null ? null : floats(context, x.qNorm()),
                         x.kNorm() == null ? null : floats(context, x.kNorm()),
@@ -79,7 +87,7 @@ final class DeviceWeights implements AutoCloseable {
 
     /** Device bytes of the weights. */
     long byteSize() {
-        long b = embedding.byteSize() + output.byteSize();
+        long b = (embedding == null ? 0 : embedding.byteSize()) + (output == null ? 0 : output.byteSize());
         for (Layer l : layers) {
             b += l.qkv().byteSize() + l.wo().byteSize() + l.gateUp().byteSize() + l.down().byteSize();
         }
@@ -88,7 +96,18 @@ final class DeviceWeights implements AutoCloseable {
 
     /** Bytes a decode step reads: every matrix but the embedding table (of which it reads one row per token). */
     long bytesPerToken() {
-        return byteSize() - embedding.byteSize();
+        return byteSize() - (embedding == null ? 0 : embedding.byteSize());
+    }
+
+    /** Multiply-adds of the matrices one token goes through here. */
+    long elementsPerToken() {
+        long n = output == null ? 0 : (long) output.rows() * output.cols();
+        for (Layer l : layers) {
+            for (Projection p : new Projection[] {l.qkv(), l.wo(), l.gateUp(), l.down()}) {
+                n += (long) p.rows() * p.cols();
+            }
+        }
+        return n;
     }
 
     /** Widest f16 copy a prefill GEMM needs of one layer projection: rows x cols halves. */

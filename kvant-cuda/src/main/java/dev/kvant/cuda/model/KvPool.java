@@ -1,6 +1,5 @@
 package dev.kvant.cuda.model;
 
-import dev.kvant.cuda.CudaContext;
 import dev.kvant.cuda.CudaGraph;
 import dev.kvant.cuda.CudaStream;
 import dev.kvant.cuda.KernelCache;
@@ -14,64 +13,74 @@ import dev.kvant.kv.KvFormat;
 import dev.kvant.kv.KvGeometry;
 import dev.kvant.model.ModelConfig;
 
+import java.util.ArrayList;
+import java.util.List;
 import java.util.Locale;
 
 /**
- * The device KV cache of one pair of K/V formats: its pages (a free stack), the attention kernels compiled for it,
- * the device batch its decode and prefill launches read, and the decode graphs captured over it (one per batch
- * size).
+ * The device KV cache of one pair of K/V formats: one page numbering (a free stack with reference counts: shared
+ * prefix pages, copy on write) over a {@link Part} on each stage — that stage's layers' pages, the attention
+ * kernels compiled for them, the device batch its launches read, and the decode graphs captured over it (one per
+ * batch size). A page id means the same tokens on every stage.
  */
 final class KvPool implements AutoCloseable {
+
+    /** One stage's share: the pages of its layers. */
+    record Part(Stage stage, CudaKvCache cache, CudaAttention attention, DeviceBatch batch, CudaGraph[] graphs) {
+    }
+
     private final KvFormat kFormat;
     private final KvFormat vFormat;
     private final int maxContext;
-    private final CudaKvCache cache;
-    private final CudaAttention attention;
-    private final DeviceBatch batch;
-    private final CudaGraph[] graphs;
+    private final List<Part> parts = new ArrayList<>();
     private final int[] free;
     /** Sequences holding each page (a shared prefix page has several); 0 for a free page. */
     private final int[] refs;
     private int freeCount;
 
-    KvPool(CudaContext context, ModelConfig c, KvFormat kFormat, KvFormat vFormat, int pageTokens, long tokens,
+    KvPool(Stage[] stages, ModelConfig c, KvFormat kFormat, KvFormat vFormat, int pageTokens, long tokens,
            int maxContext, int maxBatch, int maxPrefill, long headroom) {
         this.kFormat = kFormat;
         this.vFormat = vFormat;
         this.maxContext = maxContext;
-        KvGeometry geometry = new KvGeometry(c.layers(), c.kvHeads(), c.headDimK(), c.headDimV());
-        AttentionShape shape = new AttentionShape(geometry, c.heads(), kFormat, vFormat, pageTokens);
         long pages = Math.max((tokens + pageTokens - 1) / pageTokens, (maxContext + pageTokens - 1) / pageTokens);
-        long pageBytes = shape.kPageBytes() * c.layers() + shape.vPageBytes() * c.layers();
-        long free = context.memoryInfo().free() - headroom;
-        if (pages * pageBytes > free || pages > Integer.MAX_VALUE / 2) {
-            throw new IllegalArgumentException(String.format(Locale.ROOT,
-                    "a %s/%s KV cache of %d tokens needs %.2f GiB; %s has %.2f GiB free after the weights (%d "
-                            + "tokens fit; lower -c or --kv-mem)", kFormat.name(), vFormat.name(),
-                    pages * pageTokens, pages * pageBytes / 1073741824.0, context.deviceName(), free / 1073741824.0,
-                    Math.max(0, free / pageBytes) * pageTokens));
+        if (pages > Integer.MAX_VALUE / 2) {
+            throw new IllegalArgumentException("a KV cache of " + tokens + " tokens has too many pages");
         }
-        int pageCount = (int) pages;
-        CudaKvCache cache = null;
-        CudaAttention attention = null;
         try {
-            cache = CudaKvCache.allocate(context, geometry, kFormat, vFormat, pageTokens, pageCount);
-            attention = CudaAttention.create(context, KernelCache.open(context), shape,
-                    AttentionPlan.of(maxBatch, 1, maxContext, maxPrefill));
-            this.batch = DeviceBatch.allocate(context, Math.max(1, maxBatch), (maxContext + pageTokens - 1)
-                    / pageTokens);
+            for (Stage s : stages) {
+                KvGeometry geometry = new KvGeometry(s.layerCount(), c.kvHeads(), c.headDimK(), c.headDimV());
+                AttentionShape shape = new AttentionShape(geometry, c.heads(), kFormat, vFormat, pageTokens);
+                long pageBytes = (shape.kPageBytes() + shape.vPageBytes()) * s.layerCount();
+                long free = s.context.memoryInfo().free() - headroom;
+                if (pages * pageBytes > free) {
+                    throw new IllegalArgumentException(String.format(Locale.ROOT,
+                            "a %s/%s KV cache of %d tokens needs %.2f GiB on %s (layers %d..%d); %.2f GiB are free "
+                                    + "after the weights (%d tokens fit; lower -c or --kv-mem, or split the layers "
+                                    + "over more GPUs)", kFormat.name(), vFormat.name(), pages * pageTokens,
+                            pages * pageBytes / 1073741824.0, s.context.deviceName(), s.from, s.to - 1,
+                            free / 1073741824.0, Math.max(0, free / pageBytes) * pageTokens));
+                }
+                CudaKvCache cache = CudaKvCache.allocate(s.context, geometry, kFormat, vFormat, pageTokens,
+                        (int) pages);
+                CudaAttention attention;
+                DeviceBatch batch;
+                try {
+                    attention = CudaAttention.create(s.context, KernelCache.open(s.context), shape,
+                            AttentionPlan.of(maxBatch, 1, maxContext, maxPrefill));
+                    batch = DeviceBatch.allocate(s.context, Math.max(1, maxBatch),
+                            (maxContext + pageTokens - 1) / pageTokens);
+                } catch (RuntimeException e) {
+                    cache.close();
+                    throw e;
+                }
+                parts.add(new Part(s, cache, attention, batch, new CudaGraph[maxBatch + 1]));
+            }
         } catch (RuntimeException e) {
-            if (attention != null) {
-                attention.close();
-            }
-            if (cache != null) {
-                cache.close();
-            }
+            close();
             throw e;
         }
-        this.cache = cache;
-        this.attention = attention;
-        this.graphs = new CudaGraph[maxBatch + 1];
+        int pageCount = (int) pages;
         this.free = new int[pageCount];
         this.refs = new int[pageCount];
         for (int i = 0; i < pageCount; i++) {
@@ -84,16 +93,8 @@ final class KvPool implements AutoCloseable {
         return maxContext;
     }
 
-    CudaKvCache cache() {
-        return cache;
-    }
-
-    CudaAttention attention() {
-        return attention;
-    }
-
-    DeviceBatch batch() {
-        return batch;
+    List<Part> parts() {
+        return parts;
     }
 
     synchronized int freePages() {
@@ -102,10 +103,6 @@ final class KvPool implements AutoCloseable {
 
     int totalPages() {
         return free.length;
-    }
-
-    int pageTokens() {
-        return cache.pageTokens();
     }
 
     /**
@@ -143,32 +140,38 @@ final class KvPool implements AutoCloseable {
         }
     }
 
-    /** Queues a copy of every layer's K and V rows of page {@code from} onto page {@code to}. */
-    void copyPage(int from, int to, int layers, CudaStream stream) {
-        long kb = cache.kPageBytes(), vb = cache.vPageBytes();
-        for (int l = 0; l < layers; l++) {
-            cache.kPool(l).copyFromAsync(cache.kPool(l), from * kb, to * kb, kb, stream);
-            cache.vPool(l).copyFromAsync(cache.vPool(l), from * vb, to * vb, vb, stream);
+    /** Queues, on each stage's stream, a copy of every layer's K and V rows of page {@code from} onto {@code to}. */
+    void copyPage(int from, int to) {
+        for (Part p : parts) {
+            long kb = p.cache().kPageBytes(), vb = p.cache().vPageBytes();
+            CudaStream stream = p.stage().stream;
+            for (int l = 0; l < p.stage().layerCount(); l++) {
+                p.cache().kPool(l).copyFromAsync(p.cache().kPool(l), from * kb, to * kb, kb, stream);
+                p.cache().vPool(l).copyFromAsync(p.cache().vPool(l), from * vb, to * vb, vb, stream);
+            }
         }
     }
 
-    /** The decode graph of n sequences, captured from {@code launches} on first use. */
-    CudaGraph graph(int n, Runnable launches, CudaStream stream) {
-        if (graphs[n] == null) {
-            graphs[n] = CudaGraph.capture(stream, launches);
+    /** The decode graph of n sequences on a part, captured from {@code launches} on first use. */
+    static CudaGraph graph(Part part, int n, Runnable launches) {
+        if (part.graphs()[n] == null) {
+            part.graphs()[n] = CudaGraph.capture(part.stage().stream, launches);
         }
-        return graphs[n];
+        return part.graphs()[n];
     }
 
     @Override
     public void close() {
-        for (CudaGraph g : graphs) {
-            if (g != null) {
-                g.close();
+        for (Part p : parts) {
+            for (CudaGraph g : p.graphs()) {
+                if (g != null) {
+                    g.close();
+                }
             }
+            p.batch().close();
+            p.attention().close();
+            p.cache().close();
         }
-        batch.close();
-        attention.close();
-        cache.close();
+        parts.clear();
     }
 }

@@ -232,6 +232,57 @@ class CudaBackendGpuTest {
         }
     }
 
+    /**
+     * The layers split over two stages (two contexts of this one GPU: the multi-GPU code path, peer copies and event
+     * waits included) give the logits and choices of the unsplit model bit for bit: prefill of every row, decode,
+     * batched decode.
+     */
+    @Test
+    void layerSplitGivesTheSameBitsAsOneStage() {
+        checkSplit(new int[] {0, 0});
+    }
+
+    /** The same over two real GPUs (a multi-GPU machine only). */
+    @Test
+    void layerSplitOverTwoGpusGivesTheSameBitsAsOneGpu() {
+        Assumptions.assumeTrue(Cuda.available().deviceCount() >= 2, "needs two GPUs");
+        checkSplit(new int[] {0, 1});
+    }
+
+    private static void checkSplit(int[] devices) {
+        long seed = new SplittableRandom().nextLong();
+        SplittableRandom r = new SplittableRandom(seed);
+        try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.TINY, GgmlType.Q4_0, seed);
+             CudaBackend one = CudaBackend.open(model, new CudaBackend.Options(2, 64, 0));
+             CudaBackend split = CudaBackend.open(model, new CudaBackend.Options(2, 64, 0, devices,
+                     new int[] {3, 5}))) {
+            assertArrayEquals(new int[] {3, 5}, split.layerSplit());
+            int vocab = model.config().vocabSize();
+            int[] prompt = r.ints(100, 0, vocab).toArray();
+            BackendSequence[] a = {one.newSequence(256, TURBO3, TURBO3), one.newSequence(256, TURBO3, TURBO3)};
+            BackendSequence[] b = {split.newSequence(256, TURBO3, TURBO3), split.newSequence(256, TURBO3, TURBO3)};
+            float[] la = poisoned(prompt.length * vocab);
+            float[] lb = poisoned(prompt.length * vocab);
+            a[0].forward(prompt, 0, prompt.length, true, la);
+            b[0].forward(prompt, 0, prompt.length, true, lb);
+            assertArrayEquals(la, lb, "prefill logits (seed " + seed + ")");
+            assertEquals(a[1].forwardGreedy(prompt, 0, 37), b[1].forwardGreedy(prompt, 0, 37));
+            for (int step = 0; step < 3; step++) {
+                int[] t = r.ints(2, 0, vocab).toArray();
+                float[] da = poisoned(2 * vocab);
+                float[] db = poisoned(2 * vocab);
+                one.decodeBatch(a, t, da);
+                split.decodeBatch(b, t, db);
+                assertArrayEquals(da, db, "decode step " + step + " (seed " + seed + ")");
+                assertArrayEquals(one.decodeBatchGreedy(a, t), split.decodeBatchGreedy(b, t));
+            }
+            for (int i = 0; i < 2; i++) {
+                a[i].close();
+                b[i].close();
+            }
+        }
+    }
+
     private static float[] poisoned(int n) {
         float[] a = new float[n];
         Arrays.fill(a, Float.NaN);

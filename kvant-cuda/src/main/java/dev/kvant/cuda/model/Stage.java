@@ -1,0 +1,247 @@
+package dev.kvant.cuda.model;
+
+import dev.kvant.cuda.CublasLt;
+import dev.kvant.cuda.CudaContext;
+import dev.kvant.cuda.CudaEvent;
+import dev.kvant.cuda.CudaStream;
+import dev.kvant.cuda.DeviceBuffer;
+import dev.kvant.cuda.KernelCache;
+import dev.kvant.cuda.PinnedBuffer;
+import dev.kvant.model.LlamaModel;
+import dev.kvant.model.ModelConfig;
+import dev.kvant.model.Rope;
+
+import java.lang.foreign.MemorySegment;
+import java.util.ArrayList;
+import java.util.List;
+
+/**
+ * One device's part of the model: layers [from, to) with their weights, kernels, stream and activations (the first
+ * stage also embeds tokens, the last one makes logits). A model on one GPU is one stage; a layer split is several,
+ * whose hidden states cross from one to the next once per step ({@link #sendHidden}).
+ */
+final class Stage implements AutoCloseable {
+    final CudaContext context;
+    final CudaStream stream;
+    final ModelKernels k;
+    final CublasLt blas;
+    final DeviceWeights w;
+    final int from;
+    final int to;
+    final boolean first;
+    final boolean last;
+    private final ModelConfig c;
+    private final List<AutoCloseable> owned = new ArrayList<>();
+
+    private final int qkvDim;
+    private final int attnDim;
+    final DeviceBuffer tokens;
+    final DeviceBuffer positions;
+    final DeviceBuffer slots;
+    /** Argmax keys of the output product, one per vector (ModelKernels#logits); the last stage's. */
+    final DeviceBuffer best;
+    final DeviceBuffer x;
+    private final ModelKernels.Vectors xb;
+    private final DeviceBuffer qkv;
+    private final DeviceBuffer q;
+    private final DeviceBuffer kRows;
+    private final DeviceBuffer vRows;
+    private final ModelKernels.Vectors attn;
+    private final DeviceBuffer gu;
+    private final ModelKernels.Vectors g;
+    final DeviceBuffer logits;
+    private final DeviceBuffer xh;
+    private final DeviceBuffer ah;
+    private final DeviceBuffer gh;
+    private final DeviceBuffer wScratch;
+    final PinnedBuffer staging;
+    final PinnedBuffer idsHost;
+    /** Recorded after the hidden state left for the next stage. */
+    final CudaEvent sent;
+
+    /**
+     * @param rowsMax   the most rows (decode vectors or prefill tokens) one launch takes
+     * @param logitRows the most vectors whose logits one product makes
+     */
+    Stage(CudaContext context, LlamaModel model, int from, int to, int rowsMax, int logitRows, int maxPrefill) {
+        this.context = context;
+        this.c = model.config();
+        this.from = from;
+        this.to = to;
+        this.first = from == 0;
+        this.last = to == c.layers();
+        try {
+            KernelCache cache = KernelCache.open(context);
+            this.stream = own(context.createStream());
+            this.sent = own(context.createEvent());
+            this.k = own(new ModelKernels(context, cache));
+            this.blas = own(CublasLt.create(context));
+            this.w = own(new DeviceWeights(context, c, model.weights(), from, to));
+            this.qkvDim = c.qDim() + c.kvDimK() + c.kvDimV();
+            this.attnDim = c.heads() * c.headDimV();
+            this.tokens = floats(rowsMax);
+            this.positions = floats(rowsMax);
+            this.slots = floats(rowsMax);
+            this.best = bytes(8L * logitRows);
+            this.x = floats((long) rowsMax * c.dim());
+            this.xb = ModelKernels.Vectors.allocate(this::bytes, rowsMax, c.dim());
+            this.qkv = floats((long) rowsMax * qkvDim);
+            this.q = floats((long) rowsMax * c.qDim());
+            this.kRows = floats((long) rowsMax * c.kvDimK());
+            this.vRows = floats((long) rowsMax * c.kvDimV());
+            this.attn = ModelKernels.Vectors.allocate(this::bytes, rowsMax, attnDim);
+            this.gu = floats((long) rowsMax * 2 * c.ffnDim());
+            this.g = ModelKernels.Vectors.allocate(this::bytes, rowsMax, c.ffnDim());
+            this.logits = last ? floats((long) logitRows * c.vocabSize()) : null;
+            this.xh = bytes(2L * maxPrefill * c.dim());
+            this.ah = bytes(2L * maxPrefill * attnDim);
+            this.gh = bytes(2L * maxPrefill * c.ffnDim());
+            this.wScratch = bytes(2L * w.largestProjectionHalves());
+            this.staging = own(context.allocatePinned(8L * rowsMax));
+            this.idsHost = own(context.allocatePinned(8L * logitRows));
+        } catch (RuntimeException e) {
+            close();
+            throw e;
+        }
+    }
+
+    private <T extends AutoCloseable> T own(T resource) {
+        owned.add(resource);
+        return resource;
+    }
+
+    private DeviceBuffer floats(long count) {
+        return bytes(4L * count);
+    }
+
+    private DeviceBuffer bytes(long count) {
+        return own(context.allocate(Math.max(16, count)));
+    }
+
+    int layerCount() {
+        return to - from;
+    }
+
+    /**
+     * The decode launches of this stage for n vectors (captured into its graph): embedding on the first stage,
+     * its layers, the output product with the greedy keys on the last.
+     */
+    void decodeLaunches(KvPool.Part kv, int n) {
+        int dim = c.dim();
+        int ffn = c.ffnDim();
+        float eps = c.rmsEps();
+        if (first) {
+            k.embed(w.embedding, tokens, n, x, best, n, stream);
+        } else if (last) {
+            best.fillIntsAsync(0, stream);
+        }
+        for (int l = 0; l < layerCount(); l++) {
+            DeviceWeights.Layer L = w.layers[l];
+            k.rmsnorm(x, L.attnNorm(), xb, n, dim, eps, stream);
+            L.qkv().matvec(k, xb, n, qkv, qkvDim, L.qkvBias(), ModelKernels.MV_STORE, stream);
+            k.ropeSplit(rope(kv, n, positions, 0, L, 1), stream);
+            kv.attention().quantizeRows(kv.cache(), l, kRows, vRows, slots, n, stream);
+            kv.attention().decode(kv.cache(), l, q, kv.batch(), n, attn.floats(), stream);
+            if (L.wo().readsQ8()) {
+                k.quantize(attn, n, stream);
+            }
+            L.wo().matvec(k, attn, n, x, dim, null, ModelKernels.MV_ADD, stream);
+            k.rmsnorm(x, L.ffnNorm(), xb, n, dim, eps, stream);
+            if (L.gateUp().single()) {
+                k.matvec(L.gateUp().only(), ffn, xb, n, g.floats(), ffn, null, ModelKernels.MV_SWIGLU, ffn, stream);
+            } else {
+                L.gateUp().matvec(k, xb, n, gu, 2 * ffn, null, ModelKernels.MV_STORE, stream);
+                k.swiglu(gu, ffn, n, null, g.floats(), stream);
+            }
+            if (L.down().readsQ8()) {
+                k.quantize(g, n, stream);
+            }
+            L.down().matvec(k, g, n, x, dim, null, ModelKernels.MV_ADD, stream);
+        }
+        if (last) {
+            k.rmsnorm(x, w.outputNorm, xb, n, dim, eps, stream);
+            k.logits(w.output.only(), c.vocabSize(), xb, n, logits, best, stream);
+        }
+    }
+
+    /**
+     * The prefill launches of this stage for n tokens of one sequence at start.. (queued, not captured); the last
+     * stage leaves the last row's logits and greedy key, or with allLogits the normalized rows in xb for
+     * {@link #allLogits}.
+     */
+    void prefillLaunches(KvPool.Part kv, int n, int start, boolean allLogits) {
+        int dim = c.dim();
+        float eps = c.rmsEps();
+        int ffn = c.ffnDim();
+        if (first) {
+            k.embed(w.embedding, tokens, n, x, best, 1, stream);
+        } else if (last) {
+            best.fillIntsAsync(0, stream);
+        }
+        for (int l = 0; l < layerCount(); l++) {
+            DeviceWeights.Layer L = w.layers[l];
+            k.rmsnormHalf(x, L.attnNorm(), xh, n, dim, eps, stream);
+            L.qkv().gemm(k, blas, xh, n, qkv, false, wScratch, stream);
+            if (L.qkvBias() != null) {
+                k.addBias(qkv, L.qkvBias(), qkvDim, n, stream);
+            }
+            k.ropeSplit(rope(kv, n, null, start, L, 0), stream);
+            kv.attention().quantizeRows(kv.cache(), l, kRows, vRows, slots, n, stream);
+            kv.attention().prefill(kv.cache(), l, q, kv.batch(), 0, start, n, attn.floats(), stream);
+            k.toHalf(attn.floats(), ah, (long) n * attnDim, stream);
+            L.wo().gemm(k, blas, ah, n, x, true, wScratch, stream);
+            k.rmsnormHalf(x, L.ffnNorm(), xh, n, dim, eps, stream);
+            L.gateUp().gemm(k, blas, xh, n, gu, false, wScratch, stream);
+            k.swiglu(gu, ffn, n, gh, null, stream);
+            L.down().gemm(k, blas, gh, n, x, true, wScratch, stream);
+        }
+        if (last) {
+            if (allLogits) {
+                k.rmsnorm(x, w.outputNorm, xb, n, dim, eps, stream);
+            } else {
+                k.rmsnorm(x.slice(4L * (n - 1) * dim, 4L * dim), w.outputNorm, xb, 1, dim, eps, stream);
+                k.logits(w.output.only(), c.vocabSize(), xb, 1, logits, best, stream);
+            }
+        }
+    }
+
+    /** Logits of rows [r, r+m) of the normalized rows a prefill left in xb (m <= MAX_VECTORS). */
+    void allLogits(int r, int m) {
+        k.logits(w.output.only(), c.vocabSize(), xb.from(r), m, logits, null, stream);
+    }
+
+    /**
+     * Queues the copy of n rows of the hidden state to the next stage (a peer copy between devices) and records
+     * {@link #sent}; the next stage's stream waits for it before its layers.
+     */
+    void sendHidden(Stage next, int n) {
+        next.x.copyFromPeerAsync(x, 0, 0, 4L * n * c.dim(), stream);
+        sent.record(stream);
+        next.stream.waitFor(sent);
+    }
+
+    private ModelKernels.RopeLaunch rope(KvPool.Part kv, int n, DeviceBuffer positions, int start,
+                                         DeviceWeights.Layer L, int seqStride) {
+        Rope r = c.rope();
+        return new ModelKernels.RopeLaunch(qkv, n, positions, start, q, kRows, vRows, w.ropeFreqs, r.ropeDim(),
+                r.mode() == Rope.Mode.NEOX, r.linearScale(), c.heads(), c.kvHeads(), c.headDimK(), c.headDimV(),
+                L.qNorm(), L.kNorm(), c.rmsEps(), kv.batch().tables(), kv.batch().tableStride(), seqStride,
+                CudaBackend.PAGE_TOKENS, slots);
+    }
+
+    MemorySegment stagingSegment() {
+        return staging.segment();
+    }
+
+    @Override
+    public void close() {
+        for (int i = owned.size() - 1; i >= 0; i--) {
+            try {
+                owned.get(i).close();
+            } catch (Exception ignored) {
+                // device memory of a context being torn down
+            }
+        }
+        owned.clear();
+    }
+}
