@@ -141,7 +141,16 @@ public final class CudaAttention implements AutoCloseable {
     /** One query per sequence: {@code seqs} sequences of the batch, each query at position length - 1. */
     public void decode(CudaKvCache kv, int layer, DeviceBuffer q, DeviceBatch batch, int seqs, DeviceBuffer out,
                        CudaStream stream) {
-        decodeMulti(kv, layer, q, batch, seqs, 1, out, stream);
+        decodeMulti(kv, layer, q, batch, seqs, 1, out, null, null, stream);
+    }
+
+    /**
+     * As {@link #decode}, also writing the output rows as 8-bit codes (int8 [seqs][heads·dV]) and per 32 values
+     * (scale, scale·Σcodes) (float2 [seqs][heads·dV/32]): the operand of the next 8-bit product, made in the merge.
+     */
+    public void decode(CudaKvCache kv, int layer, DeviceBuffer q, DeviceBatch batch, int seqs, DeviceBuffer out,
+                       DeviceBuffer outQ8, DeviceBuffer outQ8Scales, CudaStream stream) {
+        decodeMulti(kv, layer, q, batch, seqs, 1, out, outQ8, outQ8Scales, stream);
     }
 
     /**
@@ -150,6 +159,11 @@ public final class CudaAttention implements AutoCloseable {
      */
     public void decodeMulti(CudaKvCache kv, int layer, DeviceBuffer q, DeviceBatch batch, int seqs, int queries,
                             DeviceBuffer out, CudaStream stream) {
+        decodeMulti(kv, layer, q, batch, seqs, queries, out, null, null, stream);
+    }
+
+    private void decodeMulti(CudaKvCache kv, int layer, DeviceBuffer q, DeviceBatch batch, int seqs, int queries,
+                             DeviceBuffer out, DeviceBuffer outQ8, DeviceBuffer outQ8Scales, CudaStream stream) {
         kv.checkShape(shape);
         if (seqs < 1 || seqs > plan.maxSeqs() || seqs > batch.maxSeqs()) {
             throw new IllegalArgumentException("decode of " + seqs + " sequences; the plan takes " + plan.maxSeqs()
@@ -169,8 +183,13 @@ public final class CudaAttention implements AutoCloseable {
                 batch.tables(), batch.tableStride(), batch.lengths(), partials, maxSums, shape.kvHeads(),
                 shape.group(), queries, shape.pageTokens(), kv.kPageBytes(), kv.vPageBytes(), plan.splitTokens(),
                 maxSplits, qscale(), sparseThreshold);
+        if (outQ8 != null) {
+            requireBytes("8-bit output", outQ8, rows * shape.headDimV());
+            requireBytes("8-bit output scales", outQ8Scales, rows * shape.headDimV() / 32 * 8);
+        }
         merge.launch(new Dim3(queries * shape.heads(), seqs, 1), Dim3.of(MERGE_THREADS), 0, stream, partials,
-                maxSums, out, batch.lengths(), -1, queries, shape.heads(), maxSplits, plan.splitTokens());
+                maxSums, out, batch.lengths(), -1, queries, shape.heads(), maxSplits, plan.splitTokens(),
+                outQ8 == null ? 0L : (Object) outQ8, outQ8Scales == null ? 0L : (Object) outQ8Scales);
     }
 
     /**

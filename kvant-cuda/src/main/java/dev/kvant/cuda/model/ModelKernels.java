@@ -36,6 +36,7 @@ final class ModelKernels implements AutoCloseable {
     private final Map<WeightLayout, CudaFunction> dequant = new EnumMap<>(WeightLayout.class);
     private final CudaFunction rmsnorm;
     private final CudaFunction ropeSplit;
+    private final CudaFunction ropeAngles;
     private final CudaFunction swiglu;
     private final CudaFunction toHalf;
     private final CudaFunction addBias;
@@ -58,6 +59,7 @@ final class ModelKernels implements AutoCloseable {
         }
         this.rmsnorm = module.function("kvant_rmsnorm");
         this.ropeSplit = module.function("kvant_rope_split");
+        this.ropeAngles = module.function("kvant_rope_angles");
         this.swiglu = module.function("kvant_swiglu");
         this.toHalf = module.function("kvant_to_half");
         this.addBias = module.function("kvant_add_bias");
@@ -185,11 +187,18 @@ final class ModelKernels implements AutoCloseable {
         }
     }
 
+    /** (cos, sin) of every rotated pair at each of n positions (positions, or start + t when null) into table. */
+    void ropeAngles(DeviceBuffer positions, int start, int n, DeviceBuffer freqs, int ropeDim, float positionScale,
+                    DeviceBuffer table, CudaStream stream) {
+        ropeAngles.launch(Dim3.of(n), Dim3.of(64), 0, stream, orNull(positions), start, n, freqs, ropeDim,
+                positionScale, table);
+    }
+
     void ropeSplit(RopeLaunch r, CudaStream stream) {
-        ropeSplit.launch(new Dim3(r.n(), (r.heads() + r.kvHeads() + 3) / 4, 1), Dim3.of(128), 0, stream, r.qkv(), r.n(), orNull(r.positions()), r.start(),
-                r.q(), r.k(), r.v(), r.freqs(), r.ropeDim(), r.neox() ? 1 : 0, r.positionScale(), r.heads(),
-                r.kvHeads(), r.headDim(), r.headDimV(), orNull(r.qNorm()), orNull(r.kNorm()), r.eps(), r.tables(),
-                r.tableStride(), r.seqStride(), r.pageTokens(), r.slots());
+        ropeSplit.launch(new Dim3(r.n(), (r.heads() + r.kvHeads() + 3) / 4, 1), Dim3.of(128), 0, stream, r.qkv(),
+                r.n(), orNull(r.positions()), r.start(), r.q(), r.k(), r.v(), r.angles(), r.ropeDim(),
+                r.neox() ? 1 : 0, r.heads(), r.kvHeads(), r.headDim(), r.headDimV(), orNull(r.qNorm()),
+                orNull(r.kNorm()), r.eps(), r.tables(), r.tableStride(), r.seqStride(), r.pageTokens(), r.slots());
     }
 
     /** silu(gate)·up of n rows of a stacked gate/up output, as f16 (outHalf) or f32 (outFloat). */
@@ -234,7 +243,7 @@ final class ModelKernels implements AutoCloseable {
 
     /** Arguments of one kvant_rope_split launch (see model.cu). */
     record RopeLaunch(DeviceBuffer qkv, int n, DeviceBuffer positions, int start, DeviceBuffer q, DeviceBuffer k,
-                      DeviceBuffer v, DeviceBuffer freqs, int ropeDim, boolean neox, float positionScale, int heads,
+                      DeviceBuffer v, DeviceBuffer angles, int ropeDim, boolean neox, int heads,
                       int kvHeads, int headDim, int headDimV, DeviceBuffer qNorm, DeviceBuffer kNorm, float eps,
                       DeviceBuffer tables, int tableStride, int seqStride, int pageTokens, DeviceBuffer slots) {
     }

@@ -54,6 +54,8 @@ final class Stage implements AutoCloseable {
     private final DeviceBuffer ah;
     private final DeviceBuffer gh;
     private final DeviceBuffer wScratch;
+    /** (cos, sin) of each rotated pair at each row's position: made once a step, read by every layer. */
+    private final DeviceBuffer angles;
     final PinnedBuffer staging;
     final PinnedBuffer idsHost;
     /** Recorded after the hidden state left for the next stage. */
@@ -97,6 +99,7 @@ final class Stage implements AutoCloseable {
             this.ah = bytes(2L * maxPrefill * attnDim);
             this.gh = bytes(2L * maxPrefill * c.ffnDim());
             this.wScratch = bytes(2L * w.largestProjectionHalves());
+            this.angles = bytes(8L * rowsMax * Math.max(1, c.rope().ropeDim() / 2));
             this.staging = own(context.allocatePinned(8L * rowsMax));
             this.idsHost = own(context.allocatePinned(8L * logitRows));
         } catch (RuntimeException e) {
@@ -135,15 +138,19 @@ final class Stage implements AutoCloseable {
         } else if (last) {
             best.fillIntsAsync(0, stream);
         }
+        k.ropeAngles(positions, 0, n, w.ropeFreqs, c.rope().ropeDim(), c.rope().linearScale(), angles, stream);
         for (int l = 0; l < layerCount(); l++) {
             DeviceWeights.Layer L = w.layers[l];
             k.rmsnorm(x, L.attnNorm(), xb, n, dim, eps, stream);
             L.qkv().matvec(k, xb, n, qkv, qkvDim, L.qkvBias(), ModelKernels.MV_STORE, stream);
             k.ropeSplit(rope(kv, n, positions, 0, L, 1), stream);
             kv.attention().quantizeRows(kv.cache(), l, kRows, vRows, slots, n, stream);
-            kv.attention().decode(kv.cache(), l, q, kv.batch(), n, attn.floats(), stream);
             if (L.wo().readsQ8()) {
-                k.quantize(attn, n, stream);
+                // the merge writes the 8-bit operand of the o product too
+                kv.attention().decode(kv.cache(), l, q, kv.batch(), n, attn.floats(), attn.q8(), attn.q8Scales(),
+                        stream);
+            } else {
+                kv.attention().decode(kv.cache(), l, q, kv.batch(), n, attn.floats(), stream);
             }
             L.wo().matvec(k, attn, n, x, dim, null, ModelKernels.MV_ADD, stream);
             k.rmsnorm(x, L.ffnNorm(), xb, n, dim, eps, stream);
@@ -178,6 +185,7 @@ final class Stage implements AutoCloseable {
         } else if (last) {
             best.fillIntsAsync(0, stream);
         }
+        k.ropeAngles(null, start, n, w.ropeFreqs, c.rope().ropeDim(), c.rope().linearScale(), angles, stream);
         for (int l = 0; l < layerCount(); l++) {
             DeviceWeights.Layer L = w.layers[l];
             k.rmsnormHalf(x, L.attnNorm(), xh, n, dim, eps, stream);
@@ -223,8 +231,8 @@ final class Stage implements AutoCloseable {
     private ModelKernels.RopeLaunch rope(KvPool.Part kv, int n, DeviceBuffer positions, int start,
                                          DeviceWeights.Layer L, int seqStride) {
         Rope r = c.rope();
-        return new ModelKernels.RopeLaunch(qkv, n, positions, start, q, kRows, vRows, w.ropeFreqs, r.ropeDim(),
-                r.mode() == Rope.Mode.NEOX, r.linearScale(), c.heads(), c.kvHeads(), c.headDimK(), c.headDimV(),
+        return new ModelKernels.RopeLaunch(qkv, n, positions, start, q, kRows, vRows, angles, r.ropeDim(),
+                r.mode() == Rope.Mode.NEOX, c.heads(), c.kvHeads(), c.headDimK(), c.headDimV(),
                 L.qNorm(), L.kNorm(), c.rmsEps(), kv.batch().tables(), kv.batch().tableStride(), seqStride,
                 CudaBackend.PAGE_TOKENS, slots);
     }

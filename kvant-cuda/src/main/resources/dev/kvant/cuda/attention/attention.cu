@@ -745,9 +745,11 @@ __device__ __forceinline__ float block_reduce(float v, float* red, bool isMax) {
     return v;
 }
 
+// With outQ (and outDs) given, the row is also written as 8-bit codes for the next product: per 32 values a scale
+// d = max|x|/127, codes round(x/d) into outQ, (d, d·Σcodes) into outDs — model.cu's quantize_block, value for value.
 extern "C" __global__ void __launch_bounds__(MERGE_THREADS) kvant_attn_merge(const float* __restrict__ opart,
         const float2* __restrict__ ml, float* __restrict__ out, const int* __restrict__ lens, int kvLenFixed, int nq,
-        int heads, int maxSplits, int splitTokens) {
+        int heads, int maxSplits, int splitTokens, signed char* __restrict__ outQ, float2* __restrict__ outDs) {
     __shared__ float w[MERGE_MAX_SPLITS];
     __shared__ float red[33];
     __shared__ float part[MERGE_THREADS];
@@ -788,7 +790,21 @@ extern "C" __global__ void __launch_bounds__(MERGE_THREADS) kvant_attn_merge(con
     }
     __syncthreads();
     if constexpr (fmt_rotated(VF)) unrotate_row(row, tid);
-    if (tid < DV) out[(((i64) seq * nq * heads) + r) * DV + tid] = row[tid];
+    const i64 at = (((i64) seq * nq * heads) + r) * DV + tid;
+    if (tid < DV) out[at] = row[tid];
+    if (outQ != nullptr && tid < DV) {  // DV % 32 == 0: each of the first DV / 32 warps holds one block
+        const float v = row[tid];
+        float a = fabsf(v);
+#pragma unroll
+        for (int h = 16; h >= 1; h >>= 1) a = fmaxf(a, __shfl_xor_sync(FULL_MASK, a, h));
+        const float dq = a / 127.f;
+        const int c = dq > 0.f ? __float2int_rn(v / dq) : 0;
+        int sum = c;
+#pragma unroll
+        for (int h = 16; h >= 1; h >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, h);
+        outQ[at] = (signed char) c;
+        if ((tid & 31) == 0) outDs[at / 32] = make_float2(dq, dq * (float) sum);
+    }
 }
 
 // kvant_attn_unrotate — rows of prefill output rotated back out of a rotated V format's domain, in place.

@@ -646,17 +646,32 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) kvant_rmsnorm(
     }
 }
 
-// ---- after the QKV projection: optional per-head RMSNorm of q and k (qwen3), RoPE at each vector's position,
-// q/k/v split into their own contiguous buffers, and each vector's cache slot from its page table.
+// ---- RoPE angles of a step: (cos, sin) of every rotated pair at each vector's position, once per step for all
+// layers. positions: int [n], or null for start + t. Computed in doubles from the frequencies of
+// dev.kvant.model.Rope, so the angles equal the CPU's. grid: n blocks; block: 64 threads.
+extern "C" __global__ void kvant_rope_angles(const int* __restrict__ positions, int start, int n,
+                                             const double* __restrict__ freqs, int ropeDim, float positionScale,
+                                             float2* __restrict__ table) {
+    int t = blockIdx.x;
+    int pos = positions != nullptr ? positions[t] : start + t;
+    double p = (double) pos / (double) positionScale;
+    for (int i = threadIdx.x; i < ropeDim / 2; i += blockDim.x) {
+        double a = p * freqs[i];
+        table[(i64) t * (ropeDim / 2) + i] = make_float2((float) cos(a), (float) sin(a));
+    }
+}
+
+// ---- after the QKV projection: optional per-head RMSNorm of q and k (qwen3), RoPE at each vector's position
+// (angles from kvant_rope_angles), q/k/v split into their own contiguous buffers, and each vector's cache slot
+// from its page table.
 //
 // qkv: [n][qDim + 2·kvDim] (the fused projection's output); positions: int [n], or null for start + t;
 // tables: page table of vector t at tables + (t·seqStride)·tableStride (seqStride 0: one sequence, prefill).
-// grid: (n, ceil((heads + kvHeads) / 4)); block: 128 threads, warp w rotating head 4·blockIdx.y + w. Each block makes
-// the (cos, sin) table of its position in doubles first, so the angles equal the CPU's (dev.kvant.model.Rope).
+// grid: (n, ceil((heads + kvHeads) / 4)); block: 128 threads, warp w rotating head 4·blockIdx.y + w.
 extern "C" __global__ void __launch_bounds__(128) kvant_rope_split(
         const float* __restrict__ qkv, int n, const int* __restrict__ positions, int start,
         float* __restrict__ q, float* __restrict__ k, float* __restrict__ v,
-        const double* __restrict__ freqs, int ropeDim, int neox, float positionScale,
+        const float2* __restrict__ angles, int ropeDim, int neox,
         int heads, int kvHeads, int headDim, int headDimV,
         const float* __restrict__ qNorm, const float* __restrict__ kNorm, float eps,
         const int* __restrict__ tables, int tableStride, int seqStride, int pageTokens, int* __restrict__ slots) {
@@ -665,13 +680,7 @@ extern "C" __global__ void __launch_bounds__(128) kvant_rope_split(
     int qDim = heads * headDim, kvDim = kvHeads * headDim, kvDimV = kvHeads * headDimV;
     const float* row = qkv + (i64) t * (qDim + kvDim + kvDimV);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    __shared__ float2 angle[128];  // (cos, sin) of each rotated pair; ropeDim <= 256
-    double p = (double) pos / (double) positionScale;
-    for (int i = threadIdx.x; i < ropeDim / 2; i += blockDim.x) {
-        double a = p * freqs[i];
-        angle[i] = make_float2((float) cos(a), (float) sin(a));
-    }
-    __syncthreads();
+    const float2* angle = angles + (i64) t * (ropeDim / 2);
     int h = blockIdx.y * 4 + warp;
     if (h < heads + kvHeads) {
         bool isQ = h < heads;
