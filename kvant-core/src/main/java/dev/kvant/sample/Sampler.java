@@ -41,13 +41,8 @@ public final class Sampler {
         if (config.isGreedy()) {
             return argmax(logits, vocab);
         }
-        Integer[] order = new Integer[vocab];
-        for (int i = 0; i < vocab; i++) {
-            order[i] = i;
-        }
-        // Ties break towards the lower id, so the order never depends on the sort's stability.
-        Arrays.sort(order, (a, b) -> logits[a] != logits[b] ? Float.compare(logits[b], logits[a]) : a - b);
         int keep = config.topK() > 0 ? Math.min(config.topK(), vocab) : vocab;
+        int[] order = best(logits, vocab, keep);
         double max = logits[order[0]];
         double[] p = new double[keep];
         double sum = 0;
@@ -86,6 +81,82 @@ public final class Sampler {
             }
         }
         return order[keep - 1];
+    }
+
+    /**
+     * The ids of the {@code keep} largest logits, largest first, ties to the lower id: what sorting every id by
+     * (logit descending, id ascending) and taking the first {@code keep} gives, without boxing or sorting the whole
+     * vocabulary. Each candidate is one long whose order is that order (the logit's bits made monotonic above, the
+     * complement of the id below); a min-heap of {@code keep} longs selects them when keep is small.
+     */
+    static int[] best(float[] logits, int vocab, int keep) {
+        long[] top;
+        if (keep * 8L < vocab) {
+            long[] heap = new long[keep];
+            int size = 0;
+            for (int i = 0; i < vocab; i++) {
+                long key = key(logits[i], i);
+                if (size < keep) {
+                    heap[size] = key;
+                    siftUp(heap, size++);
+                } else if (key > heap[0]) {
+                    heap[0] = key;
+                    siftDown(heap, keep);
+                }
+            }
+            top = heap;
+        } else {
+            top = new long[vocab];
+            for (int i = 0; i < vocab; i++) {
+                top[i] = key(logits[i], i);
+            }
+        }
+        Arrays.sort(top);
+        int[] ids = new int[keep];
+        for (int i = 0; i < keep; i++) {
+            ids[i] = (int) (0xFFFFFFFFL - (top[top.length - 1 - i] & 0xFFFFFFFFL));
+        }
+        return ids;
+    }
+
+    /** Larger for a larger logit, then for a lower id; -0 counts as +0, as {@code ==} on floats has it. */
+    private static long key(float logit, int id) {
+        int bits = Float.floatToRawIntBits(logit == 0f ? 0f : logit);
+        long ordered = (bits < 0 ? ~bits : bits | 0x80000000) & 0xFFFFFFFFL;
+        return (ordered << 32 ^ Long.MIN_VALUE) | (0xFFFFFFFFL - id);
+    }
+
+    private static void siftUp(long[] heap, int i) {
+        long v = heap[i];
+        while (i > 0) {
+            int parent = (i - 1) >>> 1;
+            if (heap[parent] <= v) {
+                break;
+            }
+            heap[i] = heap[parent];
+            i = parent;
+        }
+        heap[i] = v;
+    }
+
+    private static void siftDown(long[] heap, int size) {
+        long v = heap[0];
+        int i = 0;
+        while (true) {
+            int child = 2 * i + 1;
+            if (child >= size) {
+                break;
+            }
+            if (child + 1 < size && heap[child + 1] < heap[child]) {
+                child++;
+            }
+            if (heap[child] >= v) {
+                break;
+            }
+            heap[i] = heap[child];
+            i = child;
+        }
+        heap[i] = v;
     }
 
     private void penalize(float[] logits) {

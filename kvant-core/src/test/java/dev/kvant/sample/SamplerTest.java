@@ -1,0 +1,98 @@
+package dev.kvant.sample;
+
+import org.junit.jupiter.api.Test;
+
+import java.util.Arrays;
+import java.util.SplittableRandom;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+class SamplerTest {
+
+    /** The order the sampler's candidates must come in: every id sorted by logit descending, then id ascending. */
+    private static int[] referenceOrder(float[] logits, int vocab, int keep) {
+        Integer[] order = new Integer[vocab];
+        for (int i = 0; i < vocab; i++) {
+            order[i] = i;
+        }
+        Arrays.sort(order, (a, b) -> logits[a] != logits[b] ? Float.compare(logits[b], logits[a]) : a - b);
+        int[] r = new int[keep];
+        for (int i = 0; i < keep; i++) {
+            r[i] = order[i];
+        }
+        return r;
+    }
+
+    @Test
+    void candidatesAreTheLargestLogitsInOrderWithTiesToTheLowerId() {
+        long seed = new SplittableRandom().nextLong();
+        SplittableRandom r = new SplittableRandom(seed);
+        for (int vocab : new int[] {1, 7, 300, 5000}) {
+            float[] logits = new float[vocab];
+            for (int i = 0; i < vocab; i++) {
+                // few distinct values (many ties), both signs, and both zeros
+                logits[i] = switch (r.nextInt(8)) {
+                    case 0 -> 0f;
+                    case 1 -> -0f;
+                    default -> (float) Math.round(r.nextGaussian() * 4) / 2;
+                };
+            }
+            for (int keep : new int[] {1, 5, 40, vocab}) {
+                if (keep > vocab) {
+                    continue;
+                }
+                assertArrayEquals(referenceOrder(logits, vocab, keep), Sampler.best(logits, vocab, keep),
+                        "vocab " + vocab + " keep " + keep + " (seed " + seed + ")");
+            }
+        }
+    }
+
+    @Test
+    void greedyAndTopOneTakeTheArgmaxAndTheSameSeedTheSameTokens() {
+        long seed = new SplittableRandom().nextLong();
+        SplittableRandom r = new SplittableRandom(seed);
+        float[] logits = new float[1000];
+        for (int i = 0; i < logits.length; i++) {
+            logits[i] = (float) r.nextGaussian();
+        }
+        int argmax = Sampler.argmax(logits, logits.length);
+        assertEquals(argmax, new Sampler(SamplerConfig.greedy()).sample(logits.clone(), logits.length));
+        assertEquals(argmax, new Sampler(new SamplerConfig(0.8f, 1, 1f, 0f, 1f, 0, seed)).sample(logits.clone(),
+                logits.length));
+        Sampler a = new Sampler(SamplerConfig.defaults(seed));
+        Sampler b = new Sampler(SamplerConfig.defaults(seed));
+        for (int i = 0; i < 50; i++) {
+            int ta = a.sample(logits.clone(), logits.length);
+            assertEquals(ta, b.sample(logits.clone(), logits.length), "step " + i + " (seed " + seed + ")");
+            a.accept(ta);
+            b.accept(ta);
+        }
+    }
+
+    /** Top-k 3 only ever picks the three largest; at temperature 1 their frequencies follow the softmax. */
+    @Test
+    void topKSamplesFollowTheSoftmaxOfTheKeptTokens() {
+        long seed = new SplittableRandom().nextLong();
+        float[] logits = new float[500];
+        Arrays.fill(logits, -5f);
+        logits[17] = 2f;
+        logits[300] = 1f;
+        logits[42] = 0f;
+        Sampler s = new Sampler(new SamplerConfig(1f, 3, 1f, 0f, 1f, 0, seed));
+        int[] counts = new int[logits.length];
+        int n = 20000;
+        for (int i = 0; i < n; i++) {
+            counts[s.sample(logits.clone(), logits.length)]++;
+        }
+        assertEquals(n, counts[17] + counts[300] + counts[42], "only the top 3 (seed " + seed + ")");
+        double z = Math.exp(2) + Math.exp(1) + 1;
+        for (int[] c : new int[][] {{17, 2}, {300, 1}, {42, 0}}) {
+            double expected = Math.exp(c[1]) / z;
+            double got = counts[c[0]] / (double) n;
+            assertTrue(Math.abs(got - expected) < 0.015, "token " + c[0] + ": " + got + " vs " + expected
+                    + " (seed " + seed + ")");
+        }
+    }
+}
