@@ -7,8 +7,6 @@ import dev.kvant.model.ModelConfig;
 import dev.kvant.model.Rope;
 
 import java.lang.foreign.MemorySegment;
-import java.util.ArrayList;
-import java.util.List;
 
 /**
  * A model's weights on one device, uploaded once: matrices in their compressed formats (q|k|v and gate|up stacked
@@ -32,7 +30,7 @@ final class DeviceWeights implements AutoCloseable {
     final int from;
     /** Angular frequency of each rotated pair (dev.kvant.model.Rope#frequency), f64. */
     final DeviceBuffer ropeFreqs;
-    private final List<AutoCloseable> owned = new ArrayList<>();
+    private final Owned owned = new Owned();
 
     DeviceWeights(CudaContext context, ModelConfig c, LlamaWeights w, int from, int to) {
         this.from = from;
@@ -75,8 +73,7 @@ final class DeviceWeights implements AutoCloseable {
     }
 
     private <T extends AutoCloseable> T own(T resource) {
-        owned.add(resource);
-        return resource;
+        return owned.add(resource);
     }
 
     private DeviceBuffer floats(CudaContext context, float[] values) {
@@ -124,13 +121,6 @@ final class DeviceWeights implements AutoCloseable {
 
     @Override
     public void close() {
-        for (int i = owned.size() - 1; i >= 0; i--) {
-            try {
-                owned.get(i).close();
-            } catch (Exception ignored) {
-                // closing device memory only fails when the context is gone, and then it is gone already
-            }
-        }
-        owned.clear();
+        owned.close();
     }
 }

@@ -12,8 +12,6 @@ import dev.kvant.model.ModelConfig;
 import dev.kvant.model.Rope;
 
 import java.lang.foreign.MemorySegment;
-import java.util.ArrayList;
-import java.util.List;
 
 /**
  * One device's part of the model: layers [from, to) with their weights, kernels, stream and activations (the first
@@ -31,7 +29,7 @@ final class Stage implements AutoCloseable {
     final boolean first;
     final boolean last;
     private final ModelConfig c;
-    private final List<AutoCloseable> owned = new ArrayList<>();
+    private final Owned owned = new Owned();
 
     private final int qkvDim;
     private final int attnDim;
@@ -109,8 +107,7 @@ final class Stage implements AutoCloseable {
     }
 
     private <T extends AutoCloseable> T own(T resource) {
-        owned.add(resource);
-        return resource;
+        return owned.add(resource);
     }
 
     private DeviceBuffer floats(long count) {
@@ -243,13 +240,6 @@ final class Stage implements AutoCloseable {
 
     @Override
     public void close() {
-        for (int i = owned.size() - 1; i >= 0; i--) {
-            try {
-                owned.get(i).close();
-            } catch (Exception ignored) {
-                // device memory of a context being torn down
-            }
-        }
-        owned.clear();
+        owned.close();
     }
 }

@@ -193,34 +193,102 @@ __device__ void dequant_f16(const u8* __restrict__ W, i64 rowBytes, i64 scales, 
 // output: MV_STORE out[v][r] = dot (+ bias[r]); MV_ADD out[v][r] += dot; MV_SWIGLU out[v][r] = silu(g)·u.
 #define MV_WARPS 4
 
+// The rows of one warp: R weight rows from r0 = warp · (outputs a warp) on (MV_SWIGLU: R/2 gate rows and the
+// matching up rows ffn + ...). Rows past the end read row 0's bytes again and are not written.
+template <int R>
+__device__ __forceinline__ bool warp_rows(int warp, int outputs, int mode, int ffn, int& r0, int* rows,
+                                          bool* valid) {
+    constexpr int H = R / 2 > 0 ? R / 2 : 1;  // outputs per warp in MV_SWIGLU (R >= 2 there)
+    r0 = warp * (mode == MV_SWIGLU ? H : R);
+    if (r0 >= outputs) {
+        return false;
+    }
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        if (mode == MV_SWIGLU) {
+            rows[i] = i < H ? r0 + i : ffn + r0 + (i - H);
+            valid[i] = r0 + (i % H) < outputs;
+        } else {
+            rows[i] = r0 + i;
+            valid[i] = r0 + i < outputs;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        if (!valid[i]) {
+            rows[i] = rows[0];
+        }
+    }
+    return true;
+}
+
+// Sums each lane's partials over the warp (a fixed butterfly) and lane 0 writes the outputs per mode: MV_STORE
+// (+ bias), MV_ADD, MV_SWIGLU (silu(gate)·up); with best, each stored value also goes into its vector's argmax key.
+template <int R, int NV>
+__device__ __forceinline__ void warp_outputs(float (&acc)[R][NV], int r0, const bool* valid, int nvec, float* out,
+                                             int outStride, const float* __restrict__ bias, int mode,
+                                             unsigned long long* __restrict__ best) {
+    constexpr int H = R / 2 > 0 ? R / 2 : 1;
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                acc[i][v] += __shfl_xor_sync(FULL_MASK, acc[i][v], o);
+            }
+        }
+    }
+    if ((threadIdx.x & 31) != 0) {
+        return;
+    }
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+        if (v >= nvec) {
+            break;
+        }
+        float* o = out + (i64) v * outStride;
+        if (mode == MV_SWIGLU) {
+#pragma unroll
+            for (int i = 0; i < H; i++) {
+                if (valid[i]) {
+                    float g = acc[i][v], u = acc[i + H][v];
+                    o[r0 + i] = g / (1.f + expf(-g)) * u;
+                }
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                if (valid[i]) {
+                    float val = acc[i][v];
+                    if (bias != nullptr) {
+                        val += bias[r0 + i];
+                    }
+                    if (mode == MV_ADD) {
+                        o[r0 + i] += val;
+                    } else {
+                        o[r0 + i] = val;
+                    }
+                    if (best != nullptr) {
+                        atomicMax(best + v, argmax_key(val, r0 + i));
+                    }
+                }
+            }
+        }
+    }
+}
+
 template <int F, int NV>
 __device__ void matvec(const u8* __restrict__ W, i64 rowBytes, i64 scales, int outputs, int cols,
                        const float* __restrict__ x, int xStride, int nvec, float* out, int outStride,
                        const float* __restrict__ bias, int mode, int ffn, unsigned long long* __restrict__ best) {
     int lane = threadIdx.x & 31;
     int warp = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
-    int perWarp = mode == MV_SWIGLU ? 2 : 4;
-    int r0 = warp * perWarp;
-    if (r0 >= outputs) {
-        return;
-    }
+    int r0;
     int rows[4];
     bool valid[4];
-    if (mode == MV_SWIGLU) {
-        rows[0] = r0; rows[1] = r0 + 1; rows[2] = ffn + r0; rows[3] = ffn + r0 + 1;
-        valid[0] = true; valid[1] = r0 + 1 < outputs; valid[2] = true; valid[3] = valid[1];
-    } else {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            rows[i] = r0 + i;
-            valid[i] = r0 + i < outputs;
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        if (!valid[i]) {
-            rows[i] = rows[0];  // read a valid row, discard the result
-        }
+    if (!warp_rows<4>(warp, outputs, mode, ffn, r0, rows, valid)) {
+        return;
     }
     float acc[4][NV];
 #pragma unroll
@@ -260,53 +328,7 @@ __device__ void matvec(const u8* __restrict__ W, i64 rowBytes, i64 scales, int o
             }
         }
     }
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-#pragma unroll
-        for (int v = 0; v < NV; v++) {
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                acc[i][v] += __shfl_xor_sync(FULL_MASK, acc[i][v], o);
-            }
-        }
-    }
-    if (lane != 0) {
-        return;
-    }
-#pragma unroll
-    for (int v = 0; v < NV; v++) {
-        if (v >= nvec) {
-            break;
-        }
-        float* o = out + (i64) v * outStride;
-        if (mode == MV_SWIGLU) {
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                if (valid[i]) {
-                    float g = acc[i][v], u = acc[i + 2][v];
-                    o[r0 + i] = g / (1.f + expf(-g)) * u;
-                }
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                if (valid[i]) {
-                    float val = acc[i][v];
-                    if (bias != nullptr) {
-                        val += bias[r0 + i];
-                    }
-                    if (mode == MV_ADD) {
-                        o[r0 + i] += val;
-                    } else {
-                        o[r0 + i] = val;
-                    }
-                    if (best != nullptr) {
-                        atomicMax(best + v, argmax_key(val, r0 + i));
-                    }
-                }
-            }
-        }
-    }
+    warp_outputs<4, NV>(acc, r0, valid, nvec, out, outStride, bias, mode, best);
 }
 
 // ---- the planar Q4_0 and Q8_0 formats against 8-bit vectors (decode's main path)
@@ -331,29 +353,11 @@ __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
                           unsigned long long* __restrict__ best) {
     int lane = threadIdx.x & 31;
     int warp = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
-    constexpr int H = R / 2 > 0 ? R / 2 : 1;  // outputs per warp in MV_SWIGLU (R >= 2 there)
-    int perWarp = mode == MV_SWIGLU ? H : R;
-    int r0 = warp * perWarp;
-    if (r0 >= outputs) {
-        return;
-    }
+    int r0;
     int rows[R];
     bool valid[R];
-#pragma unroll
-    for (int i = 0; i < R; i++) {
-        if (mode == MV_SWIGLU) {
-            rows[i] = i < H ? r0 + i : ffn + r0 + (i - H);
-            valid[i] = r0 + (i % H) < outputs;
-        } else {
-            rows[i] = r0 + i;
-            valid[i] = r0 + i < outputs;
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < R; i++) {
-        if (!valid[i]) {
-            rows[i] = rows[0];
-        }
+    if (!warp_rows<R>(warp, outputs, mode, ffn, r0, rows, valid)) {
+        return;
     }
     float acc[R][NV];
 #pragma unroll
@@ -413,53 +417,7 @@ __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
             }
         }
     }
-#pragma unroll
-    for (int i = 0; i < R; i++) {
-#pragma unroll
-        for (int v = 0; v < NV; v++) {
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                acc[i][v] += __shfl_xor_sync(FULL_MASK, acc[i][v], o);
-            }
-        }
-    }
-    if (lane != 0) {
-        return;
-    }
-#pragma unroll
-    for (int v = 0; v < NV; v++) {
-        if (v >= nvec) {
-            break;
-        }
-        float* o = out + (i64) v * outStride;
-        if (mode == MV_SWIGLU) {
-#pragma unroll
-            for (int i = 0; i < H; i++) {
-                if (valid[i]) {
-                    float g = acc[i][v], u = acc[i + H][v];
-                    o[r0 + i] = g / (1.f + expf(-g)) * u;
-                }
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < R; i++) {
-                if (valid[i]) {
-                    float val = acc[i][v];
-                    if (bias != nullptr) {
-                        val += bias[r0 + i];
-                    }
-                    if (mode == MV_ADD) {
-                        o[r0 + i] += val;
-                    } else {
-                        o[r0 + i] = val;
-                    }
-                    if (best != nullptr) {
-                        atomicMax(best + v, argmax_key(val, r0 + i));
-                    }
-                }
-            }
-        }
-    }
+    warp_outputs<R, NV>(acc, r0, valid, nvec, out, outStride, bias, mode, best);
 }
 
 #define KVANT_Q8_KERNELS(NAME, F)                                                                                 \
