@@ -1,12 +1,19 @@
 package dev.kvant.cli;
 
+import dev.kvant.attention.AttentionKernel;
 import dev.kvant.attention.AttentionOptions;
 import dev.kvant.attention.AttentionParity;
+import dev.kvant.cuda.Cuda;
+import dev.kvant.cuda.CudaAvailability;
+import dev.kvant.cuda.CudaContext;
+import dev.kvant.cuda.attention.CudaParityKernels;
 import dev.kvant.kv.KvFormat;
 import dev.kvant.tensor.Parallel;
 import picocli.CommandLine.Command;
 import picocli.CommandLine.Option;
 
+import java.util.ArrayList;
+import java.util.List;
 import java.util.SplittableRandom;
 import java.util.concurrent.Callable;
 
@@ -59,6 +66,10 @@ final class ParityCommand implements Callable<Integer> {
     @Option(names = "--json", description = "print one JSON object")
     boolean json;
 
+    @Option(names = "--backend", paramLabel = "NAME", defaultValue = "cpu",
+            description = "whose kernels: cpu, cuda, or all (cpu and cuda in one table; default ${DEFAULT-VALUE})")
+    String backend;
+
     @Override
     public Integer call() {
         ModelOptions.checkThreads(threads);
@@ -66,9 +77,30 @@ final class ParityCommand implements Callable<Integer> {
         AttentionParity.Settings settings = new AttentionParity.Settings(KvFormat.parse(ctk), KvFormat.parse(ctv), ctx,
                 queries, kvHeads, heads, headDim, headDimV != null ? headDimV : headDim, s,
                 new AttentionOptions(softCap, sparseV));
+        String which = backend.toLowerCase(java.util.Locale.ROOT);
+        if (!which.equals("cpu") && !which.equals("cuda") && !which.equals("all")) {
+            throw new IllegalArgumentException("--backend: unknown backend '" + backend + "' (cpu, cuda, all)");
+        }
         AttentionParity.Report report;
+        CudaContext context = null;
         try (Parallel pool = new Parallel(threads)) {
-            report = AttentionParity.run(settings, AttentionParity.cpuKernels(pool));
+            List<AttentionKernel> kernels = new ArrayList<>();
+            if (!which.equals("cuda")) {
+                kernels.addAll(AttentionParity.cpuKernels(pool));
+            }
+            if (!which.equals("cpu")) {
+                CudaAvailability cuda = Cuda.available();
+                if (!cuda.ok()) {
+                    throw new IllegalArgumentException("--backend " + which + ": " + cuda.reason());
+                }
+                context = CudaContext.open();
+                kernels.addAll(CudaParityKernels.kernels(context));
+            }
+            report = AttentionParity.run(settings, kernels);
+        } finally {
+            if (context != null) {
+                context.close();
+            }
         }
         System.out.println(json ? report.toJson() : report.markdown());
         return report.ok() ? 0 : 1;
