@@ -24,6 +24,9 @@ final class PerplexityCommand implements Runnable {
     @Mixin
     ModelOptions opts;
 
+    @Mixin
+    SelectOptions selectOpts;
+
     @Option(names = {"-f", "--file"}, required = true, paramLabel = "FILE", description = "text file (UTF-8)")
     Path file;
 
@@ -49,6 +52,7 @@ final class PerplexityCommand implements Runnable {
         Progress progress = new Progress(json);
         try (LlamaModel model = opts.load();
              Parallel pool = new Parallel(opts.threads);
+             var dump = selectOpts.apply(model);
              Session session = new Session(model, ctx, opts.kFormat(), opts.vFormat(), opts.prefillChunk, pool)) {
             Tokenizer tok = model.tokenizer();
             progress.update("tokenizing " + file);
@@ -66,8 +70,8 @@ final class PerplexityCommand implements Runnable {
                 System.out.println(r.toJson());
             } else {
                 System.out.printf(Locale.ROOT,
-                        "model %s, kv %s/%s, %d tokens, ctx %d, %d chunks, %d tokens scored, %.1f s%n",
-                        model.name(), opts.ctk, opts.ctv, tokens.length, r.ctx(), r.chunks(), r.tokensScored(),
+                        "model %s, kv %s/%s, %s, %d tokens, ctx %d, %d chunks, %d tokens scored, %.1f s%n",
+                        model.name(), opts.ctk, opts.ctv, selectOpts.describe(), tokens.length, r.ctx(), r.chunks(), r.tokensScored(),
                         r.seconds());
                 System.out.printf(Locale.ROOT, "PPL = %.4f +/- %.5f%n", r.ppl(), r.pplError());
             }
