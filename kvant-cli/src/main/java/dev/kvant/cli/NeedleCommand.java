@@ -79,6 +79,7 @@ final class NeedleCommand implements Runnable {
         if ((probes == null) == (haystack == null)) {
             throw new IllegalArgumentException("give exactly one of --probes FILE.jsonl and --haystack TEXT");
         }
+        selectOpts.config();
         Progress progress = new Progress(json);
         try (LlamaModel model = opts.load();
              Parallel pool = new Parallel(opts.threads);
