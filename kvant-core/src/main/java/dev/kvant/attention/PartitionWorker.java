@@ -280,8 +280,8 @@ final class PartitionWorker {
 
     /**
      * {@link #partition} through a selection: the tiles of the partition that no list of query block qb (for the
-     * task's kv heads) holds are neither staged nor decoded; a head's unselected tiles get score -inf, so weight
-     * exactly 0, and are left out of its weighted sum. Everything else is the dense arithmetic in the dense order,
+     * task's kv heads) holds are neither staged nor decoded; a head's unselected tiles are left out of its scores,
+     * softmax and weighted sum, which is what weight exactly 0 would give (see {@link #softmaxSelected}). Everything else is the dense arithmetic in the dense order,
      * which is why a selection of every block gives the dense result bit for bit. Tiles are staged one at a time
      * (a selected tile's neighbours are mostly not wanted). A head with no selected tile here gets an empty
      * partial, which the merge skips; a query with visible rows always sees a selected one, because its own
@@ -325,24 +325,23 @@ final class PartitionWorker {
         for (int tile = 0; tile < tiles; tile++) {
             int ts = tile * T;
             if ((any >>> tile & 1) == 0) {
-                for (int j = 0; j < heads; j++) {
-                    int from = j * region + TileKernels.at(ts, 0, slots);
-                    Arrays.fill(scores, from, from + T * slots, Float.NEGATIVE_INFINITY);
-                }
                 continue;
             }
             int count = Math.min(T, maxRows - ts);
             stage(c, c.kPool, c.kPageBytes, c.kRowBytes, p0 + ts, count, g0, heads);
-            c.kDecoder.decode(staging, offs, count * heads, kt, c.dpK);
             for (int j = 0; j < heads; j++) {
                 if ((masks[j] >>> tile & 1) == 0) {
-                    int from = j * region + TileKernels.at(ts, 0, slots);
-                    Arrays.fill(scores, from, from + T * slots, Float.NEGATIVE_INFINITY);
                     continue;
                 }
+                // Only the heads that selected the tile decode it: lists differ per head, so a tile is often
+                // wanted by one head of the task. A row's values and score do not depend on where it is decoded.
+                for (int k = 0; k < count; k++) {
+                    tileOffs[k] = offs[k * heads + j];
+                }
+                c.kDecoder.decode(staging, tileOffs, count, kt, c.dpK);
                 setQueries(c, g0 + j, t0, nq, slots);
-                TileKernels.scores(c.queries, queryOff, nq, slots, kt, j * c.dpK, heads * c.dpK, (count + 3) & ~3,
-                        c.dpK, scores, j * region, ts, red);
+                TileKernels.scores(c.queries, queryOff, nq, slots, kt, 0, c.dpK, (count + 3) & ~3, c.dpK, scores,
+                        j * region, ts, red);
             }
         }
         int rows4 = (maxRows + 3) & ~3;
@@ -351,9 +350,14 @@ final class PartitionWorker {
                 continue;
             }
             if (c.softCap > 0) {
-                Softmax.softCapInPlace(scores, j * region, j * region + rows4 * slots, c.softCap, capScratch);
+                for (long m = masks[j]; m != 0; m &= m - 1) {
+                    int ts = Long.numberOfTrailingZeros(m) * T;
+                    int to = Math.min(ts + T, rows4);
+                    Softmax.softCapInPlace(scores, j * region + ts * slots, j * region + to * slots, c.softCap,
+                            capScratch);
+                }
             }
-            softmax(slots, rows4, c.sparseV, j * region, max, sum, base + j * headStride);
+            softmaxSelected(slots, rows4, masks[j], c.sparseV, j * region, max, sum, base + j * headStride);
         }
 
         for (int r = 0; r < maxRows; r++) {
@@ -368,14 +372,17 @@ final class PartitionWorker {
             int count = Math.min(T, maxRows - k0);
             stage(c, c.vPool, c.vPageBytes, c.vRowBytes, p0 + k0, count, g0, heads);
             if (!sparse) {
-                c.vDecoder.decode(staging, offs, count * heads, vt, c.dpV);
                 for (int j = 0; j < heads; j++) {
                     if ((masks[j] >>> tile & 1) == 0) {
                         continue;
                     }
+                    for (int k = 0; k < count; k++) {
+                        tileOffs[k] = offs[k * heads + j];
+                    }
+                    c.vDecoder.decode(staging, tileOffs, count, vt, c.dpV);
                     setAccumulators(c, base + j * headStride, slots);
-                    TileKernels.weightedSum(scores, j * region, slots, rows, k0, count, vt, j * c.dpV, heads * c.dpV,
-                            c.dpV, acc, accOff, nq);
+                    TileKernels.weightedSum(scores, j * region, slots, rows, k0, count, vt, 0, c.dpV, c.dpV, acc,
+                            accOff, nq);
                 }
                 continue;
             }
@@ -401,6 +408,69 @@ final class PartitionWorker {
                     TileKernels.weightedSum(scores, j * region, slots, kept, 0, n, vt, 0, c.dpV, c.dpV, acc, accOff,
                             nq);
                 }
+            }
+        }
+    }
+
+    /**
+     * {@link #softmax} over the tiles set in mask only: the max over fewer (all finite-or-masked) scores is the same
+     * max, the weights of the skipped rows would be exactly +0, and the sums run over the kept blocks in block
+     * order ({@link Softmax#weights} accumulating run after run), so with every tile set this is the dense softmax
+     * bit for bit.
+     */
+    private void softmaxSelected(int slots, int rows4, long mask, float sparse, int off, float[] max, float[] sum,
+                                 int ml) {
+        int stride = 4 * slots;
+        int blocks = rows4 / 4;
+        int perTile = T / 4;
+        for (int v = 0; v < stride; v += L) {
+            IntVector lim = IntVector.fromArray(I, laneLimit, v);
+            FloatVector mx = FloatVector.broadcast(F, Float.NEGATIVE_INFINITY);
+            for (long m = mask; m != 0; m &= m - 1) {
+                int tile = Long.numberOfTrailingZeros(m);
+                int b1 = Math.min(blocks, (tile + 1) * perTile);
+                for (int b = tile * perTile; b < b1; b++) {
+                    VectorMask<Float> out = ROW_IN_BLOCK.add(4 * b).compare(VectorOperators.GE, lim).cast(F);
+                    mx = mx.max(FloatVector.fromArray(F, scores, off + b * stride + v)
+                            .blend(Float.NEGATIVE_INFINITY, out));
+                }
+            }
+            mx = mx.max(mx.rearrange(SWAP1));
+            mx = mx.max(mx.rearrange(SWAP2));
+            mx.intoArray(lanes, 0);
+            Arrays.fill(sums, 0f);
+            for (long m = mask; m != 0; ) {
+                int a = Long.numberOfTrailingZeros(m);
+                int e = a + Long.numberOfTrailingZeros(~(m >>> a));
+                int b0 = a * perTile;
+                int b1 = Math.min(blocks, e * perTile);
+                if (b1 > b0) {
+                    Softmax.weights(scores, off + b0 * stride + v, stride, b1 - b0, 4 * b0, lanes, laneLimit, v, sums,
+                            true);
+                }
+                m = e >= 64 ? 0 : m & (-1L << e);
+            }
+            FloatVector total = FloatVector.fromArray(F, sums, 0);
+            total = total.add(total.rearrange(SWAP2));
+            total = total.add(total.rearrange(SWAP1));
+            if (sparse > 0) {
+                FloatVector threshold = total.mul(sparse);
+                for (long m = mask; m != 0; m &= m - 1) {
+                    int tile = Long.numberOfTrailingZeros(m);
+                    int b1 = Math.min(blocks, (tile + 1) * perTile);
+                    for (int b = tile * perTile; b < b1; b++) {
+                        int at = off + b * stride + v;
+                        FloatVector w = FloatVector.fromArray(F, scores, at);
+                        w.blend(0f, w.compare(VectorOperators.LT, threshold)).intoArray(scores, at);
+                    }
+                }
+            }
+            mx.intoArray(lanes, 0);
+            total.intoArray(lanes, L);
+            for (int j = 0; j < L; j += 4) {
+                int slot = (v + j) / 4;
+                max[ml + slot] = lanes[j];
+                sum[ml + slot] = lanes[L + j];
             }
         }
     }

@@ -126,16 +126,15 @@ public final class PageTopK {
             long[] keys = s.keys(candidates);
             float[] sum = ks.layer(layer);
             int dim = p.dim();
-            for (int b = sink; b < recentFrom; b++) {
-                int so = ks.offset(b, g);
-                float best = Float.NEGATIVE_INFINITY;
-                for (int t = t0; t < t1; t++) {
-                    for (int h = g * p.group(); h < (g + 1) * p.group(); h++) {
-                        int qo = (t * heads + h) * dim;
-                        best = Math.max(best, bound(p.pos(), p.neg(), qo, sum, so, dim, s.lanes));
-                    }
+            int nq = (t1 - t0) * p.group();
+            int[] qo = s.queries(nq);
+            for (int t = t0, i = 0; t < t1; t++) {
+                for (int h = g * p.group(); h < (g + 1) * p.group(); h++) {
+                    qo[i++] = (t * heads + h) * dim;
                 }
-                keys[b - sink] = key(best, b);
+            }
+            for (int b = sink; b < recentFrom; b++) {
+                keys[b - sink] = key(best(p.pos(), p.neg(), qo, nq, sum, ks.offset(b, g), dim, s.lanes), b);
             }
             smallest(keys, candidates, k);
             int[] picked = s.picked(k);
@@ -154,24 +153,68 @@ public final class PageTopK {
     }
 
     /**
-     * The upper bound of q·k over a block: Σ_d pos_d·max_d + neg_d·min_d, summaries at sum[so] (min) and
-     * sum[so + dim] (max).
+     * The largest upper bound of q·k over a block for the nq queries at pos/neg[qo[i]]: per query
+     * Σ_d pos_d·max_d + neg_d·min_d, summaries at sum[so] (min) and sum[so + dim] (max). Four queries share each
+     * load of the summaries; every query's sum is the same chain of fmas (dimension order, per lane) and the same
+     * lane order whichever pass computes it.
      */
-    static float bound(float[] pos, float[] neg, int qo, float[] sum, int so, int dim, float[] lanes) {
-        FloatVector acc = FloatVector.zero(F);
-        int d = 0;
-        for (; d + L <= dim; d += L) {
-            acc = FloatVector.fromArray(F, pos, qo + d).fma(FloatVector.fromArray(F, sum, so + dim + d), acc);
-            acc = FloatVector.fromArray(F, neg, qo + d).fma(FloatVector.fromArray(F, sum, so + d), acc);
+    static float best(float[] pos, float[] neg, int[] qo, int nq, float[] sum, int so, int dim, float[] lanes) {
+        float best = Float.NEGATIVE_INFINITY;
+        int mx = so + dim;
+        int vdim = dim - dim % L;
+        int i = 0;
+        for (; i + 4 <= nq; i += 4) {
+            int q0 = qo[i], q1 = qo[i + 1], q2 = qo[i + 2], q3 = qo[i + 3];
+            FloatVector a0 = FloatVector.zero(F), a1 = a0, a2 = a0, a3 = a0;
+            for (int d = 0; d < vdim; d += L) {
+                FloatVector hi = FloatVector.fromArray(F, sum, mx + d);
+                FloatVector lo = FloatVector.fromArray(F, sum, so + d);
+                a0 = FloatVector.fromArray(F, pos, q0 + d).fma(hi, a0);
+                a1 = FloatVector.fromArray(F, pos, q1 + d).fma(hi, a1);
+                a2 = FloatVector.fromArray(F, pos, q2 + d).fma(hi, a2);
+                a3 = FloatVector.fromArray(F, pos, q3 + d).fma(hi, a3);
+                a0 = FloatVector.fromArray(F, neg, q0 + d).fma(lo, a0);
+                a1 = FloatVector.fromArray(F, neg, q1 + d).fma(lo, a1);
+                a2 = FloatVector.fromArray(F, neg, q2 + d).fma(lo, a2);
+                a3 = FloatVector.fromArray(F, neg, q3 + d).fma(lo, a3);
+            }
+            a0.intoArray(lanes, 0);
+            a1.intoArray(lanes, L);
+            a2.intoArray(lanes, 2 * L);
+            a3.intoArray(lanes, 3 * L);
+            float s0 = 0f, s1 = 0f, s2 = 0f, s3 = 0f;
+            for (int l = 0; l < L; l++) {
+                s0 += lanes[l];
+                s1 += lanes[L + l];
+                s2 += lanes[2 * L + l];
+                s3 += lanes[3 * L + l];
+            }
+            best = Math.max(best, Math.max(Math.max(tail(pos, neg, q0, sum, so, dim, vdim, s0),
+                    tail(pos, neg, q1, sum, so, dim, vdim, s1)), Math.max(tail(pos, neg, q2, sum, so, dim, vdim, s2),
+                    tail(pos, neg, q3, sum, so, dim, vdim, s3))));
         }
-        acc.intoArray(lanes, 0);
-        float total = 0f;
-        for (int i = 0; i < L; i++) {
-            total += lanes[i];
+        for (; i < nq; i++) {
+            int q0 = qo[i];
+            FloatVector a0 = FloatVector.zero(F);
+            for (int d = 0; d < vdim; d += L) {
+                a0 = FloatVector.fromArray(F, pos, q0 + d).fma(FloatVector.fromArray(F, sum, mx + d), a0);
+                a0 = FloatVector.fromArray(F, neg, q0 + d).fma(FloatVector.fromArray(F, sum, so + d), a0);
+            }
+            a0.intoArray(lanes, 0);
+            float s0 = 0f;
+            for (int l = 0; l < L; l++) {
+                s0 += lanes[l];
+            }
+            best = Math.max(best, tail(pos, neg, q0, sum, so, dim, vdim, s0));
         }
-        for (; d < dim; d++) {
-            total = Math.fma(pos[qo + d], sum[so + dim + d], total);
-            total = Math.fma(neg[qo + d], sum[so + d], total);
+        return best;
+    }
+
+    /** The dimensions past the last whole vector, scalar, after the vector part's sum. */
+    private static float tail(float[] pos, float[] neg, int q, float[] sum, int so, int dim, int from, float total) {
+        for (int d = from; d < dim; d++) {
+            total = Math.fma(pos[q + d], sum[so + dim + d], total);
+            total = Math.fma(neg[q + d], sum[so + d], total);
         }
         return total;
     }
@@ -227,7 +270,15 @@ public final class PageTopK {
     private static final class Scratch {
         long[] keys = new long[0];
         int[] picked = new int[0];
-        final float[] lanes = new float[L];
+        int[] queries = new int[0];
+        final float[] lanes = new float[4 * L];
+
+        int[] queries(int n) {
+            if (queries.length < n) {
+                queries = new int[n];
+            }
+            return queries;
+        }
 
         long[] keys(int n) {
             if (keys.length < n) {
