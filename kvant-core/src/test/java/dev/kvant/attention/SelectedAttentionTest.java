@@ -78,7 +78,7 @@ class SelectedAttentionTest {
     void attentionThroughEveryBlockEqualsDenseBitForBit(String format, int n, int block, float sparseV) {
         KvFormat f = KvFormat.parse(format);
         AttentionOptions o = AttentionOptions.defaults().withSparseV(sparseV);
-        int start = 2 * CpuAttention.PARTITION + 300;
+        int start = CpuAttention.PARTITION + 300;
         try (AttentionProblem p = AttentionProblem.random(f, f, 2, 2, 128, 128, start, n, 64, SEED)) {
             float[] dense = new float[p.outputSize()];
             float[] sel = new float[p.outputSize()];
