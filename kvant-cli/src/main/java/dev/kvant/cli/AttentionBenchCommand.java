@@ -3,10 +3,15 @@ package dev.kvant.cli;
 import dev.kvant.attention.AttentionBench;
 import dev.kvant.attention.AttentionOptions;
 import dev.kvant.kv.KvFormat;
+import dev.kvant.select.SelectionConfig;
+import dev.kvant.select.SelectionLog;
+import dev.kvant.tensor.Parallel;
 import picocli.CommandLine.Command;
 import picocli.CommandLine.Option;
 
+import java.nio.file.Path;
 import java.time.LocalDate;
+import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
 
@@ -57,6 +62,22 @@ final class AttentionBenchCommand implements Runnable {
     @Option(names = "--json", description = "print a JSON array, one object per row")
     boolean json;
 
+    @Option(names = "--select-budget", paramLabel = "TOKENS", defaultValue = "0",
+            description = "also time decode through a top-k selection of this many tokens, selector included (0 = off)")
+    int selectBudget;
+
+    @Option(names = "--replay-selection", paramLabel = "FILE",
+            description = "instead: replay the selections of a --dump-selection file over random K/V of its shape, "
+                    + "printing median time per call, dense time of the same calls and an output checksum")
+    Path replay;
+
+    @Option(names = "--replay-limit", paramLabel = "N", defaultValue = "0",
+            description = "replay the first N records only (0 = all)")
+    int replayLimit;
+
+    @Option(names = "--replay-decode", description = "replay only the records of decode steps (at most 8 tokens)")
+    boolean replayDecode;
+
     @Override
     public void run() {
         for (int t : threads) {
@@ -68,8 +89,14 @@ final class AttentionBenchCommand implements Runnable {
         List<KvFormat> fs = formats.stream().map(KvFormat::parse).toList();
         Progress progress = new Progress(json);
         String machine = AttentionBench.machine();
+        if (replay != null) {
+            replay(fs, progress, machine);
+            return;
+        }
+        SelectionConfig select = selectBudget > 0 ? SelectionConfig.topK(selectBudget) : null;
         List<AttentionBench.Row> rows = AttentionBench.run(new AttentionBench.Settings(fs, ctx, threads, heads, kvHeads,
-                headDim, reps, prefill, new AttentionOptions(0f, sparseV), (long) copyMb << 20), progress::update);
+                headDim, reps, prefill, new AttentionOptions(0f, sparseV), (long) copyMb << 20, select),
+                progress::update);
         progress.done();
         if (json) {
             System.out.println(AttentionBench.json(rows));
@@ -79,6 +106,30 @@ final class AttentionBenchCommand implements Runnable {
                     + "; ctx " + Arrays.toString(ctx));
             System.out.println();
             System.out.println(AttentionBench.markdown(rows));
+        }
+    }
+
+    private void replay(List<KvFormat> fs, Progress progress, String machine) {
+        SelectionLog log = SelectionLog.read(replay);
+        List<AttentionBench.Replay> rows = new ArrayList<>();
+        for (KvFormat f : fs) {
+            for (int t : threads) {
+                try (Parallel pool = new Parallel(t)) {
+                    rows.add(AttentionBench.replay(log, f, pool, replayLimit, replayDecode, 3, 42, progress::update));
+                }
+            }
+        }
+        progress.done();
+        if (json) {
+            System.out.println("[" + String.join(",\n ", rows.stream().map(AttentionBench.Replay::toJson).toList())
+                    + "]");
+        } else {
+            SelectionLog.Header h = log.header();
+            System.out.println("machine: " + machine + "; " + LocalDate.now() + "; replay of " + replay + " ("
+                    + h.heads() + " heads / " + h.kvHeads() + " kv heads / head size " + h.headDimK() + ", blocks of "
+                    + h.blockTokens() + ")");
+            System.out.println();
+            System.out.println(AttentionBench.replayMarkdown(rows));
         }
     }
 }

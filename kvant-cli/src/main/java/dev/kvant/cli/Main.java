@@ -8,7 +8,8 @@ import picocli.CommandLine.Command;
         description = "LLM inference on GGUF models with a compressed KV cache.",
         subcommands = {RunCommand.class, ChatCommand.class, TokenizeCommand.class, PerplexityCommand.class,
                 BenchCommand.class, KvEvalCommand.class, ParityCommand.class, AttentionBenchCommand.class,
-                InfoCommand.class, ServeCommand.class, ServeBenchCommand.class, CommandLine.HelpCommand.class})
+                InfoCommand.class, ServeCommand.class, ServeBenchCommand.class, NeedleCommand.class,
+                CommandLine.HelpCommand.class})
 public final class Main implements Runnable {
 
     @CommandLine.Spec

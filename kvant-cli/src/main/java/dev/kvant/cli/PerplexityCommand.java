@@ -25,6 +25,9 @@ final class PerplexityCommand implements Runnable {
     @Mixin
     ModelOptions opts;
 
+    @Mixin
+    SelectOptions selectOpts;
+
     @Option(names = {"-f", "--file"}, required = true, paramLabel = "FILE", description = "text file (UTF-8)")
     Path file;
 
@@ -50,9 +53,13 @@ final class PerplexityCommand implements Runnable {
         Progress progress = new Progress(json);
         try (LlamaModel model = opts.load();
              Parallel pool = new Parallel(opts.threads);
+             var dump = selectOpts.apply(model);
              Backend backend = opts.openBackend(model, pool);
              Session session = new Session(backend, ctx, opts.kFormat(), opts.vFormat(),
                      opts.prefillChunk)) {
+            if (selectOpts.config() != null && !backend.name().equals("cpu")) {
+                throw new IllegalArgumentException("--select runs on the CPU backend only so far (use --backend cpu)");
+            }
             Tokenizer tok = model.tokenizer();
             progress.update("tokenizing " + file);
             int[] tokens = tok.encode(text, true, false);
@@ -69,8 +76,8 @@ final class PerplexityCommand implements Runnable {
                 System.out.println(r.toJson());
             } else {
                 System.out.printf(Locale.ROOT,
-                        "model %s, kv %s/%s, %d tokens, ctx %d, %d chunks, %d tokens scored, %.1f s%n",
-                        model.name(), opts.ctk, opts.ctv, tokens.length, r.ctx(), r.chunks(), r.tokensScored(),
+                        "model %s, kv %s/%s, %s, %d tokens, ctx %d, %d chunks, %d tokens scored, %.1f s%n",
+                        model.name(), opts.ctk, opts.ctv, selectOpts.describe(), tokens.length, r.ctx(), r.chunks(), r.tokensScored(),
                         r.seconds());
                 System.out.printf(Locale.ROOT, "PPL = %.4f +/- %.5f%n", r.ppl(), r.pplError());
             }

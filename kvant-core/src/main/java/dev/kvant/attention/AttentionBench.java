@@ -2,6 +2,10 @@ package dev.kvant.attention;
 
 import dev.kvant.kv.KvCache;
 import dev.kvant.kv.KvFormat;
+import dev.kvant.select.PageTopK;
+import dev.kvant.select.Selection;
+import dev.kvant.select.SelectionConfig;
+import dev.kvant.select.SelectionLog;
 import dev.kvant.tensor.Parallel;
 
 import java.io.IOException;
@@ -29,8 +33,14 @@ public final class AttentionBench {
     private static final int DISTINCT_POSITIONS = 4096;
 
     /** @param copyBytes size of the buffer the copy bandwidth is measured on; far larger than the caches' L3 share */
+    /** @param select when not null, also time decode through a {@link PageTopK} selection (selector included) */
     public record Settings(List<KvFormat> formats, int[] contexts, int[] threads, int heads, int kvHeads, int headDim,
-                           int reps, int prefillTokens, AttentionOptions options, long copyBytes) {
+                           int reps, int prefillTokens, AttentionOptions options, long copyBytes,
+                           SelectionConfig select) {
+        public Settings(List<KvFormat> formats, int[] contexts, int[] threads, int heads, int kvHeads, int headDim,
+                        int reps, int prefillTokens, AttentionOptions options, long copyBytes) {
+            this(formats, contexts, threads, heads, kvHeads, headDim, reps, prefillTokens, options, copyBytes, null);
+        }
     }
 
     /** One measurement: {@code test} is "decode" or "pp" + tokens. */
@@ -44,6 +54,111 @@ public final class AttentionBench {
     }
 
     private AttentionBench() {
+    }
+
+    /**
+     * A replay of recorded selections: per recorded (layer, query block), attention of its queries through its
+     * selection over a cache of random rows of the recorded geometry (one layer; every record runs on it).
+     *
+     * @param calls      records replayed
+     * @param ctx        cache length: the furthest recorded position + 1
+     * @param ms         median over the records of each record's median time through its selection
+     * @param denseMs    the same for dense attention of the same queries
+     * @param meanTokens positions a (record, kv head) list selects, on average
+     * @param checksum   a hash of the bits of every record's output: equal runs print equal checksums
+     */
+    public record Replay(String format, int threads, int calls, int ctx, double ms, double denseMs, double meanTokens,
+                         String checksum) {
+        public String toJson() {
+            return String.format(Locale.ROOT, "{\"kv\":\"%s\",\"threads\":%d,\"calls\":%d,\"ctx\":%d,\"ms\":%.4f,"
+                            + "\"dense_ms\":%.4f,\"mean_selected_tokens\":%.1f,\"checksum\":\"%s\"}", format, threads,
+                    calls, ctx, ms, denseMs, meanTokens, checksum);
+        }
+    }
+
+    /**
+     * Replays up to limit records (0: all) of a selection dump over random K/V of format f; with decodeOnly, only
+     * the records of decode calls (at most {@value CpuAttention#MAX_MULTI_QUERY} tokens).
+     */
+    public static Replay replay(SelectionLog log, KvFormat f, Parallel pool, int limit, boolean decodeOnly, int reps,
+                                long seed, Consumer<String> progress) {
+        SelectionLog.Header h = log.header();
+        List<SelectionLog.Entry> entries = log.entries().stream()
+                .filter(e -> !decodeOnly || e.tokens() <= CpuAttention.MAX_MULTI_QUERY)
+                .limit(limit > 0 ? limit : Long.MAX_VALUE).toList();
+        if (entries.isEmpty()) {
+            throw new IllegalArgumentException("the selection dump holds no records to replay");
+        }
+        if (h.heads() % h.kvHeads() != 0) {
+            throw new IllegalArgumentException("selection dump header: " + h.heads() + " heads are not a multiple of "
+                    + h.kvHeads() + " kv heads");
+        }
+        int ctx = 0;
+        for (SelectionLog.Entry e : entries) {
+            ctx = Math.max(ctx, e.position() + e.tokens());
+        }
+        int q = Selection.QUERY_BLOCK;
+        progress.accept(f.name() + ": writing a cache of " + ctx + " random positions");
+        try (AttentionProblem p = AttentionProblem.random(f, f, h.kvHeads(), h.heads() / h.kvHeads(), h.headDimK(),
+                h.headDimV(), Math.max(0, ctx - q), Math.min(q, ctx), 64, seed, DISTINCT_POSITIONS)) {
+            Selection[] sels = new Selection[entries.size()];
+            double tokens = 0;
+            for (int i = 0; i < sels.length; i++) {
+                SelectionLog.Entry e = entries.get(i);
+                sels[i] = e.toSelection(h.blockTokens());
+                for (int g = 0; g < h.kvHeads(); g++) {
+                    tokens += sels[i].tokens(0, g);
+                }
+            }
+            float[] out = new float[p.outputSize()];
+            long hash = 0xcbf29ce484222325L;
+            progress.accept(f.name() + ": warming up, checksum");
+            for (int i = 0; i < sels.length; i++) {
+                SelectionLog.Entry e = entries.get(i);
+                Arrays.fill(out, Float.NaN);
+                CpuAttention.attend(p.seq(), 0, p.queries(), e.tokens(), e.position(), p.heads(), p.scale(),
+                        AttentionOptions.defaults(), sels[i], out, pool);
+                for (int j = 0; j < e.tokens() * p.heads() * h.headDimV(); j++) {
+                    hash = (hash ^ Float.floatToRawIntBits(out[j])) * 0x100000001b3L;
+                }
+            }
+            double[] sel = new double[sels.length];
+            double[] dense = new double[sels.length];
+            double[] t = new double[Math.max(1, reps)];
+            for (int i = 0; i < sels.length; i++) {
+                if (i % 64 == 0) {
+                    progress.accept(f.name() + ": record " + i + "/" + sels.length);
+                }
+                SelectionLog.Entry e = entries.get(i);
+                for (int r = 0; r < t.length; r++) {
+                    long t0 = System.nanoTime();
+                    CpuAttention.attend(p.seq(), 0, p.queries(), e.tokens(), e.position(), p.heads(), p.scale(),
+                            AttentionOptions.defaults(), sels[i], out, pool);
+                    t[r] = (System.nanoTime() - t0) / 1e6;
+                }
+                sel[i] = median(t);
+                for (int r = 0; r < t.length; r++) {
+                    long t0 = System.nanoTime();
+                    CpuAttention.attend(p.seq(), 0, p.queries(), e.tokens(), e.position(), p.heads(), p.scale(),
+                            AttentionOptions.defaults(), out, pool);
+                    t[r] = (System.nanoTime() - t0) / 1e6;
+                }
+                dense[i] = median(t);
+            }
+            return new Replay(f.name(), pool.threads(), sels.length, ctx, median(sel), median(dense),
+                    tokens / sels.length / h.kvHeads(), String.format("%016x", hash));
+        }
+    }
+
+    public static String replayMarkdown(List<Replay> rows) {
+        StringBuilder sb = new StringBuilder();
+        sb.append("| kv | threads | records | cache | selected tokens (mean) | ms selected | ms dense | checksum |\n");
+        sb.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n");
+        for (Replay r : rows) {
+            sb.append(String.format(Locale.ROOT, "| %s | %d | %d | %d | %.0f | %.3f | %.3f | %s |%n", r.format(),
+                    r.threads(), r.calls(), r.ctx(), r.meanTokens(), r.ms(), r.denseMs(), r.checksum()));
+        }
+        return sb.toString();
     }
 
     /** Copy bandwidth (read + write) with this many threads, in GB/s: the median of 5 copies. */
@@ -94,6 +209,21 @@ public final class AttentionBench {
                             double ms = time(reps, () -> CpuAttention.decode(p.seq(), 0, p.queries(), 1, ctx,
                                     p.heads(), p.scale(), s.options(), out, pool));
                             rows.add(new Row(f.name(), "decode", ctx, t, bytes, ms, bytes / ms / 1e6, copy[t]));
+                            if (s.select() != null) {
+                                progress.accept(f.name() + " ctx " + ctx + " decode top-k, " + t + " thread(s)");
+                                p.seq().enableKeySummaries(s.select().blockTokens());
+                                PageTopK topK = new PageTopK(s.select());
+                                Selection sel = new Selection();
+                                long selBytes = (long) Math.min(ctx + 1, s.select().budget()) * s.kvHeads()
+                                        * (c.kRowBytes() + c.vRowBytes());
+                                double sms = time(reps, () -> {
+                                    topK.select(p.seq(), 0, p.queries(), 1, ctx, p.heads(), sel, pool);
+                                    CpuAttention.decode(p.seq(), 0, p.queries(), 1, ctx, p.heads(), p.scale(),
+                                            s.options(), sel, out, pool);
+                                });
+                                rows.add(new Row(f.name(), "decode topk" + s.select().budget(), ctx, t, selBytes, sms,
+                                        selBytes / sms / 1e6, copy[t]));
+                            }
                             if (pp > 0) {
                                 progress.accept(f.name() + " ctx " + ctx + " pp" + pp + ", " + t + " thread(s)");
                                 long ppBytes = (long) (ctx + pp) * s.kvHeads() * (c.kRowBytes() + c.vRowBytes());

@@ -3,6 +3,7 @@ package dev.kvant.attention;
 import dev.kvant.kv.KvCache;
 import dev.kvant.kv.KvFormat;
 import dev.kvant.kv.KvSequence;
+import dev.kvant.select.Selection;
 
 import java.lang.foreign.MemorySegment;
 
@@ -41,6 +42,8 @@ final class AttentionCall {
     int n;
     float softCap;
     float sparseV;
+    /** The blocks each query block attends to, or null for dense attention. */
+    Selection selection;
 
     /** Queries rotated into K's domain and scaled: row (t·heads + h) of dpK floats; one zero row after them. */
     float[] queries = new float[0];
@@ -101,6 +104,7 @@ final class AttentionCall {
         this.n = n;
         this.softCap = opts.softCap();
         this.sparseV = opts.sparseV();
+        this.selection = null;
         int rows = n * heads;
         int need = (rows + 1) * dpK;
         if (queries.length < need) {

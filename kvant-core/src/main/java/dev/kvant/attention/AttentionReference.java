@@ -4,6 +4,7 @@ import dev.kvant.kv.KvCache;
 import dev.kvant.kv.KvFormat;
 import dev.kvant.kv.KvSequence;
 import dev.kvant.kv.Rotation;
+import dev.kvant.select.Selection;
 
 /**
  * The float64 reference every attention kernel (CPU now, GPU later) is checked against: plain loops, no tiling, no
@@ -27,6 +28,15 @@ public final class AttentionReference {
      */
     public static double[] attend(KvSequence seq, int layer, float[] q, int n, int start, int heads, float scale,
                                   AttentionOptions opts) {
+        return attend(seq, layer, q, n, start, heads, scale, opts, null);
+    }
+
+    /**
+     * As above, each query seeing only the positions of the blocks its query block's list holds for its kv head
+     * (sel null: every position).
+     */
+    public static double[] attend(KvSequence seq, int layer, float[] q, int n, int start, int heads, float scale,
+                                  AttentionOptions opts, Selection sel) {
         KvCache cache = seq.cache();
         KvFormat kf = cache.kFormat();
         KvFormat vf = cache.vFormat();
@@ -64,7 +74,15 @@ public final class AttentionReference {
                     int visible = start + t + 1;
                     double[] s = new double[visible];
                     double max = Double.NEGATIVE_INFINITY;
+                    boolean[] skip = new boolean[visible];
+                    for (int j = 0; sel != null && j < visible; j++) {
+                        skip[j] = !sel.contains(t / Selection.QUERY_BLOCK, g, j / sel.blockTokens());
+                    }
                     for (int j = 0; j < visible; j++) {
+                        if (skip[j]) {
+                            s[j] = Double.NEGATIVE_INFINITY;
+                            continue;
+                        }
                         double dot = 0;
                         for (int d = 0; d < domK; d++) {
                             dot += qr[d] * keys[j][d];

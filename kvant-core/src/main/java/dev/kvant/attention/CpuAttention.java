@@ -2,6 +2,7 @@ package dev.kvant.attention;
 
 import dev.kvant.kv.KvCache;
 import dev.kvant.kv.KvSequence;
+import dev.kvant.select.Selection;
 import dev.kvant.tensor.Parallel;
 
 /**
@@ -22,6 +23,10 @@ import dev.kvant.tensor.Parallel;
  * </ul>
  * So the output of a query is bit for bit the same from decode, multi-query or prefill, whatever the prompt is cut
  * into and whatever the thread count: no sum depends on thread, tile or batch.
+ *
+ * <p>Selected (sparse) attention: given a {@link Selection}, each query attends only to the blocks its query
+ * block's list holds for its kv head. The work keeps the dense structure (same partitions, tiles, order of sums and
+ * merges); unselected tiles are skipped and weigh exactly 0, so a selection of every block gives the dense bits.
  *
  * <p>Rotated formats: the query is rotated into K's domain once (⟨Rq, Rk⟩ = ⟨q, k⟩), keys are never de-rotated,
  * and the output is rotated out of V's domain once per head.
@@ -65,12 +70,35 @@ public final class CpuAttention {
     }
 
     /**
+     * {@link #attend} through a selection (null, or one that holds every block: dense). The selection must be
+     * for these n queries at start, for this cache's kv heads.
+     */
+    public static void attend(KvSequence seq, int layer, float[] q, int n, int start, int heads, float scale,
+                              AttentionOptions opts, Selection sel, float[] out, Parallel pool) {
+        if (n <= MAX_MULTI_QUERY) {
+            decode(seq, layer, q, n, start, heads, scale, opts, sel, out, pool);
+        } else {
+            prefill(seq, layer, q, n, start, heads, scale, opts, sel, out, pool);
+        }
+    }
+
+    /**
      * Split-K attention: tasks over (partition, group of kv heads), then a merge per kv head. Meant for 1 to 8
      * tokens.
      */
     public static void decode(KvSequence seq, int layer, float[] q, int n, int start, int heads, float scale,
                               AttentionOptions opts, float[] out, Parallel pool) {
-        AttentionCall c = setUp(seq, layer, q, n, start, heads, scale, opts, out, pool);
+        decode(seq, layer, q, n, start, heads, scale, opts, null, out, pool);
+    }
+
+    /** {@link #decode} through a selection (null: dense); more than one query block runs as {@link #prefill}. */
+    public static void decode(KvSequence seq, int layer, float[] q, int n, int start, int heads, float scale,
+                              AttentionOptions opts, Selection sel, float[] out, Parallel pool) {
+        if (sel != null && !sel.all() && sel.queryBlocks() > 1) {
+            prefill(seq, layer, q, n, start, heads, scale, opts, sel, out, pool);
+            return;
+        }
+        AttentionCall c = setUp(seq, layer, q, n, start, heads, scale, opts, sel, out, pool);
         int kvHeads = c.kvHeads;
         int parts = (start + n + PARTITION - 1) / PARTITION;
         int slots = (n * c.group + 3) & ~3;
@@ -80,8 +108,13 @@ public final class CpuAttention {
         pool.forEach(parts * split, task -> {
             int p = task / split;
             int g0 = task % split * perTask;
-            PartitionWorker.get().partition(c, p, g0, perTask, 0, n, c.partMax, c.partSum, c.partAcc,
-                    (g0 * parts + p) * slots, parts * slots);
+            if (c.selection == null) {
+                PartitionWorker.get().partition(c, p, g0, perTask, 0, n, c.partMax, c.partSum, c.partAcc,
+                        (g0 * parts + p) * slots, parts * slots);
+            } else {
+                PartitionWorker.get().partitionSelected(c, 0, p, g0, perTask, 0, n, c.partMax, c.partSum,
+                        c.partAcc, (g0 * parts + p) * slots, parts * slots);
+            }
         });
         pool.forEach(kvHeads, g -> PartitionWorker.get().mergeSplit(c, g, out));
     }
@@ -104,9 +137,20 @@ public final class CpuAttention {
     /** Attention by blocks of tokens, each walking its partitions in order: for prompts. */
     public static void prefill(KvSequence seq, int layer, float[] q, int n, int start, int heads, float scale,
                                AttentionOptions opts, float[] out, Parallel pool) {
-        AttentionCall c = setUp(seq, layer, q, n, start, heads, scale, opts, out, pool);
+        prefill(seq, layer, q, n, start, heads, scale, opts, null, out, pool);
+    }
+
+    /**
+     * {@link #prefill} through a selection (null: dense). A task's tokens then lie in one query block of the
+     * selection: the block size is cut to a power of two up to {@value Selection#QUERY_BLOCK}, which changes no
+     * result (no sum depends on the blocking).
+     */
+    public static void prefill(KvSequence seq, int layer, float[] q, int n, int start, int heads, float scale,
+                               AttentionOptions opts, Selection sel, float[] out, Parallel pool) {
+        AttentionCall c = setUp(seq, layer, q, n, start, heads, scale, opts, sel, out, pool);
         int kvHeads = c.kvHeads;
-        int tokens = Math.max(1, Math.min(n, PREFILL_QUERY_ROWS / c.group));
+        int dense = Math.max(1, Math.min(n, PREFILL_QUERY_ROWS / c.group));
+        int tokens = c.selection == null ? dense : Integer.highestOneBit(Math.min(dense, Selection.QUERY_BLOCK));
         int blocks = (n + tokens - 1) / tokens;
         int perTask = prefillHeads(kvHeads, blocks, pool.threads());
         int groups = kvHeads / perTask;
@@ -129,7 +173,8 @@ public final class CpuAttention {
     }
 
     private static AttentionCall setUp(KvSequence seq, int layer, float[] q, int n, int start, int heads,
-                                       float scale, AttentionOptions opts, float[] out, Parallel pool) {
+                                       float scale, AttentionOptions opts, Selection sel, float[] out,
+                                       Parallel pool) {
         KvCache cache = seq.cache();
         int kvHeads = cache.geometry().kvHeads();
         if (n < 1 || start < 0) {
@@ -149,8 +194,12 @@ public final class CpuAttention {
             throw new IllegalArgumentException("attention buffers too small: q has " + q.length + " floats, needs "
                     + n * heads * dK + "; out has " + out.length + ", needs " + n * heads * dV);
         }
+        if (sel != null) {
+            checkSelection(sel, n, start, kvHeads);
+        }
         AttentionCall c = AttentionCall.get();
         c.set(seq, layer, n, start, heads, opts);
+        c.selection = sel == null || sel.all() ? null : sel;
         if (n * heads <= 64) {
             for (int t = 0; t < n; t++) {
                 PartitionWorker.get().prepareQueries(c, q, t, scale);
@@ -159,5 +208,18 @@ public final class CpuAttention {
             pool.forEach(n, t -> PartitionWorker.get().prepareQueries(c, q, t, scale));
         }
         return c;
+    }
+
+    private static void checkSelection(Selection sel, int n, int start, int kvHeads) {
+        if (sel.start() != start || sel.n() != n || sel.kvHeads() != kvHeads) {
+            throw new IllegalArgumentException("selection made for " + sel.n() + " queries at " + sel.start() + " over "
+                    + sel.kvHeads() + " kv heads, used for " + n + " queries at " + start + " over " + kvHeads);
+        }
+        int bt = sel.blockTokens();
+        if (bt % TILE != 0 || PARTITION % bt != 0) {
+            throw new IllegalArgumentException("selection blocks of " + bt + " tokens: attention needs whole tiles of "
+                    + TILE + " inside one partition of " + PARTITION);
+        }
+        sel.check();
     }
 }

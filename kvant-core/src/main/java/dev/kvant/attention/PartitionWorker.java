@@ -4,6 +4,8 @@ import static dev.kvant.attention.Lanes.F;
 import static dev.kvant.attention.Lanes.I;
 import static dev.kvant.attention.Lanes.L;
 
+import dev.kvant.select.Selection;
+
 import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;
 import java.util.Arrays;
@@ -61,6 +63,8 @@ final class PartitionWorker {
     private final float[] red = new float[16 * L];
     private final float[] sums = new float[L];
     private final float[] capScratch = new float[Softmax.SOFT_CAP_CHUNK];
+    /** Per kv head of a task, the partition's tiles its selection list holds: bit t = rows [t·T, t·T + T). */
+    private long[] masks = new long[0];
     private float[] pMax = new float[0];
     private float[] pSum = new float[0];
     private float[] pAcc = new float[0];
@@ -274,6 +278,219 @@ final class PartitionWorker {
         }
     }
 
+    /**
+     * {@link #partition} through a selection: the tiles of the partition that no list of query block qb (for the
+     * task's kv heads) holds are neither staged nor decoded; a head's unselected tiles are left out of its scores,
+     * softmax and weighted sum, which is what weight exactly 0 would give (see {@link #softmaxSelected}). Everything else is the dense arithmetic in the dense order,
+     * which is why a selection of every block gives the dense result bit for bit. Tiles are staged one at a time
+     * (a selected tile's neighbours are mostly not wanted). A head with no selected tile here gets an empty
+     * partial, which the merge skips; a query with visible rows always sees a selected one, because its own
+     * block is in every list ({@link Selection#check}).
+     */
+    void partitionSelected(AttentionCall c, int qb, int p, int g0, int heads, int t0, int tokens, float[] max,
+                           float[] sum, float[] acc, int base, int headStride) {
+        int group = c.group;
+        int nq = tokens * group;
+        int slots = (nq + 3) & ~3;
+        ensure(c, slots, heads);
+        if (masks.length < heads) {
+            masks = new long[heads];
+        }
+        int p0 = p * P;
+        int maxRows = 0;
+        for (int i = 0; i < slots; i++) {
+            limit[i] = i < nq ? Math.clamp(c.start + t0 + i / group - p0 + 1, 0, P) : 0;
+            maxRows = Math.max(maxRows, limit[i]);
+            laneLimit[4 * i] = laneLimit[4 * i + 1] = laneLimit[4 * i + 2] = laneLimit[4 * i + 3] = limit[i];
+        }
+        int tiles = (maxRows + T - 1) / T;
+        long rowTiles = tiles == 64 ? -1L : (1L << tiles) - 1;
+        long any = 0;
+        for (int j = 0; j < heads; j++) {
+            masks[j] = tileMask(c.selection, qb, g0 + j, p0) & rowTiles;
+            any |= masks[j];
+            int e = base + j * headStride;
+            if (masks[j] == 0) {
+                Arrays.fill(max, e, e + slots, Float.NEGATIVE_INFINITY);
+                Arrays.fill(sum, e, e + slots, 0f);
+            } else {
+                Arrays.fill(acc, e * c.dpV, (e + slots) * c.dpV, 0f);
+            }
+        }
+        if (any == 0) {
+            return;
+        }
+        int region = P * slots;
+
+        for (int tile = 0; tile < tiles; tile++) {
+            int ts = tile * T;
+            if ((any >>> tile & 1) == 0) {
+                continue;
+            }
+            int count = Math.min(T, maxRows - ts);
+            stage(c, c.kPool, c.kPageBytes, c.kRowBytes, p0 + ts, count, g0, heads);
+            for (int j = 0; j < heads; j++) {
+                if ((masks[j] >>> tile & 1) == 0) {
+                    continue;
+                }
+                // Only the heads that selected the tile decode it: lists differ per head, so a tile is often
+                // wanted by one head of the task. A row's values and score do not depend on where it is decoded.
+                for (int k = 0; k < count; k++) {
+                    tileOffs[k] = offs[k * heads + j];
+                }
+                c.kDecoder.decode(staging, tileOffs, count, kt, c.dpK);
+                setQueries(c, g0 + j, t0, nq, slots);
+                TileKernels.scores(c.queries, queryOff, nq, slots, kt, 0, c.dpK, (count + 3) & ~3, c.dpK, scores,
+                        j * region, ts, red);
+            }
+        }
+        int rows4 = (maxRows + 3) & ~3;
+        for (int j = 0; j < heads; j++) {
+            if (masks[j] == 0) {
+                continue;
+            }
+            if (c.softCap > 0) {
+                for (long m = masks[j]; m != 0; m &= m - 1) {
+                    int ts = Long.numberOfTrailingZeros(m) * T;
+                    int to = Math.min(ts + T, rows4);
+                    Softmax.softCapInPlace(scores, j * region + ts * slots, j * region + to * slots, c.softCap,
+                            capScratch);
+                }
+            }
+            softmaxSelected(slots, rows4, masks[j], c.sparseV, j * region, max, sum, base + j * headStride);
+        }
+
+        for (int r = 0; r < maxRows; r++) {
+            rows[r] = r;
+        }
+        boolean sparse = c.sparseV > 0;
+        for (int tile = 0; tile < tiles; tile++) {
+            if ((any >>> tile & 1) == 0) {
+                continue;
+            }
+            int k0 = tile * T;
+            int count = Math.min(T, maxRows - k0);
+            stage(c, c.vPool, c.vPageBytes, c.vRowBytes, p0 + k0, count, g0, heads);
+            if (!sparse) {
+                for (int j = 0; j < heads; j++) {
+                    if ((masks[j] >>> tile & 1) == 0) {
+                        continue;
+                    }
+                    for (int k = 0; k < count; k++) {
+                        tileOffs[k] = offs[k * heads + j];
+                    }
+                    c.vDecoder.decode(staging, tileOffs, count, vt, c.dpV);
+                    setAccumulators(c, base + j * headStride, slots);
+                    TileKernels.weightedSum(scores, j * region, slots, rows, k0, count, vt, 0, c.dpV, c.dpV, acc,
+                            accOff, nq);
+                }
+                continue;
+            }
+            for (int j = 0; j < heads; j++) {
+                if ((masks[j] >>> tile & 1) == 0) {
+                    continue;
+                }
+                int n = 0;
+                for (int k = 0; k < count; k++) {
+                    int r = k0 + k;
+                    int at = j * region + TileKernels.at(r, 0, slots);
+                    for (int i = 0; i < nq; i++) {
+                        if (scores[at + 4 * i] != 0f) {
+                            kept[n] = r;
+                            tileOffs[n++] = offs[k * heads + j];
+                            break;
+                        }
+                    }
+                }
+                if (n > 0) {
+                    c.vDecoder.decode(staging, tileOffs, n, vt, c.dpV);
+                    setAccumulators(c, base + j * headStride, slots);
+                    TileKernels.weightedSum(scores, j * region, slots, kept, 0, n, vt, 0, c.dpV, c.dpV, acc, accOff,
+                            nq);
+                }
+            }
+        }
+    }
+
+    /**
+     * {@link #softmax} over the tiles set in mask only: the max over fewer (all finite-or-masked) scores is the same
+     * max, the weights of the skipped rows would be exactly +0, and the sums run over the kept blocks in block
+     * order ({@link Softmax#weights} accumulating run after run), so with every tile set this is the dense softmax
+     * bit for bit.
+     */
+    private void softmaxSelected(int slots, int rows4, long mask, float sparse, int off, float[] max, float[] sum,
+                                 int ml) {
+        int stride = 4 * slots;
+        int blocks = rows4 / 4;
+        int perTile = T / 4;
+        for (int v = 0; v < stride; v += L) {
+            IntVector lim = IntVector.fromArray(I, laneLimit, v);
+            FloatVector mx = FloatVector.broadcast(F, Float.NEGATIVE_INFINITY);
+            for (long m = mask; m != 0; m &= m - 1) {
+                int tile = Long.numberOfTrailingZeros(m);
+                int b1 = Math.min(blocks, (tile + 1) * perTile);
+                for (int b = tile * perTile; b < b1; b++) {
+                    VectorMask<Float> out = ROW_IN_BLOCK.add(4 * b).compare(VectorOperators.GE, lim).cast(F);
+                    mx = mx.max(FloatVector.fromArray(F, scores, off + b * stride + v)
+                            .blend(Float.NEGATIVE_INFINITY, out));
+                }
+            }
+            mx = mx.max(mx.rearrange(SWAP1));
+            mx = mx.max(mx.rearrange(SWAP2));
+            mx.intoArray(lanes, 0);
+            Arrays.fill(sums, 0f);
+            for (long m = mask; m != 0; ) {
+                int a = Long.numberOfTrailingZeros(m);
+                int e = a + Long.numberOfTrailingZeros(~(m >>> a));
+                int b0 = a * perTile;
+                int b1 = Math.min(blocks, e * perTile);
+                if (b1 > b0) {
+                    Softmax.weights(scores, off + b0 * stride + v, stride, b1 - b0, 4 * b0, lanes, laneLimit, v, sums,
+                            true);
+                }
+                m = e >= 64 ? 0 : m & (-1L << e);
+            }
+            FloatVector total = FloatVector.fromArray(F, sums, 0);
+            total = total.add(total.rearrange(SWAP2));
+            total = total.add(total.rearrange(SWAP1));
+            if (sparse > 0) {
+                FloatVector threshold = total.mul(sparse);
+                for (long m = mask; m != 0; m &= m - 1) {
+                    int tile = Long.numberOfTrailingZeros(m);
+                    int b1 = Math.min(blocks, (tile + 1) * perTile);
+                    for (int b = tile * perTile; b < b1; b++) {
+                        int at = off + b * stride + v;
+                        FloatVector w = FloatVector.fromArray(F, scores, at);
+                        w.blend(0f, w.compare(VectorOperators.LT, threshold)).intoArray(scores, at);
+                    }
+                }
+            }
+            mx.intoArray(lanes, 0);
+            total.intoArray(lanes, L);
+            for (int j = 0; j < L; j += 4) {
+                int slot = (v + j) / 4;
+                max[ml + slot] = lanes[j];
+                sum[ml + slot] = lanes[L + j];
+            }
+        }
+    }
+
+    /** The tiles of partition p0 that the list of (qb, g) holds, as bits. */
+    private static long tileMask(Selection sel, int qb, int g, int p0) {
+        int bt = sel.blockTokens();
+        int perBlock = bt / T;
+        long blockBits = perBlock == 64 ? -1L : (1L << perBlock) - 1;
+        int end = (p0 + P) / bt;
+        int[] list = sel.blocks();
+        int o = sel.offset(qb, g);
+        int count = sel.count(qb, g);
+        long mask = 0;
+        for (int i = sel.firstAtOrAfter(qb, g, p0 / bt); i < count && list[o + i] < end; i++) {
+            mask |= blockBits << ((list[o + i] * bt - p0) / T);
+        }
+        return mask;
+    }
+
     private void setQueries(AttentionCall c, int g, int t0, int nq, int slots) {
         int group = c.group;
         for (int i = 0; i < slots; i++) {
@@ -358,8 +575,13 @@ final class PartitionWorker {
         Arrays.fill(sMax, 0, heads * slots, Float.NEGATIVE_INFINITY);
         Arrays.fill(sSum, 0, heads * slots, 0f);
         int last = (c.start + t0 + tokens - 1) / P;
+        int qb = t0 / Selection.QUERY_BLOCK;
         for (int p = 0; p <= last; p++) {
-            partition(c, p, g0, heads, t0, tokens, pMax, pSum, pAcc, 0, slots);
+            if (c.selection == null) {
+                partition(c, p, g0, heads, t0, tokens, pMax, pSum, pAcc, 0, slots);
+            } else {
+                partitionSelected(c, qb, p, g0, heads, t0, tokens, pMax, pSum, pAcc, 0, slots);
+            }
             for (int j = 0; j < heads; j++) {
                 for (int i = 0; i < nq; i++) {
                     int e = j * slots + i;

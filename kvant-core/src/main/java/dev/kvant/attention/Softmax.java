@@ -52,6 +52,17 @@ final class Softmax {
      */
     static void weights(float[] a, int from, int stride, int count, float[] shift, int[] limit, int limitOff,
                         float[] sums) {
+        weights(a, from, stride, count, 0, shift, limit, limitOff, sums, false);
+    }
+
+    /**
+     * As above for a run of blocks whose first is row0 / 4 of the region (row0 a multiple of 4: the limits compare
+     * against rows row0 + 4i + j % 4), adding to {@code sums} when accumulate is set. A selection computes the
+     * weights of its runs of selected blocks this way: the rows it skips weigh exactly +0, and adding +0 to a sum
+     * of non-negative weights changes no bit, so the sums equal those of one pass over every block.
+     */
+    static void weights(float[] a, int from, int stride, int count, int row0, float[] shift, int[] limit,
+                        int limitOff, float[] sums, boolean accumulate) {
         FloatVector c7 = FloatVector.broadcast(F, C7);
         FloatVector c6 = FloatVector.broadcast(F, C6);
         FloatVector c5 = FloatVector.broadcast(F, C5);
@@ -63,8 +74,8 @@ final class Softmax {
         FloatVector lo = FloatVector.broadcast(F, -LN2_LO);
         FloatVector m = FloatVector.fromArray(F, shift, 0);
         IntVector lim = IntVector.fromArray(I, limit, limitOff);
-        IntVector row = IntVector.fromArray(I, ROW_IN_BLOCK, 0);
-        FloatVector total = FloatVector.zero(F);
+        IntVector row = IntVector.fromArray(I, ROW_IN_BLOCK, 0).add(row0);
+        FloatVector total = accumulate ? FloatVector.fromArray(F, sums, 0) : FloatVector.zero(F);
         for (int i = 0, at = from; i < count; i++, at += stride) {
             FloatVector x = FloatVector.fromArray(F, a, at).sub(m);
             FloatVector xc = x.max(UNDERFLOW).min(OVERFLOW);

@@ -18,6 +18,7 @@ public final class KvSequence implements AutoCloseable {
     private int pageCount;
     private int length;
     private boolean closed;
+    private KeySummaries summaries;
 
     KvSequence(KvCache cache) {
         this.cache = cache;
@@ -98,6 +99,28 @@ public final class KvSequence implements AutoCloseable {
             t += span;
         }
         length = Math.max(length, end);
+        if (summaries != null) {
+            summaries.update(layer, pos, end);
+        }
+    }
+
+    /**
+     * Turns on per-block key summaries (min and max of the K rows per block and kv head, see {@link KeySummaries})
+     * and returns them: built from the rows written so far, then kept up to date by every write. Calling it again
+     * with the same block size returns the same summaries; another size rebuilds them.
+     */
+    public KeySummaries enableKeySummaries(int blockTokens) {
+        checkOpen();
+        if (summaries == null || summaries.blockTokens() != blockTokens) {
+            summaries = new KeySummaries(this, blockTokens);
+            summaries.rebuild();
+        }
+        return summaries;
+    }
+
+    /** The key summaries, or null when {@link #enableKeySummaries} was never called. */
+    public KeySummaries keySummaries() {
+        return summaries;
     }
 
     /**
@@ -214,6 +237,9 @@ public final class KvSequence implements AutoCloseable {
             }
         }
         child.length = prefixTokens;
+        if (summaries != null) {
+            child.summaries = summaries.copyFor(child, prefixTokens);
+        }
         return child;
     }
 

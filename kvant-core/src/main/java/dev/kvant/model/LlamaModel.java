@@ -1,8 +1,13 @@
 package dev.kvant.model;
 
+import dev.kvant.attention.AttentionOptions;
 import dev.kvant.attention.CpuAttention;
 import dev.kvant.gguf.GgufFile;
 import dev.kvant.kv.KvSequence;
+import dev.kvant.select.PageTopK;
+import dev.kvant.select.Selection;
+import dev.kvant.select.SelectionConfig;
+import dev.kvant.select.SelectionLog;
 import dev.kvant.tensor.Parallel;
 import dev.kvant.tensor.WeightMatrix;
 import dev.kvant.tokenizer.Tokenizer;
@@ -22,6 +27,8 @@ public final class LlamaModel implements AutoCloseable {
     private final Tokenizer tokenizer;
     private final AutoCloseable memory;
     private String chatTemplate;
+    private volatile SelectionConfig selection;
+    private volatile SelectionLog.Writer selectionLog;
 
     /**
      * @param memory what holds the weights' bytes (the mapped file, an arena), closed with the model
@@ -87,6 +94,25 @@ public final class LlamaModel implements AutoCloseable {
     }
 
     /**
+     * Turns query-aware page selection on (a config) or off (null) for every later forward call of this model, on
+     * every sequence: layers from {@code config.denseLayers()} on attend through a {@link PageTopK} selection made
+     * per query block from the sequence's key summaries (which the first selected call turns on).
+     */
+    public void setSelection(SelectionConfig config) {
+        this.selection = config;
+    }
+
+    /** The selection config in force, or null (dense attention). */
+    public SelectionConfig selection() {
+        return selection;
+    }
+
+    /** Records every selection made from now on (null: stop recording); the caller closes the writer. */
+    public void setSelectionLog(SelectionLog.Writer log) {
+        this.selectionLog = log;
+    }
+
+    /**
      * Runs tokens[off .. off+n) at positions seq.length() .. seq.length()+n-1, appending their keys and values to the
      * sequence's cache. Writes the logits of every token (allLogits: n x vocab) or of the last one (vocab floats).
      */
@@ -145,6 +171,13 @@ public final class LlamaModel implements AutoCloseable {
         }
         float scale = (float) (1.0 / Math.sqrt(c.headDimK()));
         int attnDim = c.heads() * c.headDimV();
+        SelectionConfig sc = selection;
+        SelectionLog.Writer log = selectionLog;
+        if (sc != null) {
+            for (KvSequence seq : seqs) {
+                seq.enableKeySummaries(sc.blockTokens());
+            }
+        }
         for (int l = 0; l < c.layers(); l++) {
             LlamaWeights.Layer w = weights.layers()[l];
             Ops.rmsNorm(s.x, w.attnNorm(), s.xb, n, dim, c.rmsEps());
@@ -164,14 +197,20 @@ public final class LlamaModel implements AutoCloseable {
                 c.rope().apply(s.q, t * c.qDim(), c.heads(), c.headDimK(), s.ropeTable[t]);
                 c.rope().apply(s.k, t * c.kvDimK(), c.kvHeads(), c.headDimK(), s.ropeTable[t]);
             }
+            boolean selected = sc != null && l >= sc.denseLayers();
             if (!batch) {
                 seqs[0].writeRows(l, starts[0], n, s.k, 0, s.v, 0);
-                CpuAttention.attend(seqs[0], l, s.q, n, starts[0], c.heads(), scale, s.attnOut, pool);
+                Selection sel = selected ? s.select(sc, log, seqs[0], l, s.q, n, starts[0], c.heads(), pool) : null;
+                CpuAttention.attend(seqs[0], l, s.q, n, starts[0], c.heads(), scale, AttentionOptions.defaults(), sel,
+                        s.attnOut, pool);
             } else {
                 for (int i = 0; i < n; i++) {
                     seqs[i].writeRows(l, starts[i], 1, s.k, i * c.kvDimK(), s.v, i * c.kvDimV());
                     System.arraycopy(s.q, i * c.qDim(), s.qRow, 0, c.qDim());
-                    CpuAttention.attend(seqs[i], l, s.qRow, 1, starts[i], c.heads(), scale, s.outRow, pool);
+                    Selection sel = selected ? s.select(sc, log, seqs[i], l, s.qRow, 1, starts[i], c.heads(), pool)
+                            : null;
+                    CpuAttention.attend(seqs[i], l, s.qRow, 1, starts[i], c.heads(), scale,
+                            AttentionOptions.defaults(), sel, s.outRow, pool);
                     System.arraycopy(s.outRow, 0, s.attnOut, i * attnDim, attnDim);
                 }
             }
@@ -217,6 +256,21 @@ public final class LlamaModel implements AutoCloseable {
         float[] up;
         float[][] ropeTable;
         private int capacity;
+        private final Selection selection = new Selection();
+        private PageTopK topK;
+
+        /** The selection of a layer's queries, made with this scratch's selector (and recorded when asked). */
+        Selection select(SelectionConfig config, SelectionLog.Writer log, KvSequence seq, int layer, float[] q, int n,
+                         int start, int heads, Parallel pool) {
+            if (topK == null || !topK.config().equals(config)) {
+                topK = new PageTopK(config);
+            }
+            topK.select(seq, layer, q, n, start, heads, selection, pool);
+            if (log != null) {
+                log.record(layer, selection);
+            }
+            return selection;
+        }
 
         void ensure(ModelConfig c, int n) {
             if (n <= capacity) {

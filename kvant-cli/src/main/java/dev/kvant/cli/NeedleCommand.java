@@ -1,0 +1,200 @@
+package dev.kvant.cli;
+
+import dev.kvant.engine.Session;
+import dev.kvant.model.LlamaModel;
+import dev.kvant.select.NeedleEval;
+import dev.kvant.select.NeedleProbe;
+import dev.kvant.select.SelectionLog;
+import dev.kvant.tensor.Parallel;
+import dev.kvant.tokenizer.ChatTemplate;
+import dev.kvant.tokenizer.Tokenizer;
+import picocli.CommandLine.Command;
+import picocli.CommandLine.Mixin;
+import picocli.CommandLine.Option;
+
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Locale;
+import java.util.Map;
+import java.util.SplittableRandom;
+
+/** Long-context recall: greedy needle probes, accuracy per (length, depth) cell. */
+@Command(name = "needle", mixinStandardHelpOptions = true,
+        description = {"Needle-in-a-haystack recall: runs probes greedily and reports accuracy per (length, depth).",
+                "Either --probes FILE.jsonl (the fixture format: id, n_ctx_tokens, depth, name, value, prompt) or "
+                        + "--haystack TEXT --lengths ... --depths ... (pass-key probes in the model's chat template)."})
+final class NeedleCommand implements Runnable {
+
+    @Mixin
+    ModelOptions opts;
+
+    @Mixin
+    SelectOptions selectOpts;
+
+    @Option(names = "--probes", paramLabel = "FILE", description = "probes, one JSON object per line")
+    Path probes;
+
+    @Option(names = "--haystack", paramLabel = "TEXT", description = "filler text file for pass-key probes")
+    Path haystack;
+
+    @Option(names = "--lengths", paramLabel = "N", split = ",", defaultValue = "8k,32k,128k",
+            description = "pass-key prompt lengths in tokens, k = 1024 (default ${DEFAULT-VALUE})")
+    List<String> lengths;
+
+    @Option(names = "--depths", paramLabel = "PCT", split = ",", defaultValue = "10,50,90",
+            description = "pass-key depths in percent (default ${DEFAULT-VALUE})")
+    int[] depths;
+
+    @Option(names = "--per-cell", paramLabel = "N", defaultValue = "0",
+            description = "probes per (length, depth) cell: the first N of each cell of --probes (0 = all), "
+                    + "or N pass-key probes per cell (0 = 4)")
+    int perCell;
+
+    @Option(names = "--seed", paramLabel = "N", defaultValue = "1", description = "pass-key random seed (default ${DEFAULT-VALUE})")
+    long seed;
+
+    @Option(names = "--chat-template", paramLabel = "NAME",
+            description = "chat template for pass-key probes (default: detected from the model)")
+    String chatTemplate;
+
+    @Option(names = "--max-new", paramLabel = "N", defaultValue = "16",
+            description = "at most N generated tokens per probe (default ${DEFAULT-VALUE})")
+    int maxNew;
+
+    @Option(names = "--verbose", description = "print every probe's outcome")
+    boolean verbose;
+
+    @Option(names = "--json", description = "print one JSON object")
+    boolean json;
+
+    @Override
+    public void run() {
+        ModelOptions.checkThreads(opts.threads);
+        if ((probes == null) == (haystack == null)) {
+            throw new IllegalArgumentException("give exactly one of --probes FILE.jsonl and --haystack TEXT");
+        }
+        selectOpts.config();
+        Progress progress = new Progress(json);
+        try (LlamaModel model = opts.load();
+             Parallel pool = new Parallel(opts.threads);
+             SelectionLog.Writer dump = selectOpts.apply(model)) {
+            Tokenizer tok = model.tokenizer();
+            List<NeedleProbe> list = probes != null ? fromFile() : passKeys(model, tok);
+            if (list.isEmpty()) {
+                throw new IllegalArgumentException("no probes to run");
+            }
+            int longest = 0;
+            for (NeedleProbe p : list) {
+                longest = Math.max(longest, tok.encode(p.prompt(), true, p.chat()).length);
+            }
+            int ctx = longest + maxNew;
+            try (Session session = new Session(model, ctx, opts.kFormat(), opts.vFormat(), opts.prefillChunk, pool)) {
+                int[] done = {0, 0};
+                long t0 = System.nanoTime();
+                NeedleEval.Result r = NeedleEval.run(session, tok, list, maxNew, o -> {
+                    done[0]++;
+                    done[1] += o.correct() ? 1 : 0;
+                    if (verbose) {
+                        progress.done();
+                        System.err.printf(Locale.ROOT, "%s %s got %s%n", o.probe().id(), o.correct() ? "ok  " : "FAIL",
+                                escape(o.got()));
+                    }
+                    double s = (System.nanoTime() - t0) / 1e9;
+                    progress.update(String.format(Locale.ROOT, "probe %d/%d, %d correct, %.0f s", done[0], list.size(),
+                            done[1], s));
+                });
+                progress.done();
+                if (json) {
+                    System.out.println(r.toJson());
+                } else {
+                    System.out.printf(Locale.ROOT, "model %s, kv %s/%s, %s, %d probes, %.0f s%n%n", model.name(),
+                            opts.ctk, opts.ctv, selectOpts.describe(), list.size(), (System.nanoTime() - t0) / 1e9);
+                    System.out.print(r.table());
+                }
+            }
+        }
+    }
+
+    private List<NeedleProbe> fromFile() {
+        List<String> lines;
+        try {
+            lines = Files.readAllLines(probes, StandardCharsets.UTF_8);
+        } catch (IOException e) {
+            throw new UncheckedIOException("cannot read " + probes + ": " + e.getMessage(), e);
+        }
+        List<NeedleProbe> out = new ArrayList<>();
+        Map<String, Integer> perCellSeen = new HashMap<>();
+        for (int i = 0; i < lines.size(); i++) {
+            if (lines.get(i).isBlank()) {
+                continue;
+            }
+            NeedleProbe p;
+            try {
+                p = NeedleProbe.parse(lines.get(i));
+            } catch (IllegalArgumentException e) {
+                throw new IllegalArgumentException(probes + ", line " + (i + 1) + ": " + e.getMessage(), e);
+            }
+            int seen = perCellSeen.merge(p.length() + "/" + p.depth(), 1, Integer::sum);
+            if (perCell <= 0 || seen <= perCell) {
+                out.add(p);
+            }
+        }
+        return out;
+    }
+
+    private List<NeedleProbe> passKeys(LlamaModel model, Tokenizer tok) {
+        String text;
+        try {
+            text = Files.readString(haystack, StandardCharsets.UTF_8);
+        } catch (IOException e) {
+            throw new UncheckedIOException("cannot read " + haystack + ": " + e.getMessage(), e);
+        }
+        ChatTemplate template = ChatTemplate.detect(model.chatTemplate(), chatTemplate);
+        SplittableRandom rnd = new SplittableRandom(seed);
+        int n = perCell > 0 ? perCell : 4;
+        List<NeedleProbe> out = new ArrayList<>();
+        for (String l : lengths) {
+            int length = parseLength(l);
+            for (int d : depths) {
+                if (d < 0 || d > 100) {
+                    throw new IllegalArgumentException("--depths: " + d + " is not a percentage");
+                }
+                for (int k = 0; k < n; k++) {
+                    out.add(NeedleProbe.passKey(tok, template, text, length, d / 100.0, rnd, k));
+                }
+            }
+        }
+        return out;
+    }
+
+    static int parseLength(String s) {
+        String t = s.strip().toLowerCase(Locale.ROOT);
+        int mult = 1;
+        if (t.endsWith("k")) {
+            mult = 1024;
+            t = t.substring(0, t.length() - 1);
+        } else if (t.endsWith("m")) {
+            mult = 1024 * 1024;
+            t = t.substring(0, t.length() - 1);
+        }
+        try {
+            int v = Integer.parseInt(t);
+            if (v <= 0) {
+                throw new NumberFormatException();
+            }
+            return Math.multiplyExact(v, mult);
+        } catch (NumberFormatException | ArithmeticException e) {
+            throw new IllegalArgumentException("--lengths: cannot read '" + s + "' as a token count (e.g. 8k, 32768)");
+        }
+    }
+
+    private static String escape(String s) {
+        return "'" + s.replace("\n", "\\n") + "'";
+    }
+}

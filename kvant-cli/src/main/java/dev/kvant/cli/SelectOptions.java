@@ -1,0 +1,77 @@
+package dev.kvant.cli;
+
+import dev.kvant.model.LlamaModel;
+import dev.kvant.model.ModelConfig;
+import dev.kvant.select.SelectionConfig;
+import dev.kvant.select.SelectionLog;
+import picocli.CommandLine.Option;
+
+import java.nio.file.Path;
+import java.util.Locale;
+
+/** Sparse attention options ({@code --select ...}) of the commands that run a model. */
+final class SelectOptions {
+
+    @Option(names = "--select", paramLabel = "NAME", defaultValue = "dense",
+            description = "attention selection: dense (every position) or topk (query-aware blocks; default ${DEFAULT-VALUE})")
+    String select;
+
+    @Option(names = "--select-budget", paramLabel = "TOKENS", defaultValue = "" + SelectionConfig.DEFAULT_BUDGET,
+            description = "tokens attended per query block and kv head, sink and recent included (default ${DEFAULT-VALUE})")
+    int budget;
+
+    @Option(names = "--select-page", paramLabel = "TOKENS", defaultValue = "" + SelectionConfig.DEFAULT_BLOCK,
+            description = "selection granule, a power of two 16..1024 (default ${DEFAULT-VALUE})")
+    int page;
+
+    @Option(names = "--select-sink", paramLabel = "TOKENS", defaultValue = "" + SelectionConfig.DEFAULT_SINK,
+            description = "first positions always attended (default ${DEFAULT-VALUE})")
+    int sink;
+
+    @Option(names = "--select-recent", paramLabel = "TOKENS", defaultValue = "" + SelectionConfig.DEFAULT_RECENT,
+            description = "positions before the queries always attended (default ${DEFAULT-VALUE})")
+    int recent;
+
+    @Option(names = "--select-dense-layers", paramLabel = "N", defaultValue = "" + SelectionConfig.DEFAULT_DENSE_LAYERS,
+            description = "the first N layers attend densely (default ${DEFAULT-VALUE})")
+    int denseLayers;
+
+    @Option(names = "--dump-selection", paramLabel = "FILE",
+            description = "record every selection (layer, position, blocks) to FILE, for bench-attention --replay-selection")
+    Path dump;
+
+    /** The selection these options ask for; null for dense attention. */
+    SelectionConfig config() {
+        return switch (select.toLowerCase(Locale.ROOT)) {
+            case "dense" -> null;
+            case "topk" -> new SelectionConfig(budget, page, sink, recent, denseLayers);
+            default -> throw new IllegalArgumentException("--select: unknown selection '" + select + "' (dense, topk)");
+        };
+    }
+
+    /**
+     * Sets the selection on the model and opens the dump when one is asked for; returns the dump's writer (null
+     * without --dump-selection), which the caller closes after the run.
+     */
+    SelectionLog.Writer apply(LlamaModel model) {
+        SelectionConfig c = config();
+        model.setSelection(c);
+        if (dump == null) {
+            return null;
+        }
+        if (c == null) {
+            throw new IllegalArgumentException("--dump-selection records selections: it needs --select topk");
+        }
+        ModelConfig m = model.config();
+        SelectionLog.Writer w = SelectionLog.writer(dump, new SelectionLog.Header(m.layers(), m.heads(), m.kvHeads(),
+                m.headDimK(), m.headDimV(), c.blockTokens()));
+        model.setSelectionLog(w);
+        return w;
+    }
+
+    /** One line for reports. */
+    String describe() {
+        SelectionConfig c = config();
+        return c == null ? "dense" : c.toString();
+    }
+}

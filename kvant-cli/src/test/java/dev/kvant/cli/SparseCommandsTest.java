@@ -1,0 +1,80 @@
+package dev.kvant.cli;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+import static org.junit.jupiter.api.Assumptions.assumeTrue;
+
+import dev.kvant.select.Selection;
+import dev.kvant.select.SelectionLog;
+
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
+import org.junit.jupiter.api.Tag;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+class SparseCommandsTest {
+
+    @Test
+    void needleNeedsProbesOrAHaystack() {
+        MainTest.Run r = MainTest.run("needle", "-m", "/nonexistent.gguf");
+        assertEquals(1, r.code());
+        assertTrue(r.err().contains("--probes FILE.jsonl and --haystack TEXT"), r.err());
+    }
+
+    @Test
+    void anUnknownSelectionIsAClearError(@TempDir Path dir) throws Exception {
+        Path probes = Files.writeString(dir.resolve("p.jsonl"), "");
+        MainTest.Run r = MainTest.run("needle", "-m", "/nonexistent.gguf", "--probes", probes.toString(), "--select",
+                "random");
+        assertEquals(1, r.code());
+        assertTrue(r.err().contains("unknown selection 'random' (dense, topk)"), r.err());
+    }
+
+    @Test
+    void replayPrintsTheSameChecksumOnEveryRun(@TempDir Path dir) {
+        Path f = dir.resolve("sel.txt");
+        try (SelectionLog.Writer w = SelectionLog.writer(f, new SelectionLog.Header(1, 4, 2, 64, 64, 16))) {
+            w.record(0, Selection.of(16, 700, 1, new int[][][] {{{0, 3, 20, 43}, {1, 2, 43}}}));
+            w.record(0, Selection.of(16, 701, 1, new int[][][] {{{0, 43}, {5, 6, 7, 43}}}));
+        }
+        String[] args = {"bench-attention", "--replay-selection", f.toString(), "--formats", "turbo3", "-t", "1",
+                "--json"};
+        MainTest.Run a = MainTest.run(args);
+        MainTest.Run b = MainTest.run(args);
+        assertEquals(0, a.code(), a.err());
+        Pattern row = Pattern.compile("\\{\"kv\":\"turbo3\",\"threads\":1,\"calls\":2,\"ctx\":702,\"ms\":[0-9.]+,"
+                + "\"dense_ms\":[0-9.]+,\"mean_selected_tokens\":[0-9.]+,\"checksum\":\"([0-9a-f]{16})\"}");
+        Matcher ma = row.matcher(a.out());
+        Matcher mb = row.matcher(b.out());
+        assertTrue(ma.find() && mb.find(), a.out());
+        assertEquals(ma.group(1), mb.group(1));
+    }
+
+    /** The tinycode fixture beside the repository, searched upward from the working directory. */
+    static Path tinycode(String name) {
+        for (Path d = Path.of("").toAbsolutePath(); d != null; d = d.getParent()) {
+            Path p = d.resolve("shared/fixtures/tinycode").resolve(name);
+            if (Files.isRegularFile(p)) {
+                return p;
+            }
+        }
+        assumeTrue(false, "tinycode fixture " + name + " not found above " + Path.of("").toAbsolutePath());
+        return null;
+    }
+
+    @Test
+    @Tag("slow")
+    void needleOnTinycodeReportsCellsAsJson(@TempDir Path dir) throws Exception {
+        Path model = tinycode("tinycode-f16.gguf");
+        Path all = tinycode("needle-probes.jsonl");
+        Path two = dir.resolve("two.jsonl");
+        Files.write(two, Files.readAllLines(all).subList(0, 2));
+        MainTest.Run r = MainTest.run("needle", "-m", model.toString(), "--probes", two.toString(), "-t", "2",
+                "--select", "topk", "--select-budget", "256", "--json");
+        assertEquals(0, r.code(), r.err());
+        assertTrue(r.out().contains("\"cells\":[{\"n_ctx\":1024,\"depth\":0.1,\"n\":2,\"correct\":"), r.out());
+    }
+}

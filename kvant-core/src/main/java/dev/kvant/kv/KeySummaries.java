@@ -1,0 +1,147 @@
+package dev.kvant.kv;
+
+import java.util.Arrays;
+
+/**
+ * Per block of {@code blockTokens} consecutive positions and per kv head, the element-wise minimum and maximum of
+ * the sequence's cached K rows, as the attention decodes them (so in the rotated domain for rotated formats, and
+ * after quantization): what a query-aware selector needs to bound a block's scores without reading its rows.
+ *
+ * <p>Layout, per layer one float array indexed by logical block b (position / blockTokens), kv head g and
+ * component (0 = min, 1 = max): {@code data[((b·kvHeads + g)·2 + component)·dim + d]}, dim =
+ * {@code kFormat.domainDim(headDimK)}. A GPU copy keeps the same order so one kernel thread block can stream one kv
+ * head's summaries. Blocks at or past the sequence's last written position hold stale values: readers only look at
+ * blocks of written positions.
+ *
+ * <p>Kept up to date by {@link KvSequence#writeRows}: every write recomputes each block it touches from the block's
+ * first row up to the sequence's length, so overwrites and writes after a truncation leave exact summaries, never
+ * merely loose ones.
+ */
+public final class KeySummaries {
+    private final KvSequence seq;
+    private final int blockTokens;
+    private final int kvHeads;
+    private final int headDimK;
+    private final int dim;
+    private final float[][] data;
+    private final float[] row;
+    private int capacityBlocks;
+
+    KeySummaries(KvSequence seq, int blockTokens) {
+        if (blockTokens <= 0) {
+            throw new IllegalArgumentException("key summary blocks must hold at least one token, got " + blockTokens);
+        }
+        KvCache cache = seq.cache();
+        this.seq = seq;
+        this.blockTokens = blockTokens;
+        this.kvHeads = cache.geometry().kvHeads();
+        this.headDimK = cache.geometry().headDimK();
+        this.dim = cache.kFormat().domainDim(headDimK);
+        this.data = new float[cache.geometry().layers()][0];
+        this.row = new float[dim];
+    }
+
+    /** Positions per block. */
+    public int blockTokens() {
+        return blockTokens;
+    }
+
+    /** Floats per min or max vector: the K format's domain dimension. */
+    public int dim() {
+        return dim;
+    }
+
+    public int kvHeads() {
+        return kvHeads;
+    }
+
+    /** The summary array of a layer, in the layout of the class comment; read-only for callers. */
+    public float[] layer(int layer) {
+        return data[layer];
+    }
+
+    /** Index in {@link #layer} of the minimum vector of block b, kv head g; the maximum follows at + dim. */
+    public int offset(int block, int head) {
+        return (block * kvHeads + head) * 2 * dim;
+    }
+
+    /** Blocks holding written positions: ceil(length / blockTokens). */
+    public int blocks() {
+        return (seq.length() + blockTokens - 1) / blockTokens;
+    }
+
+    /** Recomputes every layer's blocks over positions [0, length). */
+    void rebuild() {
+        for (int l = 0; l < data.length; l++) {
+            update(l, 0, seq.length());
+        }
+    }
+
+    /**
+     * Recomputes the blocks of a layer that positions [from, to) fall in, each from its first row up to the
+     * sequence's length (rows past {@code to} may exist when the write overwrote earlier positions).
+     */
+    void update(int layer, int from, int to) {
+        if (to <= from) {
+            return;
+        }
+        int length = seq.length();
+        int lastBlock = (to - 1) / blockTokens;
+        ensure(lastBlock + 1);
+        float[] s = data[layer];
+        for (int b = from / blockTokens; b <= lastBlock; b++) {
+            int p0 = b * blockTokens;
+            int p1 = Math.min(p0 + blockTokens, length);
+            for (int g = 0; g < kvHeads; g++) {
+                int o = offset(b, g);
+                Arrays.fill(s, o, o + dim, Float.POSITIVE_INFINITY);
+                Arrays.fill(s, o + dim, o + 2 * dim, Float.NEGATIVE_INFINITY);
+                for (int p = p0; p < p1; p++) {
+                    seq.decodeK(layer, p, g, row, 0);
+                    for (int d = 0; d < dim; d++) {
+                        s[o + d] = Math.min(s[o + d], row[d]);
+                        s[o + dim + d] = Math.max(s[o + dim + d], row[d]);
+                    }
+                }
+            }
+        }
+    }
+
+    /** A copy holding the blocks of the first {@code tokens} positions, for a fork of the sequence. */
+    KeySummaries copyFor(KvSequence child, int tokens) {
+        KeySummaries k = new KeySummaries(child, blockTokens);
+        int blocks = (tokens + blockTokens - 1) / blockTokens;
+        k.ensure(blocks);
+        int floats = blocks * kvHeads * 2 * dim;
+        for (int l = 0; l < data.length; l++) {
+            System.arraycopy(data[l], 0, k.data[l], 0, Math.min(floats, data[l].length));
+        }
+        if (tokens % blockTokens != 0) {
+            // The fork's last block may have held rows past its prefix in the parent.
+            for (int l = 0; l < data.length; l++) {
+                k.update(l, tokens - 1, tokens);
+            }
+        }
+        return k;
+    }
+
+    private void ensure(int blocks) {
+        if (blocks <= capacityBlocks) {
+            return;
+        }
+        int cap = Math.max(blocks, Math.max(64, capacityBlocks * 2));
+        long floats = (long) cap * kvHeads * 2 * dim;
+        if (floats > Integer.MAX_VALUE - 16) {
+            cap = blocks;
+            floats = (long) cap * kvHeads * 2 * dim;
+            if (floats > Integer.MAX_VALUE - 16) {
+                throw new IllegalArgumentException("key summaries of " + blocks + " blocks x " + kvHeads
+                        + " kv heads x " + 2 * dim + " floats do not fit in one array; use larger --select-page");
+            }
+        }
+        for (int l = 0; l < data.length; l++) {
+            data[l] = Arrays.copyOf(data[l], (int) floats);
+        }
+        capacityBlocks = cap;
+    }
+}

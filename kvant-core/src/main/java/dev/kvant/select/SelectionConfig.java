@@ -1,0 +1,59 @@
+package dev.kvant.select;
+
+/**
+ * The settings of query-aware page selection ({@code --select topk ...}).
+ *
+ * @param budget      tokens attended per query block and kv head, sink and recent windows included; whatever the
+ *                    windows leave goes to the highest-scoring blocks (so about budget tokens whatever the context)
+ * @param blockTokens positions per selection block (the granule of key summaries and of the selection): a power of
+ *                    two from 16 (the attention tile) to 1024 (the attention partition), so a block is whole tiles
+ *                    of one partition
+ * @param sink        the first positions, always attended
+ * @param recent      positions before the queries' own block, always attended (the queries' block is always)
+ * @param denseLayers the first layers attend densely: their attention is broad and cheap to get wrong
+ */
+public record SelectionConfig(int budget, int blockTokens, int sink, int recent, int denseLayers) {
+    public static final int DEFAULT_BUDGET = 2048;
+    public static final int DEFAULT_BLOCK = 16;
+    public static final int DEFAULT_SINK = 64;
+    public static final int DEFAULT_RECENT = 256;
+    public static final int DEFAULT_DENSE_LAYERS = 2;
+
+    public SelectionConfig {
+        if (budget < 1) {
+            throw new IllegalArgumentException("--select-budget must be at least 1 token, got " + budget);
+        }
+        if (blockTokens < 16 || blockTokens > 1024 || Integer.bitCount(blockTokens) != 1) {
+            throw new IllegalArgumentException("--select-page must be a power of two from 16 to 1024 (whole attention"
+                    + " tiles of one partition), got " + blockTokens);
+        }
+        if (sink < 0 || recent < 0) {
+            throw new IllegalArgumentException("--select-sink and --select-recent must be >= 0, got " + sink + " and "
+                    + recent);
+        }
+        if (denseLayers < 0) {
+            throw new IllegalArgumentException("--select-dense-layers must be >= 0, got " + denseLayers);
+        }
+    }
+
+    /** The defaults with another budget. */
+    public static SelectionConfig topK(int budget) {
+        return new SelectionConfig(budget, DEFAULT_BLOCK, DEFAULT_SINK, DEFAULT_RECENT, DEFAULT_DENSE_LAYERS);
+    }
+
+    /** Blocks of the sink window: ceil(sink / blockTokens). */
+    int sinkBlocks() {
+        return (sink + blockTokens - 1) / blockTokens;
+    }
+
+    /** Blocks of the recent window before the queries' first block: ceil(recent / blockTokens). */
+    int recentBlocks() {
+        return (recent + blockTokens - 1) / blockTokens;
+    }
+
+    @Override
+    public String toString() {
+        return "topk budget " + budget + ", page " + blockTokens + ", sink " + sink + ", recent " + recent
+                + ", dense layers " + denseLayers;
+    }
+}

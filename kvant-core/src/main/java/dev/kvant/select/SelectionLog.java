@@ -1,0 +1,165 @@
+package dev.kvant.select;
+
+import java.io.BufferedWriter;
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
+
+/**
+ * Recorded selections ({@code --dump-selection FILE}), and their replay input. A text file:
+ * <pre>
+ * kvant-selection v1 layers=8 heads=4 kv_heads=2 head_dim_k=128 head_dim_v=128 block_tokens=16
+ * LAYER POSITION TOKENS|b b b ...|b b b ...
+ * </pre>
+ * one line per (layer, query block) of every selected attention call, in the order they ran: the query block's
+ * first position, its number of queries, then per kv head the ascending selected block indices.
+ *
+ * @param entries every recorded (layer, query block)
+ */
+public record SelectionLog(Header header, List<Entry> entries) {
+    private static final String MAGIC = "kvant-selection v1";
+
+    /** The geometry the selections were made for. */
+    public record Header(int layers, int heads, int kvHeads, int headDimK, int headDimV, int blockTokens) {
+        String line() {
+            return MAGIC + " layers=" + layers + " heads=" + heads + " kv_heads=" + kvHeads + " head_dim_k="
+                    + headDimK + " head_dim_v=" + headDimV + " block_tokens=" + blockTokens;
+        }
+    }
+
+    /** The selection of one query block: blocks[g] is kv head g's list. */
+    public record Entry(int layer, int position, int tokens, int[][] blocks) {
+        /** As a selection for an attention call of these tokens at this position. */
+        public Selection toSelection(int blockTokens) {
+            return Selection.of(blockTokens, position, tokens, new int[][][] {blocks});
+        }
+    }
+
+    /** Writes selections as they are made; thread-safe. */
+    public static final class Writer implements AutoCloseable {
+        private final Path path;
+        private final BufferedWriter out;
+        private final Header header;
+
+        private Writer(Path path, Header header) {
+            this.path = path;
+            this.header = header;
+            try {
+                this.out = Files.newBufferedWriter(path, StandardCharsets.UTF_8);
+                out.write(header.line());
+                out.newLine();
+            } catch (IOException e) {
+                throw new UncheckedIOException("cannot write selection dump " + path + ": " + e.getMessage(), e);
+            }
+        }
+
+        public Header header() {
+            return header;
+        }
+
+        /** Records every query block of a selection made for a layer. */
+        public synchronized void record(int layer, Selection sel) {
+            StringBuilder sb = new StringBuilder();
+            int[] blocks = sel.blocks();
+            for (int qb = 0; qb < sel.queryBlocks(); qb++) {
+                int t0 = qb * Selection.QUERY_BLOCK;
+                sb.setLength(0);
+                sb.append(layer).append(' ').append(sel.start() + t0).append(' ')
+                        .append(Math.min(Selection.QUERY_BLOCK, sel.n() - t0));
+                for (int g = 0; g < sel.kvHeads(); g++) {
+                    sb.append('|');
+                    int o = sel.offset(qb, g);
+                    for (int i = 0; i < sel.count(qb, g); i++) {
+                        if (i > 0) {
+                            sb.append(' ');
+                        }
+                        sb.append(blocks[o + i]);
+                    }
+                }
+                try {
+                    out.write(sb.toString());
+                    out.newLine();
+                } catch (IOException e) {
+                    throw new UncheckedIOException("cannot write selection dump " + path + ": " + e.getMessage(), e);
+                }
+            }
+        }
+
+        @Override
+        public synchronized void close() {
+            try {
+                out.close();
+            } catch (IOException e) {
+                throw new UncheckedIOException("cannot close selection dump " + path + ": " + e.getMessage(), e);
+            }
+        }
+    }
+
+    public static Writer writer(Path path, Header header) {
+        return new Writer(path, header);
+    }
+
+    /** Reads a dump, naming the file and line of anything malformed. */
+    public static SelectionLog read(Path path) {
+        List<String> lines;
+        try {
+            lines = Files.readAllLines(path, StandardCharsets.UTF_8);
+        } catch (IOException e) {
+            throw new UncheckedIOException("cannot read selection dump " + path + ": " + e.getMessage(), e);
+        }
+        if (lines.isEmpty() || !lines.get(0).startsWith(MAGIC)) {
+            throw new IllegalArgumentException(path + " is not a selection dump: the first line must start with '"
+                    + MAGIC + "'");
+        }
+        Header h;
+        try {
+            h = new Header(field(lines.get(0), "layers"), field(lines.get(0), "heads"), field(lines.get(0), "kv_heads"),
+                    field(lines.get(0), "head_dim_k"), field(lines.get(0), "head_dim_v"),
+                    field(lines.get(0), "block_tokens"));
+        } catch (RuntimeException e) {
+            throw new IllegalArgumentException(path + ", line 1: " + e.getMessage(), e);
+        }
+        List<Entry> entries = new ArrayList<>();
+        for (int i = 1; i < lines.size(); i++) {
+            String line = lines.get(i).strip();
+            if (line.isEmpty()) {
+                continue;
+            }
+            try {
+                String[] parts = line.split("\\|", -1);
+                if (parts.length != h.kvHeads() + 1) {
+                    throw new IllegalArgumentException("expected " + h.kvHeads() + " kv head lists, found "
+                            + (parts.length - 1));
+                }
+                String[] lead = parts[0].trim().split("\\s+");
+                if (lead.length != 3) {
+                    throw new IllegalArgumentException("expected 'LAYER POSITION TOKENS' before the first '|'");
+                }
+                int[][] blocks = new int[h.kvHeads()][];
+                for (int g = 0; g < h.kvHeads(); g++) {
+                    String p = parts[g + 1].trim();
+                    blocks[g] = p.isEmpty() ? new int[0]
+                            : java.util.Arrays.stream(p.split("\\s+")).mapToInt(Integer::parseInt).toArray();
+                }
+                entries.add(new Entry(Integer.parseInt(lead[0]), Integer.parseInt(lead[1]), Integer.parseInt(lead[2]),
+                        blocks));
+            } catch (RuntimeException e) {
+                throw new IllegalArgumentException(path + ", line " + (i + 1) + ": " + e.getMessage(), e);
+            }
+        }
+        return new SelectionLog(h, List.copyOf(entries));
+    }
+
+    private static int field(String line, String name) {
+        for (String tok : line.split("\\s+")) {
+            if (tok.startsWith(name + "=")) {
+                return Integer.parseInt(tok.substring(name.length() + 1));
+            }
+        }
+        throw new IllegalArgumentException("header lacks " + name + "=N");
+    }
+}

@@ -1,0 +1,84 @@
+package dev.kvant.kv;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+
+import java.util.SplittableRandom;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.ValueSource;
+
+class KeySummariesTest {
+    private static final long SEED = new SplittableRandom().nextLong();
+
+    /** Checks every written block of every layer against min/max of the decoded rows. */
+    static void assertExact(KvSequence seq, String what) {
+        KeySummaries ks = seq.keySummaries();
+        KvGeometry g = seq.cache().geometry();
+        int dim = ks.dim();
+        float[] row = new float[dim];
+        for (int l = 0; l < g.layers(); l++) {
+            float[] s = ks.layer(l);
+            for (int b = 0; b < ks.blocks(); b++) {
+                for (int h = 0; h < g.kvHeads(); h++) {
+                    float[] mn = new float[dim];
+                    float[] mx = new float[dim];
+                    java.util.Arrays.fill(mn, Float.POSITIVE_INFINITY);
+                    java.util.Arrays.fill(mx, Float.NEGATIVE_INFINITY);
+                    for (int p = b * ks.blockTokens(); p < Math.min(seq.length(), (b + 1) * ks.blockTokens()); p++) {
+                        seq.decodeK(l, p, h, row, 0);
+                        for (int d = 0; d < dim; d++) {
+                            mn[d] = Math.min(mn[d], row[d]);
+                            mx[d] = Math.max(mx[d], row[d]);
+                        }
+                    }
+                    int o = ks.offset(b, h);
+                    for (int d = 0; d < dim; d++) {
+                        assertEquals(mn[d], s[o + d], what + ": layer " + l + " block " + b + " head " + h + " min["
+                                + d + "] (seed " + SEED + ")");
+                        assertEquals(mx[d], s[o + dim + d], what + ": max[" + d + "] (seed " + SEED + ")");
+                    }
+                }
+            }
+        }
+    }
+
+    private static void write(KvSequence seq, SplittableRandom rnd, int pos, int n) {
+        KvGeometry g = seq.cache().geometry();
+        float[] k = new float[n * g.kvHeads() * g.headDimK()];
+        float[] v = new float[n * g.kvHeads() * g.headDimV()];
+        for (int i = 0; i < k.length; i++) {
+            k[i] = (float) rnd.nextGaussian();
+        }
+        for (int i = 0; i < v.length; i++) {
+            v[i] = (float) rnd.nextGaussian();
+        }
+        for (int l = 0; l < g.layers(); l++) {
+            seq.writeRows(l, pos, n, k, 0, v, 0);
+        }
+    }
+
+    @ParameterizedTest
+    @ValueSource(strings = {"f16", "q8_0", "turbo3", "q4_0h"})
+    void summariesStayExactThroughWritesTruncationOverwriteAndFork(String format) {
+        SplittableRandom rnd = new SplittableRandom(SEED);
+        KvFormat f = KvFormat.parse(format);
+        try (KvCache cache = KvCache.forTokens(new KvGeometry(2, 2, 96, 64), f, f, 64, 2048)) {
+            KvSequence seq = cache.newSequence();
+            write(seq, rnd, 0, 70);
+            seq.enableKeySummaries(16);
+            assertExact(seq, "built from existing rows");
+            write(seq, rnd, 70, 1);
+            write(seq, rnd, 71, 100);
+            assertExact(seq, "after appends");
+            seq.truncate(90);
+            write(seq, rnd, 90, 3);
+            assertExact(seq, "after truncation and rewrite");
+            write(seq, rnd, 40, 2);
+            assertExact(seq, "after an overwrite");
+            KvSequence child = cache.fork(seq, 75);
+            assertExact(child, "fork");
+            write(child, rnd, 75, 20);
+            assertExact(child, "fork after writes");
+            assertExact(seq, "parent after the fork's writes");
+        }
+    }
+}

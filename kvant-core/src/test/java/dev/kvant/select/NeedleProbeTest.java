@@ -1,0 +1,70 @@
+package dev.kvant.select;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import dev.kvant.Fixtures;
+import dev.kvant.model.LlamaModel;
+import dev.kvant.tokenizer.ChatTemplate;
+import dev.kvant.tokenizer.Tokenizer;
+
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.List;
+import java.util.SplittableRandom;
+import org.junit.jupiter.api.Test;
+
+class NeedleProbeTest {
+
+    @Test
+    void fixtureLineParsesWithEscapesAndNominalLength() {
+        NeedleProbe p = NeedleProbe.parse("{\"id\": \"L4096-d50-03\", \"n_ctx_tokens\": 4071, \"depth\": 0.5, "
+                + "\"name\": \"max_iter\", \"value\": \"aB3x9Q\", \"prompt\": \"x = \\\"\\\\n\\\"\\n\\u00e9max_iter = \\\"\"}");
+        assertEquals("L4096-d50-03", p.id());
+        assertEquals(4096, p.length());
+        assertEquals(0.5, p.depth());
+        assertEquals("x = \"\\n\"\n\u00e9max_iter = \"", p.prompt());
+        assertEquals("aB3x9Q\"", p.expected());
+        assertFalse(p.chat());
+    }
+
+    @Test
+    void aProbeWithoutItsValueIsAnErrorNamingTheField() {
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> NeedleProbe.parse(
+                "{\"id\": \"x\", \"n_ctx_tokens\": 10, \"depth\": 0.1, \"prompt\": \"p\"}"));
+        assertTrue(e.getMessage().contains("'value'"), e.getMessage());
+    }
+
+    @Test
+    void cellsCountCorrectProbesPerLengthAndDepth() {
+        NeedleProbe a = new NeedleProbe("a", 1024, 0.1, "", "x", false);
+        NeedleProbe b = new NeedleProbe("b", 1024, 0.1, "", "x", false);
+        NeedleProbe c = new NeedleProbe("c", 2048, 0.5, "", "x", false);
+        List<NeedleEval.Outcome> o = List.of(new NeedleEval.Outcome(a, true, "x", 10),
+                new NeedleEval.Outcome(b, false, "y", 10), new NeedleEval.Outcome(c, true, "x", 10));
+        NeedleEval.Result r = new NeedleEval.Result(o, NeedleEval.cells(o));
+        assertEquals(List.of(new NeedleEval.Cell(1024, 0.1, 2, 1), new NeedleEval.Cell(2048, 0.5, 1, 1)), r.cells());
+        assertEquals(2 / 3.0, r.accuracy(), 1e-12);
+        assertTrue(r.toJson().contains("{\"n_ctx\":1024,\"depth\":0.1,\"n\":2,\"correct\":1}"), r.toJson());
+    }
+
+    @Test
+    void passKeyProbeHasTheKeyAtItsDepthAndAboutItsLength() throws Exception {
+        Path gguf = Fixtures.requireTinycode("tinycode-f16.gguf");
+        String filler = Files.readString(Fixtures.requireTinycode("eval-heldout.txt")).substring(0, 20000);
+        try (LlamaModel m = LlamaModel.load(gguf)) {
+            Tokenizer tok = m.tokenizer();
+            NeedleProbe p = NeedleProbe.passKey(tok, ChatTemplate.CHATML, filler, 2048, 0.5, new SplittableRandom(7), 0);
+            assertTrue(p.expected().matches("\\d{5}"), p.expected());
+            int at = p.prompt().indexOf("The pass key is " + p.expected());
+            assertTrue(at > 0.4 * p.prompt().length() && at < 0.6 * p.prompt().length(), "needle at " + at + " of "
+                    + p.prompt().length());
+            assertTrue(p.prompt().endsWith("<|im_start|>assistant\nThe pass key is"), p.prompt().substring(
+                    p.prompt().length() - 60));
+            int tokens = tok.encode(p.prompt(), true, true).length;
+            assertTrue(tokens > 1900 && tokens <= 2048, tokens + " tokens for a 2048-token probe");
+        }
+    }
+}

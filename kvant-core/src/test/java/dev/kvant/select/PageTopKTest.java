@@ -1,0 +1,227 @@
+package dev.kvant.select;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import dev.kvant.attention.AttentionProblem;
+import dev.kvant.kv.KvCache;
+import dev.kvant.kv.KvFormat;
+import dev.kvant.kv.KvGeometry;
+import dev.kvant.kv.KvSequence;
+import dev.kvant.tensor.Parallel;
+
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.Comparator;
+import java.util.List;
+import java.util.SplittableRandom;
+import java.util.stream.IntStream;
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.CsvSource;
+
+class PageTopKTest {
+    private static final long SEED = new SplittableRandom().nextLong();
+    private static final Parallel POOL = new Parallel(2);
+
+    @AfterAll
+    static void closePool() {
+        POOL.close();
+    }
+
+    /**
+     * The brute-force selection of one (query block, kv head): block min/max from the decoded rows, the bound in
+     * double, every candidate ranked by (score desc, index asc). Returns the list and the candidates' scores.
+     */
+    static int[] reference(KvSequence seq, float[] q, int start, int n, int heads, SelectionConfig c, int qb, int g,
+                           double[] scoresOut) {
+        KvFormat kf = seq.cache().kFormat();
+        int headDim = seq.cache().geometry().headDimK();
+        int dim = kf.domainDim(headDim);
+        int group = heads / seq.cache().geometry().kvHeads();
+        int bt = c.blockTokens();
+        int t0 = qb * Selection.QUERY_BLOCK;
+        int t1 = Math.min(n, t0 + Selection.QUERY_BLOCK);
+        int visible = (start + t1 + bt - 1) / bt;
+        int sink = Math.min(visible, (c.sink() + bt - 1) / bt);
+        int recentFrom = Math.max(sink, (start + t0) / bt - (c.recent() + bt - 1) / bt);
+        int k = Math.max(0, c.budget() / bt - sink - (visible - recentFrom));
+        if (k >= recentFrom - sink) {
+            return IntStream.range(0, visible).toArray();
+        }
+        float[] row = new float[dim];
+        List<Integer> cand = new ArrayList<>();
+        for (int b = sink; b < recentFrom; b++) {
+            double[] mn = new double[dim];
+            double[] mx = new double[dim];
+            Arrays.fill(mn, Double.POSITIVE_INFINITY);
+            Arrays.fill(mx, Double.NEGATIVE_INFINITY);
+            for (int pos = b * bt; pos < (b + 1) * bt; pos++) {
+                seq.decodeK(0, pos, g, row, 0);
+                for (int d = 0; d < dim; d++) {
+                    mn[d] = Math.min(mn[d], row[d]);
+                    mx[d] = Math.max(mx[d], row[d]);
+                }
+            }
+            double best = Double.NEGATIVE_INFINITY;
+            for (int t = t0; t < t1; t++) {
+                for (int h = g * group; h < (g + 1) * group; h++) {
+                    float[] qr = new float[dim];
+                    System.arraycopy(q, (t * heads + h) * headDim, qr, 0, headDim);
+                    kf.rotate(qr, 0, headDim);
+                    double s = 0;
+                    for (int d = 0; d < dim; d++) {
+                        s += Math.max(qr[d] * mn[d], qr[d] * mx[d]);
+                    }
+                    best = Math.max(best, s);
+                }
+            }
+            scoresOut[b] = best;
+            cand.add(b);
+        }
+        cand.sort(Comparator.<Integer>comparingDouble(b -> -scoresOut[b]).thenComparingInt(b -> b));
+        List<Integer> out = new ArrayList<>();
+        for (int b = 0; b < sink; b++) {
+            out.add(b);
+        }
+        out.addAll(cand.subList(0, k).stream().sorted().toList());
+        for (int b = recentFrom; b < visible; b++) {
+            out.add(b);
+        }
+        return out.stream().mapToInt(Integer::intValue).toArray();
+    }
+
+    @ParameterizedTest(name = "{0} n={1} budget={2} block={3}")
+    @CsvSource({"f16,1,512,16", "f16,40,256,16", "turbo3,1,1024,16", "turbo3,3,512,32", "q8_0,1,300,64",
+            "q4_0h,17,640,16"})
+    void selectorChoosesTheBlocksOfABruteForceReference(String format, int n, int budget, int block) {
+        KvFormat f = KvFormat.parse(format);
+        int start = 4000;
+        SelectionConfig c = new SelectionConfig(budget, block, 64, 128, 0);
+        try (AttentionProblem p = AttentionProblem.random(f, f, 2, 2, 128, 128, start, n, 64, SEED)) {
+            p.seq().enableKeySummaries(block);
+            Selection sel = new Selection();
+            new PageTopK(c).select(p.seq(), 0, p.queries(), n, start, p.heads(), sel, POOL);
+            assertFalse(sel.all());
+            for (int qb = 0; qb < sel.queryBlocks(); qb++) {
+                for (int g = 0; g < 2; g++) {
+                    double[] scores = new double[sel.stride()];
+                    int[] want = reference(p.seq(), p.queries(), start, n, p.heads(), c, qb, g, scores);
+                    int[] got = Arrays.copyOfRange(sel.blocks(), sel.offset(qb, g), sel.offset(qb, g) + sel.count(qb, g));
+                    if (!Arrays.equals(want, got)) {
+                        // Float and double bounds may order two blocks differently only when they nearly tie.
+                        List<Integer> a = Arrays.stream(want).boxed().toList();
+                        List<Integer> b = Arrays.stream(got).boxed().toList();
+                        double lo = Double.POSITIVE_INFINITY;
+                        double hi = Double.NEGATIVE_INFINITY;
+                        for (int x : want) {
+                            if (!b.contains(x)) {
+                                lo = Math.min(lo, scores[x]);
+                            }
+                        }
+                        for (int x : got) {
+                            if (!a.contains(x)) {
+                                hi = Math.max(hi, scores[x]);
+                            }
+                        }
+                        assertTrue(Math.abs(lo - hi) <= 1e-5 * Math.abs(lo), "query block " + qb + ", kv head " + g
+                                + ": selected " + Arrays.toString(got) + ", reference " + Arrays.toString(want)
+                                + " (seed " + SEED + ")");
+                    }
+                    assertTrue(sel.tokens(qb, g) <= Math.max(budget, 64 + 128 + 2 * block + Selection.QUERY_BLOCK),
+                            "selection of " + sel.tokens(qb, g) + " tokens exceeds the budget " + budget);
+                }
+            }
+        }
+    }
+
+    @Test
+    void tiesGoToTheLowestBlockIndex() {
+        SplittableRandom rnd = new SplittableRandom(SEED);
+        KvGeometry geo = new KvGeometry(1, 1, 64, 64);
+        try (KvCache cache = KvCache.forTokens(geo, KvFormat.parse("f16"), KvFormat.parse("f16"), 64, 1024);
+             KvSequence seq = cache.newSequence()) {
+            seq.enableKeySummaries(16);
+            float[] k = new float[64];
+            float[] v = new float[64];
+            for (int d = 0; d < 64; d++) {
+                k[d] = (float) rnd.nextGaussian();
+                v[d] = (float) rnd.nextGaussian();
+            }
+            for (int pos = 0; pos < 1000; pos++) {
+                seq.write(0, pos, k, 0, v, 0);
+            }
+            float[] q = new float[64];
+            for (int d = 0; d < 64; d++) {
+                q[d] = (float) rnd.nextGaussian();
+            }
+            Selection sel = new Selection();
+            new PageTopK(new SelectionConfig(16 * 10, 16, 16, 16, 0)).select(seq, 0, q, 1, 999, 1, sel, POOL);
+            // sink block 0; recent blocks 61 (one before the query's) and 62 (the query's); 7 top blocks, all tied.
+            int[] got = Arrays.copyOf(sel.blocks(), sel.count(0, 0));
+            assertArrayEquals(new int[] {0, 1, 2, 3, 4, 5, 6, 7, 61, 62}, got, "seed " + SEED);
+        }
+    }
+
+    @Test
+    void sinkRecentAndOwnBlocksAreAlwaysSelected() {
+        int start = 3000;
+        SelectionConfig c = new SelectionConfig(64, 16, 64, 256, 0);
+        try (AttentionProblem p = AttentionProblem.random(KvFormat.parse("turbo3"), KvFormat.parse("turbo3"), 2, 2, 64,
+                64, start, 1, 64, SEED)) {
+            p.seq().enableKeySummaries(16);
+            Selection sel = new Selection();
+            new PageTopK(c).select(p.seq(), 0, p.queries(), 1, start, p.heads(), sel, POOL);
+            int own = start / 16;
+            int[] want = IntStream.concat(IntStream.range(0, 4), IntStream.rangeClosed(own - 16, own)).toArray();
+            for (int g = 0; g < 2; g++) {
+                assertArrayEquals(want, Arrays.copyOfRange(sel.blocks(), sel.offset(0, g), sel.offset(0, g)
+                        + sel.count(0, g)), "a budget below the windows keeps just the windows");
+            }
+        }
+    }
+
+    @Test
+    void selectionIsTheSameOnEveryRunAndThreadCount() {
+        int start = 6000;
+        int n = 33;
+        SelectionConfig c = SelectionConfig.topK(1024);
+        try (AttentionProblem p = AttentionProblem.random(KvFormat.parse("f16"), KvFormat.parse("f16"), 4, 2, 128, 128,
+                start, n, 64, SEED);
+             Parallel one = new Parallel(1)) {
+            p.seq().enableKeySummaries(16);
+            Selection a = new Selection();
+            Selection b = new Selection();
+            new PageTopK(c).select(p.seq(), 0, p.queries(), n, start, p.heads(), a, one);
+            new PageTopK(c).select(p.seq(), 0, p.queries(), n, start, p.heads(), b, POOL);
+            int size = a.queryBlocks() * 4 * a.stride();
+            assertArrayEquals(Arrays.copyOf(a.counts(), a.queryBlocks() * 4), Arrays.copyOf(b.counts(), b.queryBlocks() * 4));
+            for (int qb = 0; qb < a.queryBlocks(); qb++) {
+                for (int g = 0; g < 4; g++) {
+                    int o = a.offset(qb, g);
+                    assertArrayEquals(Arrays.copyOfRange(a.blocks(), o, o + a.count(qb, g)),
+                            Arrays.copyOfRange(b.blocks(), o, o + b.count(qb, g)), "seed " + SEED);
+                }
+            }
+            assertEquals(size, a.queryBlocks() * 4 * a.stride());
+        }
+    }
+
+    @Test
+    void sortKeyOrdersByDescendingScoreThenAscendingBlock() {
+        float[] scores = {3f, -2f, 0f, -0f, 3f, Float.NEGATIVE_INFINITY, 1e-30f, -1e30f};
+        long[] keys = new long[scores.length];
+        for (int i = 0; i < scores.length; i++) {
+            keys[i] = PageTopK.key(scores[i], i);
+        }
+        PageTopK.smallest(keys, keys.length, 3);
+        int[] top = Arrays.stream(Arrays.copyOf(keys, 3)).mapToInt(x -> (int) x).sorted().toArray();
+        assertArrayEquals(new int[] {0, 4, 6}, top);
+        long[] sorted = keys.clone();
+        Arrays.sort(sorted);
+        assertArrayEquals(new int[] {0, 4, 6, 2, 3, 1, 7, 5}, Arrays.stream(sorted).mapToInt(x -> (int) x).toArray());
+    }
+}

@@ -1,0 +1,44 @@
+package dev.kvant.select;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.nio.file.Files;
+import java.nio.file.Path;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+class SelectionLogTest {
+
+    @Test
+    void aDumpReadsBackAsTheSelectionsWritten(@TempDir Path dir) throws Exception {
+        Path f = dir.resolve("sel.txt");
+        SelectionLog.Header h = new SelectionLog.Header(8, 4, 2, 128, 128, 16);
+        Selection s = Selection.of(16, 30, 20, new int[][][] {{{0, 1, 2}, {1, 2}}, {{0, 2, 3}, {2, 3}}});
+        try (SelectionLog.Writer w = SelectionLog.writer(f, h)) {
+            w.record(5, s);
+        }
+        SelectionLog log = SelectionLog.read(f);
+        assertEquals(h, log.header());
+        assertEquals(2, log.entries().size());
+        SelectionLog.Entry e = log.entries().get(1);
+        assertEquals(5, e.layer());
+        assertEquals(46, e.position());
+        assertEquals(4, e.tokens());
+        assertArrayEquals(new int[] {0, 2, 3}, e.blocks()[0]);
+        assertArrayEquals(new int[] {2, 3}, e.blocks()[1]);
+        Selection back = e.toSelection(16);
+        assertTrue(back.contains(0, 0, 2));
+    }
+
+    @Test
+    void aMalformedLineIsNamed(@TempDir Path dir) throws Exception {
+        Path f = dir.resolve("bad.txt");
+        Files.writeString(f, "kvant-selection v1 layers=1 heads=2 kv_heads=2 head_dim_k=64 head_dim_v=64 block_tokens=16\n"
+                + "0 5 1|0\n");
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> SelectionLog.read(f));
+        assertTrue(e.getMessage().contains("line 2") && e.getMessage().contains("2 kv head lists"), e.getMessage());
+    }
+}
