@@ -10,4 +10,13 @@ public interface AttentionKernel {
 
     /** Writes the outputs [n][heads][headDimV] of the problem into out. */
     void run(AttentionProblem problem, AttentionOptions options, float[] out);
+
+    /**
+     * The NMSE this kernel must stay under against the float64 reference, given the CPU kernels' bound for the
+     * problem's formats ({@link AttentionParity#nmseBound}): the same by default; a kernel that multiplies in lower
+     * precision (f16 tensor cores) states its own.
+     */
+    default double nmseBound(double cpuBound) {
+        return cpuBound;
+    }
 }

@@ -175,7 +175,7 @@ public final class AttentionParity {
                     nmse = Double.POSITIVE_INFINITY;
                     max = Double.POSITIVE_INFINITY;
                 }
-                results.add(new Result(k.name(), nmse, max, checksum(out), bound, ms));
+                results.add(new Result(k.name(), nmse, max, checksum(out), k.nmseBound(bound), ms));
             }
         }
         return new Report(s, results);
