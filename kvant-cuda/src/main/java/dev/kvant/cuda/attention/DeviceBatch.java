@@ -41,34 +41,12 @@ public final class DeviceBatch implements AutoCloseable {
         this.lengths = device.slice(tableBytes, 4L * maxSeqs);
     }
 
-    private DeviceBatch(DeviceBatch whole, int first) {
-        this.maxSeqs = whole.maxSeqs - first;
-        this.maxPages = whole.maxPages;
-        this.staging = null;
-        this.device = null;
-        this.tables = whole.tables.slice(4L * first * maxPages, 4L * maxSeqs * maxPages);
-        this.lengths = whole.lengths.slice(4L * first, 4L * maxSeqs);
-    }
-
-    /**
-     * The sequences first, first+1, ... of this batch as a batch of their own (sharing its device memory; edits and
-     * uploads go through the whole batch): launches for one part of a batch, e.g. one micro-batch of a pipeline.
-     */
-    public DeviceBatch from(int first) {
-        java.util.Objects.checkIndex(first, maxSeqs);
-        if (staging == null) {
-            throw new IllegalStateException("a view of a device batch has no views of its own");
-        }
-        return first == 0 ? this : new DeviceBatch(this, first);
-    }
-
     public static DeviceBatch allocate(CudaContext context, int maxSeqs, int maxPages) {
         return new DeviceBatch(context, maxSeqs, maxPages);
     }
 
     /** Sets sequence {@code index}: its first {@code pageCount} page ids and its length in tokens. */
     public void set(int index, int[] pages, int pageCount, int length) {
-        requireWhole();
         Objects.checkIndex(index, maxSeqs);
         if (pageCount > maxPages || pageCount > pages.length) {
             throw new IllegalArgumentException("sequence " + index + " has " + pageCount + " pages; the batch holds "
@@ -91,7 +69,6 @@ public final class DeviceBatch implements AutoCloseable {
     }
 
     public void setLength(int index, int length) {
-        requireWhole();
         Objects.checkIndex(index, maxSeqs);
         if (length < 0) {
             throw new IllegalArgumentException("sequence " + index + " cannot have length " + length);
@@ -101,20 +78,12 @@ public final class DeviceBatch implements AutoCloseable {
 
     /** Queues the copy of tables and lengths to the device on {@code stream}. */
     public void upload(CudaStream stream) {
-        requireWhole();
         device.copyFromHostAsync(staging.segment(), 0, stream);
     }
 
     /** Copies tables and lengths to the device and waits. */
     public void upload() {
-        requireWhole();
         device.copyFromHost(staging.segment());
-    }
-
-    private void requireWhole() {
-        if (staging == null) {
-            throw new IllegalStateException("a view of a device batch is read by launches only; edit the whole batch");
-        }
     }
 
     public DeviceBuffer tables() {
@@ -146,9 +115,7 @@ public final class DeviceBatch implements AutoCloseable {
 
     @Override
     public void close() {
-        if (staging != null) {
-            device.close();
-            staging.close();
-        }
+        device.close();
+        staging.close();
     }
 }

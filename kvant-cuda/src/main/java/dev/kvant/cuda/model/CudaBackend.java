@@ -33,8 +33,7 @@ import java.util.Objects;
  * formats; each pair of K/V formats gets a paged device cache ({@link KvPool}) shared by the sequences that use it.
  *
  * <p>Decode (one token for each of up to {@code maxBatch} sequences) is one CUDA graph per batch size and stage,
- * captured on first use (over a split, per micro-batch: the batch is cut into one micro-batch a stage, so the GPUs
- * work on different micro-batches at once): every per-step value (tokens, positions, page tables, lengths) is read from device memory that is
+ * captured on first use: every per-step value (tokens, positions, page tables, lengths) is read from device memory that is
  * refreshed by asynchronous copies before the replay, and the only wait is for the chosen token ids (or the logits,
  * when the caller asks for them). Prefill runs a chunk of up to {@code maxPrefill} tokens through tensor-core GEMMs
  * (weights dequantized to f16 one projection at a time) and writes K/V compressed as they are produced.
@@ -525,21 +524,13 @@ public final class CudaBackend implements Backend {
             st.positions.copyFromHostAsync(staging.asSlice(4L * rowsMax, 4L * n), 0, st.stream);
             part.batch().upload(st.stream);
         }
-        // Over a layer split the batch goes through in micro-batches, one a stage: while the second GPU runs the first
-        // micro-batch's layers, the first GPU runs the second's (different rows of every buffer, so nothing is shared
-        // between micro-batches in flight). Each row's arithmetic is the same in any grouping.
         List<KvPool.Part> parts = pool.parts();
-        int micro = Math.min(n, parts.size());
-        for (int b = 0; b < micro; b++) {
-            int off = n * b / micro;
-            int m = n * (b + 1) / micro - off;
-            for (int i = 0; i < parts.size(); i++) {
-                KvPool.Part part = parts.get(i);
-                Stage st = part.stage();
-                KvPool.graph(part, m, off, () -> st.decodeLaunches(part, m, off)).launch(st.stream);
-                if (!st.last) {
-                    st.sendHidden(parts.get(i + 1).stage(), m, off);
-                }
+        for (int i = 0; i < parts.size(); i++) {
+            KvPool.Part part = parts.get(i);
+            Stage st = part.stage();
+            KvPool.graph(part, n, () -> st.decodeLaunches(part, n)).launch(st.stream);
+            if (!st.last) {
+                st.sendHidden(parts.get(i + 1).stage(), n);
             }
         }
         int[] chosen = readIds(n);

@@ -14,10 +14,8 @@ import dev.kvant.kv.KvGeometry;
 import dev.kvant.model.ModelConfig;
 
 import java.util.ArrayList;
-import java.util.HashMap;
 import java.util.List;
 import java.util.Locale;
-import java.util.Map;
 
 /**
  * The device KV cache of one pair of K/V formats: one page numbering (a free stack with reference counts: shared
@@ -28,8 +26,7 @@ import java.util.Map;
 final class KvPool implements AutoCloseable {
 
     /** One stage's share: the pages of its layers. */
-    record Part(Stage stage, CudaKvCache cache, CudaAttention attention, DeviceBatch batch,
-                Map<Integer, CudaGraph> graphs) {
+    record Part(Stage stage, CudaKvCache cache, CudaAttention attention, DeviceBatch batch, CudaGraph[] graphs) {
     }
 
     private final KvFormat kFormat;
@@ -77,7 +74,7 @@ final class KvPool implements AutoCloseable {
                     cache.close();
                     throw e;
                 }
-                parts.add(new Part(s, cache, attention, batch, new HashMap<>()));
+                parts.add(new Part(s, cache, attention, batch, new CudaGraph[maxBatch + 1]));
             }
         } catch (RuntimeException e) {
             close();
@@ -155,18 +152,22 @@ final class KvPool implements AutoCloseable {
         }
     }
 
-    /**
-     * The decode graph of n sequences in batch rows [off, off + n) on a part, captured from {@code launches} on first
-     * use.
-     */
-    static CudaGraph graph(Part part, int n, int off, Runnable launches) {
-        return part.graphs().computeIfAbsent(off * 4096 + n, key -> CudaGraph.capture(part.stage().stream, launches));
+    /** The decode graph of n sequences on a part, captured from {@code launches} on first use. */
+    static CudaGraph graph(Part part, int n, Runnable launches) {
+        if (part.graphs()[n] == null) {
+            part.graphs()[n] = CudaGraph.capture(part.stage().stream, launches);
+        }
+        return part.graphs()[n];
     }
 
     @Override
     public void close() {
         for (Part p : parts) {
-            p.graphs().values().forEach(CudaGraph::close);
+            for (CudaGraph g : p.graphs()) {
+                if (g != null) {
+                    g.close();
+                }
+            }
             p.batch().close();
             p.attention().close();
             p.cache().close();

@@ -123,73 +123,49 @@ final class Stage implements AutoCloseable {
     }
 
     /**
-     * The decode launches of this stage for n vectors in rows [off, off + n) of its buffers and entries [off, off + n)
-     * of the pool's device batch (captured into its graph): embedding on the first stage, its layers, the output
-     * product with the greedy keys on the last. Disjoint rows let micro-batches of one step be in flight on
-     * different stages at once.
+     * The decode launches of this stage for n vectors (captured into its graph): embedding on the first stage,
+     * its layers, the output product with the greedy keys on the last.
      */
-    void decodeLaunches(KvPool.Part kv, int n, int off) {
+    void decodeLaunches(KvPool.Part kv, int n) {
         int dim = c.dim();
         int ffn = c.ffnDim();
         float eps = c.rmsEps();
-        DeviceBuffer tok = tokens.slice(4L * off, 4L * n);
-        DeviceBuffer pos = positions.slice(4L * off, 4L * n);
-        DeviceBuffer slot = slots.slice(4L * off, 4L * n);
-        DeviceBuffer keys = best.slice(8L * off, 8L * n);
-        DeviceBuffer xs = x.slice(4L * off * dim, 4L * n * dim);
-        ModelKernels.Vectors xbs = xb.from(off);
-        ModelKernels.Vectors attns = attn.from(off);
-        ModelKernels.Vectors gs = g.from(off);
-        DeviceBuffer gus = gu.slice(4L * off * 2 * ffn, 4L * n * 2 * ffn);
-        int half = Math.max(1, c.rope().ropeDim() / 2);
-        DeviceBuffer ang = angles.slice(8L * off * half, 8L * n * half);
-        Rows rows = new Rows(qkv.slice(4L * off * qkvDim, 4L * n * qkvDim), q.slice(4L * off * c.qDim(),
-                4L * n * c.qDim()), kRows.slice(4L * off * c.kvDimK(), 4L * n * c.kvDimK()),
-                vRows.slice(4L * off * c.kvDimV(), 4L * n * c.kvDimV()), ang, slot);
-        dev.kvant.cuda.attention.DeviceBatch batch = kv.batch().from(off);
         if (first) {
-            k.embed(w.embedding, tok, n, xs, keys, n, stream);
+            k.embed(w.embedding, tokens, n, x, best, n, stream);
         } else if (last) {
-            keys.fillIntsAsync(0, stream);
+            best.fillIntsAsync(0, stream);
         }
-        k.ropeAngles(pos, 0, n, w.ropeFreqs, c.rope().ropeDim(), c.rope().linearScale(), ang, stream);
+        k.ropeAngles(positions, 0, n, w.ropeFreqs, c.rope().ropeDim(), c.rope().linearScale(), angles, stream);
         for (int l = 0; l < layerCount(); l++) {
             DeviceWeights.Layer L = w.layers[l];
-            k.rmsnorm(xs, L.attnNorm(), xbs, n, dim, eps, stream);
-            L.qkv().matvec(k, xbs, n, rows.qkv(), qkvDim, L.qkvBias(), ModelKernels.MV_STORE, stream);
-            k.ropeSplit(rope(rows, batch, n, pos, 0, L, 1), stream);
-            kv.attention().quantizeRows(kv.cache(), l, rows.k(), rows.v(), slot, n, stream);
+            k.rmsnorm(x, L.attnNorm(), xb, n, dim, eps, stream);
+            L.qkv().matvec(k, xb, n, qkv, qkvDim, L.qkvBias(), ModelKernels.MV_STORE, stream);
+            k.ropeSplit(rope(kv, n, positions, 0, L, 1), stream);
+            kv.attention().quantizeRows(kv.cache(), l, kRows, vRows, slots, n, stream);
             if (L.wo().readsQ8()) {
                 // the merge writes the 8-bit operand of the o product too
-                kv.attention().decode(kv.cache(), l, rows.q(), batch, n, attns.floats(), attns.q8(),
-                        attns.q8Scales(), stream);
-            } else {
-                kv.attention().decode(kv.cache(), l, rows.q(), batch, n, attns.floats(), stream);
-            }
-            L.wo().matvec(k, attns, n, xs, dim, null, ModelKernels.MV_ADD, stream);
-            k.rmsnorm(xs, L.ffnNorm(), xbs, n, dim, eps, stream);
-            if (L.gateUp().single()) {
-                k.matvec(L.gateUp().only(), ffn, xbs, n, gs.floats(), ffn, null, ModelKernels.MV_SWIGLU, ffn,
+                kv.attention().decode(kv.cache(), l, q, kv.batch(), n, attn.floats(), attn.q8(), attn.q8Scales(),
                         stream);
             } else {
-                L.gateUp().matvec(k, xbs, n, gus, 2 * ffn, null, ModelKernels.MV_STORE, stream);
-                k.swiglu(gus, ffn, n, null, gs.floats(), stream);
+                kv.attention().decode(kv.cache(), l, q, kv.batch(), n, attn.floats(), stream);
+            }
+            L.wo().matvec(k, attn, n, x, dim, null, ModelKernels.MV_ADD, stream);
+            k.rmsnorm(x, L.ffnNorm(), xb, n, dim, eps, stream);
+            if (L.gateUp().single()) {
+                k.matvec(L.gateUp().only(), ffn, xb, n, g.floats(), ffn, null, ModelKernels.MV_SWIGLU, ffn, stream);
+            } else {
+                L.gateUp().matvec(k, xb, n, gu, 2 * ffn, null, ModelKernels.MV_STORE, stream);
+                k.swiglu(gu, ffn, n, null, g.floats(), stream);
             }
             if (L.down().readsQ8()) {
-                k.quantize(gs, n, stream);
+                k.quantize(g, n, stream);
             }
-            L.down().matvec(k, gs, n, xs, dim, null, ModelKernels.MV_ADD, stream);
+            L.down().matvec(k, g, n, x, dim, null, ModelKernels.MV_ADD, stream);
         }
         if (last) {
-            k.rmsnorm(xs, w.outputNorm, xbs, n, dim, eps, stream);
-            k.logits(w.output.only(), c.vocabSize(), xbs, n,
-                    logits.slice(4L * off * c.vocabSize(), 4L * n * c.vocabSize()), keys, stream);
+            k.rmsnorm(x, w.outputNorm, xb, n, dim, eps, stream);
+            k.logits(w.output.only(), c.vocabSize(), xb, n, logits, best, stream);
         }
-    }
-
-    /** The per-row buffers one launch sequence works on (a slice of the stage's, for a micro-batch). */
-    private record Rows(DeviceBuffer qkv, DeviceBuffer q, DeviceBuffer k, DeviceBuffer v, DeviceBuffer angles,
-                        DeviceBuffer slots) {
     }
 
     /**
@@ -214,7 +190,7 @@ final class Stage implements AutoCloseable {
             if (L.qkvBias() != null) {
                 k.addBias(qkv, L.qkvBias(), qkvDim, n, stream);
             }
-            k.ropeSplit(rope(new Rows(qkv, q, kRows, vRows, angles, slots), kv.batch(), n, null, start, L, 0), stream);
+            k.ropeSplit(rope(kv, n, null, start, L, 0), stream);
             kv.attention().quantizeRows(kv.cache(), l, kRows, vRows, slots, n, stream);
             kv.attention().prefill(kv.cache(), l, q, kv.batch(), 0, start, n, attn.floats(), stream);
             k.toHalf(attn.floats(), ah, (long) n * attnDim, stream);
@@ -244,24 +220,18 @@ final class Stage implements AutoCloseable {
      * {@link #sent}; the next stage's stream waits for it before its layers.
      */
     void sendHidden(Stage next, int n) {
-        sendHidden(next, n, 0);
-    }
-
-    /** As {@link #sendHidden(Stage, int)} for rows [off, off + n). */
-    void sendHidden(Stage next, int n, int off) {
-        long at = 4L * off * c.dim();
-        next.x.copyFromPeerAsync(x, at, at, 4L * n * c.dim(), stream);
+        next.x.copyFromPeerAsync(x, 0, 0, 4L * n * c.dim(), stream);
         sent.record(stream);
         next.stream.waitFor(sent);
     }
 
-    private ModelKernels.RopeLaunch rope(Rows rows, dev.kvant.cuda.attention.DeviceBatch batch, int n,
-                                         DeviceBuffer positions, int start, DeviceWeights.Layer L, int seqStride) {
+    private ModelKernels.RopeLaunch rope(KvPool.Part kv, int n, DeviceBuffer positions, int start,
+                                         DeviceWeights.Layer L, int seqStride) {
         Rope r = c.rope();
-        return new ModelKernels.RopeLaunch(rows.qkv(), n, positions, start, rows.q(), rows.k(), rows.v(),
-                rows.angles(), r.ropeDim(), r.mode() == Rope.Mode.NEOX, c.heads(), c.kvHeads(), c.headDimK(),
-                c.headDimV(), L.qNorm(), L.kNorm(), c.rmsEps(), batch.tables(), batch.tableStride(), seqStride,
-                CudaBackend.PAGE_TOKENS, rows.slots());
+        return new ModelKernels.RopeLaunch(qkv, n, positions, start, q, kRows, vRows, angles, r.ropeDim(),
+                r.mode() == Rope.Mode.NEOX, c.heads(), c.kvHeads(), c.headDimK(), c.headDimV(),
+                L.qNorm(), L.kNorm(), c.rmsEps(), kv.batch().tables(), kv.batch().tableStride(), seqStride,
+                CudaBackend.PAGE_TOKENS, slots);
     }
 
     MemorySegment stagingSegment() {
