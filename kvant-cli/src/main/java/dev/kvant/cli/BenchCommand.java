@@ -44,6 +44,9 @@ final class BenchCommand implements Runnable {
             description = "cache depths to test at (default ${DEFAULT-VALUE})")
     int[] depth;
 
+    @Mixin
+    SelectOptions selectOpts;
+
     @Option(names = "--kv", paramLabel = "FORMAT", split = ",",
             description = "cache formats to test one after another, each for K and V (e.g. f16,q8_0,turbo3); "
                     + "overrides --ctk/--ctv")
@@ -110,7 +113,11 @@ final class BenchCommand implements Runnable {
         progress.update("loading model");
         try (LlamaModel model = synthetic != null ? ModelOptions.synthetic(synthetic, weights) : opts.load();
              Parallel pool = new Parallel(opts.threads);
+             var dump = selectOpts.apply(model);
              Backend backend = opts.openBackend(model, pool)) {
+            if (selectOpts.config() != null && !backend.name().equals("cpu")) {
+                throw new IllegalArgumentException("--select runs on the CPU backend only so far (use --backend cpu)");
+            }
             List<KvFormat[]> pairs = new ArrayList<>();
             if (kvList != null) {
                 for (String f : kvList) {
@@ -136,6 +143,9 @@ final class BenchCommand implements Runnable {
                 }
             }
             progress.done();
+            if (!json && selectOpts.config() != null) {
+                System.out.println("attention through a block selection: " + selectOpts.describe() + "\n");
+            }
             System.out.println(json ? Benchmark.json(rows) : Benchmark.markdown(rows));
             if (limits != null && !json) {
                 System.out.println(ratios);
