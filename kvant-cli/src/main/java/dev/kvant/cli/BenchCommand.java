@@ -135,7 +135,7 @@ final class BenchCommand implements Runnable {
             StringBuilder ratios = new StringBuilder();
             for (KvFormat[] pair : pairs) {
                 Benchmark.Settings s = new Benchmark.Settings(prompt, gen, depth, reps, opts.threads, pair[0],
-                        pair[1], opts.prefillChunk);
+                        pair[1], opts.prefillChunk(backend));
                 List<Benchmark.Row> some = Benchmark.run(backend, s, progress::update);
                 rows.addAll(some);
                 if (limits != null) {

@@ -33,9 +33,24 @@ final class ModelOptions {
             description = "KV cache format for values (same names as --ctk)")
     String ctv;
 
-    @Option(names = {"--prefill-chunk"}, paramLabel = "N", defaultValue = "512",
-            description = "prompt tokens per forward pass (default ${DEFAULT-VALUE})")
-    int prefillChunk;
+    @Option(names = {"--prefill-chunk"}, paramLabel = "N",
+            description = "prompt tokens per forward pass (default " + CPU_PREFILL_CHUNK + " on the CPU, "
+                    + CUDA_PREFILL_CHUNK + " on a GPU, whose tensor-core GEMMs want long chunks)")
+    Integer prefillChunkOption;
+
+    static final int CPU_PREFILL_CHUNK = 512;
+    static final int CUDA_PREFILL_CHUNK = 2048;
+
+    /** --prefill-chunk, else the default of the backend (null: the CPU's). */
+    int prefillChunk(Backend backend) {
+        if (prefillChunkOption != null) {
+            if (prefillChunkOption < 1) {
+                throw new IllegalArgumentException("--prefill-chunk must be positive, got " + prefillChunkOption);
+            }
+            return prefillChunkOption;
+        }
+        return backend != null && backend.name().equals("cuda") ? CUDA_PREFILL_CHUNK : CPU_PREFILL_CHUNK;
+    }
 
     @Option(names = "--backend", paramLabel = "NAME", defaultValue = "auto",
             description = "where the model runs: cpu, cuda, or auto (cuda when a GPU is present; default)")
@@ -157,7 +172,8 @@ final class ModelOptions {
         if (split != null && gpus == null) {
             throw new IllegalArgumentException("--layer-split needs --gpus (one GPU per part)");
         }
-        return CudaBackend.open(loaded, new CudaBackend.Options(maxBatch, Math.max(prefillChunk, 1), kvTokens,
+        return CudaBackend.open(loaded, new CudaBackend.Options(maxBatch,
+                prefillChunkOption != null ? Math.max(prefillChunkOption, 1) : CUDA_PREFILL_CHUNK, kvTokens,
                 gpus, split));
     }
 

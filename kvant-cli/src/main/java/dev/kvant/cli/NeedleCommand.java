@@ -94,7 +94,8 @@ final class NeedleCommand implements Runnable {
                 longest = Math.max(longest, tok.encode(p.prompt(), true, p.chat()).length);
             }
             int ctx = longest + maxNew;
-            try (Session session = new Session(model, ctx, opts.kFormat(), opts.vFormat(), opts.prefillChunk, pool)) {
+            try (Session session = new Session(model, ctx, opts.kFormat(), opts.vFormat(), opts.prefillChunk(null),
+                    pool)) {
                 int[] done = {0, 0};
                 long t0 = System.nanoTime();
                 NeedleEval.Result r = NeedleEval.run(session, tok, list, maxNew, o -> {

@@ -56,7 +56,7 @@ final class PerplexityCommand implements Runnable {
              var dump = selectOpts.apply(model);
              Backend backend = opts.openBackend(model, pool);
              Session session = new Session(backend, ctx, opts.kFormat(), opts.vFormat(),
-                     opts.prefillChunk)) {
+                     opts.prefillChunk(backend))) {
             if (selectOpts.config() != null && !backend.name().equals("cpu")) {
                 throw new IllegalArgumentException("--select runs on the CPU backend only so far (use --backend cpu)");
             }

@@ -95,10 +95,10 @@ final class ServeBenchCommand implements Runnable {
              Backend backend = opts.openBackend(model, threads, Math.min(parallel, ModelOptions.MAX_DEVICE_BATCH))) {
             String name = synthetic != null ? "synthetic " + synthetic + " " + weights : opts.model.getFileName().toString();
             ServeBench.Setup setup = new ServeBench.Setup(backend, TextCodec.of(model, null), opts.kFormat(),
-                    opts.vFormat(), ctx, opts.prefillChunk, name);
+                    opts.vFormat(), ctx, opts.prefillChunk(backend), name);
             System.out.printf(Locale.ROOT, "# kvant bench-serve --mode %s: %s, backend %s, %d threads, K %s V %s,"
                             + " context %d, prefill chunk %d, seed %d, %s, nproc %d%n", mode, name, backend.name(),
-                    backend.threads(), opts.ctk, opts.ctv, ctx, opts.prefillChunk, s, LocalDate.now(),
+                    backend.threads(), opts.ctk, opts.ctv, ctx, opts.prefillChunk(backend), s, LocalDate.now(),
                     Runtime.getRuntime().availableProcessors());
             switch (mode) {
                 case "batching" -> batching(setup, s);

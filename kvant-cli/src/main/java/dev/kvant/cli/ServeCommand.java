@@ -111,7 +111,7 @@ final class ServeCommand implements Runnable {
             ServerConfig config = new ServerConfig(host, port, apiKey, name, 32L << 20, Duration.ofSeconds(1));
             try (SequencePool pool = backend.newSequencePool(poolTokens, opts.kFormat(), opts.vFormat());
                  Engine engine = new Engine(backend, pool,
-                         new EngineConfig(parallel, context, opts.prefillChunk, maxQueue, !noPrefixCache))) {
+                         new EngineConfig(parallel, context, opts.prefillChunk(backend), maxQueue, !noPrefixCache))) {
                 KvantServer server = KvantServer.start(config, engine, TextCodec.of(model, template));
                 CountDownLatch stop = new CountDownLatch(1);
                 CountDownLatch stopped = new CountDownLatch(1);

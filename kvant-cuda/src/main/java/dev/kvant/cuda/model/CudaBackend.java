@@ -33,10 +33,11 @@ import java.util.Objects;
  * formats; each pair of K/V formats gets a paged device cache ({@link KvPool}) shared by the sequences that use it.
  *
  * <p>Decode (one token for each of up to {@code maxBatch} sequences) is one CUDA graph per batch size and stage,
- * captured on first use: every per-step value (tokens, positions, page tables, lengths) is read from device memory that is
- * refreshed by asynchronous copies before the replay, and the only wait is for the chosen token ids (or the logits,
- * when the caller asks for them). Prefill runs a chunk of up to {@code maxPrefill} tokens through tensor-core GEMMs
- * (weights dequantized to f16 one projection at a time) and writes K/V compressed as they are produced.
+ * captured on first use: every per-step value (tokens, positions, page tables, lengths) is read from device memory
+ * that is refreshed by asynchronous copies before the replay, and the only wait is for the chosen token ids (or the
+ * logits, when the caller asks for them). Prefill runs a chunk of up to {@code maxPrefill} tokens through
+ * tensor-core GEMMs (weights dequantized to f16 one projection at a time) and writes K/V compressed as they are
+ * produced.
  */
 public final class CudaBackend implements Backend {
 
