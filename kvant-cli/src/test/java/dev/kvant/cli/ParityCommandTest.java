@@ -31,6 +31,23 @@ class ParityCommandTest {
         assertEquals(3, kernels, r.out());
     }
 
+    /** Without a GPU, asking for the CUDA kernels is a clear error, not a crash; with one, they join the table. */
+    @Test
+    void parityWithTheCudaBackendRunsOrSaysWhyNot() {
+        MainTest.Run r = MainTest.run("parity", "--backend", "cuda", "--ctx", "300", "--queries", "3", "--heads", "8",
+                "--kv-heads", "2", "--head-dim", "64", "--seed", "7", "--json");
+        if (dev.kvant.cuda.Cuda.available().ok()) {
+            assertEquals(0, r.code(), r.err() + r.out());
+            assertTrue(r.out().contains("\"kernel\":\"cuda-decode\""), r.out());
+        } else {
+            assertEquals(1, r.code(), r.out());
+            assertTrue(r.err().contains("--backend cuda"), r.err());
+        }
+        MainTest.Run bad = MainTest.run("parity", "--backend", "tpu");
+        assertEquals(1, bad.code());
+        assertTrue(bad.err().contains("tpu") && bad.err().contains("cuda"), bad.err());
+    }
+
     @Test
     void parityNamesAnUnknownFormat() {
         MainTest.Run r = MainTest.run("parity", "--ctk", "q5_1");
