@@ -1,5 +1,6 @@
 package dev.kvant.cli;
 
+import dev.kvant.attention.AttentionOptions;
 import dev.kvant.backend.Backend;
 import dev.kvant.backend.CpuBackend;
 import dev.kvant.cuda.Cuda;
@@ -55,6 +56,11 @@ final class ModelOptions {
     @Option(names = "--backend", paramLabel = "NAME", defaultValue = "auto",
             description = "where the model runs: cpu, cuda, or auto (cuda when a GPU is present; default)")
     String backend;
+
+    @Option(names = "--sparse-v", paramLabel = "T", defaultValue = "0",
+            description = "sparse V: leave out of the V sum the rows whose softmax weight is below T (0 = off, the "
+                    + "default; docs/BENCHMARKS.md measures it)")
+    float sparseV;
 
     @Option(names = "--gpus", paramLabel = "LIST", split = ",",
             description = "GPU ordinals to split the layers over, e.g. 0,1 (cuda backend; default: one GPU)")
@@ -137,6 +143,7 @@ final class ModelOptions {
 
     /** As {@link #openBackend(LlamaModel, Parallel)} for up to {@code maxBatch} sequences decoded together. */
     Backend openBackend(LlamaModel loaded, Parallel pool, int maxBatch) {
+        loaded.setAttentionOptions(AttentionOptions.defaults().withSparseV(sparseV));
         return switch (backend.toLowerCase(java.util.Locale.ROOT)) {
             case "cpu" -> new CpuBackend(loaded, pool);
             case "cuda" -> openCuda(loaded, maxBatch);

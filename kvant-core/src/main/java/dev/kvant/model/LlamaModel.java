@@ -28,6 +28,7 @@ public final class LlamaModel implements AutoCloseable {
     private final AutoCloseable memory;
     private String chatTemplate;
     private volatile SelectionConfig selection;
+    private volatile AttentionOptions attentionOptions = AttentionOptions.defaults();
     private volatile SelectionLog.Writer selectionLog;
 
     /**
@@ -102,6 +103,18 @@ public final class LlamaModel implements AutoCloseable {
         this.selection = config;
     }
 
+    /**
+     * Options of every later attention (sparse V: leave out of the V sum the rows whose softmax weight falls below
+     * a threshold; docs/BENCHMARKS.md measures what it buys and costs); exact attention by default.
+     */
+    public void setAttentionOptions(AttentionOptions options) {
+        this.attentionOptions = java.util.Objects.requireNonNull(options, "options");
+    }
+
+    public AttentionOptions attentionOptions() {
+        return attentionOptions;
+    }
+
     /** The selection config in force, or null (dense attention). */
     public SelectionConfig selection() {
         return selection;
@@ -173,6 +186,7 @@ public final class LlamaModel implements AutoCloseable {
         int attnDim = c.heads() * c.headDimV();
         SelectionConfig sc = selection;
         SelectionLog.Writer log = selectionLog;
+        AttentionOptions ao = attentionOptions;
         if (sc != null) {
             for (KvSequence seq : seqs) {
                 seq.enableKeySummaries(sc.blockTokens());
@@ -201,7 +215,7 @@ public final class LlamaModel implements AutoCloseable {
             if (!batch) {
                 seqs[0].writeRows(l, starts[0], n, s.k, 0, s.v, 0);
                 Selection sel = selected ? s.select(sc, log, seqs[0], l, s.q, n, starts[0], c.heads(), pool) : null;
-                CpuAttention.attend(seqs[0], l, s.q, n, starts[0], c.heads(), scale, AttentionOptions.defaults(), sel,
+                CpuAttention.attend(seqs[0], l, s.q, n, starts[0], c.heads(), scale, ao, sel,
                         s.attnOut, pool);
             } else {
                 for (int i = 0; i < n; i++) {
@@ -209,8 +223,8 @@ public final class LlamaModel implements AutoCloseable {
                     System.arraycopy(s.q, i * c.qDim(), s.qRow, 0, c.qDim());
                     Selection sel = selected ? s.select(sc, log, seqs[i], l, s.qRow, 1, starts[i], c.heads(), pool)
                             : null;
-                    CpuAttention.attend(seqs[i], l, s.qRow, 1, starts[i], c.heads(), scale,
-                            AttentionOptions.defaults(), sel, s.outRow, pool);
+                    CpuAttention.attend(seqs[i], l, s.qRow, 1, starts[i], c.heads(), scale, ao, sel, s.outRow,
+                            pool);
                     System.arraycopy(s.outRow, 0, s.attnOut, i * attnDim, attnDim);
                 }
             }

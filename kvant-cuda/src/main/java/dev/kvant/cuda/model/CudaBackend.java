@@ -335,6 +335,14 @@ public final class CudaBackend implements Backend {
     public record Limits(double copyGBps, double bf16Tflops) {
     }
 
+    /** The model's sparse-V threshold ({@link LlamaModel#attentionOptions}), fixed when a KV pool is made. */
+    private float sparseV() {
+        if (model.attentionOptions().softCap() != 0f) {
+            throw new IllegalArgumentException("the CUDA attention kernels have no logit soft-cap yet");
+        }
+        return model.attentionOptions().sparseV();
+    }
+
     @Override
     public Sequence newSequence(int contextLength, KvFormat kFormat, KvFormat vFormat) {
         checkOpen();
@@ -346,7 +354,7 @@ public final class CudaBackend implements Backend {
         if (pool == null) {
             long tokens = options.kvTokens() > 0 ? options.kvTokens() : (long) contextLength * options.maxBatch();
             pool = new KvPool(stages, c, kFormat, vFormat, PAGE_TOKENS, tokens, contextLength, options.maxBatch(),
-                    options.maxPrefill(), HEADROOM);
+                    options.maxPrefill(), HEADROOM, sparseV());
             pools.put(key, pool);
         }
         if (contextLength > pool.maxContext()) {
@@ -412,7 +420,7 @@ public final class CudaBackend implements Backend {
             throw new IllegalArgumentException("a KV pool of " + tokens + " tokens");
         }
         KvPool pool = new KvPool(stages, c, kFormat, vFormat, PAGE_TOKENS, tokens, tokens, options.maxBatch(),
-                options.maxPrefill(), HEADROOM);
+                options.maxPrefill(), HEADROOM, sparseV());
         return new SharedPool(pool);
     }
 

@@ -39,7 +39,7 @@ final class KvPool implements AutoCloseable {
     private int freeCount;
 
     KvPool(Stage[] stages, ModelConfig c, KvFormat kFormat, KvFormat vFormat, int pageTokens, long tokens,
-           int maxContext, int maxBatch, int maxPrefill, long headroom) {
+           int maxContext, int maxBatch, int maxPrefill, long headroom, float sparseV) {
         this.kFormat = kFormat;
         this.vFormat = vFormat;
         this.maxContext = maxContext;
@@ -67,7 +67,8 @@ final class KvPool implements AutoCloseable {
                 DeviceBatch batch;
                 try {
                     attention = CudaAttention.create(s.context, KernelCache.open(s.context), shape,
-                            AttentionPlan.of(maxBatch, 1, maxContext, maxPrefill));
+                            AttentionPlan.of(maxBatch, 1, maxContext, maxPrefill),
+                            (float) (1.0 / Math.sqrt(c.headDimK())), sparseV);
                     batch = DeviceBatch.allocate(s.context, Math.max(1, maxBatch),
                             (maxContext + pageTokens - 1) / pageTokens);
                 } catch (RuntimeException e) {
