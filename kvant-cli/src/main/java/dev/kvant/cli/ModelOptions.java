@@ -144,12 +144,20 @@ final class ModelOptions {
     /** As {@link #openBackend(LlamaModel, Parallel)} for up to {@code maxBatch} sequences decoded together. */
     Backend openBackend(LlamaModel loaded, Parallel pool, int maxBatch) {
         loaded.setAttentionOptions(AttentionOptions.defaults().withSparseV(sparseV));
-        return switch (backend.toLowerCase(java.util.Locale.ROOT)) {
+        String name = backend.toLowerCase(java.util.Locale.ROOT);
+        if (gpus == null && !"auto".equalsIgnoreCase(layerSplit.strip())) {
+            throw new IllegalArgumentException("--layer-split needs --gpus (one GPU per part)");
+        }
+        if (gpus != null && name.equals("cpu")) {
+            throw new IllegalArgumentException("--gpus names GPUs for the cuda backend; --backend cpu uses none");
+        }
+        return switch (name) {
             case "cpu" -> new CpuBackend(loaded, pool);
             case "cuda" -> openCuda(loaded, maxBatch);
             case "auto" -> {
                 CudaAvailability cuda = Cuda.available();
-                yield cuda.ok() ? openCuda(loaded, maxBatch) : new CpuBackend(loaded, pool);
+                // GPUs asked for by name are not silently replaced by the CPU
+                yield cuda.ok() || gpus != null ? openCuda(loaded, maxBatch) : new CpuBackend(loaded, pool);
             }
             default -> throw new IllegalArgumentException("--backend: unknown backend '" + backend
                     + "' (cpu, cuda, auto)");

@@ -67,6 +67,20 @@ class MainTest {
     }
 
     @Test
+    void backendChoicesThatCannotWorkAreClearErrors() {
+        Run gpusOnCpu = run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--backend", "cpu",
+                "--gpus", "0,1");
+        assertEquals(1, gpusOnCpu.code());
+        assertTrue(gpusOnCpu.err().contains("--gpus"), gpusOnCpu.err());
+        Run unknown = run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--backend", "tpu");
+        assertEquals(1, unknown.code());
+        assertTrue(unknown.err().contains("tpu") && unknown.err().contains("cuda"), unknown.err());
+        Run split = run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--layer-split", "4,4");
+        assertEquals(1, split.code());
+        assertTrue(split.err().contains("--layer-split") || split.err().contains("cuda"), split.err());
+    }
+
+    @Test
     void unknownKvFormatIsAClearError() {
         Run r = run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--ctk", "q3_x");
         assertEquals(1, r.code());
