@@ -1,5 +1,6 @@
 package dev.kvant.cli;
 
+import dev.kvant.backend.Backend;
 import dev.kvant.engine.Session;
 import dev.kvant.model.LlamaModel;
 import dev.kvant.select.NeedleEval;
@@ -83,7 +84,11 @@ final class NeedleCommand implements Runnable {
         Progress progress = new Progress(json);
         try (LlamaModel model = opts.load();
              Parallel pool = new Parallel(opts.threads);
-             SelectionLog.Writer dump = selectOpts.apply(model)) {
+             SelectionLog.Writer dump = selectOpts.apply(model);
+             Backend backend = opts.openBackend(model, pool)) {
+            if (selectOpts.config() != null && !backend.name().equals("cpu")) {
+                throw new IllegalArgumentException("--select runs on the CPU backend only so far (use --backend cpu)");
+            }
             Tokenizer tok = model.tokenizer();
             List<NeedleProbe> list = probes != null ? fromFile() : passKeys(model, tok);
             if (list.isEmpty()) {
@@ -94,8 +99,8 @@ final class NeedleCommand implements Runnable {
                 longest = Math.max(longest, tok.encode(p.prompt(), true, p.chat()).length);
             }
             int ctx = longest + maxNew;
-            try (Session session = new Session(model, ctx, opts.kFormat(), opts.vFormat(), opts.prefillChunk(null),
-                    pool)) {
+            try (Session session = new Session(backend, ctx, opts.kFormat(), opts.vFormat(),
+                    opts.prefillChunk(backend))) {
                 int[] done = {0, 0};
                 long t0 = System.nanoTime();
                 NeedleEval.Result r = NeedleEval.run(session, tok, list, maxNew, o -> {
