@@ -240,10 +240,6 @@ public final class CudaBackend implements Backend {
         return 1;
     }
 
-    public Options options() {
-        return options;
-    }
-
     /** The device, e.g. "NVIDIA H200", and how many when the layers are split. */
     public String deviceName() {
         return stages[0].context.deviceName() + (stages.length > 1 ? " x " + stages.length : "");
@@ -258,15 +254,7 @@ public final class CudaBackend implements Backend {
         return split;
     }
 
-    /** Device bytes of the weights, and what one decode step reads of them. */
-    public long weightBytes() {
-        long b = 0;
-        for (Stage st : stages) {
-            b += st.w.byteSize();
-        }
-        return b;
-    }
-
+    /** Device bytes of the weights one decode step reads (every matrix but the embedding table). */
     public long weightBytesPerToken() {
         long b = 0;
         for (Stage st : stages) {
