@@ -108,6 +108,53 @@ class CudaBackendGpuTest {
         }
     }
 
+    /**
+     * A model whose projections mix formats, as quantized GGUF files do (Q4_K q/k with a Q8_0 v, a Q6_K up and
+     * down): stacks split into parts of one format each, 8-bit and float products side by side in one layer.
+     */
+    @Test
+    void mixedFormatProjectionsMatchTheCpuBackend() {
+        long seed = new SplittableRandom().nextLong();
+        SplittableRandom r = new SplittableRandom(seed);
+        try (LlamaModel k = SyntheticModel.build(SyntheticModel.Shape.TINY, GgmlType.Q4_K, seed);
+             LlamaModel q8 = SyntheticModel.build(SyntheticModel.Shape.TINY, GgmlType.Q8_0, seed + 1);
+             LlamaModel q6 = SyntheticModel.build(SyntheticModel.Shape.TINY, GgmlType.Q6_K, seed + 2)) {
+            dev.kvant.model.LlamaWeights.Layer[] layers =
+                    new dev.kvant.model.LlamaWeights.Layer[k.config().layers()];
+            for (int l = 0; l < layers.length; l++) {
+                var a = k.weights().layers()[l];
+                layers[l] = new dev.kvant.model.LlamaWeights.Layer(a.attnNorm(), a.wq(), a.wk(),
+                        q8.weights().layers()[l].wv(), a.wo(), null, null, null, null, null, a.ffnNorm(), a.wGate(),
+                        q6.weights().layers()[l].wUp(), q6.weights().layers()[l].wDown());
+            }
+            var w = new dev.kvant.model.LlamaWeights(k.weights().tokenEmbedding(), k.weights().outputNorm(),
+                    q8.weights().output(), layers, null);
+            LlamaModel mixed = new LlamaModel("mixed", k.config(), w, null, () -> { });
+            try (CudaBackend gpu = CudaBackend.open(mixed, new CudaBackend.Options(2, 64, 0))) {
+                CpuBackend cpu = new CpuBackend(mixed, pool);
+                int vocab = mixed.config().vocabSize();
+                int[] prompt = r.ints(80, 0, vocab).toArray();
+                try (BackendSequence g = gpu.newSequence(256, F16, F16);
+                     BackendSequence c = cpu.newSequence(256, F16, F16)) {
+                    float[] gl = poisoned(prompt.length * vocab);
+                    float[] cl = new float[prompt.length * vocab];
+                    g.forward(prompt, 0, prompt.length, true, gl);
+                    c.forward(prompt, 0, prompt.length, true, cl);
+                    assertTrue(nmse(gl, cl) < 1e-4, "prefill NMSE " + nmse(gl, cl) + " (seed " + seed + ")");
+                    for (int step = 0; step < 3; step++) {
+                        int[] t = {r.nextInt(vocab)};
+                        float[] gd = poisoned(vocab);
+                        float[] cd = new float[vocab];
+                        g.forward(t, 0, 1, false, gd);
+                        c.forward(t, 0, 1, false, cd);
+                        assertTrue(nmse(gd, cd) < 1e-3, "decode step " + step + " NMSE " + nmse(gd, cd) + " (seed "
+                                + seed + ")");
+                    }
+                }
+            }
+        }
+    }
+
     @Test
     void batchedDecodeEqualsEachSequenceAloneBitForBitAndGreedyIsTheArgmax() {
         long seed = new SplittableRandom().nextLong();
