@@ -78,13 +78,23 @@ class CudaBackendGpuTest {
     @MethodSource("shapesAndFormats")
     void logitsMatchTheCpuBackend(String shape, GgmlType type) {
         long seed = new SplittableRandom().nextLong();
-        SplittableRandom r = new SplittableRandom(seed);
         boolean planar = type == GgmlType.Q8_0 || type == GgmlType.Q4_0;
-        try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.parse(shape), type, seed);
-             CudaBackend gpu = CudaBackend.open(model, new CudaBackend.Options(4, 64, 0))) {
+        try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.parse(shape), type, seed)) {
+            matchCpu(model, shape + " " + type, seed, 100, 4, planar ? 1e-3 : 1e-5);
+        }
+    }
+
+    /**
+     * A prompt of promptTokens in chunks of 64 and then decodeSteps single tokens, on the GPU and on the CPU: prefill
+     * logits within NMSE 1e-4, each decode step's within decodeBound.
+     */
+    private static void matchCpu(LlamaModel model, String what, long seed, int promptTokens, int decodeSteps,
+                                 double decodeBound) {
+        SplittableRandom r = new SplittableRandom(seed);
+        try (CudaBackend gpu = CudaBackend.open(model, new CudaBackend.Options(4, 64, 0))) {
             CpuBackend cpu = new CpuBackend(model, pool);
             int vocab = model.config().vocabSize();
-            int[] prompt = r.ints(100, 0, vocab).toArray();
+            int[] prompt = r.ints(promptTokens, 0, vocab).toArray();
             try (BackendSequence g = gpu.newSequence(256, F16, F16);
                  BackendSequence c = cpu.newSequence(256, F16, F16)) {
                 float[] gl = poisoned(prompt.length * vocab);
@@ -92,18 +102,18 @@ class CudaBackendGpuTest {
                 g.forward(prompt, 0, prompt.length, true, gl);
                 c.forward(prompt, 0, prompt.length, true, cl);
                 double e = nmse(gl, cl);
-                assertTrue(e < 1e-4, shape + " " + type + " prefill NMSE " + e + " (seed " + seed + ")");
-                for (int step = 0; step < 4; step++) {
+                assertTrue(e < 1e-4, what + " prefill NMSE " + e + " (seed " + seed + ")");
+                for (int step = 0; step < decodeSteps; step++) {
                     int[] t = {r.nextInt(vocab)};
                     float[] gd = poisoned(vocab);
                     float[] cd = new float[vocab];
                     g.forward(t, 0, 1, false, gd);
                     c.forward(t, 0, 1, false, cd);
                     double ed = nmse(gd, cd);
-                    assertTrue(ed < (planar ? 1e-3 : 1e-5), shape + " " + type + " decode step " + step + " NMSE " + ed + " (seed "
-                            + seed + ")");
+                    assertTrue(ed < decodeBound, what + " decode step " + step + " NMSE " + ed + " (seed " + seed
+                            + ")");
                 }
-                assertEquals(104, g.length());
+                assertEquals(promptTokens + decodeSteps, g.length());
             }
         }
     }
@@ -115,7 +125,6 @@ class CudaBackendGpuTest {
     @Test
     void mixedFormatProjectionsMatchTheCpuBackend() {
         long seed = new SplittableRandom().nextLong();
-        SplittableRandom r = new SplittableRandom(seed);
         try (LlamaModel k = SyntheticModel.build(SyntheticModel.Shape.TINY, GgmlType.Q4_K, seed);
              LlamaModel q8 = SyntheticModel.build(SyntheticModel.Shape.TINY, GgmlType.Q8_0, seed + 1);
              LlamaModel q6 = SyntheticModel.build(SyntheticModel.Shape.TINY, GgmlType.Q6_K, seed + 2)) {
@@ -130,28 +139,7 @@ class CudaBackendGpuTest {
             var w = new dev.kvant.model.LlamaWeights(k.weights().tokenEmbedding(), k.weights().outputNorm(),
                     q8.weights().output(), layers, null);
             LlamaModel mixed = new LlamaModel("mixed", k.config(), w, null, () -> { });
-            try (CudaBackend gpu = CudaBackend.open(mixed, new CudaBackend.Options(2, 64, 0))) {
-                CpuBackend cpu = new CpuBackend(mixed, pool);
-                int vocab = mixed.config().vocabSize();
-                int[] prompt = r.ints(80, 0, vocab).toArray();
-                try (BackendSequence g = gpu.newSequence(256, F16, F16);
-                     BackendSequence c = cpu.newSequence(256, F16, F16)) {
-                    float[] gl = poisoned(prompt.length * vocab);
-                    float[] cl = new float[prompt.length * vocab];
-                    g.forward(prompt, 0, prompt.length, true, gl);
-                    c.forward(prompt, 0, prompt.length, true, cl);
-                    assertTrue(nmse(gl, cl) < 1e-4, "prefill NMSE " + nmse(gl, cl) + " (seed " + seed + ")");
-                    for (int step = 0; step < 3; step++) {
-                        int[] t = {r.nextInt(vocab)};
-                        float[] gd = poisoned(vocab);
-                        float[] cd = new float[vocab];
-                        g.forward(t, 0, 1, false, gd);
-                        c.forward(t, 0, 1, false, cd);
-                        assertTrue(nmse(gd, cd) < 1e-3, "decode step " + step + " NMSE " + nmse(gd, cd) + " (seed "
-                                + seed + ")");
-                    }
-                }
-            }
+            matchCpu(mixed, "mixed formats", seed, 80, 3, 1e-3);
         }
     }
 
