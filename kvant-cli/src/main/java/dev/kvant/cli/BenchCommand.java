@@ -116,7 +116,14 @@ final class BenchCommand implements Runnable {
              var dump = selectOpts.apply(model);
              Backend backend = opts.openBackend(model, pool)) {
             if (selectOpts.config() != null && !backend.name().equals("cpu")) {
-                throw new IllegalArgumentException("--select runs on the CPU backend only so far (use --backend cpu)");
+                if (selectOpts.dump != null) {
+                    throw new IllegalArgumentException("--dump-selection records the CPU backend's selections only"
+                            + " (use --backend cpu)");
+                }
+                if (!json) {
+                    System.err.println("--select on the GPU: decode steps attend through the selection, prompts"
+                            + " (pp rows and the depth fill) densely");
+                }
             }
             List<KvFormat[]> pairs = new ArrayList<>();
             if (kvList != null) {

@@ -87,7 +87,8 @@ final class NeedleCommand implements Runnable {
              SelectionLog.Writer dump = selectOpts.apply(model);
              Backend backend = opts.openBackend(model, pool)) {
             if (selectOpts.config() != null && !backend.name().equals("cpu")) {
-                throw new IllegalArgumentException("--select runs on the CPU backend only so far (use --backend cpu)");
+                throw new IllegalArgumentException("--select on the GPU selects in decode steps only; prompts attend"
+                        + " densely there, so this measurement would not be the selection's: use --backend cpu");
             }
             Tokenizer tok = model.tokenizer();
             List<NeedleProbe> list = probes != null ? fromFile() : passKeys(model, tok);

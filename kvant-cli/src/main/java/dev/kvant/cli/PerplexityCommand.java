@@ -58,7 +58,8 @@ final class PerplexityCommand implements Runnable {
              Session session = new Session(backend, ctx, opts.kFormat(), opts.vFormat(),
                      opts.prefillChunk(backend))) {
             if (selectOpts.config() != null && !backend.name().equals("cpu")) {
-                throw new IllegalArgumentException("--select runs on the CPU backend only so far (use --backend cpu)");
+                throw new IllegalArgumentException("--select on the GPU selects in decode steps only; prompts attend"
+                        + " densely there, so this measurement would not be the selection's: use --backend cpu");
             }
             Tokenizer tok = model.tokenizer();
             progress.update("tokenizing " + file);

@@ -42,12 +42,12 @@ public record SelectionConfig(int budget, int blockTokens, int sink, int recent,
     }
 
     /** Blocks of the sink window: ceil(sink / blockTokens). */
-    int sinkBlocks() {
+    public int sinkBlocks() {
         return (sink + blockTokens - 1) / blockTokens;
     }
 
     /** Blocks of the recent window before the queries' first block: ceil(recent / blockTokens). */
-    int recentBlocks() {
+    public int recentBlocks() {
         return (recent + blockTokens - 1) / blockTokens;
     }
 

@@ -37,8 +37,10 @@ public final class AttentionPrecompile {
         long t0 = System.nanoTime();
         cache.cubin(dev.kvant.cuda.model.CudaBackend.kernelSource(), args[1], Map.of());
         compile(cache, args[1], standardShapes(), threads);
-        System.out.printf("compiled the model module and %d attention modules for %s into %s in %.1f s (%s)%n",
-                standardShapes().size(), args[1], args[0], (System.nanoTime() - t0) / 1e9, cache.stats());
+        compile(cache, args[1], selectionShapes(), threads, true);
+        System.out.printf("compiled the model module and the attention modules of %d shapes (with selection: %d) for"
+                + " %s into %s in %.1f s (%s)%n", standardShapes().size(), selectionShapes().size(), args[1], args[0],
+                (System.nanoTime() - t0) / 1e9, cache.stats());
     }
 
     /**
@@ -64,19 +66,42 @@ public final class AttentionPrecompile {
         return shapes;
     }
 
+    /** The shapes the selection tests and benchmarks use: head size 128, 8 and 2 kv heads, every format. */
+    public static List<AttentionShape> selectionShapes() {
+        List<AttentionShape> shapes = new ArrayList<>();
+        for (AttentionShape s : standardShapes()) {
+            if (s.headDimK() == 128 && s.headDimV() == 128 && s.kFormat() == s.vFormat()) {
+                shapes.add(s);
+            }
+        }
+        return shapes;
+    }
+
     /** Compiles (or finds) the module of every shape for {@code arch} on {@code threads} threads. */
     public static void compile(KernelCache cache, String arch, List<AttentionShape> shapes, int threads) {
-        Map<String, AttentionShape> distinct = new LinkedHashMap<>();
+        compile(cache, arch, shapes, threads, false);
+    }
+
+    /**
+     * As above; with {@code selection} also the one-kv-head-per-block module of each shape, which has the selected
+     * decode (CudaAttention#enableSelection loads it).
+     */
+    public static void compile(KernelCache cache, String arch, List<AttentionShape> shapes, int threads,
+                               boolean selection) {
+        Map<String, Map.Entry<KernelSource, Map<String, String>>> distinct = new LinkedHashMap<>();
         for (AttentionShape s : shapes) {
-            distinct.putIfAbsent(AttentionSource.source(s).name(), s);
+            KernelSource source = AttentionSource.source(s);
+            distinct.putIfAbsent(source.name(), Map.entry(source, AttentionSource.defines(s)));
+            if (selection) {
+                KernelSource one = AttentionSource.source(s, 1);
+                distinct.putIfAbsent(one.name(), Map.entry(one, AttentionSource.defines(s, 1)));
+            }
         }
         ExecutorService pool = Executors.newFixedThreadPool(Math.max(1, threads));
         try {
             List<Future<byte[]>> jobs = new ArrayList<>();
-            for (AttentionShape s : distinct.values()) {
-                KernelSource source = AttentionSource.source(s);
-                Map<String, String> defines = AttentionSource.defines(s);
-                jobs.add(pool.submit(() -> cache.cubin(source, arch, defines)));
+            for (Map.Entry<KernelSource, Map<String, String>> m : distinct.values()) {
+                jobs.add(pool.submit(() -> cache.cubin(m.getKey(), arch, m.getValue())));
             }
             for (Future<byte[]> job : jobs) {
                 try {

@@ -16,15 +16,15 @@ import jdk.incubator.vector.FloatVector;
 /**
  * The CUDA source of one attention module: a header generated here from the CPU's own constants (rotation signs
  * and scales from {@link Rotation}, codebooks from {@link TurboFormat#codebook}, and the vector width of the CPU
- * encoder), then {@code kv_format.cuh}, {@code kv_write.cu} and {@code attention.cu}, compiled with the defines KF,
- * VF (format ids in {@link KvFormat#all()} order), DK, DV and HBD (kv heads per decode block).
+ * encoder), then {@code kv_format.cuh}, {@code kv_write.cu}, {@code attention.cu} and {@code select.cu}, compiled
+ * with the defines KF, VF (format ids in {@link KvFormat#all()} order), DK, DV and HBD (kv heads per decode block).
  *
  * <p>Nothing is pasted: a new codebook or sign convention in core reaches the device through this header, and the
  * kernel cache key (a hash of the source) changes with it.
  */
 final class AttentionSource {
     static final String FOLDER = "/dev/kvant/cuda/attention/";
-    static final List<String> FILES = List.of("kv_format.cuh", "kv_write.cu", "attention.cu");
+    static final List<String> FILES = List.of("kv_format.cuh", "kv_write.cu", "attention.cu", "select.cu");
     /** Shared memory one block may use on sm_90 (227 KiB). */
     static final int MAX_SHARED = 227 * 1024;
 
@@ -33,20 +33,32 @@ final class AttentionSource {
 
     /** The module's source; its name says what it was made for, e.g. {@code attention[turbo3/turbo3/128/128/hb8]}. */
     static KernelSource source(AttentionShape shape) {
+        return source(shape, decodeHeads(shape));
+    }
+
+    /**
+     * The module with {@code hb} kv heads per decode block: 1 for the one that also has the selected decode
+     * (kvant_attn_decode_sel reads one kv head's list per block).
+     */
+    static KernelSource source(AttentionShape shape, int hb) {
         StringBuilder code = new StringBuilder(generatedHeader(cpuEncoderLanes()));
         for (String file : FILES) {
             code.append("\n// ---- ").append(file).append('\n').append(resource(file));
         }
         return new KernelSource("attention[" + shape.kFormat().name() + "/" + shape.vFormat().name() + "/"
-                + shape.headDimK() + "/" + shape.headDimV() + "/hb" + decodeHeads(shape) + "]", code.toString());
+                + shape.headDimK() + "/" + shape.headDimV() + "/hb" + hb + "]", code.toString());
     }
 
     static Map<String, String> defines(AttentionShape shape) {
+        return defines(shape, decodeHeads(shape));
+    }
+
+    static Map<String, String> defines(AttentionShape shape, int hb) {
         return Map.of("KF", Integer.toString(formatId(shape.kFormat())),
                 "VF", Integer.toString(formatId(shape.vFormat())),
                 "DK", Integer.toString(shape.headDimK()),
                 "DV", Integer.toString(shape.headDimV()),
-                "HBD", Integer.toString(decodeHeads(shape)));
+                "HBD", Integer.toString(hb));
     }
 
     /** The id kv_format.cuh uses for a format: its position in {@link KvFormat#all()}. */

@@ -8,6 +8,7 @@ import dev.kvant.cuda.DeviceBuffer;
 import dev.kvant.cuda.Dim3;
 import dev.kvant.cuda.KernelCache;
 import dev.kvant.cuda.KernelSource;
+import dev.kvant.select.SelectionConfig;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;
@@ -53,6 +54,9 @@ public final class CudaAttention implements AutoCloseable {
     private final int decodeHeads;
     private final DeviceBuffer partials;
     private final DeviceBuffer maxSums;
+    private final KernelCache kernelCache;
+    /** Query-aware selection, once {@link #enableSelection} ran; null for dense attention only. */
+    private Selector selector;
 
     private CudaAttention(CudaContext context, KernelCache cache, AttentionShape shape, AttentionPlan plan, float scale,
                           float sparseThreshold) {
@@ -62,6 +66,7 @@ public final class CudaAttention implements AutoCloseable {
         this.scale = scale;
         this.sparseThreshold = sparseThreshold;
         this.decodeHeads = AttentionSource.decodeHeads(shape);
+        this.kernelCache = cache;
         KernelSource source = AttentionSource.source(shape);
         this.module = context.loadModule(cache, source, AttentionSource.defines(shape));
         this.writeKv = module.function("kvant_kv_write_kv");
@@ -189,7 +194,265 @@ public final class CudaAttention implements AutoCloseable {
         }
         merge.launch(new Dim3(queries * shape.heads(), seqs, 1), Dim3.of(MERGE_THREADS), 0, stream, partials,
                 maxSums, out, batch.lengths(), -1, queries, shape.heads(), maxSplits, plan.splitTokens(),
-                outQ8 == null ? 0L : (Object) outQ8, outQ8Scales == null ? 0L : (Object) outQ8Scales);
+                outQ8 == null ? 0L : (Object) outQ8, outQ8Scales == null ? 0L : (Object) outQ8Scales, 0L, 0L, 0, 0,
+                shape.group());
+    }
+
+    // ---- query-aware selection (select.cu)
+
+    /**
+     * Turns on selected decode with {@code config} (the kernels of the one-kv-head-per-block module, compiled on
+     * first use, and the scratch of the plan's sequences and tokens). Decode splits of {@code splitTokens} list
+     * tokens (0: about 64 splits over the longest list, at least 32 tokens each: a list is short, and its one-warp
+     * blocks need numbers to hide the memory latency). Once per attention; the same config again is a no-op.
+     */
+    public void enableSelection(SelectionConfig config, int splitTokens) {
+        if (selector != null) {
+            if (!selector.config.equals(config)) {
+                throw new IllegalStateException("selection is on with " + selector.config + ", not " + config);
+            }
+            return;
+        }
+        selector = new Selector(config, splitTokens);
+    }
+
+    /** The selection config in force, or null. */
+    public SelectionConfig selection() {
+        return selector == null ? null : selector.config;
+    }
+
+    /**
+     * Recomputes the key summaries of the blocks holding the last {@code written} positions of each of the
+     * {@code seqs} sequences of the batch (lengths read on the device: graph-safe), after their rows were written.
+     */
+    public void summarize(CudaKvCache kv, int layer, DeviceBatch batch, int seqs, int written, CudaStream stream) {
+        Selector sl = selector();
+        sl.checkCache(kv);
+        sl.summarize.launch(new Dim3(written / sl.blockTokens + 2, shape.kvHeads(), seqs), Dim3.of(shape.headDimK()),
+                0, stream, kv.kPool(layer), kv.keySummaries(layer), batch.tables(), batch.tableStride(),
+                batch.lengths(), 0, written, shape.kvHeads(), shape.pageTokens(), kv.kPageBytes(), sl.shift,
+                kv.summarySlotsPerPage());
+    }
+
+    /** As above for one sequence whose length after the write is {@code length} (a prefill chunk, not captured). */
+    public void summarize(CudaKvCache kv, int layer, DeviceBatch batch, int seq, int length, int written,
+                          CudaStream stream) {
+        Selector sl = selector();
+        sl.checkCache(kv);
+        sl.summarize.launch(new Dim3(written / sl.blockTokens + 2, shape.kvHeads(), 1), Dim3.of(shape.headDimK()),
+                0, stream, kv.kPool(layer), kv.keySummaries(layer), batch.table(seq), batch.tableStride(), 0L,
+                length, written, shape.kvHeads(), shape.pageTokens(), kv.kPageBytes(), sl.shift,
+                kv.summarySlotsPerPage());
+    }
+
+    /**
+     * Chooses, for each of {@code seqs} sequences and each kv head, the blocks its {@code queries} last positions
+     * attend to (the lists {@link #decodeSelected} reads): scores from the layer's key summaries, then the top
+     * blocks under the budget. Lengths and tables are read on the device (graph-safe).
+     */
+    public void select(CudaKvCache kv, int layer, DeviceBuffer q, DeviceBatch batch, int seqs, int queries,
+                       CudaStream stream) {
+        Selector sl = selector();
+        sl.checkCache(kv);
+        checkDecode(batch, seqs, queries);
+        requireBytes("queries", q, (long) seqs * queries * shape.heads() * shape.headDimK() * 4);
+        int rows = queries * shape.group();
+        sl.score.launch(new Dim3((sl.maxBlocks + 63) / 64, shape.kvHeads(), seqs), Dim3.of(256),
+                rows * shape.headDimK() * 8, stream, q, kv.keySummaries(layer), batch.tables(), batch.tableStride(),
+                batch.lengths(), sl.scores, shape.kvHeads(), shape.group(), queries, shape.pageTokens(), sl.shift,
+                kv.summarySlotsPerPage(), sl.config.sinkBlocks(), sl.config.recentBlocks(), sl.budgetBlocks,
+                sl.maxBlocks);
+        sl.topk.launch(new Dim3(shape.kvHeads(), seqs, 1), Dim3.of(1024), 0, stream, sl.scores, batch.lengths(),
+                sl.lists, sl.counts, sl.listStride, shape.kvHeads(), queries, sl.shift, sl.config.sinkBlocks(),
+                sl.config.recentBlocks(), sl.budgetBlocks, sl.maxBlocks);
+    }
+
+    /**
+     * Decode as {@link #decodeMulti} through the lists of the last {@link #select}: each kv head attends to its
+     * listed blocks only (causal within them). q8 outputs as {@link #decode(CudaKvCache, int, DeviceBuffer,
+     * DeviceBatch, int, DeviceBuffer, DeviceBuffer, DeviceBuffer, CudaStream)} when given.
+     */
+    public void decodeSelected(CudaKvCache kv, int layer, DeviceBuffer q, DeviceBatch batch, int seqs, int queries,
+                               DeviceBuffer out, DeviceBuffer outQ8, DeviceBuffer outQ8Scales, CudaStream stream) {
+        Selector sl = selector();
+        kv.checkShape(shape);
+        checkDecode(batch, seqs, queries);
+        long rows = (long) seqs * queries * shape.heads();
+        requireBytes("queries", q, rows * shape.headDimK() * 4);
+        requireBytes("output", out, rows * shape.headDimV() * 4);
+        if (outQ8 != null) {
+            requireBytes("8-bit output", outQ8, rows * shape.headDimV());
+            requireBytes("8-bit output scales", outQ8Scales, rows * shape.headDimV() / 32 * 8);
+        }
+        int rowTiles = (queries * shape.group() + 7) / 8;
+        sl.decode.launch(new Dim3(sl.maxSplits, shape.kvHeads() * rowTiles, seqs), Dim3.of(sl.decodeThreads),
+                sl.decodeShared, stream, q, kv.kPool(layer), kv.vPool(layer), batch.tables(), batch.tableStride(),
+                batch.lengths(), sl.partials, sl.maxSums, shape.kvHeads(), shape.group(), queries, shape.pageTokens(),
+                kv.kPageBytes(), kv.vPageBytes(), sl.splitTokens, sl.maxSplits, qscale(), sparseThreshold, sl.lists,
+                sl.counts, sl.listStride, sl.shift);
+        sl.merge.launch(new Dim3(queries * shape.heads(), seqs, 1), Dim3.of(MERGE_THREADS), 0, stream, sl.partials,
+                sl.maxSums, out, batch.lengths(), -1, queries, shape.heads(), sl.maxSplits, sl.splitTokens,
+                outQ8 == null ? 0L : (Object) outQ8, outQ8Scales == null ? 0L : (Object) outQ8Scales, sl.lists,
+                sl.counts, sl.listStride, sl.shift, shape.group());
+    }
+
+    /**
+     * The lists of the last {@link #select} (once the stream that made them is synchronized): [seq][kvHead] =
+     * ascending block indices. For tests and selection dumps.
+     */
+    public int[][][] selectionLists(int seqs) {
+        Selector sl = selector();
+        int kvh = shape.kvHeads();
+        try (Arena arena = Arena.ofConfined()) {
+            MemorySegment counts = arena.allocate(4L * seqs * kvh, 16);
+            MemorySegment lists = arena.allocate(4L * seqs * kvh * sl.listStride, 16);
+            sl.counts.copyToHost(counts);
+            sl.lists.copyToHost(lists);
+            int[][][] out = new int[seqs][kvh][];
+            for (int s = 0; s < seqs; s++) {
+                for (int g = 0; g < kvh; g++) {
+                    int n = counts.getAtIndex(ValueLayout.JAVA_INT, (long) s * kvh + g);
+                    out[s][g] = new int[n];
+                    for (int i = 0; i < n; i++) {
+                        out[s][g][i] = lists.getAtIndex(ValueLayout.JAVA_INT, ((long) s * kvh + g) * sl.listStride + i);
+                    }
+                }
+            }
+            return out;
+        }
+    }
+
+    /** Selected-decode launch facts for reports. */
+    public String selectionSummary() {
+        Selector sl = selector();
+        return sl.config + "; lists of up to " + sl.listStride + " blocks, decode splits of " + sl.splitTokens
+                + " list tokens (" + sl.maxSplits + " at most), " + sl.decodeThreads + " threads, " + sl.decodeShared
+                + " B shared";
+    }
+
+    private Selector selector() {
+        if (selector == null) {
+            throw new IllegalStateException("selection is off: call enableSelection first");
+        }
+        return selector;
+    }
+
+    private void checkDecode(DeviceBatch batch, int seqs, int queries) {
+        if (seqs < 1 || seqs > plan.maxSeqs() || seqs > batch.maxSeqs()) {
+            throw new IllegalArgumentException("decode of " + seqs + " sequences; the plan takes " + plan.maxSeqs()
+                    + " and the batch holds " + batch.maxSeqs());
+        }
+        if (queries < 1 || queries > plan.maxQueries()) {
+            throw new IllegalArgumentException("decode of " + queries + " queries per sequence; the plan takes 1.."
+                    + plan.maxQueries());
+        }
+    }
+
+    /** Kernels and scratch of selected decode, sized from the plan and the selection config. */
+    private final class Selector implements AutoCloseable {
+        final SelectionConfig config;
+        final int blockTokens;
+        final int shift;
+        final int maxBlocks;
+        final int budgetBlocks;
+        final int listStride;
+        final int splitTokens;
+        final int maxSplits;
+        final CudaModule own;
+        final CudaFunction summarize;
+        final CudaFunction score;
+        final CudaFunction topk;
+        final CudaFunction decode;
+        final CudaFunction merge;
+        final int decodeShared;
+        final int decodeThreads;
+        final DeviceBuffer scores;
+        final DeviceBuffer lists;
+        final DeviceBuffer counts;
+        final DeviceBuffer partials;
+        final DeviceBuffer maxSums;
+
+        Selector(SelectionConfig config, int split) {
+            this.config = config;
+            this.blockTokens = config.blockTokens();
+            this.shift = Integer.numberOfTrailingZeros(blockTokens);
+            this.maxBlocks = (plan.maxTokens() + blockTokens - 1) / blockTokens;
+            this.budgetBlocks = config.budget() / blockTokens;
+            // A list holds max(budget blocks, sink + recent + the queries' own two) blocks (PageTopK's count).
+            this.listStride = Math.min(maxBlocks,
+                    Math.max(budgetBlocks, config.sinkBlocks() + config.recentBlocks() + 2));
+            int listTokens = listStride * blockTokens;
+            if (split == 0) {
+                split = Math.clamp(Integer.highestOneBit(Math.max(1, listTokens / 64 - 1)) * 2, 32, 1024);
+            }
+            if (split < 16 || split % 16 != 0) {
+                throw new IllegalArgumentException("selected decode splits are whole 16-token tiles, got " + split);
+            }
+            this.splitTokens = split;
+            this.maxSplits = (listTokens + split - 1) / split;
+            if (maxSplits > AttentionPlan.MAX_SPLITS) {
+                throw new IllegalArgumentException("selected decode of " + listTokens + " tokens in splits of " + split
+                        + " makes more than " + AttentionPlan.MAX_SPLITS + " splits");
+            }
+            CudaModule m = decodeHeads == 1 ? module : context.loadModule(kernelCache,
+                    AttentionSource.source(shape, 1), AttentionSource.defines(shape, 1));
+            this.own = m == module ? null : m;
+            DeviceBuffer[] made = new DeviceBuffer[5];
+            try {
+                this.summarize = m.function("kvant_kv_summarize");
+                this.score = m.function("kvant_select_score");
+                this.topk = m.function("kvant_select_topk");
+                this.decode = m.function("kvant_attn_decode_sel");
+                this.merge = m.function("kvant_attn_merge");
+                int[] info = info(context, m);
+                this.decodeShared = info[0];
+                this.decodeThreads = info[1];
+                decode.setMaxDynamicSharedMemory(decodeShared);
+                score.setMaxDynamicSharedMemory(plan.maxQueries() * shape.group() * shape.headDimK() * 8);
+                long seqHeads = (long) plan.maxSeqs() * shape.kvHeads();
+                made[0] = context.allocate(4L * seqHeads * maxBlocks);
+                made[1] = context.allocate(4L * seqHeads * listStride);
+                made[2] = context.allocate(4L * seqHeads);
+                long rows = (long) plan.maxSeqs() * plan.maxQueries() * shape.heads() * maxSplits;
+                made[3] = context.allocate(rows * shape.headDimV() * 4);
+                made[4] = context.allocate(rows * 8);
+            } catch (RuntimeException e) {
+                for (DeviceBuffer b : made) {
+                    if (b != null) {
+                        b.close();
+                    }
+                }
+                if (own != null) {
+                    own.close();
+                }
+                throw e;
+            }
+            this.scores = made[0];
+            this.lists = made[1];
+            this.counts = made[2];
+            this.partials = made[3];
+            this.maxSums = made[4];
+        }
+
+        void checkCache(CudaKvCache kv) {
+            kv.checkShape(shape);
+            if (kv.summaryBlockTokens() != blockTokens) {
+                throw new IllegalArgumentException("selection over blocks of " + blockTokens + " tokens needs the"
+                        + " cache's key summaries for that size (enableKeySummaries(" + blockTokens + "))");
+            }
+        }
+
+        @Override
+        public void close() {
+            scores.close();
+            lists.close();
+            counts.close();
+            partials.close();
+            maxSums.close();
+            if (own != null) {
+                own.close();
+            }
+        }
     }
 
     /**
@@ -258,6 +521,10 @@ public final class CudaAttention implements AutoCloseable {
 
     @Override
     public void close() {
+        if (selector != null) {
+            selector.close();
+            selector = null;
+        }
         partials.close();
         maxSums.close();
         module.close();

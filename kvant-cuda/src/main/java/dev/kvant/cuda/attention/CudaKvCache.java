@@ -18,6 +18,7 @@ import java.util.Objects;
  * rows written by the device encoder ({@link CudaAttention#quantizeRows}) read back as host rows.
  */
 public final class CudaKvCache implements AutoCloseable {
+    private final CudaContext context;
     private final KvGeometry geometry;
     private final KvFormat kFormat;
     private final KvFormat vFormat;
@@ -29,12 +30,16 @@ public final class CudaKvCache implements AutoCloseable {
     private final long vPageBytes;
     private final DeviceBuffer[] kPools;
     private final DeviceBuffer[] vPools;
+    /** Per layer the key summaries of every page (select.cu's layout), or null before enableKeySummaries. */
+    private DeviceBuffer[] summaries;
+    private int summaryBlockTokens;
 
     private CudaKvCache(CudaContext context, KvGeometry g, KvFormat k, KvFormat v, int pageTokens, int pages) {
         if (pageTokens <= 0 || pages <= 0) {
             throw new IllegalArgumentException("device KV cache needs positive pageTokens and pages, got "
                     + pageTokens + " and " + pages);
         }
+        this.context = context;
         this.geometry = g;
         this.kFormat = k;
         this.vFormat = v;
@@ -90,6 +95,90 @@ public final class CudaKvCache implements AutoCloseable {
 
     public void downloadV(int layer, MemorySegment dst) {
         vPool(layer).copyToHost(dst.asSlice(0, vPool(layer).byteSize()));
+    }
+
+    /**
+     * Gives every page key summaries for selection blocks of {@code blockTokens} positions (a power of two, 16 and
+     * up): per block of the page (one when blocks are larger than pages) and kv head, the element-wise minimum and
+     * maximum of its K rows as attention decodes them, {@code float [pages][slotsPerPage][kvHeads][2][headDimK]}.
+     * Kept by {@link CudaAttention#summarize} after each write; contents undefined until then. Idempotent for one
+     * block size; another size replaces the summaries (undefined again until summarized).
+     */
+    public void enableKeySummaries(int blockTokens) {
+        if (blockTokens < 16 || Integer.bitCount(blockTokens) != 1) {
+            throw new IllegalArgumentException("summary blocks are a power of two from 16 tokens, got " + blockTokens);
+        }
+        if (summaries != null) {
+            if (blockTokens == summaryBlockTokens) {
+                return;
+            }
+            for (DeviceBuffer b : summaries) {
+                b.close();
+            }
+            summaries = null;
+        }
+        if (kFormat.domainDim(geometry.headDimK()) != geometry.headDimK()) {
+            throw new IllegalArgumentException("key summaries on the device need a K domain of headDimK values");
+        }
+        summaryBlockTokens = blockTokens;
+        DeviceBuffer[] s = new DeviceBuffer[geometry.layers()];
+        try {
+            for (int l = 0; l < s.length; l++) {
+                s[l] = context.allocate(Math.multiplyExact(summaryPageBytes(), (long) pages));
+            }
+        } catch (RuntimeException e) {
+            for (DeviceBuffer b : s) {
+                if (b != null) {
+                    b.close();
+                }
+            }
+            summaryBlockTokens = 0;
+            throw e;
+        }
+        summaries = s;
+    }
+
+    /** Summary bytes per page and layer for blocks of {@code blockTokens}: what enableKeySummaries adds. */
+    public static long summaryPageBytes(KvGeometry g, int pageTokens, int blockTokens) {
+        return (long) Math.max(1, pageTokens / blockTokens) * g.kvHeads() * 2 * g.headDimK() * 4;
+    }
+
+    private long summaryPageBytes() {
+        return summaryPageBytes(geometry, pageTokens, summaryBlockTokens);
+    }
+
+    /** Whether {@link #enableKeySummaries} ran. */
+    public boolean hasKeySummaries() {
+        return summaries != null;
+    }
+
+    public int summaryBlockTokens() {
+        return summaryBlockTokens;
+    }
+
+    /** Summary slots of one page: the selection blocks it holds (at least one). */
+    public int summarySlotsPerPage() {
+        return Math.max(1, pageTokens / summaryBlockTokens);
+    }
+
+    /** The key summaries of one layer. */
+    public DeviceBuffer keySummaries(int layer) {
+        if (summaries == null) {
+            throw new IllegalStateException("key summaries are off: call enableKeySummaries first");
+        }
+        return summaries[Objects.checkIndex(layer, summaries.length)];
+    }
+
+    /** Queues the copy of page {@code from}'s K, V and summary bytes (all layers) onto page {@code to}. */
+    public void copyPage(int from, int to, dev.kvant.cuda.CudaStream stream) {
+        for (int l = 0; l < geometry.layers(); l++) {
+            kPools[l].copyFromAsync(kPools[l], from * kPageBytes, to * kPageBytes, kPageBytes, stream);
+            vPools[l].copyFromAsync(vPools[l], from * vPageBytes, to * vPageBytes, vPageBytes, stream);
+            if (summaries != null) {
+                long sb = summaryPageBytes();
+                summaries[l].copyFromAsync(summaries[l], from * sb, to * sb, sb, stream);
+            }
+        }
     }
 
     public DeviceBuffer kPool(int layer) {
@@ -151,6 +240,12 @@ public final class CudaKvCache implements AutoCloseable {
 
     @Override
     public void close() {
+        if (summaries != null) {
+            for (DeviceBuffer b : summaries) {
+                b.close();
+            }
+            summaries = null;
+        }
         for (DeviceBuffer b : kPools) {
             if (b != null) {
                 b.close();

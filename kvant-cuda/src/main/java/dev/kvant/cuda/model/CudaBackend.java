@@ -342,7 +342,7 @@ public final class CudaBackend implements Backend {
         if (pool == null) {
             long tokens = options.kvTokens() > 0 ? options.kvTokens() : (long) contextLength * options.maxBatch();
             pool = new KvPool(stages, c, kFormat, vFormat, PAGE_TOKENS, tokens, contextLength, options.maxBatch(),
-                    options.maxPrefill(), HEADROOM, sparseV());
+                    options.maxPrefill(), HEADROOM, sparseV(), model.selection());
             pools.put(key, pool);
         }
         if (contextLength > pool.maxContext()) {
@@ -408,7 +408,7 @@ public final class CudaBackend implements Backend {
             throw new IllegalArgumentException("a KV pool of " + tokens + " tokens");
         }
         KvPool pool = new KvPool(stages, c, kFormat, vFormat, PAGE_TOKENS, tokens, tokens, options.maxBatch(),
-                options.maxPrefill(), HEADROOM, sparseV());
+                options.maxPrefill(), HEADROOM, sparseV(), model.selection());
         return new SharedPool(pool);
     }
 

@@ -12,6 +12,7 @@ import dev.kvant.kv.KvCacheFullException;
 import dev.kvant.kv.KvFormat;
 import dev.kvant.kv.KvGeometry;
 import dev.kvant.model.ModelConfig;
+import dev.kvant.select.SelectionConfig;
 
 import java.util.ArrayList;
 import java.util.List;
@@ -32,15 +33,21 @@ final class KvPool implements AutoCloseable {
     private final KvFormat kFormat;
     private final KvFormat vFormat;
     private final int maxContext;
+    private final SelectionConfig selection;
     private final List<Part> parts = new ArrayList<>();
     private final int[] free;
     /** Sequences holding each page (a shared prefix page has several); 0 for a free page. */
     private final int[] refs;
     private int freeCount;
 
+    /**
+     * @param selection query-aware selection of the decode steps (null: dense): every page then carries key
+     *                  summaries, and each stage's attention the selection kernels
+     */
     KvPool(Stage[] stages, ModelConfig c, KvFormat kFormat, KvFormat vFormat, int pageTokens, long tokens,
-           int maxContext, int maxBatch, int maxPrefill, long headroom, float sparseV) {
+           int maxContext, int maxBatch, int maxPrefill, long headroom, float sparseV, SelectionConfig selection) {
         this.kFormat = kFormat;
+        this.selection = selection;
         this.vFormat = vFormat;
         this.maxContext = maxContext;
         long pages = Math.max((tokens + pageTokens - 1) / pageTokens, (maxContext + pageTokens - 1) / pageTokens);
@@ -51,7 +58,9 @@ final class KvPool implements AutoCloseable {
             for (Stage s : stages) {
                 KvGeometry geometry = new KvGeometry(s.layerCount(), c.kvHeads(), c.headDimK(), c.headDimV());
                 AttentionShape shape = new AttentionShape(geometry, c.heads(), kFormat, vFormat, pageTokens);
-                long pageBytes = (shape.kPageBytes() + shape.vPageBytes()) * s.layerCount();
+                long pageBytes = (shape.kPageBytes() + shape.vPageBytes()
+                        + (selection == null ? 0 : CudaKvCache.summaryPageBytes(geometry, pageTokens,
+                        selection.blockTokens()))) * s.layerCount();
                 long free = s.context.memoryInfo().free() - headroom;
                 if (pages * pageBytes > free) {
                     throw new IllegalArgumentException(String.format(Locale.ROOT,
@@ -63,15 +72,25 @@ final class KvPool implements AutoCloseable {
                 }
                 CudaKvCache cache = CudaKvCache.allocate(s.context, geometry, kFormat, vFormat, pageTokens,
                         (int) pages);
-                CudaAttention attention;
-                DeviceBatch batch;
+                CudaAttention attention = null;
+                DeviceBatch batch = null;
                 try {
                     attention = CudaAttention.create(s.context, KernelCache.open(s.context), shape,
                             AttentionPlan.of(maxBatch, 1, maxContext, maxPrefill),
                             (float) (1.0 / Math.sqrt(c.headDimK())), sparseV);
                     batch = DeviceBatch.allocate(s.context, Math.max(1, maxBatch),
                             (maxContext + pageTokens - 1) / pageTokens);
+                    if (selection != null) {
+                        cache.enableKeySummaries(selection.blockTokens());
+                        attention.enableSelection(selection, 0);
+                    }
                 } catch (RuntimeException e) {
+                    if (batch != null) {
+                        batch.close();
+                    }
+                    if (attention != null) {
+                        attention.close();
+                    }
                     cache.close();
                     throw e;
                 }
@@ -92,6 +111,11 @@ final class KvPool implements AutoCloseable {
 
     int maxContext() {
         return maxContext;
+    }
+
+    /** The decode selection of this pool's sequences, or null (dense). */
+    SelectionConfig selection() {
+        return selection;
     }
 
     List<Part> parts() {
@@ -141,15 +165,10 @@ final class KvPool implements AutoCloseable {
         }
     }
 
-    /** Queues, on each stage's stream, a copy of every layer's K and V rows of page {@code from} onto {@code to}. */
+    /** Queues, on each stage's stream, a copy of every layer's K and V rows (and key summaries) of page {@code from} onto {@code to}. */
     void copyPage(int from, int to) {
         for (Part p : parts) {
-            long kb = p.cache().kPageBytes(), vb = p.cache().vPageBytes();
-            CudaStream stream = p.stage().stream;
-            for (int l = 0; l < p.stage().layerCount(); l++) {
-                p.cache().kPool(l).copyFromAsync(p.cache().kPool(l), from * kb, to * kb, kb, stream);
-                p.cache().vPool(l).copyFromAsync(p.cache().vPool(l), from * vb, to * vb, vb, stream);
-            }
+            p.cache().copyPage(from, to, p.stage().stream);
         }
     }
 

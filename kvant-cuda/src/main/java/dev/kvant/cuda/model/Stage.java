@@ -142,10 +142,16 @@ final class Stage implements AutoCloseable {
             L.qkv().matvec(k, xb, n, qkv, qkvDim, L.qkvBias(), ModelKernels.MV_STORE, stream);
             k.ropeSplit(rope(kv, n, positions, 0, L, 1), stream);
             kv.attention().quantizeRows(kv.cache(), l, kRows, vRows, slots, n, stream);
-            if (L.wo().readsQ8()) {
-                // the merge writes the 8-bit operand of the o product too
-                kv.attention().decode(kv.cache(), l, q, kv.batch(), n, attn.floats(), attn.q8(), attn.q8Scales(),
+            // the merge writes the 8-bit operand of the o product too when that product reads one
+            DeviceBuffer outQ8 = L.wo().readsQ8() ? attn.q8() : null;
+            DeviceBuffer outQ8Scales = L.wo().readsQ8() ? attn.q8Scales() : null;
+            if (selected(kv, l)) {
+                kv.attention().summarize(kv.cache(), l, kv.batch(), n, 1, stream);
+                kv.attention().select(kv.cache(), l, q, kv.batch(), n, 1, stream);
+                kv.attention().decodeSelected(kv.cache(), l, q, kv.batch(), n, 1, attn.floats(), outQ8, outQ8Scales,
                         stream);
+            } else if (outQ8 != null) {
+                kv.attention().decode(kv.cache(), l, q, kv.batch(), n, attn.floats(), outQ8, outQ8Scales, stream);
             } else {
                 kv.attention().decode(kv.cache(), l, q, kv.batch(), n, attn.floats(), stream);
             }
@@ -192,6 +198,10 @@ final class Stage implements AutoCloseable {
             }
             k.ropeSplit(rope(kv, n, null, start, L, 0), stream);
             kv.attention().quantizeRows(kv.cache(), l, kRows, vRows, slots, n, stream);
+            if (selected(kv, l)) {
+                // later decode steps select from these summaries; the prefill itself attends densely
+                kv.attention().summarize(kv.cache(), l, kv.batch(), 0, start + n, n, stream);
+            }
             kv.attention().prefill(kv.cache(), l, q, kv.batch(), 0, start, n, attn.floats(), stream);
             k.toHalf(attn.floats(), ah, (long) n * attnDim, stream);
             L.wo().gemm(k, blas, ah, n, x, true, wScratch, stream);
@@ -208,6 +218,11 @@ final class Stage implements AutoCloseable {
                 k.logits(w.output.only(), c.vocabSize(), xb, 1, logits, best, stream);
             }
         }
+    }
+
+    /** Whether local layer l attends through the pool's selection (past its dense first layers). */
+    private boolean selected(KvPool.Part kv, int l) {
+        return kv.attention().selection() != null && from + l >= kv.attention().selection().denseLayers();
     }
 
     /** Logits of rows [r, r+m) of the normalized rows a prefill left in xb (m <= MAX_VECTORS). */

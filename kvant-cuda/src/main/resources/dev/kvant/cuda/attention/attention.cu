@@ -149,10 +149,11 @@ struct StageLoader {
 
     __device__ explicit StageLoader(int tid) : t(tid / TPT), u(tid % TPT) {}
 
-    // The page of this thread's token in the stage from tok0, or -1 at or past tokEnd.
-    __device__ __forceinline__ int page(const int* __restrict__ table, int tok0, int tokEnd, int pageTokens) const {
-        const int tok = tok0 + t;
-        return tok < tokEnd ? table[tok / pageTokens] : -1;
+    // The page of this thread's token in the stage from tok0, or -1 at or past tokEnd; pos0 is the cache position
+    // of tok0 (tok0 itself, or where a selection list maps it: a stage never crosses a selection block).
+    __device__ __forceinline__ int page(const int* __restrict__ table, int tok0, int tokEnd, int pos0,
+                                        int pageTokens) const {
+        return tok0 + t < tokEnd ? table[(pos0 + t) / pageTokens] : -1;
     }
 
     __device__ __forceinline__ void issue(u8* smem, int stage, int tok0, int page, int pageTokens,
@@ -241,12 +242,18 @@ __device__ __forceinline__ void build_luts(u8* smem, int lutK, int lutV, int tid
 constexpr int DEC_TT = 16;
 using DecLayout = Layout<HBD, HBD, DEC_TT, 8, true>;
 
-extern "C" __global__ void __launch_bounds__(HBD * 32, (DV <= 128 && DecLayout::TOTAL <= 110 * 1024) ? 2 : 1)
-kvant_attn_decode(const float* __restrict__ q, const u8* __restrict__ kpool, const u8* __restrict__ vpool,
-                  const int* __restrict__ tables, int tableStride, const int* __restrict__ lens,
-                  float* __restrict__ opart, float2* __restrict__ ml, int kvHeads, int G, int nq, int pageTokens,
-                  i64 kPageBytes, i64 vPageBytes, int splitTokens, int maxSplits, float qscale,
-                  float sparseThreshold) {
+// Selected decode (kvant_attn_decode_sel, HBD = 1): the block reads the tokens of its kv head's selection list
+// instead of [0, len): list sel[(seq * kvHeads + kvHead) * selStride + i] (i < selCounts[...]) holds ascending
+// blocks of 2^selShift positions, the last one the queries' own. Tokens are numbered through the list ("list
+// tokens": list token j is position sel[j >> selShift] << selShift | j & mask), the splits cut that numbering, and
+// causality is applied to the positions; the merge takes the splits of the list's length. Over a list of every
+// block, with the same splitTokens, the tiles, splits and sums are dense decode's: the same bits.
+template <bool SEL>
+__device__ __forceinline__ void decode_body(const float* __restrict__ q, const u8* __restrict__ kpool,
+        const u8* __restrict__ vpool, const int* __restrict__ tables, int tableStride, const int* __restrict__ lens,
+        float* __restrict__ opart, float2* __restrict__ ml, int kvHeads, int G, int nq, int pageTokens,
+        i64 kPageBytes, i64 vPageBytes, int splitTokens, int maxSplits, float qscale, float sparseThreshold,
+        const int* __restrict__ sel, const int* __restrict__ selCounts, int selStride, int selShift) {
     using LY = DecLayout;
     constexpr int TT = DEC_TT;
     constexpr int NST = LY::NST;
@@ -258,16 +265,34 @@ kvant_attn_decode(const float* __restrict__ q, const u8* __restrict__ kpool, con
     const int hb = blockIdx.y % headBlocks, nt = blockIdx.y / headBlocks;
     const int split = blockIdx.x;
     const int len = lens[seq];
-    const int t0 = split * splitTokens;
-    if (t0 >= len) return;
+    const int kh = hb * HBD + warp;
     const int qstart = len - nq;
     const int heads = kvHeads * G;
     const int nRows = nq * G;
     const int row0 = nt * 8;
     // The last position any of this block's rows sees.
     const int lastRow = imin(nRows - 1, row0 + 7);
-    const int t1 = imin(imin(t0 + splitTokens, len), qstart + lastRow / G + 1);
-    const int kh = hb * HBD + warp;
+    const int t0 = split * splitTokens;
+    int t1;
+    const int* list = nullptr;
+    if constexpr (SEL) {
+        list = sel + (i64) (seq * kvHeads + kh) * selStride;
+        const int count = selCounts[seq * kvHeads + kh];
+        const int listLen = count > 0 ? ((count - 1) << selShift) + len - (list[count - 1] << selShift) : 0;
+        if (t0 >= listLen) return;
+        t1 = imin(t0 + splitTokens, listLen);
+    } else {
+        if (t0 >= len) return;
+        t1 = imin(imin(t0 + splitTokens, len), qstart + lastRow / G + 1);
+    }
+    // The cache position of list token tok (below t1; tiles and stages never cross a selection block).
+    auto pos = [&](int tok) -> int {
+        if constexpr (SEL) {
+            return tok < t1 ? (list[tok >> selShift] << selShift) | (tok & ((1 << selShift) - 1)) : tok;
+        } else {
+            return tok;
+        }
+    };
     const int* table = tables + (i64) seq * tableStride;
 
     u8* tile = smem + LY::OFF_TILE + warp * TT * LY::TS;
@@ -280,16 +305,17 @@ kvant_attn_decode(const float* __restrict__ q, const u8* __restrict__ kpool, con
     {
         int pages[NST - 1];
 #pragma unroll
-        for (int s = 0; s < NST - 1; s++) pages[s] = loader.page(table, t0 + s * TT, t1, pageTokens);
+        for (int s = 0; s < NST - 1; s++)
+            pages[s] = loader.page(table, t0 + s * TT, t1, pos(t0 + s * TT), pageTokens);
 #pragma unroll
         for (int s = 0; s < NST - 1; s++) {
             if (s < ntiles)
-                loader.issue(smem, s, t0 + s * TT, pages[s], pageTokens, kpool, vpool, kPageBytes, vPageBytes,
+                loader.issue(smem, s, pos(t0 + s * TT), pages[s], pageTokens, kpool, vpool, kPageBytes, vPageBytes,
                              kvHeads, hb * HBD);
             cp_async_commit();
         }
     }
-    int pageNext = loader.page(table, t0 + (NST - 1) * TT, t1, pageTokens);
+    int pageNext = loader.page(table, t0 + (NST - 1) * TT, t1, pos(t0 + (NST - 1) * TT), pageTokens);
     build_luts(smem, LY::OFF_LUTK, LY::OFF_LUTV, threadIdx.x, blockDim.x);
     prepare_q<8>(qs, q, seq, nq, heads, G, kh, row0, qscale, lane);
 
@@ -324,10 +350,10 @@ kvant_attn_decode(const float* __restrict__ q, const u8* __restrict__ kpool, con
         {
             const int nx = it + NST - 1;
             if (nx < ntiles)
-                loader.issue(smem, nx % NST, t0 + nx * TT, pageNext, pageTokens, kpool, vpool, kPageBytes,
+                loader.issue(smem, nx % NST, pos(t0 + nx * TT), pageNext, pageTokens, kpool, vpool, kPageBytes,
                              vPageBytes, kvHeads, hb * HBD);
             cp_async_commit();
-            pageNext = loader.page(table, t0 + (nx + 1) * TT, t1, pageTokens);
+            pageNext = loader.page(table, t0 + (nx + 1) * TT, t1, pos(t0 + (nx + 1) * TT), pageTokens);
         }
         const int st = it % NST;
         const int tok0 = t0 + it * TT;
@@ -361,11 +387,11 @@ kvant_attn_decode(const float* __restrict__ q, const u8* __restrict__ kpool, con
         // ---- online softmax over the 16 tokens (lane: tokens g, g+8; rows 2c, 2c+1)
         float p[4];
         {
-            const int ta = tok0 + g, tb = tok0 + g + 8;
+            const int pa = pos(tok0) + g;   // the positions of list tokens tok0 + g and tok0 + g + 8
 #pragma unroll
             for (int e = 0; e < 2; e++) {
-                if (!(ta < t1 && ta <= rowPos[e])) s[e] = NEG_INF;
-                if (!(tb < t1 && tb <= rowPos[e])) s[2 + e] = NEG_INF;
+                if (!(tok0 + g < t1 && pa <= rowPos[e])) s[e] = NEG_INF;
+                if (!(tok0 + g + 8 < t1 && pa + 8 <= rowPos[e])) s[2 + e] = NEG_INF;
             }
 #pragma unroll
             for (int e = 0; e < 2; e++) {
@@ -443,6 +469,31 @@ kvant_attn_decode(const float* __restrict__ q, const u8* __restrict__ kpool, con
     }
 }
 
+extern "C" __global__ void __launch_bounds__(HBD * 32, (DV <= 128 && DecLayout::TOTAL <= 110 * 1024) ? 2 : 1)
+kvant_attn_decode(const float* __restrict__ q, const u8* __restrict__ kpool, const u8* __restrict__ vpool,
+                  const int* __restrict__ tables, int tableStride, const int* __restrict__ lens,
+                  float* __restrict__ opart, float2* __restrict__ ml, int kvHeads, int G, int nq, int pageTokens,
+                  i64 kPageBytes, i64 vPageBytes, int splitTokens, int maxSplits, float qscale,
+                  float sparseThreshold) {
+    decode_body<false>(q, kpool, vpool, tables, tableStride, lens, opart, ml, kvHeads, G, nq, pageTokens, kPageBytes,
+                       vPageBytes, splitTokens, maxSplits, qscale, sparseThreshold, nullptr, nullptr, 0, 0);
+}
+
+#if HBD == 1
+extern "C" __global__ void __launch_bounds__(32, (DV <= 128 && DecLayout::TOTAL <= 110 * 1024) ? 2 : 1)
+kvant_attn_decode_sel(const float* __restrict__ q, const u8* __restrict__ kpool, const u8* __restrict__ vpool,
+                      const int* __restrict__ tables, int tableStride, const int* __restrict__ lens,
+                      float* __restrict__ opart, float2* __restrict__ ml, int kvHeads, int G, int nq, int pageTokens,
+                      i64 kPageBytes, i64 vPageBytes, int splitTokens, int maxSplits, float qscale,
+                      float sparseThreshold, const int* __restrict__ sel, const int* __restrict__ selCounts,
+                      int selStride, int selShift) {
+    decode_body<true>(q, kpool, vpool, tables, tableStride, lens, opart, ml, kvHeads, G, nq, pageTokens, kPageBytes,
+                      vPageBytes, splitTokens, maxSplits, qscale, sparseThreshold, sel, selCounts, selStride,
+                      selShift);
+}
+#endif
+
+
 // ================================================================================================================
 // kvant_attn_prefill — causal attention of nq queries at positions qstart.. over cached tokens [0, qstart + nq) of
 // one sequence (the chunk's own K/V must already be written), for every query head.
@@ -494,7 +545,7 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
     {
         int pages[NST - 1];
 #pragma unroll
-        for (int s = 0; s < NST - 1; s++) pages[s] = loader.page(table, s * TT, t1, pageTokens);
+        for (int s = 0; s < NST - 1; s++) pages[s] = loader.page(table, s * TT, t1, s * TT, pageTokens);
 #pragma unroll
         for (int s = 0; s < NST - 1; s++) {
             if (s < ntiles)
@@ -503,7 +554,7 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
             cp_async_commit();
         }
     }
-    int pageNext = loader.page(table, (NST - 1) * TT, t1, pageTokens);
+    int pageNext = loader.page(table, (NST - 1) * TT, t1, (NST - 1) * TT, pageTokens);
     build_luts(smem, LY::OFF_LUTK, LY::OFF_LUTV, threadIdx.x, blockDim.x);
     prepare_q<16>(qs, q, 0, nq, heads, G, kh, row0, qscale, lane);
 
@@ -538,7 +589,7 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
                 loader.issue(smem, nx % NST, nx * TT, pageNext, pageTokens, kpool, vpool, kPageBytes, vPageBytes,
                              kvHeads, kh);
             cp_async_commit();
-            pageNext = loader.page(table, (nx + 1) * TT, t1, pageTokens);
+            pageNext = loader.page(table, (nx + 1) * TT, t1, (nx + 1) * TT, pageTokens);
         }
         const int st = it % NST;
         const int tok0 = it * TT;
@@ -690,7 +741,8 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
 //         denominator (summed by a fixed tree); then thread (d, sub) = (t % DV, t / DV) sums w_s o_s[d] over splits
 //         s = sub, sub + SUBS, ... in order, and the SUBS partials of d are added in sub order. Every order is a
 //         function of the split count alone, so the bits do not depend on timing. kvLenFixed >= 0 gives the kv
-//         length; else lens[seq].
+//         length; else lens[seq]. With sel given (selected decode) the split count is that of the row's kv head's
+//         list (kvant_attn_decode_sel's numbering).
 // ================================================================================================================
 constexpr int MERGE_THREADS = 1024;
 constexpr int MERGE_SUBS = MERGE_THREADS / DV;
@@ -749,7 +801,8 @@ __device__ __forceinline__ float block_reduce(float v, float* red, bool isMax) {
 // d = max|x|/127, codes round(x/d) into outQ, (d, d·Σcodes) into outDs — model.cu's quantize_block, value for value.
 extern "C" __global__ void __launch_bounds__(MERGE_THREADS) kvant_attn_merge(const float* __restrict__ opart,
         const float2* __restrict__ ml, float* __restrict__ out, const int* __restrict__ lens, int kvLenFixed, int nq,
-        int heads, int maxSplits, int splitTokens, signed char* __restrict__ outQ, float2* __restrict__ outDs) {
+        int heads, int maxSplits, int splitTokens, signed char* __restrict__ outQ, float2* __restrict__ outDs,
+        const int* __restrict__ sel, const int* __restrict__ selCounts, int selStride, int selShift, int G) {
     __shared__ float w[MERGE_MAX_SPLITS];
     __shared__ float red[33];
     __shared__ float part[MERGE_THREADS];
@@ -757,7 +810,13 @@ extern "C" __global__ void __launch_bounds__(MERGE_THREADS) kvant_attn_merge(con
     const int seq = blockIdx.y;
     const int r = blockIdx.x;   // query * heads + head
     const int tid = threadIdx.x;
-    const int len = kvLenFixed >= 0 ? kvLenFixed : lens[seq];
+    int len = kvLenFixed >= 0 ? kvLenFixed : lens[seq];
+    if (sel != nullptr) {   // a selected decode: the splits of the head's list
+        const int kvh = (r % heads) / G;
+        const int* list = sel + (i64) (seq * (heads / G) + kvh) * selStride;
+        const int count = selCounts[seq * (heads / G) + kvh];
+        len = count > 0 ? ((count - 1) << selShift) + len - (list[count - 1] << selShift) : 0;
+    }
     const int ns = imin(imin(maxSplits, MERGE_MAX_SPLITS), (len + splitTokens - 1) / splitTokens);
     const i64 base = ((i64) seq * nq * heads + r) * maxSplits;
     float m = NEG_INF;

@@ -48,6 +48,8 @@ final class AttentionGpuFixture {
             long t0 = System.nanoTime();
             AttentionPrecompile.compile(cache, context.computeCapability().arch(), AttentionPrecompile.standardShapes(),
                     Runtime.getRuntime().availableProcessors());
+            AttentionPrecompile.compile(cache, context.computeCapability().arch(),
+                    AttentionPrecompile.selectionShapes(), Runtime.getRuntime().availableProcessors(), true);
             System.out.printf("attention modules ready in %.1f s (%s)%n", (System.nanoTime() - t0) / 1e9,
                     cache.stats());
             warmed = true;

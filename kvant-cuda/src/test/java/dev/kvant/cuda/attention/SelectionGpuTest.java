@@ -1,0 +1,394 @@
+package dev.kvant.cuda.attention;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import dev.kvant.attention.AttentionOptions;
+import dev.kvant.attention.CpuAttention;
+import dev.kvant.cuda.CudaContext;
+import dev.kvant.cuda.CudaGraph;
+import dev.kvant.cuda.CudaStream;
+import dev.kvant.cuda.DeviceBuffer;
+import dev.kvant.cuda.KernelCache;
+import dev.kvant.kv.KeySummaries;
+import dev.kvant.kv.KvCache;
+import dev.kvant.kv.KvFormat;
+import dev.kvant.kv.KvGeometry;
+import dev.kvant.kv.KvSequence;
+import dev.kvant.select.PageTopK;
+import dev.kvant.select.Selection;
+import dev.kvant.select.SelectionConfig;
+import dev.kvant.tensor.Parallel;
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import java.util.SplittableRandom;
+import java.util.TreeSet;
+import org.junit.jupiter.api.Tag;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.ValueSource;
+
+/**
+ * Query-aware selection on the GPU (select.cu, kvant_attn_decode_sel) against the CPU's: key summaries equal
+ * {@link KeySummaries} bit for bit for every K format; lists equal {@link PageTopK}'s (blocks whose bounds tie with
+ * the k-th best within float rounding may swap, nothing else), ties go to the lower block; a list of every block
+ * gives dense decode's bits; selected decode matches the CPU's selected attention over the same lists.
+ *
+ * <p>The cache: 8 kv heads of 128, pages of 64 tokens handed to two sequences in turns (tables jump).
+ */
+@Tag("gpu")
+class SelectionGpuTest {
+    static final int KV_HEADS = 8;
+    static final int D = 128;
+    static final int PAGE_TOKENS = 64;
+    static final Parallel POOL = Parallel.serial();
+
+    /** Host cache with two sequences of the given lengths (K with outlier channels, so bounds differ). */
+    record Data(KvCache host, KvSequence[] seqs, CudaKvCache device) implements AutoCloseable {
+        @Override
+        public void close() {
+            device.close();
+            host.close();
+        }
+    }
+
+    static Data data(CudaContext context, KvFormat f, int[] lens, SplittableRandom r, boolean sameKeys) {
+        int pages = 0;
+        for (int len : lens) {
+            pages += (len + PAGE_TOKENS - 1) / PAGE_TOKENS;
+        }
+        KvCache host = new KvCache(new KvGeometry(1, KV_HEADS, D, D), f, f, PAGE_TOKENS, pages);
+        KvSequence[] seqs = new KvSequence[lens.length];
+        for (int s = 0; s < seqs.length; s++) {
+            seqs[s] = host.newSequence();
+        }
+        for (int reserved = PAGE_TOKENS; reserved < 2 * Arrays.stream(lens).max().orElseThrow(); reserved += PAGE_TOKENS) {
+            for (int s = 0; s < seqs.length; s++) {
+                seqs[s].reserve(Math.min(lens[s], reserved));
+            }
+        }
+        for (int s = 0; s < seqs.length; s++) {
+            float[] k = AttentionGpuFixture.gaussianRows(r, lens[s] * KV_HEADS, D, 1.0, 5);
+            if (sameKeys) {
+                for (int row = 1; row < lens[s] * KV_HEADS; row++) {
+                    System.arraycopy(k, 0, k, row * D, D);
+                }
+            }
+            float[] v = AttentionGpuFixture.gaussianRows(r, lens[s] * KV_HEADS, D, 1.0, 0);
+            seqs[s].writeRows(0, 0, lens[s], k, 0, v, 0);
+        }
+        return new Data(host, seqs, CudaKvCache.mirror(context, host));
+    }
+
+    static DeviceBatch batch(CudaContext context, Data d, int[] lens) {
+        int maxPages = 0;
+        for (KvSequence s : d.seqs()) {
+            maxPages = Math.max(maxPages, s.pageCount());
+        }
+        DeviceBatch batch = DeviceBatch.allocate(context, d.seqs().length, maxPages);
+        for (int i = 0; i < d.seqs().length; i++) {
+            KvSequence s = d.seqs()[i];
+            int[] pages = new int[s.pageCount()];
+            for (int p = 0; p < pages.length; p++) {
+                pages[p] = s.page(p);
+            }
+            batch.set(i, pages, pages.length, lens[i]);
+        }
+        batch.upload();
+        return batch;
+    }
+
+    static AttentionShape shape(KvFormat f, int heads) {
+        return new AttentionShape(new KvGeometry(1, KV_HEADS, D, D), heads, f, f, PAGE_TOKENS);
+    }
+
+    @ParameterizedTest(name = "{0}")
+    @ValueSource(strings = {"f16", "bf16", "q8_0", "int8", "q4_0", "q4_0h", "turbo4", "turbo3", "turbo2"})
+    void summariesEqualTheCpuKeySummariesBitForBit(String name) {
+        CudaContext context = AttentionGpuFixture.context();
+        KernelCache cache = AttentionGpuFixture.cache();
+        long seed = AttentionGpuFixture.seed("summaries " + name);
+        KvFormat f = KvFormat.parse(name);
+        int[] lens = {515, 300};
+        for (int bt : new int[] {16, 128}) {
+            try (Data d = data(context, f, lens, new SplittableRandom(seed), false);
+                 CudaAttention attention = CudaAttention.create(context, cache, shape(f, 32),
+                         AttentionPlan.of(2, 1, 1024, 0));
+                 DeviceBatch batch = batch(context, d, lens)) {
+                SelectionConfig config = new SelectionConfig(256, bt, 16, 32, 0);
+                attention.enableSelection(config, 0);
+                d.device().enableKeySummaries(bt);
+                d.device().keySummaries(0).fillFloats(Float.NaN);
+                CudaStream stream = context.defaultStream();
+                // sequence 0 as one prefill of all but its last row, then a decode step of one row for both
+                attention.summarize(d.device(), 0, batch, 0, lens[0] - 1, lens[0] - 1, stream);
+                attention.summarize(d.device(), 0, batch, 1, lens[1] - 1, lens[1] - 1, stream);
+                attention.summarize(d.device(), 0, batch, 2, 1, stream);
+                context.synchronize();
+                float[] dev = AttentionGpuFixture.download(d.device().keySummaries(0),
+                        (int) (d.device().keySummaries(0).byteSize() / 4));
+                for (int s = 0; s < lens.length; s++) {
+                    KeySummaries ks = d.seqs()[s].enableKeySummaries(bt);
+                    float[] hostSums = ks.layer(0);
+                    int spp = d.device().summarySlotsPerPage();
+                    for (int b = 0; b < ks.blocks(); b++) {
+                        int page = d.seqs()[s].page(b * bt / PAGE_TOKENS);
+                        int slot = page * spp + (b * bt % PAGE_TOKENS) / bt;
+                        for (int g = 0; g < KV_HEADS; g++) {
+                            int at = (slot * KV_HEADS + g) * 2 * D;
+                            float[] got = Arrays.copyOfRange(dev, at, at + 2 * D);
+                            float[] want = Arrays.copyOfRange(hostSums, ks.offset(b, g), ks.offset(b, g) + 2 * D);
+                            assertArrayEquals(want, got, name + " block " + b + " of " + bt + " tokens, sequence " + s
+                                    + ", kv head " + g + ": device summaries differ from the CPU's; seed " + seed);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    @ParameterizedTest(name = "{0}")
+    @ValueSource(strings = {"f16", "q8_0", "turbo3", "q4_0h"})
+    void listsEqualThePageTopKListsAndSelectedDecodeMatchesTheCpu(String name) {
+        CudaContext context = AttentionGpuFixture.context();
+        KernelCache cache = AttentionGpuFixture.cache();
+        long seed = AttentionGpuFixture.seed("select " + name);
+        SplittableRandom r = new SplittableRandom(seed);
+        KvFormat f = KvFormat.parse(name);
+        int[] lens = {3000, 1100};
+        try (Data d = data(context, f, lens, r, false)) {
+            for (int group : new int[] {4, 8}) {
+                for (int queries : new int[] {1, 4}) {
+                    for (SelectionConfig config : List.of(new SelectionConfig(512, 16, 64, 128, 0),
+                            new SelectionConfig(1024, 64, 16, 64, 0))) {
+                        checkSelection(context, cache, d, f, lens, group, queries, config, r, seed);
+                    }
+                }
+            }
+        }
+    }
+
+    private static void checkSelection(CudaContext context, KernelCache cache, Data d, KvFormat f, int[] lens,
+                                       int group, int queries, SelectionConfig config, SplittableRandom r, long seed) {
+        int heads = KV_HEADS * group;
+        String what = f.name() + " G=" + group + " queries=" + queries + " " + config;
+        try (CudaAttention attention = CudaAttention.create(context, cache, shape(f, heads),
+                AttentionPlan.of(2, AttentionPlan.MAX_QUERIES, 4096, 0));
+             DeviceBatch batch = batch(context, d, lens)) {
+            attention.enableSelection(config, 0);
+            d.device().enableKeySummaries(config.blockTokens());
+            CudaStream stream = context.defaultStream();
+            for (int s = 0; s < lens.length; s++) {
+                attention.summarize(d.device(), 0, batch, s, lens[s], lens[s], stream);
+            }
+            float[] q = AttentionGpuFixture.gaussianRows(r, 2 * queries * heads, D, 1.0, 0);
+            float[] out;
+            int[][][] lists;
+            try (DeviceBuffer qd = AttentionGpuFixture.upload(context, q);
+                 DeviceBuffer od = context.allocate(4L * q.length)) {
+                od.fillFloats(Float.NaN);
+                attention.select(d.device(), 0, qd, batch, 2, queries, stream);
+                attention.decodeSelected(d.device(), 0, qd, batch, 2, queries, od, null, null, stream);
+                context.synchronize();
+                lists = attention.selectionLists(2);
+                out = AttentionGpuFixture.download(od, q.length);
+            }
+            PageTopK selector = new PageTopK(config);
+            for (int s = 0; s < lens.length; s++) {
+                int start = lens[s] - queries;
+                float[] qs = Arrays.copyOfRange(q, s * queries * heads * D, (s + 1) * queries * heads * D);
+                KeySummaries ks = d.seqs()[s].enableKeySummaries(config.blockTokens());
+                Selection cpu = new Selection();
+                selector.select(d.seqs()[s], 0, qs, queries, start, heads, cpu, POOL);
+                for (int g = 0; g < KV_HEADS; g++) {
+                    int[] want = Arrays.copyOfRange(cpu.blocks(), cpu.offset(0, g), cpu.offset(0, g) + cpu.count(0, g));
+                    assertEquals(want.length, lists[s][g].length, what + ": list length, sequence " + s + ", kv head "
+                            + g + "; seed " + seed);
+                    if (!Arrays.equals(want, lists[s][g])) {
+                        int bt = config.blockTokens();
+                        int sink = Math.min((lens[s] + bt - 1) / bt, config.sinkBlocks());
+                        int recentFrom = Math.max(sink, start / bt - config.recentBlocks());
+                        explainedByNearTies(ks, f, qs, queries, group, g, sink, recentFrom, want, lists[s][g], what
+                                + " sequence " + s + " kv head " + g + "; seed " + seed);
+                    }
+                }
+                // the CPU's selected attention over the device's lists
+                int[][][] one = new int[1][][];
+                one[0] = lists[s];
+                Selection gpuSel = Selection.of(config.blockTokens(), start, queries, one);
+                float[] ref = new float[queries * heads * D];
+                CpuAttention.attend(d.seqs()[s], 0, qs, queries, start, heads, (float) (1 / Math.sqrt(D)),
+                        AttentionOptions.defaults(), gpuSel, ref, POOL);
+                float[] got = Arrays.copyOfRange(out, s * queries * heads * D, (s + 1) * queries * heads * D);
+                assertTrue(AttentionGpuTest.allFinite(got), what + ": unwritten outputs; seed " + seed);
+                double nmse = nmse(got, ref);
+                System.out.printf("selected decode %s sequence %d: NMSE vs CPU selected attention %.3e%n", what, s,
+                        nmse);
+                assertTrue(nmse < AttentionGpuTest.tightBound(f.name(), f.name()), what + ": NMSE " + nmse
+                        + " against the CPU's selected attention; seed " + seed);
+            }
+        }
+    }
+
+    /**
+     * A device list may differ from the CPU's only where two blocks' bounds are equal to float rounding: every block
+     * in one list and not the other must bound within 1e-5 (relative) of the k-th best candidate bound (candidates:
+     * blocks [sink, recentFrom)), computed in float64.
+     */
+    private static void explainedByNearTies(KeySummaries ks, KvFormat f, float[] q, int queries, int group, int g,
+                                            int sink, int recentFrom, int[] want, int[] got, String what) {
+        TreeSet<Integer> a = new TreeSet<>();
+        for (int b : want) {
+            a.add(b);
+        }
+        TreeSet<Integer> b = new TreeSet<>();
+        for (int x : got) {
+            b.add(x);
+        }
+        TreeSet<Integer> diff = new TreeSet<>(a);
+        diff.addAll(b);
+        TreeSet<Integer> both = new TreeSet<>(a);
+        both.retainAll(b);
+        diff.removeAll(both);
+        double[] bounds = new double[ks.blocks()];
+        float[] row = new float[D];
+        for (int blk = 0; blk < bounds.length; blk++) {
+            double best = Double.NEGATIVE_INFINITY;
+            for (int qi = 0; qi < queries; qi++) {
+                for (int h = g * group; h < (g + 1) * group; h++) {
+                    System.arraycopy(q, (qi * KV_HEADS * group + h) * D, row, 0, D);
+                    f.rotate(row, 0, D);
+                    double sum = 0;
+                    int o = ks.offset(blk, g);
+                    for (int i = 0; i < D; i++) {
+                        sum += Math.max(row[i] * (double) ks.layer(0)[o + i], row[i] * (double) ks.layer(0)[o + D + i]);
+                    }
+                    best = Math.max(best, sum);
+                }
+            }
+            bounds[blk] = best;
+        }
+        double lowestTaken = Double.POSITIVE_INFINITY;
+        for (int x : want) {
+            if (x >= sink && x < recentFrom) {
+                lowestTaken = Math.min(lowestTaken, bounds[x]);
+            }
+        }
+        for (int x : diff) {
+            assertTrue(Math.abs(bounds[x] - lowestTaken) <= 1e-5 * (Math.abs(lowestTaken) + 1e-3), what
+                    + ": block " + x + " (bound " + bounds[x] + ") is in one list only, but the k-th best bound is "
+                    + lowestTaken + " (CPU " + Arrays.toString(want) + ", GPU " + Arrays.toString(got) + ")");
+        }
+        System.out.println(what + ": lists differ only by near-tied blocks " + diff);
+    }
+
+    @Test
+    void tiedBoundsGoToTheLowerBlocks() {
+        CudaContext context = AttentionGpuFixture.context();
+        KernelCache cache = AttentionGpuFixture.cache();
+        long seed = AttentionGpuFixture.seed("ties");
+        KvFormat f = KvFormat.parse("f16");
+        int[] lens = {2000, 900};
+        SelectionConfig config = new SelectionConfig(320, 16, 32, 64, 0);
+        try (Data d = data(context, f, lens, new SplittableRandom(seed), true);
+             CudaAttention attention = CudaAttention.create(context, cache, shape(f, 32),
+                     AttentionPlan.of(2, 1, 2048, 0));
+             DeviceBatch batch = batch(context, d, lens)) {
+            attention.enableSelection(config, 0);
+            d.device().enableKeySummaries(16);
+            CudaStream stream = context.defaultStream();
+            for (int s = 0; s < lens.length; s++) {
+                attention.summarize(d.device(), 0, batch, s, lens[s], lens[s], stream);
+            }
+            float[] q = AttentionGpuFixture.gaussianRows(new SplittableRandom(seed + 1), 2 * 32, D, 1.0, 0);
+            try (DeviceBuffer qd = AttentionGpuFixture.upload(context, q)) {
+                attention.select(d.device(), 0, qd, batch, 2, 1, stream);
+                context.synchronize();
+            }
+            int[][][] lists = attention.selectionLists(2);
+            for (int s = 0; s < 2; s++) {
+                // sink 2 blocks, then the 20 - 2 - 5 best of equal bounds: the lowest, then recent and own blocks
+                int last = (lens[s] - 1) / 16;
+                List<Integer> want = new ArrayList<>();
+                for (int b = 0; b < 2 + 13; b++) {
+                    want.add(b);
+                }
+                for (int b = Math.max(2, last - 4); b <= last; b++) {
+                    want.add(b);
+                }
+                for (int g = 0; g < KV_HEADS; g++) {
+                    assertArrayEquals(want.stream().mapToInt(Integer::intValue).toArray(), lists[s][g],
+                            "sequence " + s + ", kv head " + g + ": equal bounds must go to the lower blocks");
+                }
+            }
+        }
+    }
+
+    @ParameterizedTest(name = "{0}")
+    @ValueSource(strings = {"f16", "q8_0", "turbo3"})
+    void aListOfEveryBlockGivesDenseDecodeBitForBitAndReplaysInAGraph(String name) {
+        CudaContext context = AttentionGpuFixture.context();
+        KernelCache cache = AttentionGpuFixture.cache();
+        long seed = AttentionGpuFixture.seed("all blocks " + name);
+        SplittableRandom r = new SplittableRandom(seed);
+        KvFormat f = KvFormat.parse(name);
+        int[] lens = {700, 333};
+        int heads = 32;
+        try (Data d = data(context, f, lens, r, false);
+             CudaAttention attention = CudaAttention.create(context, cache, shape(f, heads),
+                     AttentionPlan.of(2, AttentionPlan.MAX_QUERIES, 1024, 0));
+             DeviceBatch batch = batch(context, d, lens);
+             CudaStream stream = context.createStream()) {
+            attention.enableSelection(new SelectionConfig(4096, 16, 64, 256, 0), attention.plan().splitTokens());
+            d.device().enableKeySummaries(16);
+            for (int s = 0; s < lens.length; s++) {
+                attention.summarize(d.device(), 0, batch, s, lens[s], lens[s], stream);
+            }
+            for (int queries : new int[] {1, 3}) {
+                float[] q = AttentionGpuFixture.gaussianRows(r, 2 * queries * heads, D, 1.0, 0);
+                try (DeviceBuffer qd = AttentionGpuFixture.upload(context, q);
+                     DeviceBuffer dense = context.allocate(4L * q.length);
+                     DeviceBuffer sel = context.allocate(4L * q.length)) {
+                    dense.fillFloats(Float.NaN);
+                    sel.fillFloats(Float.NaN);
+                    attention.decodeMulti(d.device(), 0, qd, batch, 2, queries, dense, stream);
+                    try (CudaGraph graph = CudaGraph.capture(stream, () -> {
+                        attention.select(d.device(), 0, qd, batch, 2, queries, stream);
+                        attention.decodeSelected(d.device(), 0, qd, batch, 2, queries, sel, null, null, stream);
+                    })) {
+                        graph.launch(stream);
+                        stream.synchronize();
+                    }
+                    float[] want = AttentionGpuFixture.download(dense, q.length);
+                    float[] got = AttentionGpuFixture.download(sel, q.length);
+                    assertTrue(AttentionGpuTest.allFinite(got), name + ": unwritten outputs; seed " + seed);
+                    assertArrayEquals(want, got, name + " queries=" + queries + ": a selection of every block must"
+                            + " give dense decode's bits; seed " + seed);
+                }
+            }
+        }
+    }
+
+    static double nmse(float[] got, float[] ref) {
+        double num = 0, den = 0;
+        for (int i = 0; i < got.length; i++) {
+            double e = got[i] - (double) ref[i];
+            num += e * e;
+            den += (double) ref[i] * ref[i];
+        }
+        return num / Math.max(den, 1e-300);
+    }
+
+    static int[] ints(DeviceBuffer b, int n) {
+        try (Arena arena = Arena.ofConfined()) {
+            MemorySegment s = arena.allocate(4L * n, 16);
+            b.copyToHost(s);
+            return s.toArray(ValueLayout.JAVA_INT);
+        }
+    }
+}
