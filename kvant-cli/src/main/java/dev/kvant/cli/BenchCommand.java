@@ -44,6 +44,11 @@ final class BenchCommand implements Runnable {
             description = "cache depths to test at (default ${DEFAULT-VALUE})")
     int[] depth;
 
+    @Option(names = "--depth-fill", paramLabel = "HOW", defaultValue = "prefill",
+            description = "how the depth is filled: prefill (random tokens through the model, as llama-bench) or "
+                    + "random (random K/V rows written straight into the cache: seconds at 512K; default ${DEFAULT-VALUE})")
+    String depthFill;
+
     @Mixin
     SelectOptions selectOpts;
 
@@ -102,6 +107,14 @@ final class BenchCommand implements Runnable {
         if (opts.model != null && synthetic != null) {
             throw new IllegalArgumentException("give either -m or --synthetic, not both");
         }
+        boolean randomDepth = switch (depthFill.toLowerCase(java.util.Locale.ROOT)) {
+            case "prefill" -> false;
+            case "random" -> true;
+            default -> throw new IllegalArgumentException("--depth-fill: prefill or random, not '" + depthFill + "'");
+        };
+        if (randomDepth && !json) {
+            System.err.println("--depth-fill random: the cache depth holds random K/V rows, not a prefill's");
+        }
         Progress progress = new Progress(json);
         if (opts.model == null && synthetic == null) {
             synthetic = "tiny";
@@ -142,7 +155,7 @@ final class BenchCommand implements Runnable {
             StringBuilder ratios = new StringBuilder();
             for (KvFormat[] pair : pairs) {
                 Benchmark.Settings s = new Benchmark.Settings(prompt, gen, depth, reps, opts.threads, pair[0],
-                        pair[1], opts.prefillChunk(backend));
+                        pair[1], opts.prefillChunk(backend), randomDepth);
                 List<Benchmark.Row> some = Benchmark.run(backend, s, progress::update);
                 rows.addAll(some);
                 if (limits != null) {

@@ -60,6 +60,18 @@ class MainTest {
     }
 
     @Test
+    void benchFillsTheDepthWithRandomRowsWhenAsked() {
+        Run r = run("bench", "--synthetic", "tiny", "-p", "0", "-n", "2", "-d", "200", "-r", "1",
+                "--depth-fill", "random");
+        assertEquals(0, r.code(), r.err());
+        assertTrue(r.out().contains("| tg2 @ d200 |"), r.out());
+        assertTrue(r.err().contains("random K/V rows"), r.err());
+        Run bad = run("bench", "--synthetic", "tiny", "-p", "0", "-n", "2", "-d", "8", "-r", "1", "--depth-fill", "x");
+        assertEquals(1, bad.code());
+        assertTrue(bad.err().contains("--depth-fill"), bad.err());
+    }
+
+    @Test
     void missingModelFileIsAClearError() {
         Run r = run("run", "-m", "/nonexistent/model.gguf", "-p", "hi");
         assertEquals(1, r.code());

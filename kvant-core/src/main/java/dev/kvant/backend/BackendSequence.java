@@ -21,6 +21,14 @@ public interface BackendSequence extends AutoCloseable {
      */
     int forwardGreedy(int[] tokens, int off, int n);
 
+    /**
+     * Appends {@code tokens} positions whose K and V rows (every layer, every kv head) are standard normal draws,
+     * quantized into the cache as real rows are; no model computation. For benchmarks at depths a prefill would take
+     * minutes to reach (`kvant bench --depth-fill random`): decode speed depends on what the cache holds, not on how
+     * it got there.
+     */
+    void fillRandom(int tokens, long seed);
+
     /** Forgets everything after the first {@code length} tokens. */
     void truncate(int length);
 

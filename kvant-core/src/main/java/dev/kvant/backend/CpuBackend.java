@@ -199,6 +199,34 @@ public final class CpuBackend implements Backend {
         }
 
         @Override
+        public void fillRandom(int tokens, long seed) {
+            checkRoom(tokens);
+            var g = cache.geometry();
+            java.util.SplittableRandom r = new java.util.SplittableRandom(seed);
+            int chunk = 256;
+            float[] k = new float[chunk * g.kvHeads() * g.headDimK()];
+            float[] v = new float[chunk * g.kvHeads() * g.headDimV()];
+            int start = kv.length();
+            kv.reserve(start + tokens);
+            for (int done = 0; done < tokens; done += chunk) {
+                int n = Math.min(chunk, tokens - done);
+                for (int l = 0; l < g.layers(); l++) {
+                    for (int i = 0; i < n * g.kvHeads() * g.headDimK(); i++) {
+                        k[i] = (float) normal(r);
+                    }
+                    for (int i = 0; i < n * g.kvHeads() * g.headDimV(); i++) {
+                        v[i] = (float) normal(r);
+                    }
+                    kv.writeRows(l, start + done, n, k, 0, v, 0);
+                }
+            }
+        }
+
+        private static double normal(java.util.SplittableRandom r) {
+            return Math.sqrt(-2 * Math.log(1.0 - r.nextDouble())) * Math.cos(2 * Math.PI * r.nextDouble());
+        }
+
+        @Override
         public void truncate(int length) {
             kv.truncate(length);
         }

@@ -30,8 +30,16 @@ public final class Benchmark {
         }
     }
 
+    /**
+     * @param randomDepth fill the depth with random K/V rows ({@link Session#fillRandom}) instead of a prefill of
+     *                    random tokens: for depths a prefill would take minutes to reach
+     */
     public record Settings(int[] promptSizes, int[] genSizes, int[] depths, int reps, int threads, KvFormat kFormat,
-                           KvFormat vFormat, int prefillChunk) {
+                           KvFormat vFormat, int prefillChunk, boolean randomDepth) {
+        public Settings(int[] promptSizes, int[] genSizes, int[] depths, int reps, int threads, KvFormat kFormat,
+                        KvFormat vFormat, int prefillChunk) {
+            this(promptSizes, genSizes, depths, reps, threads, kFormat, vFormat, prefillChunk, false);
+        }
     }
 
     private Benchmark() {
@@ -78,7 +86,7 @@ public final class Benchmark {
                     int[] prompt = randomTokens(random, p, vocab);
                     double[] tps = new double[s.reps()];
                     for (int r = -1; r < s.reps(); r++) {
-                        resetTo(session, fill, depth);
+                        resetTo(session, fill, depth, s.randomDepth());
                         long t0 = System.nanoTime();
                         session.prefillGreedy(prompt);
                         long dt = System.nanoTime() - t0;
@@ -96,7 +104,7 @@ public final class Benchmark {
                     progress.accept(test + " @ d" + depth);
                     double[] tps = new double[s.reps()];
                     for (int r = -1; r < s.reps(); r++) {
-                        resetTo(session, fill, depth);
+                        resetTo(session, fill, depth, s.randomDepth());
                         int token = random.nextInt(vocab);
                         long t0 = System.nanoTime();
                         for (int i = 0; i < g; i++) {
@@ -114,11 +122,18 @@ public final class Benchmark {
         return rows;
     }
 
-    /** Brings the cache to exactly the fill tokens: prefilled once, then truncated back before each repetition. */
-    private static void resetTo(Session session, int[] fill, int depth) {
+    /**
+     * Brings the cache to exactly the depth: filled once (a prefill of the fill tokens, or random rows), then
+     * truncated back before each repetition.
+     */
+    private static void resetTo(Session session, int[] fill, int depth, boolean random) {
         if (session.position() < depth) {
             session.truncate(0);
-            session.prefill(fill);
+            if (random) {
+                session.fillRandom(depth, 1234);
+            } else {
+                session.prefill(fill);
+            }
         }
         session.truncate(depth);
     }

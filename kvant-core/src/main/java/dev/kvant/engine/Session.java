@@ -137,7 +137,14 @@ public final class Session implements AutoCloseable {
         return seq.forwardGreedy(new int[] {token}, 0, 1);
     }
 
-    /** Forgets everything after the first {@code length} tokens. */
+    /**
+     * Appends {@code tokens} positions of random K/V rows (no model computation; {@link BackendSequence#fillRandom}).
+     */
+    public void fillRandom(int tokens, long seed) {
+        seq.fillRandom(tokens, seed);
+    }
+
+/** Forgets everything after the first {@code length} tokens. */
     public void truncate(int length) {
         seq.truncate(length);
     }

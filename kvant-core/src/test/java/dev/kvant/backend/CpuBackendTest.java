@@ -20,6 +20,33 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 class CpuBackendTest {
 
     @Test
+    void randomFillAppendsRowsDeterministicallyAndRefusesPastTheContext() {
+        long seed = new Random().nextLong();
+        int vocab = TinyModels.VOCAB;
+        try (Arena arena = Arena.ofShared();
+             Parallel pool = new Parallel(2)) {
+            LlamaModel model = LlamaModel.fromGguf(TinyModels.build("llama", GgmlType.F32, seed, arena).file());
+            CpuBackend backend = new CpuBackend(model, pool);
+            KvFormat f = KvFormat.parse("turbo3");
+            float[][] logits = new float[2][vocab];
+            for (int run = 0; run < 2; run++) {
+                try (BackendSequence s = backend.newSequence(300, f, f)) {
+                    s.fillRandom(250, 7);
+                    assertEquals(250, s.length());
+                    s.forward(new int[] {3}, 0, 1, false, logits[run]);
+                    assertEquals(251, s.length());
+                    assertThrows(ContextFullException.class, () -> s.fillRandom(50, 8));
+                    assertEquals(251, s.length(), "a refused fill changes nothing");
+                }
+            }
+            assertArrayEquals(logits[0], logits[1], "the same fill seed gives the same cache (seed " + seed + ")");
+            for (float x : logits[0]) {
+                assertTrue(Float.isFinite(x));
+            }
+        }
+    }
+
+    @Test
     void batchedDecodeEqualsEachSequenceAloneBitForBit() {
         long seed = new Random().nextLong();
         Random r = new Random(seed);

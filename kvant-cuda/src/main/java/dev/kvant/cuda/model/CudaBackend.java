@@ -748,6 +748,38 @@ public final class CudaBackend implements Backend {
         }
 
         @Override
+        public void fillRandom(int tokens, long seed) {
+            checkOpen();
+            if (released) {
+                throw new IllegalStateException("the sequence is closed");
+            }
+            if (tokens < 0) {
+                throw new IllegalArgumentException("fill of " + tokens + " tokens");
+            }
+            checkRoom(tokens);
+            int start = length;
+            ensurePages(start + tokens);
+            for (int done = 0; done < tokens; done += rowsMax) {
+                int n = Math.min(rowsMax, tokens - done);
+                for (KvPool.Part part : pool.parts()) {
+                    Stage st = part.stage();
+                    MemorySegment staging = st.stagingSegment();
+                    for (int t = 0; t < n; t++) {
+                        int pos = start + done + t;
+                        staging.setAtIndex(ValueLayout.JAVA_INT, t, pages[pos / PAGE_TOKENS] * PAGE_TOKENS
+                                + pos % PAGE_TOKENS);
+                    }
+                    st.slots.copyFromHostAsync(staging.asSlice(0, 4L * n), 0, st.stream);
+                    part.batch().set(0, pages, pageCount, start + done + n);
+                    part.batch().upload(st.stream);
+                    st.fillRandom(part, start + done + n, n, (int) (seed * 1_000_003L + done));
+                    st.stream.synchronize();   // the staging and the batch are reused by the next chunk
+                }
+            }
+            length = start + tokens;
+        }
+
+        @Override
         public void truncate(int newLength) {
             if (newLength < 0 || newLength > length) {
                 throw new IllegalArgumentException("cannot truncate a sequence of " + length + " tokens to "

@@ -220,6 +220,22 @@ final class Stage implements AutoCloseable {
         }
     }
 
+    /**
+     * Writes random K and V rows (standard normal) for n tokens into every layer of this stage, at the slots already
+     * in {@link #slots}; the sequence is then {@code length} long (batch row 0). Keeps key summaries where decode
+     * reads them. Queued on the stage's stream.
+     */
+    void fillRandom(KvPool.Part kv, int length, int n, int seed) {
+        for (int l = 0; l < layerCount(); l++) {
+            kv.attention().fillNormal(kRows, (long) n * c.kvDimK(), seed + 2 * (from + l), 1f, stream);
+            kv.attention().fillNormal(vRows, (long) n * c.kvDimV(), seed + 2 * (from + l) + 1, 1f, stream);
+            kv.attention().quantizeRows(kv.cache(), l, kRows, vRows, slots, n, stream);
+            if (selected(kv, l)) {
+                kv.attention().summarize(kv.cache(), l, kv.batch(), 0, length, n, stream);
+            }
+        }
+    }
+
     /** Whether local layer l attends through the pool's selection (past its dense first layers). */
     private boolean selected(KvPool.Part kv, int l) {
         return kv.attention().selection() != null && from + l >= kv.attention().selection().denseLayers();

@@ -181,6 +181,36 @@ class CudaBackendGpuTest {
         }
     }
 
+    /**
+     * A random fill (bench's --depth-fill random) appends rows on every stage: the same seed gives the same next
+     * logits, a fill past the context is refused without change, and a selected decode after it reads summaries
+     * the fill kept (a list of every block gives dense decode's bits).
+     */
+    @Test
+    void randomFillAppendsRowsAndKeepsSummaries() {
+        long seed = new SplittableRandom().nextLong();
+        try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.TINY, GgmlType.F32, seed)) {
+            int vocab = model.config().vocabSize();
+            float[][] out = new float[2][];
+            for (int run = 0; run < 2; run++) {
+                model.setSelection(run == 0 ? null : new dev.kvant.select.SelectionConfig(4096, 16, 16, 16, 1));
+                try (CudaBackend gpu = CudaBackend.open(model, new CudaBackend.Options(2, 64, 0));
+                     BackendSequence s = gpu.newSequence(256, TURBO3, TURBO3)) {
+                    s.fillRandom(200, 5);
+                    assertEquals(200, s.length());
+                    out[run] = poisoned(vocab);
+                    s.forward(new int[] {7}, 0, 1, false, out[run]);
+                    assertTrue(allFinite(out[run]), "seed " + seed);
+                    assertThrows(dev.kvant.engine.ContextFullException.class, () -> s.fillRandom(56, 6));
+                    assertEquals(201, s.length());
+                } finally {
+                    model.setSelection(null);
+                }
+            }
+            assertArrayEquals(out[0], out[1], "seed " + seed);
+        }
+    }
+
     /** Logits after each token fed one decode step at a time, f16 cache, with the model's selection set. */
     private static float[][] decodeSteps(LlamaModel model, dev.kvant.select.SelectionConfig selection, int[] tokens,
                                          boolean onGpu) {
