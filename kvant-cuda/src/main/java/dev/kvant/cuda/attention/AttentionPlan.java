@@ -7,8 +7,11 @@ package dev.kvant.cuda.attention;
  * @param maxSeqs        sequences in one decode launch
  * @param maxQueries     queries per sequence in one decode launch (1 for plain decode, up to 8)
  * @param maxTokens      cached tokens of the longest sequence a decode may see
- * @param splitTokens    tokens per decode split (a multiple of 16): the partition of the split-K reduction. It is a
- *                       constant of the plan, not of the device, so results do not depend on the GPU's size
+ * @param splitTokens    the smallest decode split (a multiple of 16): a sequence of len tokens is cut into splits of
+ *                       {@link #splitFor}(len) tokens, the smallest power-of-two multiple of this that makes at most
+ *                       {@link #maxSplits()} splits. A function of the plan and the length, not of the device, so
+ *                       results do not depend on the GPU's size; and a short sequence in a plan for long ones is
+ *                       still cut into many splits
  * @param maxPrefill     queries in one prefill launch (0: no prefill; prefill needs no scratch, this only bounds n)
  */
 public record AttentionPlan(int maxSeqs, int maxQueries, int maxTokens, int splitTokens, int maxPrefill) {
@@ -26,34 +29,33 @@ public record AttentionPlan(int maxSeqs, int maxQueries, int maxTokens, int spli
         if (splitTokens < 16 || splitTokens % 16 != 0) {
             throw new IllegalArgumentException("decode splits are whole 16-token tiles, got splitTokens=" + splitTokens);
         }
-        if (((long) maxTokens + splitTokens - 1) / splitTokens > MAX_SPLITS) {
-            throw new IllegalArgumentException(maxTokens + " tokens in splits of " + splitTokens + " make more than "
-                    + MAX_SPLITS + " splits, the most one merge takes; use splits of at least "
-                    + ((maxTokens + MAX_SPLITS - 1) / MAX_SPLITS) + " tokens");
-        }
     }
 
-    /** A plan with the default split for maxTokens. */
+    /** Splits a decode aims at: with the H200's 132 SMs and two decode blocks per SM, one wave. */
+    public static final int TARGET_SPLITS = 256;
+    /** The smallest split of {@link #of}. */
+    public static final int MIN_SPLIT = 32;
+
+    /** A plan whose splits start at 32 tokens. */
     public static AttentionPlan of(int maxSeqs, int maxQueries, int maxTokens, int maxPrefill) {
-        return new AttentionPlan(maxSeqs, maxQueries, maxTokens, defaultSplit(maxTokens), maxPrefill);
+        return new AttentionPlan(maxSeqs, maxQueries, maxTokens, MIN_SPLIT, maxPrefill);
     }
 
     /**
-     * About 256 splits at maxTokens (a power of two between 32 and 4096 tokens): with the H200's 132 SMs and two
-     * decode blocks per SM, one sequence's splits fill the GPU in one wave, and the partials (heads x (dV + 2)
-     * floats per split, about 17 KB for llama3-8b) stay small next to the cache bytes a split reads.
+     * The decode grid's x extent: {@value #TARGET_SPLITS} splits (so one sequence's splits fill the GPU in one
+     * wave, and the partials, heads x (dV + 2) floats per split, about 17 KB for llama3-8b, stay small next to the
+     * cache bytes a split reads), fewer when the plan's tokens need fewer.
      */
-    public static int defaultSplit(int maxTokens) {
-        int target = Math.max(1, (maxTokens + 255) / 256);
-        int split = Integer.highestOneBit(target);
-        if (split < target) {
-            split <<= 1;
-        }
-        return Math.clamp(split, 32, 4096);
+    public int maxSplits() {
+        return (int) Math.min(TARGET_SPLITS, ((long) maxTokens + splitTokens - 1) / splitTokens);
     }
 
-    /** Splits of the longest sequence: the decode grid's x extent. */
-    public int maxSplits() {
-        return (int) (((long) maxTokens + splitTokens - 1) / splitTokens);
+    /** The split of a decode over len tokens (attention.cu split_for): see {@code splitTokens}. */
+    public int splitFor(int len) {
+        int s = splitTokens;
+        while ((len + s - 1) / s > maxSplits()) {
+            s <<= 1;
+        }
+        return s;
     }
 }

@@ -221,8 +221,9 @@ __device__ __forceinline__ void build_luts(u8* smem, int lutK, int lutV, int tid
 // kvant_attn_decode — split-K decode of nq queries (1..8) per sequence, causal among themselves.
 //
 // grid:   (maxSplits, (kvHeads / HBD) * ceil(nq * G / 8), seqs). Block (s, y, b) takes tokens
-//         [s * splitTokens, min((s + 1) * splitTokens, len_b)) of sequence b for HBD kv heads and 8 query rows
-//         (query, head in group) of each; a split at or past len_b exits at once (the merge reads ceil(len/split)).
+//         [s * split, min((s + 1) * split, len_b)) of sequence b for HBD kv heads and 8 query rows (query, head in
+//         group) of each, split = split_for(len_b, splitTokens, maxSplits); a split at or past len_b exits at once
+//         (the merge reads ceil(len/split)).
 //         All sizes that change per step come from lens and tables in device memory, so a graph captured once
 //         replays at any length up to maxSplits * splitTokens.
 // block:  HBD warps; warp w serves kv head h0 + w. One cp.async ring (all warps) brings the rows of all HBD heads
@@ -238,6 +239,15 @@ __device__ __forceinline__ void build_luts(u8* smem, int lutK, int lutV, int tid
 // exact:  deterministic (fixed tile order, fixed split boundaries); not bitwise equal to the CPU's f32 attention
 //         (f16 operands); tests bound the NMSE against a float64 reference.
 // ================================================================================================================
+
+// The split of a dense decode over len tokens: the smallest power-of-two multiple of minSplit that makes at most
+// maxSplits splits (AttentionPlan#splitFor). A function of the length alone, so the same sequence gives the same
+// bits; a plan for long contexts still cuts a short sequence into many splits.
+__device__ __forceinline__ int split_for(int len, int minSplit, int maxSplits) {
+    int s = minSplit;
+    while ((len + s - 1) / s > maxSplits) s <<= 1;
+    return s;
+}
 
 constexpr int DEC_TT = 16;
 using DecLayout = Layout<HBD, HBD, DEC_TT, 8, true>;
@@ -272,6 +282,7 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
     const int row0 = nt * 8;
     // The last position any of this block's rows sees.
     const int lastRow = imin(nRows - 1, row0 + 7);
+    if constexpr (!SEL) splitTokens = split_for(len, splitTokens, maxSplits);
     const int t0 = split * splitTokens;
     int t1;
     const int* list = nullptr;
@@ -817,6 +828,7 @@ extern "C" __global__ void __launch_bounds__(MERGE_THREADS) kvant_attn_merge(con
         const int count = selCounts[seq * (heads / G) + kvh];
         len = count > 0 ? ((count - 1) << selShift) + len - (list[count - 1] << selShift) : 0;
     }
+    if (sel == nullptr) splitTokens = split_for(len, splitTokens, maxSplits);
     const int ns = imin(imin(maxSplits, MERGE_MAX_SPLITS), (len + splitTokens - 1) / splitTokens);
     const i64 base = ((i64) seq * nq * heads + r) * maxSplits;
     float m = NEG_INF;

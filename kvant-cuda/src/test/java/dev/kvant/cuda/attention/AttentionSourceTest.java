@@ -60,13 +60,18 @@ class AttentionSourceTest {
     }
 
     @Test
-    void defaultSplitGivesAboutTwoHundredFiftySixSplitsAtCapacity() {
-        assertEquals(32, AttentionPlan.defaultSplit(1));
-        assertEquals(32, AttentionPlan.defaultSplit(4096));
-        assertEquals(128, AttentionPlan.defaultSplit(32768));
-        assertEquals(512, AttentionPlan.defaultSplit(131072));
-        assertEquals(256, AttentionPlan.of(1, 1, 131072, 0).maxSplits());
-        assertEquals(19, AttentionPlan.of(1, 1, 600, 0).maxSplits());
+    void splitsFollowTheLengthAtMostTwoHundredFiftySix() {
+        AttentionPlan big = AttentionPlan.of(1, 1, 524288, 0);
+        assertEquals(256, big.maxSplits());
+        assertEquals(32, big.splitFor(1));
+        assertEquals(32, big.splitFor(8192));
+        assertEquals(64, big.splitFor(8193));
+        assertEquals(128, big.splitFor(32768));
+        assertEquals(2048, big.splitFor(524288));
+        AttentionPlan small = AttentionPlan.of(1, 1, 600, 0);
+        assertEquals(19, small.maxSplits());
+        assertEquals(32, small.splitFor(600));
+        assertEquals(256, AttentionPlan.of(1, 1, 8 << 20, 0).maxSplits(), "any length: the split grows instead");
     }
 
     @Test
