@@ -36,6 +36,15 @@ final class SelectOptions {
             description = "the first N layers attend densely (default ${DEFAULT-VALUE})")
     int denseLayers;
 
+    @Option(names = "--select-coarse", paramLabel = "TOKENS", defaultValue = "0",
+            description = "coarse blocks of TOKENS positions chosen first (0: one round; e.g. 256 at 128K and up,"
+                    + " so a step reads summaries of about context/TOKENS blocks; default ${DEFAULT-VALUE})")
+    int coarse;
+
+    @Option(names = "--select-coarse-keep", paramLabel = "N", defaultValue = "0",
+            description = "coarse blocks whose blocks compete (0: twice the coarse blocks the budget fills)")
+    int coarseKeep;
+
     @Option(names = "--dump-selection", paramLabel = "FILE",
             description = "record every selection (layer, position, blocks) to FILE, for bench-attention --replay-selection")
     Path dump;
@@ -44,7 +53,8 @@ final class SelectOptions {
     SelectionConfig config() {
         return switch (select.toLowerCase(Locale.ROOT)) {
             case "dense" -> null;
-            case "topk" -> new SelectionConfig(budget, page, sink, recent, denseLayers);
+            case "topk" -> new SelectionConfig(budget, page, sink, recent, denseLayers, coarse,
+                    coarse > 0 && coarseKeep == 0 ? SelectionConfig.defaultCoarseKeep(budget, coarse) : coarseKeep);
             default -> throw new IllegalArgumentException("--select: unknown selection '" + select + "' (dense, topk)");
         };
     }

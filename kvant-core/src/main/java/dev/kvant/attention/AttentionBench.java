@@ -211,7 +211,7 @@ public final class AttentionBench {
                             rows.add(new Row(f.name(), "decode", ctx, t, bytes, ms, bytes / ms / 1e6, copy[t]));
                             if (s.select() != null) {
                                 progress.accept(f.name() + " ctx " + ctx + " decode top-k, " + t + " thread(s)");
-                                p.seq().enableKeySummaries(s.select().blockTokens());
+                                p.seq().enableKeySummaries(s.select().blockTokens(), s.select().coarseTokens());
                                 PageTopK topK = new PageTopK(s.select());
                                 Selection sel = new Selection();
                                 long selBytes = (long) Math.min(ctx + 1, s.select().budget()) * s.kvHeads()

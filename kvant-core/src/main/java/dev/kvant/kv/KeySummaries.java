@@ -16,6 +16,10 @@ import java.util.Arrays;
  * <p>Kept up to date by {@link KvSequence#writeRows}: every write recomputes each block it touches from the block's
  * first row up to the sequence's length, so overwrites and writes after a truncation leave exact summaries, never
  * merely loose ones.
+ *
+ * <p>An optional coarse level ({@code coarseTokens} > 0) holds the same for coarse blocks of coarseTokens positions
+ * in the same layout ({@link #coarse}, {@link #coarseOffset}), recomputed from the blocks it spans up to the
+ * sequence's length: the min and max over the coarse block's rows, so its bound is at least every block's in it.
  */
 public final class KeySummaries {
     private final KvSequence seq;
@@ -26,11 +30,23 @@ public final class KeySummaries {
     private final float[][] data;
     private final float[] row;
     private int capacityBlocks;
+    private final int coarseTokens;
+    private final float[][] coarse;
+    private int capacityCoarse;
 
     KeySummaries(KvSequence seq, int blockTokens) {
+        this(seq, blockTokens, 0);
+    }
+
+    KeySummaries(KvSequence seq, int blockTokens, int coarseTokens) {
         if (blockTokens <= 0) {
             throw new IllegalArgumentException("key summary blocks must hold at least one token, got " + blockTokens);
         }
+        if (coarseTokens != 0 && (coarseTokens <= blockTokens || coarseTokens % blockTokens != 0)) {
+            throw new IllegalArgumentException("coarse summary blocks must be a multiple (> 1) of " + blockTokens
+                    + " tokens, got " + coarseTokens);
+        }
+        this.coarseTokens = coarseTokens;
         KvCache cache = seq.cache();
         this.seq = seq;
         this.blockTokens = blockTokens;
@@ -39,6 +55,22 @@ public final class KeySummaries {
         this.dim = cache.kFormat().domainDim(headDimK);
         this.data = new float[cache.geometry().layers()][0];
         this.row = new float[dim];
+        this.coarse = new float[coarseTokens == 0 ? 0 : cache.geometry().layers()][0];
+    }
+
+    /** Positions per coarse block; 0 without a coarse level. */
+    public int coarseTokens() {
+        return coarseTokens;
+    }
+
+    /** The coarse summaries of a layer (the layout of {@link #layer}, by coarse block); read-only for callers. */
+    public float[] coarse(int layer) {
+        return coarse[layer];
+    }
+
+    /** Index in {@link #coarse} of the minimum vector of coarse block j, kv head g; the maximum follows at + dim. */
+    public int coarseOffset(int j, int head) {
+        return offset(j, head);
     }
 
     /** Positions per block. */
@@ -105,16 +137,73 @@ public final class KeySummaries {
                 }
             }
         }
+        if (coarseTokens > 0) {
+            updateCoarse(layer, from, to, length);
+        }
+    }
+
+    /** Recomputes the coarse blocks of positions [from, to) from their blocks of written positions. */
+    private void updateCoarse(int layer, int from, int to, int length) {
+        int per = coarseTokens / blockTokens;
+        int lastCoarse = (to - 1) / coarseTokens;
+        ensureCoarse(lastCoarse + 1);
+        int written = (length + blockTokens - 1) / blockTokens;
+        float[] s = data[layer];
+        float[] c = coarse[layer];
+        for (int j = from / coarseTokens; j <= lastCoarse; j++) {
+            for (int g = 0; g < kvHeads; g++) {
+                int o = offset(j, g);
+                Arrays.fill(c, o, o + dim, Float.POSITIVE_INFINITY);
+                Arrays.fill(c, o + dim, o + 2 * dim, Float.NEGATIVE_INFINITY);
+                for (int b = j * per; b < Math.min((j + 1) * per, written); b++) {
+                    int f = offset(b, g);
+                    for (int d = 0; d < dim; d++) {
+                        c[o + d] = Math.min(c[o + d], s[f + d]);
+                        c[o + dim + d] = Math.max(c[o + dim + d], s[f + dim + d]);
+                    }
+                }
+            }
+        }
+    }
+
+    private void ensureCoarse(int blocks) {
+        if (blocks <= capacityCoarse) {
+            return;
+        }
+        int cap = Math.max(blocks, Math.max(16, capacityCoarse * 2));
+        long floats = (long) cap * kvHeads * 2 * dim;
+        if (floats > Integer.MAX_VALUE - 16) {
+            cap = blocks;
+            floats = (long) cap * kvHeads * 2 * dim;
+        }
+        for (int l = 0; l < coarse.length; l++) {
+            coarse[l] = Arrays.copyOf(coarse[l], (int) floats);
+        }
+        capacityCoarse = cap;
     }
 
     /** A copy holding the blocks of the first {@code tokens} positions, for a fork of the sequence. */
     KeySummaries copyFor(KvSequence child, int tokens) {
-        KeySummaries k = new KeySummaries(child, blockTokens);
+        KeySummaries k = new KeySummaries(child, blockTokens, coarseTokens);
         int blocks = (tokens + blockTokens - 1) / blockTokens;
         k.ensure(blocks);
         int floats = blocks * kvHeads * 2 * dim;
         for (int l = 0; l < data.length; l++) {
             System.arraycopy(data[l], 0, k.data[l], 0, Math.min(floats, data[l].length));
+        }
+        if (coarseTokens > 0 && tokens > 0) {
+            int cblocks = (tokens + coarseTokens - 1) / coarseTokens;
+            k.ensureCoarse(cblocks);
+            int cfloats = cblocks * kvHeads * 2 * dim;
+            for (int l = 0; l < coarse.length; l++) {
+                System.arraycopy(coarse[l], 0, k.coarse[l], 0, Math.min(cfloats, coarse[l].length));
+            }
+            if (tokens % coarseTokens != 0) {
+                // the fork's last coarse block may have spanned rows past its prefix in the parent
+                for (int l = 0; l < coarse.length; l++) {
+                    k.updateCoarse(l, tokens - 1, tokens, tokens);
+                }
+            }
         }
         if (tokens % blockTokens != 0) {
             // The fork's last block may have held rows past its prefix in the parent.

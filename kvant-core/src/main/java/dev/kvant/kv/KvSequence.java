@@ -110,9 +110,17 @@ public final class KvSequence implements AutoCloseable {
      * with the same block size returns the same summaries; another size rebuilds them.
      */
     public KeySummaries enableKeySummaries(int blockTokens) {
+        return enableKeySummaries(blockTokens, 0);
+    }
+
+    /**
+     * As {@link #enableKeySummaries(int)} with a coarse level of {@code coarseTokens} positions per block (0: none),
+     * the min and max over each coarse block's rows ({@link KeySummaries#coarse}).
+     */
+    public KeySummaries enableKeySummaries(int blockTokens, int coarseTokens) {
         checkOpen();
-        if (summaries == null || summaries.blockTokens() != blockTokens) {
-            summaries = new KeySummaries(this, blockTokens);
+        if (summaries == null || summaries.blockTokens() != blockTokens || summaries.coarseTokens() != coarseTokens) {
+            summaries = new KeySummaries(this, blockTokens, coarseTokens);
             summaries.rebuild();
         }
         return summaries;

@@ -189,7 +189,7 @@ public final class LlamaModel implements AutoCloseable {
         AttentionOptions ao = attentionOptions;
         if (sc != null) {
             for (KvSequence seq : seqs) {
-                seq.enableKeySummaries(sc.blockTokens());
+                seq.enableKeySummaries(sc.blockTokens(), sc.coarseTokens());
             }
         }
         for (int l = 0; l < c.layers(); l++) {

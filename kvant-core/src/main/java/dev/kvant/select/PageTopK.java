@@ -15,7 +15,10 @@ import jdk.incubator.vector.VectorSpecies;
  * {@code Σ_d max(q_d·min_d, q_d·max_d)}; a block's score is the largest bound over the queries of the query block
  * and the query heads of the kv head's GQA group (a block matters if any head may attend to it). Under the token
  * budget, after the always-attended sink blocks, recent blocks and the queries' own blocks, the blocks with the
- * highest scores are taken; ties go to the lower block index. Lists come out ascending.
+ * highest scores are taken; ties go to the lower block index. Lists come out ascending. With a coarse level
+ * ({@link SelectionConfig#coarseTokens}) and more coarse candidates than {@code coarseKeep}, only the blocks of the
+ * coarseKeep best coarse blocks (same bound over coarse summaries, same tie rule) compete: a step then bounds
+ * context / coarseTokens coarse blocks and coarseKeep · coarseTokens / blockTokens blocks, whatever the context.
  *
  * <p>The bound is computed in float as {@code Σ_d (max(q_d,0)·max_d + min(q_d,0)·min_d)} (equal to the definition
  * in exact arithmetic), with fmas in dimension order per lane and the lanes summed in lane order, so the same query
@@ -49,9 +52,10 @@ public final class PageTopK {
                        Parallel pool) {
         KeySummaries ks = seq.keySummaries();
         int b = config.blockTokens();
-        if (ks == null || ks.blockTokens() != b) {
-            throw new IllegalStateException("page selection over blocks of " + b + " needs the sequence's key"
-                    + " summaries for that block size: call enableKeySummaries(" + b + ") first");
+        if (ks == null || ks.blockTokens() != b || ks.coarseTokens() != config.coarseTokens()) {
+            throw new IllegalStateException("page selection over blocks of " + b + " (coarse "
+                    + config.coarseTokens() + ") needs the sequence's key summaries for that size: call"
+                    + " enableKeySummaries(" + b + ", " + config.coarseTokens() + ") first");
         }
         if (start + n > seq.length()) {
             throw new IllegalArgumentException("selection for positions " + start + ".." + (start + n - 1)
@@ -123,7 +127,6 @@ public final class PageTopK {
         }
         if (k > 0) {
             Scratch s = SCRATCH.get();
-            long[] keys = s.keys(candidates);
             float[] sum = ks.layer(layer);
             int dim = p.dim();
             int nq = (t1 - t0) * p.group();
@@ -133,17 +136,44 @@ public final class PageTopK {
                     qo[i++] = (t * heads + h) * dim;
                 }
             }
-            for (int b = sink; b < recentFrom; b++) {
-                keys[b - sink] = key(best(p.pos(), p.neg(), qo, nq, sum, ks.offset(b, g), dim, s.lanes), b);
+            int per = config.coarseBlocks();
+            int j0 = per == 0 ? 0 : sink / per;
+            int coarseCandidates = per == 0 ? 0 : (recentFrom - 1) / per - j0 + 1;
+            long[] keys = s.keys(candidates);
+            int n = 0;
+            if (coarseCandidates > config.coarseKeep()) {
+                // two rounds: the coarseKeep best coarse blocks, then their blocks between the windows compete
+                int keep = config.coarseKeep();
+                long[] ckeys = s.coarseKeys(coarseCandidates);
+                float[] csum = ks.coarse(layer);
+                for (int j = j0; j < j0 + coarseCandidates; j++) {
+                    ckeys[j - j0] = key(best(p.pos(), p.neg(), qo, nq, csum, ks.coarseOffset(j, g), dim, s.lanes), j);
+                }
+                smallest(ckeys, coarseCandidates, keep);
+                int[] kept = s.picked(keep);
+                for (int i = 0; i < keep; i++) {
+                    kept[i] = (int) ckeys[i];
+                }
+                Arrays.sort(kept, 0, keep);
+                for (int i = 0; i < keep; i++) {
+                    for (int b = Math.max(sink, kept[i] * per); b < Math.min(recentFrom, (kept[i] + 1) * per); b++) {
+                        keys[n++] = key(best(p.pos(), p.neg(), qo, nq, sum, ks.offset(b, g), dim, s.lanes), b);
+                    }
+                }
+            } else {
+                for (int b = sink; b < recentFrom; b++) {
+                    keys[n++] = key(best(p.pos(), p.neg(), qo, nq, sum, ks.offset(b, g), dim, s.lanes), b);
+                }
             }
-            smallest(keys, candidates, k);
-            int[] picked = s.picked(k);
-            for (int i = 0; i < k; i++) {
+            int take = Math.min(k, n);
+            smallest(keys, n, take);
+            int[] picked = s.picked(take);
+            for (int i = 0; i < take; i++) {
                 picked[i] = (int) keys[i];
             }
-            Arrays.sort(picked, 0, k);
-            System.arraycopy(picked, 0, list, o + c, k);
-            c += k;
+            Arrays.sort(picked, 0, take);
+            System.arraycopy(picked, 0, list, o + c, take);
+            c += take;
         }
         for (int b = recentFrom; b < visible; b++) {
             list[o + c++] = b;
@@ -272,6 +302,15 @@ public final class PageTopK {
         int[] picked = new int[0];
         int[] queries = new int[0];
         final float[] lanes = new float[4 * L];
+
+        long[] coarseKeys = new long[0];
+
+        long[] coarseKeys(int n) {
+            if (coarseKeys.length < n) {
+                coarseKeys = new long[Math.max(n, 2 * coarseKeys.length)];
+            }
+            return coarseKeys;
+        }
 
         int[] queries(int n) {
             if (queries.length < n) {

@@ -11,8 +11,16 @@ package dev.kvant.select;
  * @param sink        the first positions, always attended
  * @param recent      positions before the queries' own block, always attended (the queries' block is always)
  * @param denseLayers the first layers attend densely: their attention is broad and cheap to get wrong
+ * @param coarseTokens 0, or positions per coarse block (a power of two, at least two blocks): blocks are then
+ *                    chosen in two rounds — the {@code coarseKeep} coarse blocks with the highest bounds (from
+ *                    summaries over the whole coarse block), then the best blocks inside them — so a step reads
+ *                    summaries in proportion to context / coarseTokens + coarseKeep · coarseTokens / blockTokens
+ *                    instead of context / blockTokens. The same choice as one round when the coarse candidates
+ *                    are no more than coarseKeep
+ * @param coarseKeep  coarse blocks whose blocks compete (0 with coarseTokens 0)
  */
-public record SelectionConfig(int budget, int blockTokens, int sink, int recent, int denseLayers) {
+public record SelectionConfig(int budget, int blockTokens, int sink, int recent, int denseLayers, int coarseTokens,
+                              int coarseKeep) {
     public static final int DEFAULT_BUDGET = 2048;
     public static final int DEFAULT_BLOCK = 16;
     public static final int DEFAULT_SINK = 64;
@@ -34,6 +42,37 @@ public record SelectionConfig(int budget, int blockTokens, int sink, int recent,
         if (denseLayers < 0) {
             throw new IllegalArgumentException("--select-dense-layers must be >= 0, got " + denseLayers);
         }
+        if (coarseTokens != 0 && (coarseTokens < 2 * blockTokens || Integer.bitCount(coarseTokens) != 1
+                || coarseTokens > 1 << 20)) {
+            throw new IllegalArgumentException("--select-coarse must be 0 or a power of two of at least two pages ("
+                    + 2 * blockTokens + " tokens here), got " + coarseTokens);
+        }
+        if (coarseTokens == 0 ? coarseKeep != 0 : coarseKeep < 1) {
+            throw new IllegalArgumentException("--select-coarse-keep must be at least 1 with --select-coarse (and "
+                    + "unused without), got " + coarseKeep);
+        }
+    }
+
+    /** One-round selection: no coarse level. */
+    public SelectionConfig(int budget, int blockTokens, int sink, int recent, int denseLayers) {
+        this(budget, blockTokens, sink, recent, denseLayers, 0, 0);
+    }
+
+    /** With a coarse level of coarseTokens and the default keep ({@link #defaultCoarseKeep}). */
+    public SelectionConfig withCoarse(int coarseTokens) {
+        return coarseTokens == 0 ? new SelectionConfig(budget, blockTokens, sink, recent, denseLayers)
+                : new SelectionConfig(budget, blockTokens, sink, recent, denseLayers, coarseTokens,
+                defaultCoarseKeep(budget, coarseTokens));
+    }
+
+    /** Twice the coarse blocks the budget fills: room for the best blocks to be spread out. */
+    public static int defaultCoarseKeep(int budget, int coarseTokens) {
+        return 2 * Math.max(1, (budget + coarseTokens - 1) / coarseTokens);
+    }
+
+    /** Blocks per coarse block (0 without a coarse level). */
+    public int coarseBlocks() {
+        return coarseTokens / blockTokens;
     }
 
     /** The defaults with another budget. */
@@ -54,6 +93,7 @@ public record SelectionConfig(int budget, int blockTokens, int sink, int recent,
     @Override
     public String toString() {
         return "topk budget " + budget + ", page " + blockTokens + ", sink " + sink + ", recent " + recent
-                + ", dense layers " + denseLayers;
+                + ", dense layers " + denseLayers + (coarseTokens == 0 ? "" : ", coarse " + coarseTokens + " keep "
+                + coarseKeep);
     }
 }

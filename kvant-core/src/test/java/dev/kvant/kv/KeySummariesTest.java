@@ -38,6 +38,23 @@ class KeySummariesTest {
                     }
                 }
             }
+            int ct = ks.coarseTokens();
+            for (int j = 0; ct > 0 && j < (seq.length() + ct - 1) / ct; j++) {
+                for (int h = 0; h < g.kvHeads(); h++) {
+                    int o = ks.coarseOffset(j, h);
+                    for (int d = 0; d < dim; d++) {
+                        float mn = Float.POSITIVE_INFINITY;
+                        float mx = Float.NEGATIVE_INFINITY;
+                        for (int p = j * ct; p < Math.min(seq.length(), (j + 1) * ct); p++) {
+                            seq.decodeK(l, p, h, row, 0);
+                            mn = Math.min(mn, row[d]);
+                            mx = Math.max(mx, row[d]);
+                        }
+                        assertEquals(mn, ks.coarse(l)[o + d], what + ": coarse block " + j + " min (seed " + SEED + ")");
+                        assertEquals(mx, ks.coarse(l)[o + dim + d], what + ": coarse max (seed " + SEED + ")");
+                    }
+                }
+            }
         }
     }
 
@@ -59,12 +76,18 @@ class KeySummariesTest {
     @ParameterizedTest
     @ValueSource(strings = {"f16", "q8_0", "turbo3", "q4_0h"})
     void summariesStayExactThroughWritesTruncationOverwriteAndFork(String format) {
+        for (int coarse : new int[] {0, 32, 64}) {
+            check(format, coarse);
+        }
+    }
+
+    private static void check(String format, int coarse) {
         SplittableRandom rnd = new SplittableRandom(SEED);
         KvFormat f = KvFormat.parse(format);
         try (KvCache cache = KvCache.forTokens(new KvGeometry(2, 2, 96, 64), f, f, 64, 2048)) {
             KvSequence seq = cache.newSequence();
             write(seq, rnd, 0, 70);
-            seq.enableKeySummaries(16);
+            seq.enableKeySummaries(16, coarse);
             assertExact(seq, "built from existing rows");
             write(seq, rnd, 70, 1);
             write(seq, rnd, 71, 100);

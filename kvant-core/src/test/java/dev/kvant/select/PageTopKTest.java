@@ -66,21 +66,34 @@ class PageTopKTest {
                     mx[d] = Math.max(mx[d], row[d]);
                 }
             }
-            double best = Double.NEGATIVE_INFINITY;
-            for (int t = t0; t < t1; t++) {
-                for (int h = g * group; h < (g + 1) * group; h++) {
-                    float[] qr = new float[dim];
-                    System.arraycopy(q, (t * heads + h) * headDim, qr, 0, headDim);
-                    kf.rotate(qr, 0, headDim);
-                    double s = 0;
-                    for (int d = 0; d < dim; d++) {
-                        s += Math.max(qr[d] * mn[d], qr[d] * mx[d]);
-                    }
-                    best = Math.max(best, s);
-                }
-            }
-            scoresOut[b] = best;
+            scoresOut[b] = bound(q, headDim, dim, heads, group, kf, t0, t1, g, mn, mx);
             cand.add(b);
+        }
+        int per = c.coarseBlocks();
+        if (per > 0 && (recentFrom - 1) / per - sink / per + 1 > c.coarseKeep()) {
+            // coarse bounds from the rows of each coarse block (up to the written length), keep the best
+            int len = start + n;
+            List<Integer> coarse = new ArrayList<>();
+            double[] cs = new double[(recentFrom - 1) / per + 1];
+            for (int j = sink / per; j <= (recentFrom - 1) / per; j++) {
+                double[] mn = new double[dim];
+                double[] mx = new double[dim];
+                Arrays.fill(mn, Double.POSITIVE_INFINITY);
+                Arrays.fill(mx, Double.NEGATIVE_INFINITY);
+                for (int pos = j * c.coarseTokens(); pos < Math.min(len, (j + 1) * c.coarseTokens()); pos++) {
+                    seq.decodeK(0, pos, g, row, 0);
+                    for (int d = 0; d < dim; d++) {
+                        mn[d] = Math.min(mn[d], row[d]);
+                        mx[d] = Math.max(mx[d], row[d]);
+                    }
+                }
+                cs[j] = bound(q, headDim, dim, heads, group, kf, t0, t1, g, mn, mx);
+                coarse.add(j);
+            }
+            coarse.sort(Comparator.<Integer>comparingDouble(j -> -cs[j]).thenComparingInt(j -> j));
+            List<Integer> kept = coarse.subList(0, c.coarseKeep());
+            cand.removeIf(b -> !kept.contains(b / per));
+            k = Math.min(k, cand.size());
         }
         cand.sort(Comparator.<Integer>comparingDouble(b -> -scoresOut[b]).thenComparingInt(b -> b));
         List<Integer> out = new ArrayList<>();
@@ -94,15 +107,65 @@ class PageTopKTest {
         return out.stream().mapToInt(Integer::intValue).toArray();
     }
 
+    /** The largest bound over the query block's tokens and the kv head's query heads, in double. */
+    private static double bound(float[] q, int headDim, int dim, int heads, int group, KvFormat kf, int t0, int t1,
+                                int g, double[] mn, double[] mx) {
+        double best = Double.NEGATIVE_INFINITY;
+        for (int t = t0; t < t1; t++) {
+            for (int h = g * group; h < (g + 1) * group; h++) {
+                float[] qr = new float[dim];
+                System.arraycopy(q, (t * heads + h) * headDim, qr, 0, headDim);
+                kf.rotate(qr, 0, headDim);
+                double s = 0;
+                for (int d = 0; d < dim; d++) {
+                    s += Math.max(qr[d] * mn[d], qr[d] * mx[d]);
+                }
+                best = Math.max(best, s);
+            }
+        }
+        return best;
+    }
+
+    @ParameterizedTest(name = "{0} n={1} budget={2} block={3} coarse={4} keep={5}")
+    @CsvSource({"f16,1,512,16,64,4", "turbo3,1,1024,16,256,3", "q8_0,20,512,16,128,5", "f16,1,512,32,512,2"})
+    void coarseRoundsChooseTheBlocksOfABruteForceReference(String format, int n, int budget, int block, int coarse,
+                                                           int keep) {
+        checkAgainstReference(format, n, budget, block, coarse, keep);
+    }
+
+    @Test
+    void aCoarseLevelThatKeepsEveryCandidateChoosesAsOneRound() {
+        KvFormat f = KvFormat.parse("turbo3");
+        int start = 3000;
+        try (AttentionProblem p = AttentionProblem.random(f, f, 2, 2, 128, 128, start, 1, 64, SEED)) {
+            SelectionConfig flat = new SelectionConfig(512, 16, 64, 128, 0);
+            SelectionConfig wide = new SelectionConfig(512, 16, 64, 128, 0, 256, 1000);
+            Selection a = new Selection();
+            Selection b = new Selection();
+            p.seq().enableKeySummaries(16);
+            new PageTopK(flat).select(p.seq(), 0, p.queries(), 1, start, p.heads(), a, POOL);
+            p.seq().enableKeySummaries(16, 256);
+            new PageTopK(wide).select(p.seq(), 0, p.queries(), 1, start, p.heads(), b, POOL);
+            for (int g = 0; g < 2; g++) {
+                assertArrayEquals(Arrays.copyOfRange(a.blocks(), a.offset(0, g), a.offset(0, g) + a.count(0, g)),
+                        Arrays.copyOfRange(b.blocks(), b.offset(0, g), b.offset(0, g) + b.count(0, g)));
+            }
+        }
+    }
+
     @ParameterizedTest(name = "{0} n={1} budget={2} block={3}")
     @CsvSource({"f16,1,512,16", "f16,40,256,16", "turbo3,1,1024,16", "turbo3,3,512,32", "q8_0,1,300,64",
             "q4_0h,17,640,16"})
     void selectorChoosesTheBlocksOfABruteForceReference(String format, int n, int budget, int block) {
+        checkAgainstReference(format, n, budget, block, 0, 0);
+    }
+
+    private static void checkAgainstReference(String format, int n, int budget, int block, int coarse, int keep) {
         KvFormat f = KvFormat.parse(format);
         int start = 4000;
-        SelectionConfig c = new SelectionConfig(budget, block, 64, 128, 0);
+        SelectionConfig c = new SelectionConfig(budget, block, 64, 128, 0, coarse, keep);
         try (AttentionProblem p = AttentionProblem.random(f, f, 2, 2, 128, 128, start, n, 64, SEED)) {
-            p.seq().enableKeySummaries(block);
+            p.seq().enableKeySummaries(block, coarse);
             Selection sel = new Selection();
             new PageTopK(c).select(p.seq(), 0, p.queries(), n, start, p.heads(), sel, POOL);
             assertFalse(sel.all());

@@ -232,6 +232,12 @@ public final class CudaAttention implements AutoCloseable {
                 0, stream, kv.kPool(layer), kv.keySummaries(layer), batch.tables(), batch.tableStride(),
                 batch.lengths(), 0, written, shape.kvHeads(), shape.pageTokens(), kv.kPageBytes(), sl.shift,
                 kv.summarySlotsPerPage());
+        if (sl.coarse) {
+            sl.summarizeCoarse.launch(new Dim3(written / sl.config.coarseTokens() + 2, shape.kvHeads(), seqs),
+                    Dim3.of(shape.headDimK()), 0, stream, kv.keySummaries(layer), kv.coarseSummaries(layer),
+                    batch.tables(), batch.tableStride(), batch.lengths(), 0, written, shape.kvHeads(),
+                    shape.pageTokens(), sl.shift, sl.cshift, kv.summarySlotsPerPage());
+        }
     }
 
     /** As above for one sequence whose length after the write is {@code length} (a prefill chunk, not captured). */
@@ -243,6 +249,12 @@ public final class CudaAttention implements AutoCloseable {
                 0, stream, kv.kPool(layer), kv.keySummaries(layer), batch.table(seq), batch.tableStride(), 0L,
                 length, written, shape.kvHeads(), shape.pageTokens(), kv.kPageBytes(), sl.shift,
                 kv.summarySlotsPerPage());
+        if (sl.coarse) {
+            sl.summarizeCoarse.launch(new Dim3(written / sl.config.coarseTokens() + 2, shape.kvHeads(), 1),
+                    Dim3.of(shape.headDimK()), 0, stream, kv.keySummaries(layer), kv.coarseSummaries(layer),
+                    batch.table(seq), batch.tableStride(), 0L, length, written, shape.kvHeads(), shape.pageTokens(),
+                    sl.shift, sl.cshift, kv.summarySlotsPerPage());
+        }
     }
 
     /**
@@ -256,15 +268,34 @@ public final class CudaAttention implements AutoCloseable {
         sl.checkCache(kv);
         checkDecode(batch, seqs, queries);
         requireBytes("queries", q, (long) seqs * queries * shape.heads() * shape.headDimK() * 4);
-        int rows = queries * shape.group();
-        sl.score.launch(new Dim3((sl.maxBlocks + 63) / 64, shape.kvHeads(), seqs), Dim3.of(256),
-                rows * shape.headDimK() * 8, stream, q, kv.keySummaries(layer), batch.tables(), batch.tableStride(),
-                batch.lengths(), sl.scores, shape.kvHeads(), shape.group(), queries, shape.pageTokens(), sl.shift,
-                kv.summarySlotsPerPage(), sl.config.sinkBlocks(), sl.config.recentBlocks(), sl.budgetBlocks,
-                sl.maxBlocks);
-        sl.topk.launch(new Dim3(shape.kvHeads(), seqs, 1), Dim3.of(1024), 0, stream, sl.scores, batch.lengths(),
-                sl.lists, sl.counts, sl.listStride, shape.kvHeads(), queries, sl.shift, sl.config.sinkBlocks(),
-                sl.config.recentBlocks(), sl.budgetBlocks, sl.maxBlocks);
+        int shared = queries * shape.group() * shape.headDimK() * 8;
+        int sink = sl.config.sinkBlocks(), recent = sl.config.recentBlocks();
+        Dim3 topkGrid = new Dim3(shape.kvHeads(), seqs, 1);
+        if (!sl.coarse) {
+            sl.score.launch(new Dim3((sl.maxBlocks + 63) / 64, shape.kvHeads(), seqs), Dim3.of(256), shared, stream,
+                    q, kv.keySummaries(layer), batch.tables(), batch.tableStride(), batch.lengths(), sl.scores, 0L,
+                    0L, 0, shape.kvHeads(), shape.group(), queries, shape.pageTokens(), sl.shift, sl.shift,
+                    kv.summarySlotsPerPage(), sink, recent, sl.budgetBlocks, sl.maxBlocks);
+            sl.topk.launch(topkGrid, Dim3.of(1024), 0, stream, sl.scores, batch.lengths(), sl.lists, sl.counts,
+                    sl.listStride, shape.kvHeads(), queries, sl.shift, sink, recent, sl.budgetBlocks, sl.maxBlocks);
+            return;
+        }
+        int keep = sl.config.coarseKeep();
+        int entries = keep * sl.config.coarseBlocks();
+        sl.scoreCoarse.launch(new Dim3((sl.maxCoarse + 63) / 64, shape.kvHeads(), seqs), Dim3.of(256), shared,
+                stream, q, kv.coarseSummaries(layer), batch.tables(), batch.tableStride(), batch.lengths(),
+                sl.coarseScores, 0L, 0L, keep, shape.kvHeads(), shape.group(), queries, shape.pageTokens(), sl.shift,
+                sl.cshift, kv.summarySlotsPerPage(), sink, recent, sl.budgetBlocks, sl.maxCoarse);
+        sl.topkCoarse.launch(topkGrid, Dim3.of(1024), 0, stream, sl.coarseScores, batch.lengths(), sl.kept,
+                sl.keptCounts, keep, shape.kvHeads(), queries, sl.shift, sl.cshift, sink, recent, sl.budgetBlocks,
+                sl.maxCoarse);
+        sl.scoreKept.launch(new Dim3((entries + 63) / 64, shape.kvHeads(), seqs), Dim3.of(256), shared, stream, q,
+                kv.keySummaries(layer), batch.tables(), batch.tableStride(), batch.lengths(), sl.scores, sl.kept,
+                sl.keptCounts, keep, shape.kvHeads(), shape.group(), queries, shape.pageTokens(), sl.shift, sl.cshift,
+                kv.summarySlotsPerPage(), sink, recent, sl.budgetBlocks, entries);
+        sl.topkKept.launch(topkGrid, Dim3.of(1024), 0, stream, sl.scores, batch.lengths(), sl.kept, sl.keptCounts,
+                keep, sl.lists, sl.counts, sl.listStride, shape.kvHeads(), queries, sl.shift, sl.cshift, sink, recent,
+                sl.budgetBlocks, entries);
     }
 
     /**
@@ -362,6 +393,17 @@ public final class CudaAttention implements AutoCloseable {
         final CudaFunction summarize;
         final CudaFunction score;
         final CudaFunction topk;
+        final boolean coarse;
+        final int cshift;
+        final int maxCoarse;
+        final CudaFunction summarizeCoarse;
+        final CudaFunction scoreCoarse;
+        final CudaFunction topkCoarse;
+        final CudaFunction scoreKept;
+        final CudaFunction topkKept;
+        final DeviceBuffer coarseScores;
+        final DeviceBuffer kept;
+        final DeviceBuffer keptCounts;
         final CudaFunction decode;
         final CudaFunction merge;
         final int decodeShared;
@@ -376,6 +418,13 @@ public final class CudaAttention implements AutoCloseable {
             this.config = config;
             this.blockTokens = config.blockTokens();
             this.shift = Integer.numberOfTrailingZeros(blockTokens);
+            this.coarse = config.coarseTokens() > 0;
+            this.cshift = coarse ? Integer.numberOfTrailingZeros(config.coarseTokens()) : shift;
+            this.maxCoarse = coarse ? (plan.maxTokens() + config.coarseTokens() - 1) / config.coarseTokens() : 0;
+            if (coarse && (blockTokens > shape.pageTokens() || config.coarseTokens() % shape.pageTokens() != 0)) {
+                throw new IllegalArgumentException("a coarse selection level on the GPU needs blocks of at most a page"
+                        + " (" + shape.pageTokens() + " tokens) and coarse blocks of whole pages; got " + config);
+            }
             this.maxBlocks = (plan.maxTokens() + blockTokens - 1) / blockTokens;
             this.budgetBlocks = config.budget() / blockTokens;
             // A list holds max(budget blocks, sink + recent + the queries' own two) blocks (PageTopK's count).
@@ -397,25 +446,37 @@ public final class CudaAttention implements AutoCloseable {
             CudaModule m = decodeHeads == 1 ? module : context.loadModule(kernelCache,
                     AttentionSource.source(shape, 1), AttentionSource.defines(shape, 1));
             this.own = m == module ? null : m;
-            DeviceBuffer[] made = new DeviceBuffer[5];
+            DeviceBuffer[] made = new DeviceBuffer[8];
             try {
                 this.summarize = m.function("kvant_kv_summarize");
                 this.score = m.function("kvant_select_score");
                 this.topk = m.function("kvant_select_topk");
+                this.summarizeCoarse = m.function("kvant_kv_summarize_coarse");
+                this.scoreCoarse = m.function("kvant_select_score_coarse");
+                this.topkCoarse = m.function("kvant_select_topk_coarse");
+                this.scoreKept = m.function("kvant_select_score_kept");
+                this.topkKept = m.function("kvant_select_topk_kept");
                 this.decode = m.function("kvant_attn_decode_sel");
                 this.merge = m.function("kvant_attn_merge");
                 int[] info = info(context, m);
                 this.decodeShared = info[0];
                 this.decodeThreads = info[1];
                 decode.setMaxDynamicSharedMemory(decodeShared);
-                score.setMaxDynamicSharedMemory(plan.maxQueries() * shape.group() * shape.headDimK() * 8);
+                int scoreShared = plan.maxQueries() * shape.group() * shape.headDimK() * 8;
+                for (CudaFunction f : new CudaFunction[] {score, scoreCoarse, scoreKept}) {
+                    f.setMaxDynamicSharedMemory(scoreShared);
+                }
                 long seqHeads = (long) plan.maxSeqs() * shape.kvHeads();
-                made[0] = context.allocate(4L * seqHeads * maxBlocks);
+                int entries = coarse ? Math.max(maxBlocks, config.coarseKeep() * config.coarseBlocks()) : maxBlocks;
+                made[0] = context.allocate(4L * seqHeads * entries);
                 made[1] = context.allocate(4L * seqHeads * listStride);
                 made[2] = context.allocate(4L * seqHeads);
                 long rows = (long) plan.maxSeqs() * plan.maxQueries() * shape.heads() * maxSplits;
                 made[3] = context.allocate(rows * shape.headDimV() * 4);
                 made[4] = context.allocate(rows * 8);
+                made[5] = context.allocate(4L * seqHeads * Math.max(1, maxCoarse));
+                made[6] = context.allocate(4L * seqHeads * Math.max(1, config.coarseKeep()));
+                made[7] = context.allocate(4L * seqHeads);
             } catch (RuntimeException e) {
                 for (DeviceBuffer b : made) {
                     if (b != null) {
@@ -432,13 +493,17 @@ public final class CudaAttention implements AutoCloseable {
             this.counts = made[2];
             this.partials = made[3];
             this.maxSums = made[4];
+            this.coarseScores = made[5];
+            this.kept = made[6];
+            this.keptCounts = made[7];
         }
 
         void checkCache(CudaKvCache kv) {
             kv.checkShape(shape);
-            if (kv.summaryBlockTokens() != blockTokens) {
-                throw new IllegalArgumentException("selection over blocks of " + blockTokens + " tokens needs the"
-                        + " cache's key summaries for that size (enableKeySummaries(" + blockTokens + "))");
+            if (kv.summaryBlockTokens() != blockTokens || kv.summaryCoarseTokens() != config.coarseTokens()) {
+                throw new IllegalArgumentException("selection over blocks of " + blockTokens + " tokens (coarse "
+                        + config.coarseTokens() + ") needs the cache's key summaries for those sizes"
+                        + " (enableKeySummaries(" + blockTokens + ", " + config.coarseTokens() + "))");
             }
         }
 
@@ -449,6 +514,9 @@ public final class CudaAttention implements AutoCloseable {
             counts.close();
             partials.close();
             maxSums.close();
+            coarseScores.close();
+            kept.close();
+            keptCounts.close();
             if (own != null) {
                 own.close();
             }

@@ -33,6 +33,9 @@ public final class CudaKvCache implements AutoCloseable {
     /** Per layer the key summaries of every page (select.cu's layout), or null before enableKeySummaries. */
     private DeviceBuffer[] summaries;
     private int summaryBlockTokens;
+    /** Per layer one coarse summary per page (select.cu's coarse_at), or null without a coarse level. */
+    private DeviceBuffer[] coarse;
+    private int coarseTokens;
 
     private CudaKvCache(CudaContext context, KvGeometry g, KvFormat k, KvFormat v, int pageTokens, int pages) {
         if (pageTokens <= 0 || pages <= 0) {
@@ -105,46 +108,98 @@ public final class CudaKvCache implements AutoCloseable {
      * block size; another size replaces the summaries (undefined again until summarized).
      */
     public void enableKeySummaries(int blockTokens) {
+        enableKeySummaries(blockTokens, 0);
+    }
+
+    /**
+     * As {@link #enableKeySummaries(int)}, with a coarse level of {@code coarseTokens} positions per coarse block (0:
+     * none; else whole pages, and blocks no larger than a page): per page the min and max over its coarse block
+     * from the block's first row to the page's end, {@code float [pages][kvHeads][2][headDimK]}.
+     */
+    public void enableKeySummaries(int blockTokens, int coarseTokens) {
         if (blockTokens < 16 || Integer.bitCount(blockTokens) != 1) {
             throw new IllegalArgumentException("summary blocks are a power of two from 16 tokens, got " + blockTokens);
         }
+        if (coarseTokens != 0 && (blockTokens > pageTokens || coarseTokens % pageTokens != 0
+                || Integer.bitCount(coarseTokens) != 1)) {
+            throw new IllegalArgumentException("coarse summaries on the device need blocks of at most a page ("
+                    + pageTokens + " tokens) and coarse blocks of whole pages (a power of two), got blocks of "
+                    + blockTokens + " and coarse blocks of " + coarseTokens);
+        }
         if (summaries != null) {
-            if (blockTokens == summaryBlockTokens) {
+            if (blockTokens == summaryBlockTokens && coarseTokens == this.coarseTokens) {
                 return;
             }
-            for (DeviceBuffer b : summaries) {
-                b.close();
-            }
-            summaries = null;
+            closeSummaries();
         }
         if (kFormat.domainDim(geometry.headDimK()) != geometry.headDimK()) {
             throw new IllegalArgumentException("key summaries on the device need a K domain of headDimK values");
         }
         summaryBlockTokens = blockTokens;
+        this.coarseTokens = coarseTokens;
         DeviceBuffer[] s = new DeviceBuffer[geometry.layers()];
+        DeviceBuffer[] c = coarseTokens == 0 ? null : new DeviceBuffer[geometry.layers()];
         try {
             for (int l = 0; l < s.length; l++) {
-                s[l] = context.allocate(Math.multiplyExact(summaryPageBytes(), (long) pages));
-            }
-        } catch (RuntimeException e) {
-            for (DeviceBuffer b : s) {
-                if (b != null) {
-                    b.close();
+                s[l] = context.allocate(Math.multiplyExact(fineBytes(), (long) pages));
+                if (c != null) {
+                    c[l] = context.allocate(Math.multiplyExact(coarseBytes(), (long) pages));
                 }
             }
-            summaryBlockTokens = 0;
+        } catch (RuntimeException e) {
+            summaries = s;
+            coarse = c;
+            closeSummaries();
             throw e;
         }
         summaries = s;
+        coarse = c;
     }
 
-    /** Summary bytes per page and layer for blocks of {@code blockTokens}: what enableKeySummaries adds. */
-    public static long summaryPageBytes(KvGeometry g, int pageTokens, int blockTokens) {
-        return (long) Math.max(1, pageTokens / blockTokens) * g.kvHeads() * 2 * g.headDimK() * 4;
+    private void closeSummaries() {
+        for (DeviceBuffer[] level : new DeviceBuffer[][] {summaries, coarse}) {
+            if (level != null) {
+                for (DeviceBuffer b : level) {
+                    if (b != null) {
+                        b.close();
+                    }
+                }
+            }
+        }
+        summaries = null;
+        coarse = null;
+        summaryBlockTokens = 0;
+        coarseTokens = 0;
     }
 
-    private long summaryPageBytes() {
-        return summaryPageBytes(geometry, pageTokens, summaryBlockTokens);
+    /**
+     * Summary bytes per page and layer for blocks of {@code blockTokens} (and a coarse level when coarseTokens >
+     * 0): what enableKeySummaries adds.
+     */
+    public static long summaryPageBytes(KvGeometry g, int pageTokens, int blockTokens, int coarseTokens) {
+        long vector = (long) g.kvHeads() * 2 * g.headDimK() * 4;
+        return Math.max(1, pageTokens / blockTokens) * vector + (coarseTokens == 0 ? 0 : vector);
+    }
+
+    private long fineBytes() {
+        return summaryPageBytes(geometry, pageTokens, summaryBlockTokens, 0);
+    }
+
+    private long coarseBytes() {
+        return (long) geometry.kvHeads() * 2 * geometry.headDimK() * 4;
+    }
+
+    /** Positions per coarse block of the summaries; 0 without a coarse level. */
+    public int summaryCoarseTokens() {
+        return coarseTokens;
+    }
+
+    /** The coarse summaries of one layer. */
+    public DeviceBuffer coarseSummaries(int layer) {
+        if (coarse == null) {
+            throw new IllegalStateException("coarse key summaries are off: enableKeySummaries(blocks, coarse)");
+        }
+        return coarse[Objects.checkIndex(layer, coarse.length)];
     }
 
     /** Whether {@link #enableKeySummaries} ran. */
@@ -175,8 +230,12 @@ public final class CudaKvCache implements AutoCloseable {
             kPools[l].copyFromAsync(kPools[l], from * kPageBytes, to * kPageBytes, kPageBytes, stream);
             vPools[l].copyFromAsync(vPools[l], from * vPageBytes, to * vPageBytes, vPageBytes, stream);
             if (summaries != null) {
-                long sb = summaryPageBytes();
+                long sb = fineBytes();
                 summaries[l].copyFromAsync(summaries[l], from * sb, to * sb, sb, stream);
+            }
+            if (coarse != null) {
+                long cb = coarseBytes();
+                coarse[l].copyFromAsync(coarse[l], from * cb, to * cb, cb, stream);
             }
         }
     }
@@ -240,12 +299,7 @@ public final class CudaKvCache implements AutoCloseable {
 
     @Override
     public void close() {
-        if (summaries != null) {
-            for (DeviceBuffer b : summaries) {
-                b.close();
-            }
-            summaries = null;
-        }
+        closeSummaries();
         for (DeviceBuffer b : kPools) {
             if (b != null) {
                 b.close();

@@ -23,8 +23,8 @@ import java.util.Locale;
  * times the layers of the model (the first {@code denseLayers} dense). The cache is filled on the device (normal K
  * and V through the quantize kernel, summaries kept as decode keeps them), pages shuffled over the pool.
  *
- * <pre>java ... dev.kvant.cuda.attention.SelectionGpuBench [formats [lengths [budget]]]
- *   e.g. turbo3,f16 32768,131072,524288 2048</pre>
+ * <pre>java ... dev.kvant.cuda.attention.SelectionGpuBench [formats [lengths [budget [coarseTokens]]]]
+ *   e.g. turbo3,f16 32768,131072,524288 2048 256</pre>
  */
 public final class SelectionGpuBench {
     static final int LAYERS = 32;
@@ -44,7 +44,8 @@ public final class SelectionGpuBench {
             lengths.add(Integer.parseInt(l.strip()));
         }
         int budget = args.length > 2 ? Integer.parseInt(args[2]) : SelectionConfig.DEFAULT_BUDGET;
-        SelectionConfig config = SelectionConfig.topK(budget);
+        int coarse = args.length > 3 ? Integer.parseInt(args[3]) : 0;
+        SelectionConfig config = SelectionConfig.topK(budget).withCoarse(coarse);
         int maxLen = lengths.stream().mapToInt(Integer::intValue).max().orElseThrow();
         List<String> rows = new ArrayList<>();
         try (CudaContext context = CudaContext.open(); CudaStream stream = context.createStream()) {
@@ -87,7 +88,7 @@ public final class SelectionGpuBench {
              DeviceBuffer out = context.allocate(4L * heads * d);
              Arena arena = Arena.ofConfined()) {
             writer.enableSelection(config, 0);
-            kv.enableKeySummaries(config.blockTokens());
+            kv.enableKeySummaries(config.blockTokens(), config.coarseTokens());
             batch.set(0, table, table.length, maxLen);
             batch.upload();
             MemorySegment hostSlots = arena.allocate(4L * CHUNK, 16);

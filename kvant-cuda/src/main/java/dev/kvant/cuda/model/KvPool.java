@@ -60,7 +60,7 @@ final class KvPool implements AutoCloseable {
                 AttentionShape shape = new AttentionShape(geometry, c.heads(), kFormat, vFormat, pageTokens);
                 long pageBytes = (shape.kPageBytes() + shape.vPageBytes()
                         + (selection == null ? 0 : CudaKvCache.summaryPageBytes(geometry, pageTokens,
-                        selection.blockTokens()))) * s.layerCount();
+                        selection.blockTokens(), selection.coarseTokens()))) * s.layerCount();
                 long free = s.context.memoryInfo().free() - headroom;
                 if (pages * pageBytes > free) {
                     throw new IllegalArgumentException(String.format(Locale.ROOT,
@@ -81,7 +81,7 @@ final class KvPool implements AutoCloseable {
                     batch = DeviceBatch.allocate(s.context, Math.max(1, maxBatch),
                             (maxContext + pageTokens - 1) / pageTokens);
                     if (selection != null) {
-                        cache.enableKeySummaries(selection.blockTokens());
+                        cache.enableKeySummaries(selection.blockTokens(), selection.coarseTokens());
                         attention.enableSelection(selection, 0);
                     }
                 } catch (RuntimeException e) {

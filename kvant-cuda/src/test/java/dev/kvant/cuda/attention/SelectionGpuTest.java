@@ -115,15 +115,20 @@ class SelectionGpuTest {
         long seed = AttentionGpuFixture.seed("summaries " + name);
         KvFormat f = KvFormat.parse(name);
         int[] lens = {515, 300};
-        for (int bt : new int[] {16, 128}) {
+        for (int[] sizes : new int[][] {{16, 0}, {128, 0}, {16, 128}, {32, 256}}) {
+            int bt = sizes[0];
+            int coarse = sizes[1];
             try (Data d = data(context, f, lens, new SplittableRandom(seed), false);
                  CudaAttention attention = CudaAttention.create(context, cache, shape(f, 32),
                          AttentionPlan.of(2, 1, 1024, 0));
                  DeviceBatch batch = batch(context, d, lens)) {
-                SelectionConfig config = new SelectionConfig(256, bt, 16, 32, 0);
+                SelectionConfig config = new SelectionConfig(256, bt, 16, 32, 0, coarse, coarse == 0 ? 0 : 2);
                 attention.enableSelection(config, 0);
-                d.device().enableKeySummaries(bt);
+                d.device().enableKeySummaries(bt, coarse);
                 d.device().keySummaries(0).fillFloats(Float.NaN);
+                if (coarse > 0) {
+                    d.device().coarseSummaries(0).fillFloats(Float.NaN);
+                }
                 CudaStream stream = context.defaultStream();
                 // sequence 0 as one prefill of all but its last row, then a decode step of one row for both
                 attention.summarize(d.device(), 0, batch, 0, lens[0] - 1, lens[0] - 1, stream);
@@ -132,8 +137,20 @@ class SelectionGpuTest {
                 context.synchronize();
                 float[] dev = AttentionGpuFixture.download(d.device().keySummaries(0),
                         (int) (d.device().keySummaries(0).byteSize() / 4));
+                float[] devCoarse = coarse == 0 ? null : AttentionGpuFixture.download(d.device().coarseSummaries(0),
+                        (int) (d.device().coarseSummaries(0).byteSize() / 4));
                 for (int s = 0; s < lens.length; s++) {
-                    KeySummaries ks = d.seqs()[s].enableKeySummaries(bt);
+                    KeySummaries ks = d.seqs()[s].enableKeySummaries(bt, coarse);
+                    for (int j = 0; coarse > 0 && j < (lens[s] + coarse - 1) / coarse; j++) {
+                        int page = d.seqs()[s].page((Math.min(lens[s], (j + 1) * coarse) - 1) / PAGE_TOKENS);
+                        for (int g = 0; g < KV_HEADS; g++) {
+                            int at = (page * KV_HEADS + g) * 2 * D;
+                            assertArrayEquals(Arrays.copyOfRange(ks.coarse(0), ks.coarseOffset(j, g),
+                                            ks.coarseOffset(j, g) + 2 * D), Arrays.copyOfRange(devCoarse, at, at + 2 * D),
+                                    name + " coarse block " + j + " of " + coarse + " tokens, sequence " + s
+                                            + ", kv head " + g + ": device coarse summaries differ; seed " + seed);
+                        }
+                    }
                     float[] hostSums = ks.layer(0);
                     int spp = d.device().summarySlotsPerPage();
                     for (int b = 0; b < ks.blocks(); b++) {
@@ -165,7 +182,8 @@ class SelectionGpuTest {
             for (int group : new int[] {4, 8}) {
                 for (int queries : new int[] {1, 4}) {
                     for (SelectionConfig config : List.of(new SelectionConfig(512, 16, 64, 128, 0),
-                            new SelectionConfig(1024, 64, 16, 64, 0))) {
+                            new SelectionConfig(1024, 64, 16, 64, 0), new SelectionConfig(512, 16, 64, 128, 0, 128, 3),
+                            new SelectionConfig(1024, 32, 16, 64, 0, 256, 2))) {
                         checkSelection(context, cache, d, f, lens, group, queries, config, r, seed);
                     }
                 }
@@ -181,7 +199,7 @@ class SelectionGpuTest {
                 AttentionPlan.of(2, AttentionPlan.MAX_QUERIES, 4096, 0));
              DeviceBatch batch = batch(context, d, lens)) {
             attention.enableSelection(config, 0);
-            d.device().enableKeySummaries(config.blockTokens());
+            d.device().enableKeySummaries(config.blockTokens(), config.coarseTokens());
             CudaStream stream = context.defaultStream();
             for (int s = 0; s < lens.length; s++) {
                 attention.summarize(d.device(), 0, batch, s, lens[s], lens[s], stream);
@@ -202,7 +220,7 @@ class SelectionGpuTest {
             for (int s = 0; s < lens.length; s++) {
                 int start = lens[s] - queries;
                 float[] qs = Arrays.copyOfRange(q, s * queries * heads * D, (s + 1) * queries * heads * D);
-                KeySummaries ks = d.seqs()[s].enableKeySummaries(config.blockTokens());
+                KeySummaries ks = d.seqs()[s].enableKeySummaries(config.blockTokens(), config.coarseTokens());
                 Selection cpu = new Selection();
                 selector.select(d.seqs()[s], 0, qs, queries, start, heads, cpu, POOL);
                 for (int g = 0; g < KV_HEADS; g++) {
