@@ -133,10 +133,6 @@ final class BenchCommand implements Runnable {
                     throw new IllegalArgumentException("--dump-selection records the CPU backend's selections only"
                             + " (use --backend cpu)");
                 }
-                if (!json) {
-                    System.err.println("--select on the GPU: decode steps attend through the selection, prompts"
-                            + " (pp rows and the depth fill) densely");
-                }
             }
             List<KvFormat[]> pairs = new ArrayList<>();
             if (kvList != null) {

@@ -86,9 +86,9 @@ final class NeedleCommand implements Runnable {
              Parallel pool = new Parallel(opts.threads);
              SelectionLog.Writer dump = selectOpts.apply(model);
              Backend backend = opts.openBackend(model, pool)) {
-            if (selectOpts.config() != null && !backend.name().equals("cpu")) {
-                throw new IllegalArgumentException("--select on the GPU selects in decode steps only; prompts attend"
-                        + " densely there, so this measurement would not be the selection's: use --backend cpu");
+            if (selectOpts.dump != null && !backend.name().equals("cpu")) {
+                throw new IllegalArgumentException("--dump-selection records the CPU backend's selections only"
+                        + " (use --backend cpu)");
             }
             Tokenizer tok = model.tokenizer();
             List<NeedleProbe> list = probes != null ? fromFile() : passKeys(model, tok);

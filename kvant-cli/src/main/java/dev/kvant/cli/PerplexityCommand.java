@@ -57,9 +57,9 @@ final class PerplexityCommand implements Runnable {
              Backend backend = opts.openBackend(model, pool);
              Session session = new Session(backend, ctx, opts.kFormat(), opts.vFormat(),
                      opts.prefillChunk(backend))) {
-            if (selectOpts.config() != null && !backend.name().equals("cpu")) {
-                throw new IllegalArgumentException("--select on the GPU selects in decode steps only; prompts attend"
-                        + " densely there, so this measurement would not be the selection's: use --backend cpu");
+            if (selectOpts.dump != null && !backend.name().equals("cpu")) {
+                throw new IllegalArgumentException("--dump-selection records the CPU backend's selections only"
+                        + " (use --backend cpu)");
             }
             Tokenizer tok = model.tokenizer();
             progress.update("tokenizing " + file);

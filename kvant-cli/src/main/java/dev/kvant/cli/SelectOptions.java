@@ -42,7 +42,7 @@ final class SelectOptions {
     int coarse;
 
     @Option(names = "--select-coarse-keep", paramLabel = "N", defaultValue = "0",
-            description = "coarse blocks whose blocks compete (0: twice the coarse blocks the budget fills)")
+            description = "coarse blocks whose blocks compete (0: four times the coarse blocks the budget fills, at least 32)")
     int coarseKeep;
 
     @Option(names = "--dump-selection", paramLabel = "FILE",

@@ -65,9 +65,13 @@ public record SelectionConfig(int budget, int blockTokens, int sink, int recent,
                 defaultCoarseKeep(budget, coarseTokens));
     }
 
-    /** Twice the coarse blocks the budget fills: room for the best blocks to be spread out. */
+    /**
+     * Four times the coarse blocks the budget fills, and at least 32: a coarse bound (min and max over many rows) is
+     * loose, so the kept set must be wide — on tinycode at 8K, keeping twice the budget's coarse blocks lost needle
+     * probes that one round finds (docs/BENCHMARKS.md); 32 coarse blocks of 256 keep every block of an 8K context.
+     */
     public static int defaultCoarseKeep(int budget, int coarseTokens) {
-        return 2 * Math.max(1, (budget + coarseTokens - 1) / coarseTokens);
+        return Math.max(32, 4 * Math.max(1, (budget + coarseTokens - 1) / coarseTokens));
     }
 
     /** Blocks per coarse block (0 without a coarse level). */

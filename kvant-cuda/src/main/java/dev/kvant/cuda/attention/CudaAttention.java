@@ -268,34 +268,8 @@ public final class CudaAttention implements AutoCloseable {
         sl.checkCache(kv);
         checkDecode(batch, seqs, queries);
         requireBytes("queries", q, (long) seqs * queries * shape.heads() * shape.headDimK() * 4);
-        int shared = queries * shape.group() * shape.headDimK() * 8;
-        int sink = sl.config.sinkBlocks(), recent = sl.config.recentBlocks();
-        Dim3 topkGrid = new Dim3(shape.kvHeads(), seqs, 1);
-        if (!sl.coarse) {
-            sl.score.launch(new Dim3((sl.maxBlocks + 63) / 64, shape.kvHeads(), seqs), Dim3.of(256), shared, stream,
-                    q, kv.keySummaries(layer), batch.tables(), batch.tableStride(), batch.lengths(), sl.scores, 0L,
-                    0L, 0, shape.kvHeads(), shape.group(), queries, shape.pageTokens(), sl.shift, sl.shift,
-                    kv.summarySlotsPerPage(), sink, recent, sl.budgetBlocks, sl.maxBlocks);
-            sl.topk.launch(topkGrid, Dim3.of(1024), 0, stream, sl.scores, batch.lengths(), sl.lists, sl.counts,
-                    sl.listStride, shape.kvHeads(), queries, sl.shift, sink, recent, sl.budgetBlocks, sl.maxBlocks);
-            return;
-        }
-        int keep = sl.config.coarseKeep();
-        int entries = keep * sl.config.coarseBlocks();
-        sl.scoreCoarse.launch(new Dim3((sl.maxCoarse + 63) / 64, shape.kvHeads(), seqs), Dim3.of(256), shared,
-                stream, q, kv.coarseSummaries(layer), batch.tables(), batch.tableStride(), batch.lengths(),
-                sl.coarseScores, 0L, 0L, keep, shape.kvHeads(), shape.group(), queries, shape.pageTokens(), sl.shift,
-                sl.cshift, kv.summarySlotsPerPage(), sink, recent, sl.budgetBlocks, sl.maxCoarse);
-        sl.topkCoarse.launch(topkGrid, Dim3.of(1024), 0, stream, sl.coarseScores, batch.lengths(), sl.kept,
-                sl.keptCounts, keep, shape.kvHeads(), queries, sl.shift, sl.cshift, sink, recent, sl.budgetBlocks,
-                sl.maxCoarse);
-        sl.scoreKept.launch(new Dim3((entries + 63) / 64, shape.kvHeads(), seqs), Dim3.of(256), shared, stream, q,
-                kv.keySummaries(layer), batch.tables(), batch.tableStride(), batch.lengths(), sl.scores, sl.kept,
-                sl.keptCounts, keep, shape.kvHeads(), shape.group(), queries, shape.pageTokens(), sl.shift, sl.cshift,
-                kv.summarySlotsPerPage(), sink, recent, sl.budgetBlocks, entries);
-        sl.topkKept.launch(topkGrid, Dim3.of(1024), 0, stream, sl.scores, batch.lengths(), sl.kept, sl.keptCounts,
-                keep, sl.lists, sl.counts, sl.listStride, shape.kvHeads(), queries, sl.shift, sl.cshift, sink, recent,
-                sl.budgetBlocks, entries);
+        sl.select(kv, layer, q, batch.tables(), batch.tableStride(), batch.lengths(), seqs, queries, sl.decodeScratch,
+                stream);
     }
 
     /**
@@ -315,17 +289,68 @@ public final class CudaAttention implements AutoCloseable {
             requireBytes("8-bit output", outQ8, rows * shape.headDimV());
             requireBytes("8-bit output scales", outQ8Scales, rows * shape.headDimV() / 32 * 8);
         }
-        int rowTiles = (queries * shape.group() + 7) / 8;
-        sl.decode.launch(new Dim3(sl.maxSplits, shape.kvHeads() * rowTiles, seqs), Dim3.of(sl.decodeThreads),
-                sl.decodeShared, stream, q, kv.kPool(layer), kv.vPool(layer), batch.tables(), batch.tableStride(),
-                batch.lengths(), sl.partials, sl.maxSums, shape.kvHeads(), shape.group(), queries, shape.pageTokens(),
-                kv.kPageBytes(), kv.vPageBytes(), sl.splitTokens, sl.maxSplits, qscale(), sparseThreshold, sl.lists,
-                sl.counts, sl.listStride, sl.shift);
-        sl.merge.launch(new Dim3(queries * shape.heads(), seqs, 1), Dim3.of(MERGE_THREADS), 0, stream, sl.partials,
-                sl.maxSums, out, batch.lengths(), -1, queries, shape.heads(), sl.maxSplits, sl.splitTokens,
-                outQ8 == null ? 0L : (Object) outQ8, outQ8Scales == null ? 0L : (Object) outQ8Scales, sl.lists,
-                sl.counts, sl.listStride, sl.shift, shape.group());
+        sl.attend(kv, layer, q, batch.tables(), batch.tableStride(), batch.lengths(), seqs, queries, out, outQ8,
+                outQ8Scales, sl.decodeScratch, stream);
     }
+
+    /**
+     * {@link #prefill} through a selection per query block, PageTopK's rule for a chunk: the chunk's tokens cut into
+     * runs of 16 from its first ({@link dev.kvant.select.Selection#QUERY_BLOCK}), each run choosing its blocks
+     * with its own queries and attending causally through them. Runs of {@value #PREFILL_GROUP} blocks go through
+     * the selected decode kernels together (each block a pseudo-sequence over the one page table), the last short
+     * block alone; a chunk whose every block would list every block runs {@link #prefill} (as the CPU takes its
+     * dense path then). The chunk's K rows must be written and summarized ({@link #summarize}) first. Not
+     * graph-safe (lengths are uploaded per call).
+     */
+    public void prefillSelected(CudaKvCache kv, int layer, DeviceBuffer q, DeviceBatch batch, int seq, int start,
+                                int n, DeviceBuffer out, CudaStream stream) {
+        Selector sl = selector();
+        sl.checkCache(kv);
+        if (n < 1 || n > plan.maxPrefill() || start < 0) {
+            throw new IllegalArgumentException("prefill of " + n + " queries at " + start + "; the plan takes 1.."
+                    + plan.maxPrefill() + " queries");
+        }
+        long rowBytesK = (long) shape.heads() * shape.headDimK() * 4;
+        long rowBytesV = (long) shape.heads() * shape.headDimV() * 4;
+        requireBytes("queries", q, n * rowBytesK);
+        requireBytes("output", out, n * rowBytesV);
+        int qb = dev.kvant.select.Selection.QUERY_BLOCK;
+        if (sl.everyBlockSelected(start, n)) {
+            // every query block's list holds every block (a short context): dense attention, as the CPU's
+            prefill(kv, layer, q, batch, seq, start, n, out, stream);
+            return;
+        }
+        Scratch sc = sl.prefillScratch();
+        int blocks = (n + qb - 1) / qb;
+        MemorySegment lens = sc.lensHost.segment();
+        for (int i = 0; i < blocks; i++) {
+            lens.setAtIndex(ValueLayout.JAVA_INT, i, start + Math.min(n, (i + 1) * qb));
+        }
+        sc.lens.copyFromHostAsync(lens.asSlice(0, 4L * blocks), 0, stream);
+        DeviceBuffer table = batch.table(seq);
+        int full = n / qb;
+        for (int b0 = 0; b0 < full; b0 += PREFILL_GROUP) {
+            int m = Math.min(PREFILL_GROUP, full - b0);
+            DeviceBuffer qs = q.slice(b0 * qb * rowBytesK, m * qb * rowBytesK);
+            DeviceBuffer os = out.slice(b0 * qb * rowBytesV, m * qb * rowBytesV);
+            DeviceBuffer ls = sc.lens.slice(4L * b0, 4L * m);
+            sl.select(kv, layer, qs, table, 0, ls, m, qb, sc, stream);
+            sl.attend(kv, layer, qs, table, 0, ls, m, qb, os, null, null, sc, stream);
+        }
+        int rest = n - full * qb;
+        if (rest > 0) {
+            DeviceBuffer qs = q.slice((long) full * qb * rowBytesK, rest * rowBytesK);
+            DeviceBuffer os = out.slice((long) full * qb * rowBytesV, rest * rowBytesV);
+            DeviceBuffer ls = sc.lens.slice(4L * full, 4);
+            sl.select(kv, layer, qs, table, 0, ls, 1, rest, sc, stream);
+            sl.attend(kv, layer, qs, table, 0, ls, 1, rest, os, null, null, sc, stream);
+        }
+        // the lens staging is rewritten by the next call: wait for this one's copy
+        stream.synchronize();
+    }
+
+    /** Query blocks of a selected prefill that run in one set of launches. */
+    static final int PREFILL_GROUP = 16;
 
     /**
      * The lists of the last {@link #select} (once the stream that made them is synchronized): [seq][kvHead] =
@@ -333,12 +358,13 @@ public final class CudaAttention implements AutoCloseable {
      */
     public int[][][] selectionLists(int seqs) {
         Selector sl = selector();
+        Scratch sc = sl.decodeScratch;
         int kvh = shape.kvHeads();
         try (Arena arena = Arena.ofConfined()) {
             MemorySegment counts = arena.allocate(4L * seqs * kvh, 16);
             MemorySegment lists = arena.allocate(4L * seqs * kvh * sl.listStride, 16);
-            sl.counts.copyToHost(counts);
-            sl.lists.copyToHost(lists);
+            sc.counts.copyToHost(counts);
+            sc.lists.copyToHost(lists);
             int[][][] out = new int[seqs][kvh][];
             for (int s = 0; s < seqs; s++) {
                 for (int g = 0; g < kvh; g++) {
@@ -356,9 +382,9 @@ public final class CudaAttention implements AutoCloseable {
     /** Selected-decode launch facts for reports. */
     public String selectionSummary() {
         Selector sl = selector();
-        return sl.config + "; lists of up to " + sl.listStride + " blocks, decode splits of " + sl.splitTokens
-                + " list tokens (" + sl.maxSplits + " at most), " + sl.decodeThreads + " threads, " + sl.decodeShared
-                + " B shared";
+        return sl.config + "; lists of up to " + sl.listStride + " blocks, decode splits of "
+                + sl.decodeScratch.splitTokens + " list tokens (" + sl.decodeScratch.maxSplits + " at most), "
+                + sl.decodeThreads + " threads, " + sl.decodeShared + " B shared";
     }
 
     private Selector selector() {
@@ -379,7 +405,90 @@ public final class CudaAttention implements AutoCloseable {
         }
     }
 
-    /** Kernels and scratch of selected decode, sized from the plan and the selection config. */
+    /**
+     * The device memory of one kind of selected launch (decode steps, or prefill chunks): scores, lists, the coarse
+     * round's kept blocks, split partials, for up to {@code seqs} (pseudo-)sequences of {@code queries} queries.
+     */
+    private final class Scratch implements AutoCloseable {
+        final int seqs;
+        final int queries;
+        final int splitTokens;
+        final int maxSplits;
+        final DeviceBuffer scores;
+        final DeviceBuffer lists;
+        final DeviceBuffer counts;
+        final DeviceBuffer partials;
+        final DeviceBuffer maxSums;
+        final DeviceBuffer coarseScores;
+        final DeviceBuffer kept;
+        final DeviceBuffer keptCounts;
+        /** Prefill only: the lengths of the pseudo-sequences (query blocks), on the device and pinned for upload. */
+        final DeviceBuffer lens;
+        final dev.kvant.cuda.PinnedBuffer lensHost;
+
+        Scratch(Selector sl, int seqs, int queries, int splitTokens, int lensCount) {
+            this.seqs = seqs;
+            this.queries = queries;
+            this.splitTokens = splitTokens;
+            this.maxSplits = (sl.listStride * sl.blockTokens + splitTokens - 1) / splitTokens;
+            if (maxSplits > AttentionPlan.MAX_SPLITS) {
+                throw new IllegalArgumentException("selected decode of " + sl.listStride * sl.blockTokens
+                        + " tokens in splits of " + splitTokens + " makes more than " + AttentionPlan.MAX_SPLITS
+                        + " splits");
+            }
+            Owned made = new Owned();
+            try {
+                long seqHeads = (long) seqs * shape.kvHeads();
+                int entries = sl.coarse ? Math.max(sl.maxBlocks, sl.config.coarseKeep() * sl.config.coarseBlocks())
+                        : sl.maxBlocks;
+                this.scores = made.add(context.allocate(4L * seqHeads * entries));
+                this.lists = made.add(context.allocate(4L * seqHeads * sl.listStride));
+                this.counts = made.add(context.allocate(4L * seqHeads));
+                long rows = (long) seqs * queries * shape.heads() * maxSplits;
+                this.partials = made.add(context.allocate(rows * shape.headDimV() * 4));
+                this.maxSums = made.add(context.allocate(rows * 8));
+                this.coarseScores = made.add(context.allocate(4L * seqHeads * Math.max(1, sl.maxCoarse)));
+                this.kept = made.add(context.allocate(4L * seqHeads * Math.max(1, sl.config.coarseKeep())));
+                this.keptCounts = made.add(context.allocate(4L * seqHeads));
+                this.lens = lensCount == 0 ? null : made.add(context.allocate(4L * lensCount));
+                this.lensHost = lensCount == 0 ? null : made.add(context.allocatePinned(4L * lensCount));
+            } catch (RuntimeException e) {
+                made.close();
+                throw e;
+            }
+            this.owned = made;
+        }
+
+        private final Owned owned;
+
+        @Override
+        public void close() {
+            owned.close();
+        }
+    }
+
+    /** Closes what it was given, last first. */
+    private static final class Owned implements AutoCloseable {
+        private final java.util.ArrayDeque<AutoCloseable> items = new java.util.ArrayDeque<>();
+
+        <T extends AutoCloseable> T add(T item) {
+            items.push(item);
+            return item;
+        }
+
+        @Override
+        public void close() {
+            while (!items.isEmpty()) {
+                try {
+                    items.pop().close();
+                } catch (Exception e) {
+                    throw new IllegalStateException(e);
+                }
+            }
+        }
+    }
+
+    /** Kernels of selection (the one-kv-head-per-block module) and the decode steps' scratch. */
     private final class Selector implements AutoCloseable {
         final SelectionConfig config;
         final int blockTokens;
@@ -387,8 +496,6 @@ public final class CudaAttention implements AutoCloseable {
         final int maxBlocks;
         final int budgetBlocks;
         final int listStride;
-        final int splitTokens;
-        final int maxSplits;
         final CudaModule own;
         final CudaFunction summarize;
         final CudaFunction score;
@@ -401,18 +508,12 @@ public final class CudaAttention implements AutoCloseable {
         final CudaFunction topkCoarse;
         final CudaFunction scoreKept;
         final CudaFunction topkKept;
-        final DeviceBuffer coarseScores;
-        final DeviceBuffer kept;
-        final DeviceBuffer keptCounts;
         final CudaFunction decode;
         final CudaFunction merge;
         final int decodeShared;
         final int decodeThreads;
-        final DeviceBuffer scores;
-        final DeviceBuffer lists;
-        final DeviceBuffer counts;
-        final DeviceBuffer partials;
-        final DeviceBuffer maxSums;
+        final Scratch decodeScratch;
+        private Scratch prefillScratch;
 
         Selector(SelectionConfig config, int split) {
             this.config = config;
@@ -437,16 +538,9 @@ public final class CudaAttention implements AutoCloseable {
             if (split < 16 || split % 16 != 0) {
                 throw new IllegalArgumentException("selected decode splits are whole 16-token tiles, got " + split);
             }
-            this.splitTokens = split;
-            this.maxSplits = (listTokens + split - 1) / split;
-            if (maxSplits > AttentionPlan.MAX_SPLITS) {
-                throw new IllegalArgumentException("selected decode of " + listTokens + " tokens in splits of " + split
-                        + " makes more than " + AttentionPlan.MAX_SPLITS + " splits");
-            }
             CudaModule m = decodeHeads == 1 ? module : context.loadModule(kernelCache,
                     AttentionSource.source(shape, 1), AttentionSource.defines(shape, 1));
             this.own = m == module ? null : m;
-            DeviceBuffer[] made = new DeviceBuffer[8];
             try {
                 this.summarize = m.function("kvant_kv_summarize");
                 this.score = m.function("kvant_select_score");
@@ -462,40 +556,47 @@ public final class CudaAttention implements AutoCloseable {
                 this.decodeShared = info[0];
                 this.decodeThreads = info[1];
                 decode.setMaxDynamicSharedMemory(decodeShared);
-                int scoreShared = plan.maxQueries() * shape.group() * shape.headDimK() * 8;
+                int rows = Math.max(plan.maxQueries(), plan.maxPrefill() > 0 ? dev.kvant.select.Selection.QUERY_BLOCK
+                        : 0) * shape.group();
                 for (CudaFunction f : new CudaFunction[] {score, scoreCoarse, scoreKept}) {
-                    f.setMaxDynamicSharedMemory(scoreShared);
+                    f.setMaxDynamicSharedMemory(rows * shape.headDimK() * 8);
                 }
-                long seqHeads = (long) plan.maxSeqs() * shape.kvHeads();
-                int entries = coarse ? Math.max(maxBlocks, config.coarseKeep() * config.coarseBlocks()) : maxBlocks;
-                made[0] = context.allocate(4L * seqHeads * entries);
-                made[1] = context.allocate(4L * seqHeads * listStride);
-                made[2] = context.allocate(4L * seqHeads);
-                long rows = (long) plan.maxSeqs() * plan.maxQueries() * shape.heads() * maxSplits;
-                made[3] = context.allocate(rows * shape.headDimV() * 4);
-                made[4] = context.allocate(rows * 8);
-                made[5] = context.allocate(4L * seqHeads * Math.max(1, maxCoarse));
-                made[6] = context.allocate(4L * seqHeads * Math.max(1, config.coarseKeep()));
-                made[7] = context.allocate(4L * seqHeads);
+                this.decodeScratch = new Scratch(this, plan.maxSeqs(), plan.maxQueries(), split, 0);
             } catch (RuntimeException e) {
-                for (DeviceBuffer b : made) {
-                    if (b != null) {
-                        b.close();
-                    }
-                }
                 if (own != null) {
                     own.close();
                 }
                 throw e;
             }
-            this.scores = made[0];
-            this.lists = made[1];
-            this.counts = made[2];
-            this.partials = made[3];
-            this.maxSums = made[4];
-            this.coarseScores = made[5];
-            this.kept = made[6];
-            this.keptCounts = made[7];
+        }
+
+        /**
+         * Whether every query block of a chunk of n queries at start selects every block (the budget covers what it
+         * sees): select.cu's SelectWindow, computed on the host from the lengths alone.
+         */
+        boolean everyBlockSelected(int start, int n) {
+            int qb = dev.kvant.select.Selection.QUERY_BLOCK;
+            for (int t0 = 0; t0 < n; t0 += qb) {
+                int t1 = Math.min(n, t0 + qb);
+                int len = start + t1;
+                int visible = (len + blockTokens - 1) / blockTokens;
+                int sink = Math.min(visible, config.sinkBlocks());
+                int recentFrom = Math.max(sink, (start + t0) / blockTokens - config.recentBlocks());
+                int k = Math.max(0, budgetBlocks - (sink + visible - recentFrom));
+                if (k < recentFrom - sink) {
+                    return false;
+                }
+            }
+            return true;
+        }
+
+        /** The scratch of selected prefill, made on first use: splits of 256 list tokens keep its partials small. */
+        Scratch prefillScratch() {
+            if (prefillScratch == null) {
+                int qb = dev.kvant.select.Selection.QUERY_BLOCK;
+                prefillScratch = new Scratch(this, PREFILL_GROUP, qb, 256, (plan.maxPrefill() + qb - 1) / qb);
+            }
+            return prefillScratch;
         }
 
         void checkCache(CudaKvCache kv) {
@@ -507,16 +608,60 @@ public final class CudaAttention implements AutoCloseable {
             }
         }
 
+        /** Scores and top-k of seqs (pseudo-)sequences into sc's lists. */
+        void select(CudaKvCache kv, int layer, DeviceBuffer q, DeviceBuffer tables, int tableStride,
+                    DeviceBuffer lens, int seqs, int queries, Scratch sc, CudaStream stream) {
+            int shared = queries * shape.group() * shape.headDimK() * 8;
+            int sink = config.sinkBlocks(), recent = config.recentBlocks();
+            Dim3 topkGrid = new Dim3(shape.kvHeads(), seqs, 1);
+            if (!coarse) {
+                score.launch(new Dim3((maxBlocks + 63) / 64, shape.kvHeads(), seqs), Dim3.of(256), shared, stream,
+                        q, kv.keySummaries(layer), tables, tableStride, lens, sc.scores, 0L, 0L, 0, shape.kvHeads(),
+                        shape.group(), queries, shape.pageTokens(), shift, shift, kv.summarySlotsPerPage(), sink,
+                        recent, budgetBlocks, maxBlocks);
+                topk.launch(topkGrid, Dim3.of(1024), 0, stream, sc.scores, lens, sc.lists, sc.counts, listStride,
+                        shape.kvHeads(), queries, shift, sink, recent, budgetBlocks, maxBlocks);
+                return;
+            }
+            int keep = config.coarseKeep();
+            int entries = keep * config.coarseBlocks();
+            scoreCoarse.launch(new Dim3((maxCoarse + 63) / 64, shape.kvHeads(), seqs), Dim3.of(256), shared, stream,
+                    q, kv.coarseSummaries(layer), tables, tableStride, lens, sc.coarseScores, 0L, 0L, keep,
+                    shape.kvHeads(), shape.group(), queries, shape.pageTokens(), shift, cshift,
+                    kv.summarySlotsPerPage(), sink, recent, budgetBlocks, maxCoarse);
+            topkCoarse.launch(topkGrid, Dim3.of(1024), 0, stream, sc.coarseScores, lens, sc.kept, sc.keptCounts,
+                    keep, shape.kvHeads(), queries, shift, cshift, sink, recent, budgetBlocks, maxCoarse);
+            scoreKept.launch(new Dim3((entries + 63) / 64, shape.kvHeads(), seqs), Dim3.of(256), shared, stream, q,
+                    kv.keySummaries(layer), tables, tableStride, lens, sc.scores, sc.kept, sc.keptCounts, keep,
+                    shape.kvHeads(), shape.group(), queries, shape.pageTokens(), shift, cshift,
+                    kv.summarySlotsPerPage(), sink, recent, budgetBlocks, entries);
+            topkKept.launch(topkGrid, Dim3.of(1024), 0, stream, sc.scores, lens, sc.kept, sc.keptCounts, keep,
+                    sc.lists, sc.counts, listStride, shape.kvHeads(), queries, shift, cshift, sink, recent,
+                    budgetBlocks, entries);
+        }
+
+        /** Selected decode of seqs (pseudo-)sequences through sc's lists, and the merge into out. */
+        void attend(CudaKvCache kv, int layer, DeviceBuffer q, DeviceBuffer tables, int tableStride,
+                    DeviceBuffer lens, int seqs, int queries, DeviceBuffer out, DeviceBuffer outQ8,
+                    DeviceBuffer outQ8Scales, Scratch sc, CudaStream stream) {
+            int rowTiles = (queries * shape.group() + 7) / 8;
+            decode.launch(new Dim3(sc.maxSplits, shape.kvHeads() * rowTiles, seqs), Dim3.of(decodeThreads),
+                    decodeShared, stream, q, kv.kPool(layer), kv.vPool(layer), tables, tableStride, lens,
+                    sc.partials, sc.maxSums, shape.kvHeads(), shape.group(), queries, shape.pageTokens(),
+                    kv.kPageBytes(), kv.vPageBytes(), sc.splitTokens, sc.maxSplits, qscale(), sparseThreshold,
+                    sc.lists, sc.counts, listStride, shift);
+            merge.launch(new Dim3(queries * shape.heads(), seqs, 1), Dim3.of(MERGE_THREADS), 0, stream, sc.partials,
+                    sc.maxSums, out, lens, -1, queries, shape.heads(), sc.maxSplits, sc.splitTokens,
+                    outQ8 == null ? 0L : (Object) outQ8, outQ8Scales == null ? 0L : (Object) outQ8Scales, sc.lists,
+                    sc.counts, listStride, shift, shape.group());
+        }
+
         @Override
         public void close() {
-            scores.close();
-            lists.close();
-            counts.close();
-            partials.close();
-            maxSums.close();
-            coarseScores.close();
-            kept.close();
-            keptCounts.close();
+            decodeScratch.close();
+            if (prefillScratch != null) {
+                prefillScratch.close();
+            }
             if (own != null) {
                 own.close();
             }

@@ -199,10 +199,11 @@ final class Stage implements AutoCloseable {
             k.ropeSplit(rope(kv, n, null, start, L, 0), stream);
             kv.attention().quantizeRows(kv.cache(), l, kRows, vRows, slots, n, stream);
             if (selected(kv, l)) {
-                // later decode steps select from these summaries; the prefill itself attends densely
                 kv.attention().summarize(kv.cache(), l, kv.batch(), 0, start + n, n, stream);
+                kv.attention().prefillSelected(kv.cache(), l, q, kv.batch(), 0, start, n, attn.floats(), stream);
+            } else {
+                kv.attention().prefill(kv.cache(), l, q, kv.batch(), 0, start, n, attn.floats(), stream);
             }
-            kv.attention().prefill(kv.cache(), l, q, kv.batch(), 0, start, n, attn.floats(), stream);
             k.toHalf(attn.floats(), ah, (long) n * attnDim, stream);
             L.wo().gemm(k, blas, ah, n, x, true, wScratch, stream);
             k.rmsnormHalf(x, L.ffnNorm(), xh, n, dim, eps, stream);

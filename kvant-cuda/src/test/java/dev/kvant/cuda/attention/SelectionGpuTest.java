@@ -305,6 +305,64 @@ class SelectionGpuTest {
         System.out.println(what + ": lists differ only by near-tied blocks " + diff);
     }
 
+    /**
+     * A prompt chunk through the selection (a list per 16-token query block, PageTopK's rule for prefill) against the
+     * CPU's selected prefill: NMSE within the kernels' f16 bound, one round and with a coarse round, chunks whose
+     * last query block is short.
+     */
+    @ParameterizedTest(name = "{0}")
+    @ValueSource(strings = {"f16", "turbo3"})
+    void selectedPrefillMatchesTheCpusSelectedPrefill(String name) {
+        CudaContext context = AttentionGpuFixture.context();
+        KernelCache cache = AttentionGpuFixture.cache();
+        long seed = AttentionGpuFixture.seed("selected prefill " + name);
+        SplittableRandom r = new SplittableRandom(seed);
+        KvFormat f = KvFormat.parse(name);
+        int[] lens = {2600, 700};
+        int heads = 32;
+        try (Data d = data(context, f, lens, r, false)) {
+            for (SelectionConfig config : List.of(new SelectionConfig(512, 16, 64, 128, 0),
+                    new SelectionConfig(512, 16, 64, 128, 0, 128, 3))) {
+                for (int[] chunk : new int[][] {{2600 - 300, 300}, {2600 - 37, 37}}) {
+                    int start = chunk[0], n = chunk[1];
+                    try (CudaAttention attention = CudaAttention.create(context, cache, shape(f, heads),
+                            AttentionPlan.of(2, 1, 4096, 512));
+                         DeviceBatch batch = batch(context, d, lens)) {
+                        attention.enableSelection(config, 0);
+                        d.device().enableKeySummaries(config.blockTokens(), config.coarseTokens());
+                        CudaStream stream = context.defaultStream();
+                        attention.summarize(d.device(), 0, batch, 0, lens[0], lens[0], stream);
+                        float[] q = AttentionGpuFixture.gaussianRows(r, n * heads, D, 1.0, 0);
+                        float[] out;
+                        try (DeviceBuffer qd = AttentionGpuFixture.upload(context, q);
+                             DeviceBuffer od = context.allocate(4L * q.length)) {
+                            od.fillFloats(Float.NaN);
+                            batch.setLength(0, start + n);
+                            batch.upload();
+                            attention.prefillSelected(d.device(), 0, qd, batch, 0, start, n, od, stream);
+                            context.synchronize();
+                            out = AttentionGpuFixture.download(od, q.length);
+                        }
+                        KvSequence seq = d.seqs()[0];
+                        seq.enableKeySummaries(config.blockTokens(), config.coarseTokens());
+                        Selection sel = new Selection();
+                        new PageTopK(config).select(seq, 0, q, n, start, heads, sel, POOL);
+                        // the CPU attends over the sequence's first start + n rows, causal per query
+                        float[] ref = new float[n * heads * D];
+                        CpuAttention.attend(seq, 0, q, n, start, heads, (float) (1 / Math.sqrt(D)),
+                                AttentionOptions.defaults(), sel, ref, POOL);
+                        String what = name + " " + config + " chunk " + start + "+" + n;
+                        assertTrue(AttentionGpuTest.allFinite(out), what + ": unwritten outputs; seed " + seed);
+                        double nmse = nmse(out, ref);
+                        System.out.printf("selected prefill %s: NMSE vs CPU selected prefill %.3e%n", what, nmse);
+                        assertTrue(nmse < AttentionGpuTest.tightBound(name, name), what + ": NMSE " + nmse
+                                + "; seed " + seed);
+                    }
+                }
+            }
+        }
+    }
+
     @Test
     void tiedBoundsGoToTheLowerBlocks() {
         CudaContext context = AttentionGpuFixture.context();
