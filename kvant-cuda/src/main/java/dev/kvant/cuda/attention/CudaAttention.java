@@ -268,8 +268,8 @@ public final class CudaAttention implements AutoCloseable {
         sl.checkCache(kv);
         checkDecode(batch, seqs, queries);
         requireBytes("queries", q, (long) seqs * queries * shape.heads() * shape.headDimK() * 4);
-        sl.select(kv, layer, q, batch.tables(), batch.tableStride(), batch.lengths(), seqs, queries, sl.decodeScratch,
-                stream);
+        sl.select(kv, layer, q, batch.tables(), batch.tableStride(), batch.lengths(), 0, seqs, queries,
+                sl.decodeScratch, stream);
     }
 
     /**
@@ -306,9 +306,9 @@ public final class CudaAttention implements AutoCloseable {
                                 int n, DeviceBuffer out, CudaStream stream) {
         Selector sl = selector();
         sl.checkCache(kv);
-        if (n < 1 || n > plan.maxPrefill() || start < 0) {
+        if (n < 1 || n > plan.maxPrefill() || start < 0 || start + n > plan.maxTokens()) {
             throw new IllegalArgumentException("prefill of " + n + " queries at " + start + "; the plan takes 1.."
-                    + plan.maxPrefill() + " queries");
+                    + plan.maxPrefill() + " queries within " + plan.maxTokens() + " tokens");
         }
         long rowBytesK = (long) shape.heads() * shape.headDimK() * 4;
         long rowBytesV = (long) shape.heads() * shape.headDimV() * 4;
@@ -334,7 +334,7 @@ public final class CudaAttention implements AutoCloseable {
             DeviceBuffer qs = q.slice(b0 * qb * rowBytesK, m * qb * rowBytesK);
             DeviceBuffer os = out.slice(b0 * qb * rowBytesV, m * qb * rowBytesV);
             DeviceBuffer ls = sc.lens.slice(4L * b0, 4L * m);
-            sl.select(kv, layer, qs, table, 0, ls, m, qb, sc, stream);
+            sl.select(kv, layer, qs, table, 0, ls, start + n, m, qb, sc, stream);
             sl.attend(kv, layer, qs, table, 0, ls, m, qb, os, null, null, sc, stream);
         }
         int rest = n - full * qb;
@@ -342,7 +342,7 @@ public final class CudaAttention implements AutoCloseable {
             DeviceBuffer qs = q.slice((long) full * qb * rowBytesK, rest * rowBytesK);
             DeviceBuffer os = out.slice((long) full * qb * rowBytesV, rest * rowBytesV);
             DeviceBuffer ls = sc.lens.slice(4L * full, 4);
-            sl.select(kv, layer, qs, table, 0, ls, 1, rest, sc, stream);
+            sl.select(kv, layer, qs, table, 0, ls, start + n, 1, rest, sc, stream);
             sl.attend(kv, layer, qs, table, 0, ls, 1, rest, os, null, null, sc, stream);
         }
         // the lens staging is rewritten by the next call: wait for this one's copy
@@ -351,6 +351,8 @@ public final class CudaAttention implements AutoCloseable {
 
     /** Query blocks of a selected prefill that run in one set of launches. */
     static final int PREFILL_GROUP = 16;
+    /** Query rows one pass of the score kernels holds in shared memory (select.cu SCORE_ROWS). */
+    static final int SCORE_ROWS = 32;
 
     /**
      * The lists of the last {@link #select} (once the stream that made them is synchronized): [seq][kvHead] =
@@ -522,9 +524,10 @@ public final class CudaAttention implements AutoCloseable {
             this.coarse = config.coarseTokens() > 0;
             this.cshift = coarse ? Integer.numberOfTrailingZeros(config.coarseTokens()) : shift;
             this.maxCoarse = coarse ? (plan.maxTokens() + config.coarseTokens() - 1) / config.coarseTokens() : 0;
-            if (coarse && (blockTokens > shape.pageTokens() || config.coarseTokens() % shape.pageTokens() != 0)) {
-                throw new IllegalArgumentException("a coarse selection level on the GPU needs blocks of at most a page"
-                        + " (" + shape.pageTokens() + " tokens) and coarse blocks of whole pages; got " + config);
+            if (shape.pageTokens() % blockTokens != 0
+                    || coarse && config.coarseTokens() % shape.pageTokens() != 0) {
+                throw new IllegalArgumentException("selection on the GPU needs blocks that divide the page ("
+                        + shape.pageTokens() + " tokens) and coarse blocks of whole pages; got " + config);
             }
             this.maxBlocks = (plan.maxTokens() + blockTokens - 1) / blockTokens;
             this.budgetBlocks = config.budget() / blockTokens;
@@ -556,10 +559,8 @@ public final class CudaAttention implements AutoCloseable {
                 this.decodeShared = info[0];
                 this.decodeThreads = info[1];
                 decode.setMaxDynamicSharedMemory(decodeShared);
-                int rows = Math.max(plan.maxQueries(), plan.maxPrefill() > 0 ? dev.kvant.select.Selection.QUERY_BLOCK
-                        : 0) * shape.group();
                 for (CudaFunction f : new CudaFunction[] {score, scoreCoarse, scoreKept}) {
-                    f.setMaxDynamicSharedMemory(rows * shape.headDimK() * 8);
+                    f.setMaxDynamicSharedMemory(SCORE_ROWS * shape.headDimK() * 8);
                 }
                 this.decodeScratch = new Scratch(this, plan.maxSeqs(), plan.maxQueries(), split, 0);
             } catch (RuntimeException e) {
@@ -610,13 +611,14 @@ public final class CudaAttention implements AutoCloseable {
 
         /** Scores and top-k of seqs (pseudo-)sequences into sc's lists. */
         void select(CudaKvCache kv, int layer, DeviceBuffer q, DeviceBuffer tables, int tableStride,
-                    DeviceBuffer lens, int seqs, int queries, Scratch sc, CudaStream stream) {
-            int shared = queries * shape.group() * shape.headDimK() * 8;
+                    DeviceBuffer lens, int summaryLen, int seqs, int queries, Scratch sc, CudaStream stream) {
+            int shared = Math.min(SCORE_ROWS, queries * shape.group()) * shape.headDimK() * 8;
             int sink = config.sinkBlocks(), recent = config.recentBlocks();
             Dim3 topkGrid = new Dim3(shape.kvHeads(), seqs, 1);
             if (!coarse) {
                 score.launch(new Dim3((maxBlocks + 63) / 64, shape.kvHeads(), seqs), Dim3.of(256), shared, stream,
-                        q, kv.keySummaries(layer), tables, tableStride, lens, sc.scores, 0L, 0L, 0, shape.kvHeads(),
+                        q, kv.keySummaries(layer), tables, tableStride, lens, summaryLen, sc.scores, 0L, 0L, 0,
+                        shape.kvHeads(),
                         shape.group(), queries, shape.pageTokens(), shift, shift, kv.summarySlotsPerPage(), sink,
                         recent, budgetBlocks, maxBlocks);
                 topk.launch(topkGrid, Dim3.of(1024), 0, stream, sc.scores, lens, sc.lists, sc.counts, listStride,
@@ -626,13 +628,15 @@ public final class CudaAttention implements AutoCloseable {
             int keep = config.coarseKeep();
             int entries = keep * config.coarseBlocks();
             scoreCoarse.launch(new Dim3((maxCoarse + 63) / 64, shape.kvHeads(), seqs), Dim3.of(256), shared, stream,
-                    q, kv.coarseSummaries(layer), tables, tableStride, lens, sc.coarseScores, 0L, 0L, keep,
+                    q, kv.coarseSummaries(layer), tables, tableStride, lens, summaryLen, sc.coarseScores, 0L, 0L,
+                    keep,
                     shape.kvHeads(), shape.group(), queries, shape.pageTokens(), shift, cshift,
                     kv.summarySlotsPerPage(), sink, recent, budgetBlocks, maxCoarse);
             topkCoarse.launch(topkGrid, Dim3.of(1024), 0, stream, sc.coarseScores, lens, sc.kept, sc.keptCounts,
                     keep, shape.kvHeads(), queries, shift, cshift, sink, recent, budgetBlocks, maxCoarse);
             scoreKept.launch(new Dim3((entries + 63) / 64, shape.kvHeads(), seqs), Dim3.of(256), shared, stream, q,
-                    kv.keySummaries(layer), tables, tableStride, lens, sc.scores, sc.kept, sc.keptCounts, keep,
+                    kv.keySummaries(layer), tables, tableStride, lens, summaryLen, sc.scores, sc.kept,
+                    sc.keptCounts, keep,
                     shape.kvHeads(), shape.group(), queries, shape.pageTokens(), shift, cshift,
                     kv.summarySlotsPerPage(), sink, recent, budgetBlocks, entries);
             topkKept.launch(topkGrid, Dim3.of(1024), 0, stream, sc.scores, lens, sc.kept, sc.keptCounts, keep,

@@ -102,8 +102,8 @@ public final class CudaKvCache implements AutoCloseable {
 
     /**
      * Gives every page key summaries for selection blocks of {@code blockTokens} positions (a power of two, 16 and
-     * up): per block of the page (one when blocks are larger than pages) and kv head, the element-wise minimum and
-     * maximum of its K rows as attention decodes them, {@code float [pages][slotsPerPage][kvHeads][2][headDimK]}.
+     * up, dividing the page): per block of the page and kv head, the element-wise minimum and maximum of its K rows
+     * as attention decodes them, {@code float [pages][slotsPerPage][kvHeads][2][headDimK]}.
      * Kept by {@link CudaAttention#summarize} after each write; contents undefined until then. Idempotent for one
      * block size; another size replaces the summaries (undefined again until summarized).
      */
@@ -117,14 +117,15 @@ public final class CudaKvCache implements AutoCloseable {
      * from the block's first row to the page's end, {@code float [pages][kvHeads][2][headDimK]}.
      */
     public void enableKeySummaries(int blockTokens, int coarseTokens) {
-        if (blockTokens < 16 || Integer.bitCount(blockTokens) != 1) {
-            throw new IllegalArgumentException("summary blocks are a power of two from 16 tokens, got " + blockTokens);
+        if (blockTokens < 16 || Integer.bitCount(blockTokens) != 1 || pageTokens % blockTokens != 0) {
+            // A block's summary lives in its page: a block spanning pages would keep it in a page that a fork may
+            // share while the block's later rows differ between the sequences.
+            throw new IllegalArgumentException("summary blocks on the device are a power of two from 16 tokens that"
+                    + " divides the page (" + pageTokens + " tokens; --select-page at most that), got " + blockTokens);
         }
-        if (coarseTokens != 0 && (blockTokens > pageTokens || coarseTokens % pageTokens != 0
-                || Integer.bitCount(coarseTokens) != 1)) {
-            throw new IllegalArgumentException("coarse summaries on the device need blocks of at most a page ("
-                    + pageTokens + " tokens) and coarse blocks of whole pages (a power of two), got blocks of "
-                    + blockTokens + " and coarse blocks of " + coarseTokens);
+        if (coarseTokens != 0 && (coarseTokens % pageTokens != 0 || Integer.bitCount(coarseTokens) != 1)) {
+            throw new IllegalArgumentException("coarse summaries on the device need coarse blocks of whole pages (a"
+                    + " power of two, a multiple of " + pageTokens + " tokens), got " + coarseTokens);
         }
         if (summaries != null) {
             if (blockTokens == summaryBlockTokens && coarseTokens == this.coarseTokens) {
@@ -178,7 +179,7 @@ public final class CudaKvCache implements AutoCloseable {
      */
     public static long summaryPageBytes(KvGeometry g, int pageTokens, int blockTokens, int coarseTokens) {
         long vector = (long) g.kvHeads() * 2 * g.headDimK() * 4;
-        return Math.max(1, pageTokens / blockTokens) * vector + (coarseTokens == 0 ? 0 : vector);
+        return (long) (pageTokens / blockTokens) * vector + (coarseTokens == 0 ? 0 : vector);
     }
 
     private long fineBytes() {
@@ -211,9 +212,9 @@ public final class CudaKvCache implements AutoCloseable {
         return summaryBlockTokens;
     }
 
-    /** Summary slots of one page: the selection blocks it holds (at least one). */
+    /** Summary slots of one page: the selection blocks it holds. */
     public int summarySlotsPerPage() {
-        return Math.max(1, pageTokens / summaryBlockTokens);
+        return pageTokens / summaryBlockTokens;
     }
 
     /** The key summaries of one layer. */

@@ -3,10 +3,10 @@
 // own blocks, ties to the lower block, lists ascending. kvant_attn_decode_sel (attention.cu) reads the lists.
 //
 // Selection blocks are 2^shift positions (16..1024). Summaries live beside the K pool, per physical page:
-//   sums float [pages][spp][kvHeads][2][DK] (spp = max(1, pageTokens >> shift) blocks per page; component 0 the
-//   element-wise minimum of the block's K rows as attention decodes them, 1 the maximum). Block b of a sequence is
-//   slot (table[(b << shift) / pageTokens], ((b << shift) % pageTokens) >> shift): a block larger than a page lives
-//   in its first page. Pages copied on write carry their summaries along (the host copies both).
+//   sums float [pages][spp][kvHeads][2][DK] (spp = pageTokens >> shift blocks per page, blocks dividing the page;
+//   component 0 the element-wise minimum of the block's K rows as attention decodes them, 1 the maximum). Block b of
+//   a sequence is slot (table[(b << shift) / pageTokens], ((b << shift) % pageTokens) >> shift). Pages copied on
+//   write carry their summaries along (the host copies both).
 // Lists: sel int32 [seqs][kvHeads][selStride], counts int32 [seqs][kvHeads]; scores float [seqs][kvHeads][maxBlocks].
 
 // Head dimension d of a K row as the CPU's KvFormat.decode gives it (rotated domain for rotated formats): the same
@@ -65,9 +65,10 @@ extern "C" __global__ void __launch_bounds__(DK) kvant_kv_summarize(const u8* __
         int fixedLen, int written, int kvHeads, int pageTokens, i64 kPageBytes, int shift, int spp) {
     const int seq = blockIdx.z, g = blockIdx.y, d = threadIdx.x;
     const int len = lens != nullptr ? lens[seq] : fixedLen;
+    if (written <= 0 || written > len) return;
     const int b = ((len - written) >> shift) + blockIdx.x;
     const int p0 = b << shift;
-    if (written <= 0 || p0 >= len) return;
+    if (p0 >= len) return;
     const int p1 = imin(p0 + (1 << shift), len);
     const int* table = tables + (i64) seq * tableStride;
     float mn = __int_as_float(0x7f800000), mx = -__int_as_float(0x7f800000);
@@ -111,10 +112,13 @@ struct SelectWindow {
 // Nothing is scored when every candidate is taken anyway (k >= candidates) or none is (k = 0).
 //
 // grid:   (ceil(maxEntries / 64), kvHeads, seqs); block: 256 threads (8 warps, 8 entries each); shared (dynamic):
-//         the positive and negative parts of the rows, 2 * nq * G * DK floats.
+//         the positive and negative parts of up to SCORE_ROWS rows at a time, 2 * min(nq * G, 32) * DK floats.
+// summaryLen: the length the summaries were kept at (0: lens[seq]); a prefill's query blocks read summaries made
+//         for the whole chunk, as the CPU's selector does.
 // ================================================================================================================
 constexpr int SCORE_WARPS = 8;
 constexpr int SCORE_PER_WARP = 8;
+constexpr int SCORE_ROWS = 32;   // query rows per pass through shared memory
 constexpr int ROUND_FLAT = 0, ROUND_COARSE = 1, ROUND_KEPT = 2;
 
 // The coarse summary of coarse block j of a sequence of len tokens: each page holds the min and max over its
@@ -128,14 +132,16 @@ __device__ __forceinline__ i64 coarse_at(const int* table, int j, int len, int c
 
 template <int ROUND>
 __device__ __forceinline__ void score_body(const float* __restrict__ q, const float* __restrict__ sums,
-        const int* __restrict__ tables, int tableStride, const int* __restrict__ lens, float* __restrict__ scores,
-        const int* __restrict__ kept, const int* __restrict__ keptCounts, int keepMax, int kvHeads, int G, int nq,
-        int pageTokens, int shift, int cshift, int spp, int sinkBlocks, int recentBlocks, int budgetBlocks,
-        int maxEntries) {
-    extern __shared__ float qpn[];   // [rows][DK] positive parts, then [rows][DK] negative parts
+        const int* __restrict__ tables, int tableStride, const int* __restrict__ lens, int summaryLen,
+        float* __restrict__ scores, const int* __restrict__ kept, const int* __restrict__ keptCounts, int keepMax,
+        int kvHeads, int G, int nq, int pageTokens, int shift, int cshift, int spp, int sinkBlocks, int recentBlocks,
+        int budgetBlocks, int maxEntries) {
+    extern __shared__ float qpn[];   // [chunk rows][DK] positive parts, then [chunk rows][DK] negative parts
     const int seq = blockIdx.z, g = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int len = lens[seq];
+    // The length the summaries were last kept at: len in decode, the chunk's end for a prefill's query blocks.
+    const int sumLen = summaryLen > 0 ? summaryLen : len;
     const SelectWindow win(len, nq, shift, sinkBlocks, recentBlocks, budgetBlocks);
     if (win.k >= win.candidates || win.k == 0) return;
     const int C = 1 << (cshift - shift);
@@ -153,67 +159,79 @@ __device__ __forceinline__ void score_body(const float* __restrict__ q, const fl
         e0 = 0;
         e1 = keptCounts[seq * kvHeads + g] * C;
     }
+    e1 = imin(e1, maxEntries);
     const int b0 = blockIdx.x * SCORE_WARPS * SCORE_PER_WARP;
     if (b0 >= e1 || b0 + SCORE_WARPS * SCORE_PER_WARP <= e0) return;
     const int rows = nq * G;
     const int heads = kvHeads * G;
-    for (int r = warp; r < rows; r += SCORE_WARPS) {
-        const int qi = r / G, hq = g * G + r % G;
-        const float* src = q + (((i64) seq * nq + qi) * heads + hq) * DK;
-        float x[DK / 32];
-#pragma unroll
-        for (int j = 0; j < DK / 32; j++) x[j] = src[32 * j + lane];
-        if constexpr (fmt_rotated(KF)) wht_row<DK>(x, lane, false);
-#pragma unroll
-        for (int j = 0; j < DK / 32; j++) {
-            qpn[r * DK + 32 * j + lane] = fmaxf(x[j], 0.f);
-            qpn[(rows + r) * DK + 32 * j + lane] = fminf(x[j], 0.f);
-        }
-    }
-    __syncthreads();
     const int* table = tables + (i64) seq * tableStride;
     float* out = scores + ((i64) seq * kvHeads + g) * maxEntries;
-    for (int i = 0; i < SCORE_PER_WARP; i++) {
-        const int e = b0 + warp * SCORE_PER_WARP + i;
-        if (e < e0 || e >= e1) continue;
-        const float* s;
-        if constexpr (ROUND_COARSE == ROUND) {
-            s = sums + coarse_at(table, e, len, cshift, pageTokens, kvHeads, g);
-        } else {
-            const int b = ROUND_FLAT == ROUND ? e : keptList[e / C] * C + e % C;
-            if (b < win.sink || b >= win.recentFrom) {
-                if (lane == 0) out[e] = NEG_INF;
-                continue;
-            }
-            s = sums + summary_at(table, b, shift, pageTokens, spp, kvHeads, g);
-        }
-        float mn[DK / 32], mx[DK / 32];
+    float best[SCORE_PER_WARP];
 #pragma unroll
-        for (int j = 0; j < DK / 32; j++) {
-            mn[j] = s[32 * j + lane];
-            mx[j] = s[DK + 32 * j + lane];
-        }
-        float best = NEG_INF;
-        for (int r = 0; r < rows; r++) {
-            float acc = 0.f;
+    for (int i = 0; i < SCORE_PER_WARP; i++) best[i] = NEG_INF;
+    // rows in chunks of SCORE_ROWS through shared memory; a bound is the max over all of them
+    for (int r0 = 0; r0 < rows; r0 += SCORE_ROWS) {
+        const int nr = imin(SCORE_ROWS, rows - r0);
+        if (r0 > 0) __syncthreads();   // the previous chunk is read by every warp
+        for (int r = warp; r < nr; r += SCORE_WARPS) {
+            const int row = r0 + r;
+            const int qi = row / G, hq = g * G + row % G;
+            const float* src = q + (((i64) seq * nq + qi) * heads + hq) * DK;
+            float x[DK / 32];
+#pragma unroll
+            for (int j = 0; j < DK / 32; j++) x[j] = src[32 * j + lane];
+            if constexpr (fmt_rotated(KF)) wht_row<DK>(x, lane, false);
 #pragma unroll
             for (int j = 0; j < DK / 32; j++) {
-                acc = __fmaf_rn(qpn[r * DK + 32 * j + lane], mx[j], acc);
-                acc = __fmaf_rn(qpn[(rows + r) * DK + 32 * j + lane], mn[j], acc);
+                qpn[r * DK + 32 * j + lane] = fmaxf(x[j], 0.f);
+                qpn[(nr + r) * DK + 32 * j + lane] = fminf(x[j], 0.f);
             }
-#pragma unroll
-            for (int h = 16; h >= 1; h >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(FULL_MASK, acc, h));
-            best = fmaxf(best, acc);
         }
-        if (lane == 0) out[e] = best;
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < SCORE_PER_WARP; i++) {
+            const int e = b0 + warp * SCORE_PER_WARP + i;
+            if (e < e0 || e >= e1) continue;
+            const float* s;
+            if constexpr (ROUND_COARSE == ROUND) {
+                s = sums + coarse_at(table, e, sumLen, cshift, pageTokens, kvHeads, g);
+            } else {
+                const int b = ROUND_FLAT == ROUND ? e : keptList[e / C] * C + e % C;
+                if (b < win.sink || b >= win.recentFrom) continue;
+                s = sums + summary_at(table, b, shift, pageTokens, spp, kvHeads, g);
+            }
+            float mn[DK / 32], mx[DK / 32];
+#pragma unroll
+            for (int j = 0; j < DK / 32; j++) {
+                mn[j] = s[32 * j + lane];
+                mx[j] = s[DK + 32 * j + lane];
+            }
+            for (int r = 0; r < nr; r++) {
+                float acc = 0.f;
+#pragma unroll
+                for (int j = 0; j < DK / 32; j++) {
+                    acc = __fmaf_rn(qpn[r * DK + 32 * j + lane], mx[j], acc);
+                    acc = __fmaf_rn(qpn[(nr + r) * DK + 32 * j + lane], mn[j], acc);
+                }
+#pragma unroll
+                for (int h = 16; h >= 1; h >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(FULL_MASK, acc, h));
+                best[i] = fmaxf(best[i], acc);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < SCORE_PER_WARP; i++) {
+        const int e = b0 + warp * SCORE_PER_WARP + i;
+        if (lane == 0 && e >= e0 && e < e1) out[e] = best[i];   // -inf for a kept-round block outside the window
     }
 }
 
 #define SCORE_PARAMS const float* __restrict__ q, const float* __restrict__ sums, const int* __restrict__ tables, \
-        int tableStride, const int* __restrict__ lens, float* __restrict__ scores, const int* __restrict__ kept, \
+        int tableStride, const int* __restrict__ lens, int summaryLen, float* __restrict__ scores, \
+        const int* __restrict__ kept, \
         const int* __restrict__ keptCounts, int keepMax, int kvHeads, int G, int nq, int pageTokens, int shift, \
         int cshift, int spp, int sinkBlocks, int recentBlocks, int budgetBlocks, int maxEntries
-#define SCORE_ARGS q, sums, tables, tableStride, lens, scores, kept, keptCounts, keepMax, kvHeads, G, nq, pageTokens, \
+#define SCORE_ARGS q, sums, tables, tableStride, lens, summaryLen, scores, kept, keptCounts, keepMax, kvHeads, G, nq, pageTokens, \
         shift, cshift, spp, sinkBlocks, recentBlocks, budgetBlocks, maxEntries
 
 extern "C" __global__ void __launch_bounds__(SCORE_WARPS * 32) kvant_select_score(SCORE_PARAMS) {
@@ -294,6 +312,7 @@ __device__ __forceinline__ void top_k(const float* __restrict__ sc, int n, int k
             const u32 digit = live ? (key >> bits) & 255u : 256u;
             const u32 same = __match_any_sync(FULL_MASK, digit);
             if (live && lane == __ffs(same) - 1) sh.hist[warp][digit] += __popc(same);
+            __syncwarp();   // the next iteration's leaders read what this one's wrote
         }
         __syncthreads();
         if (tid < 256) {
@@ -466,9 +485,10 @@ extern "C" __global__ void __launch_bounds__(DK) kvant_kv_summarize_coarse(const
         int fixedLen, int written, int kvHeads, int pageTokens, int shift, int cshift, int spp) {
     const int seq = blockIdx.z, g = blockIdx.y, d = threadIdx.x;
     const int len = lens != nullptr ? lens[seq] : fixedLen;
+    if (written <= 0 || written > len) return;
     const int from = len - written;
     const int j = (from >> cshift) + blockIdx.x;
-    if (written <= 0 || (j << cshift) >= len) return;
+    if ((j << cshift) >= len) return;
     const int* table = tables + (i64) seq * tableStride;
     const int firstPage = (j << cshift) / pageTokens;
     const int endPage = (imin(len, (j + 1) << cshift) + pageTokens - 1) / pageTokens;
