@@ -34,6 +34,9 @@ final class ServeBenchCommand implements Runnable {
     @Mixin
     ModelOptions opts;
 
+    @Mixin
+    SelectOptions selectOpts;
+
     @Option(names = "--synthetic", paramLabel = "SHAPE",
             description = "synthetic model instead of -m: llama3-8b, llama3.2-1b, qwen2.5-7b, tiny")
     String synthetic;
@@ -90,8 +93,13 @@ final class ServeBenchCommand implements Runnable {
             throw new IllegalArgumentException("no model given: pass -m path/to/model.gguf or --synthetic SHAPE");
         }
         long s = seed != null ? seed : new SplittableRandom().nextLong();
+        if (selectOpts.dump != null) {
+            throw new IllegalArgumentException("--dump-selection records the selections of one run (perplexity,"
+                    + " needle, bench on the CPU), not of a server");
+        }
         try (LlamaModel model = synthetic != null ? ModelOptions.synthetic(synthetic, weights) : opts.load();
              Parallel threads = new Parallel(opts.threads);
+             var dump = selectOpts.apply(model);
              Backend backend = opts.openBackend(model, threads, Math.min(parallel, ModelOptions.MAX_DEVICE_BATCH))) {
             String name = synthetic != null ? "synthetic " + synthetic + " " + weights : opts.model.getFileName().toString();
             ServeBench.Setup setup = new ServeBench.Setup(backend, TextCodec.of(model, null), opts.kFormat(),

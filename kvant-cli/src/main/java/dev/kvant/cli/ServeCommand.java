@@ -33,6 +33,9 @@ final class ServeCommand implements Runnable {
     @Mixin
     ModelOptions opts;
 
+    @Mixin
+    SelectOptions selectOpts;
+
     @Option(names = "--synthetic", paramLabel = "SHAPE",
             description = "serve a synthetic model instead of -m (llama3-8b, llama3.2-1b, qwen2.5-7b, tiny): random"
                     + " weights, no tokenizer (text is taken byte by byte), for benchmarks")
@@ -92,8 +95,13 @@ final class ServeCommand implements Runnable {
         if (opts.model == null && synthetic == null) {
             throw new IllegalArgumentException("no model given: pass -m path/to/model.gguf (or --synthetic SHAPE)");
         }
+        if (selectOpts.dump != null) {
+            throw new IllegalArgumentException("--dump-selection records the selections of one run (perplexity,"
+                    + " needle, bench on the CPU), not of a server");
+        }
         try (LlamaModel model = synthetic != null ? ModelOptions.synthetic(synthetic, weights) : opts.load();
              Parallel threads = new Parallel(opts.threads);
+             var dump = selectOpts.apply(model);
              Backend backend = opts.openBackend(model, threads, Math.min(parallel, ModelOptions.MAX_DEVICE_BATCH))) {
             int pageTokens = Session.PAGE_TOKENS;
             int context;

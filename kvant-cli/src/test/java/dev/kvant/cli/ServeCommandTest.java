@@ -25,6 +25,20 @@ class ServeCommandTest {
     }
 
     @Test
+    void benchServeRunsThroughAQueryAwareSelection() {
+        MainTest.Run r = MainTest.run("bench-serve", "--synthetic", "tiny", "--mode", "batching", "-np", "2",
+                "--clients", "2", "--requests", "2", "-p", "300", "-n", "4", "-c", "512", "-t", "2", "--seed", "1",
+                "--select", "topk", "--select-budget", "64", "--select-sink", "16", "--select-recent", "16",
+                "--select-dense-layers", "0");
+        assertEquals(0, r.code(), r.err());
+        assertTrue(r.out().contains("| 1 |") && r.out().contains("| 2 |"), r.out());
+        MainTest.Run dump = MainTest.run("serve", "--synthetic", "tiny", "--port", "0", "--select", "topk",
+                "--dump-selection", "/tmp/x.sel");
+        assertEquals(1, dump.code());
+        assertTrue(dump.err().contains("--dump-selection"), dump.err());
+    }
+
+    @Test
     void benchServeBatchingOnASyntheticModelPrintsBothRows() {
         MainTest.Run r = MainTest.run("bench-serve", "--synthetic", "tiny", "--mode", "batching", "-np", "2",
                 "--clients", "2", "--requests", "2", "-p", "8", "-n", "4", "-c", "128", "-t", "2", "--seed", "1");
