@@ -66,6 +66,10 @@ final class AttentionBenchCommand implements Runnable {
             description = "also time decode through a top-k selection of this many tokens, selector included (0 = off)")
     int selectBudget;
 
+    @Option(names = "--select-coarse", paramLabel = "TOKENS", defaultValue = "0",
+            description = "with --select-budget: a coarse round over blocks of TOKENS (0 = one round)")
+    int selectCoarse;
+
     @Option(names = "--replay-selection", paramLabel = "FILE",
             description = "instead: replay the selections of a --dump-selection file over random K/V of its shape, "
                     + "printing median time per call, dense time of the same calls and an output checksum")
@@ -93,7 +97,7 @@ final class AttentionBenchCommand implements Runnable {
             replay(fs, progress, machine);
             return;
         }
-        SelectionConfig select = selectBudget > 0 ? SelectionConfig.topK(selectBudget) : null;
+        SelectionConfig select = selectBudget > 0 ? SelectionConfig.topK(selectBudget).withCoarse(selectCoarse) : null;
         List<AttentionBench.Row> rows = AttentionBench.run(new AttentionBench.Settings(fs, ctx, threads, heads, kvHeads,
                 headDim, reps, prefill, new AttentionOptions(0f, sparseV), (long) copyMb << 20, select),
                 progress::update);

@@ -221,7 +221,9 @@ public final class AttentionBench {
                                     CpuAttention.decode(p.seq(), 0, p.queries(), 1, ctx, p.heads(), p.scale(),
                                             s.options(), sel, out, pool);
                                 });
-                                rows.add(new Row(f.name(), "decode topk" + s.select().budget(), ctx, t, selBytes, sms,
+                                String label = "decode topk" + s.select().budget() + (s.select().coarseTokens() == 0
+                                        ? "" : " coarse" + s.select().coarseTokens());
+                                rows.add(new Row(f.name(), label, ctx, t, selBytes, sms,
                                         selBytes / sms / 1e6, copy[t]));
                             }
                             if (pp > 0) {
