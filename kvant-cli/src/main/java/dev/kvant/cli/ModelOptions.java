@@ -83,11 +83,14 @@ final class ModelOptions {
             return ctxOption != null ? ctxOption : dflt;
         }
         long bytes = parseSize(kvMem);
-        int fits = dev.kvant.engine.Session.contextForBudget(model.config(), kFormat(), vFormat(), bytes);
+        int fits = dev.kvant.engine.Session.contextForBudget(model.config(), kFormat(), vFormat(), model.selection(),
+                bytes);
         int ctx = ctxOption != null ? Math.min(ctxOption, fits) : fits;
-        System.err.printf(java.util.Locale.ROOT, "KV cache %s/%s: %d bytes/token, budget %s holds %d tokens; context %d%n",
-                ctk, ctv, dev.kvant.engine.Session.kvBytesPerToken(model.config(), kFormat(), vFormat()), kvMem, fits,
-                ctx);
+        System.err.printf(java.util.Locale.ROOT, "KV cache %s/%s: %d bytes/token%s, budget %s holds %d tokens;"
+                        + " context %d%n", ctk, ctv,
+                dev.kvant.engine.Session.kvBytesPerToken(model.config(), kFormat(), vFormat()),
+                model.selection() == null ? "" : " + " + dev.kvant.engine.Session.summaryBytesPerToken(model.config(),
+                        kFormat(), model.selection()) + " of key summaries", kvMem, fits, ctx);
         return ctx;
     }
 
@@ -172,7 +175,7 @@ final class ModelOptions {
         long kvTokens = 0;
         if (kvMem != null) {
             kvTokens = dev.kvant.engine.Session.contextForBudget(loaded.config(), kFormat(), vFormat(),
-                    parseSize(kvMem));
+                    loaded.selection(), parseSize(kvMem));
         }
         int[] split = null;
         if (!"auto".equalsIgnoreCase(layerSplit.strip())) {

@@ -108,7 +108,7 @@ final class ServeCommand implements Runnable {
             int poolTokens;
             if (opts.kvMem != null) {
                 poolTokens = Session.contextForBudget(model.config(), opts.kFormat(), opts.vFormat(),
-                        ModelOptions.parseSize(opts.kvMem));
+                        model.selection(), ModelOptions.parseSize(opts.kvMem));
                 context = Math.min(ctx != null ? ctx : Math.min(4096, poolTokens), poolTokens);
             } else {
                 context = ctx != null ? ctx : 4096;

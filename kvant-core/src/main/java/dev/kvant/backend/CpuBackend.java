@@ -200,6 +200,9 @@ public final class CpuBackend implements Backend {
 
         @Override
         public void fillRandom(int tokens, long seed) {
+            if (tokens < 0) {
+                throw new IllegalArgumentException("fill of " + tokens + " tokens");
+            }
             checkRoom(tokens);
             var g = cache.geometry();
             java.util.SplittableRandom r = new java.util.SplittableRandom(seed);
@@ -207,18 +210,23 @@ public final class CpuBackend implements Backend {
             float[] k = new float[chunk * g.kvHeads() * g.headDimK()];
             float[] v = new float[chunk * g.kvHeads() * g.headDimV()];
             int start = kv.length();
-            kv.reserve(start + tokens);
-            for (int done = 0; done < tokens; done += chunk) {
-                int n = Math.min(chunk, tokens - done);
-                for (int l = 0; l < g.layers(); l++) {
-                    for (int i = 0; i < n * g.kvHeads() * g.headDimK(); i++) {
-                        k[i] = (float) normal(r);
+            try {
+                kv.reserve(start + tokens);
+                for (int done = 0; done < tokens; done += chunk) {
+                    int n = Math.min(chunk, tokens - done);
+                    for (int l = 0; l < g.layers(); l++) {
+                        for (int i = 0; i < n * g.kvHeads() * g.headDimK(); i++) {
+                            k[i] = (float) normal(r);
+                        }
+                        for (int i = 0; i < n * g.kvHeads() * g.headDimV(); i++) {
+                            v[i] = (float) normal(r);
+                        }
+                        kv.writeRows(l, start + done, n, k, 0, v, 0);
                     }
-                    for (int i = 0; i < n * g.kvHeads() * g.headDimV(); i++) {
-                        v[i] = (float) normal(r);
-                    }
-                    kv.writeRows(l, start + done, n, k, 0, v, 0);
                 }
+            } catch (RuntimeException e) {
+                kv.truncate(start);   // a pool that ran out (a shared page's copy) keeps nothing of the fill
+                throw e;
             }
         }
 

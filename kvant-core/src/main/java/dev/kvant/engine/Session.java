@@ -8,6 +8,7 @@ import dev.kvant.kv.KvFormat;
 import dev.kvant.kv.KvSequence;
 import dev.kvant.model.LlamaModel;
 import dev.kvant.model.ModelConfig;
+import dev.kvant.select.SelectionConfig;
 import dev.kvant.tensor.Parallel;
 
 /**
@@ -74,9 +75,31 @@ public final class Session implements AutoCloseable {
         return KvCache.bytesPerToken(CpuBackend.geometry(c), kFormat, vFormat);
     }
 
+    /**
+     * Bytes of key summaries a selection keeps per token over every layer (0 without one): a min and a max vector
+     * per block and kv head, and with a coarse level one more pair per coarse block (at most one per 64-token page:
+     * the GPU keeps one per page).
+     */
+    public static long summaryBytesPerToken(ModelConfig c, KvFormat kFormat, SelectionConfig s) {
+        if (s == null) {
+            return 0;
+        }
+        double vector = (double) c.kvHeads() * 2 * kFormat.domainDim(c.headDimK()) * 4;
+        double perToken = vector / s.blockTokens()
+                + (s.coarseTokens() == 0 ? 0 : vector / Math.min(PAGE_TOKENS, s.coarseTokens()));
+        return (long) Math.ceil(perToken * c.layers());
+    }
+
     /** The context (in whole pages) that a KV memory budget holds for a model and a pair of formats. */
     public static int contextForBudget(ModelConfig c, KvFormat kFormat, KvFormat vFormat, long bytes) {
-        long perPage = kvBytesPerToken(c, kFormat, vFormat) * PAGE_TOKENS;
+        return contextForBudget(c, kFormat, vFormat, null, bytes);
+    }
+
+    /** As above, the budget also holding the key summaries of a selection (null: none). */
+    public static int contextForBudget(ModelConfig c, KvFormat kFormat, KvFormat vFormat, SelectionConfig selection,
+                                       long bytes) {
+        long perPage = (kvBytesPerToken(c, kFormat, vFormat) + summaryBytesPerToken(c, kFormat, selection))
+                * PAGE_TOKENS;
         long pages = bytes / perPage;
         if (pages < 1) {
             throw new IllegalArgumentException("a KV budget of " + bytes + " bytes holds less than one page of "

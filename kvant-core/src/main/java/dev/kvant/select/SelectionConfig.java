@@ -43,13 +43,13 @@ public record SelectionConfig(int budget, int blockTokens, int sink, int recent,
             throw new IllegalArgumentException("--select-dense-layers must be >= 0, got " + denseLayers);
         }
         if (coarseTokens != 0 && (coarseTokens < 2 * blockTokens || Integer.bitCount(coarseTokens) != 1
-                || coarseTokens > 1 << 20)) {
-            throw new IllegalArgumentException("--select-coarse must be 0 or a power of two of at least two pages ("
-                    + 2 * blockTokens + " tokens here), got " + coarseTokens);
+                || coarseTokens > 256 * blockTokens)) {
+            throw new IllegalArgumentException("--select-coarse must be 0 or a power of two from two to 256 pages ("
+                    + 2 * blockTokens + ".." + 256 * blockTokens + " tokens here), got " + coarseTokens);
         }
-        if (coarseTokens == 0 ? coarseKeep != 0 : coarseKeep < 1) {
-            throw new IllegalArgumentException("--select-coarse-keep must be at least 1 with --select-coarse (and "
-                    + "unused without), got " + coarseKeep);
+        if (coarseTokens == 0 ? coarseKeep != 0 : coarseKeep < 1 || coarseKeep > 1 << 16) {
+            throw new IllegalArgumentException("--select-coarse-keep must be 1.." + (1 << 16) + " with --select-coarse"
+                    + " (and unused without), got " + coarseKeep);
         }
     }
 

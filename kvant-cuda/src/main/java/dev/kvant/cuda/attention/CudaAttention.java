@@ -441,7 +441,7 @@ public final class CudaAttention implements AutoCloseable {
             Owned made = new Owned();
             try {
                 long seqHeads = (long) seqs * shape.kvHeads();
-                int entries = sl.coarse ? Math.max(sl.maxBlocks, sl.config.coarseKeep() * sl.config.coarseBlocks())
+                int entries = sl.coarse ? Math.max(sl.maxBlocks, sl.keep * sl.config.coarseBlocks())
                         : sl.maxBlocks;
                 this.scores = made.add(context.allocate(4L * seqHeads * entries));
                 this.lists = made.add(context.allocate(4L * seqHeads * sl.listStride));
@@ -450,7 +450,7 @@ public final class CudaAttention implements AutoCloseable {
                 this.partials = made.add(context.allocate(rows * shape.headDimV() * 4));
                 this.maxSums = made.add(context.allocate(rows * 8));
                 this.coarseScores = made.add(context.allocate(4L * seqHeads * Math.max(1, sl.maxCoarse)));
-                this.kept = made.add(context.allocate(4L * seqHeads * Math.max(1, sl.config.coarseKeep())));
+                this.kept = made.add(context.allocate(4L * seqHeads * Math.max(1, sl.keep)));
                 this.keptCounts = made.add(context.allocate(4L * seqHeads));
                 this.lens = lensCount == 0 ? null : made.add(context.allocate(4L * lensCount));
                 this.lensHost = lensCount == 0 ? null : made.add(context.allocatePinned(4L * lensCount));
@@ -505,6 +505,8 @@ public final class CudaAttention implements AutoCloseable {
         final boolean coarse;
         final int cshift;
         final int maxCoarse;
+        /** Coarse blocks kept: the config's, at most the plan's coarse blocks. */
+        final int keep;
         final CudaFunction summarizeCoarse;
         final CudaFunction scoreCoarse;
         final CudaFunction topkCoarse;
@@ -524,6 +526,8 @@ public final class CudaAttention implements AutoCloseable {
             this.coarse = config.coarseTokens() > 0;
             this.cshift = coarse ? Integer.numberOfTrailingZeros(config.coarseTokens()) : shift;
             this.maxCoarse = coarse ? (plan.maxTokens() + config.coarseTokens() - 1) / config.coarseTokens() : 0;
+            // keeping more coarse blocks than the plan's context holds is keeping them all: the same choice
+            this.keep = Math.min(config.coarseKeep(), maxCoarse);
             if (shape.pageTokens() % blockTokens != 0
                     || coarse && config.coarseTokens() % shape.pageTokens() != 0) {
                 throw new IllegalArgumentException("selection on the GPU needs blocks that divide the page ("
@@ -625,7 +629,7 @@ public final class CudaAttention implements AutoCloseable {
                         shape.kvHeads(), queries, shift, sink, recent, budgetBlocks, maxBlocks);
                 return;
             }
-            int keep = config.coarseKeep();
+            int keep = this.keep;
             int entries = keep * config.coarseBlocks();
             scoreCoarse.launch(new Dim3((maxCoarse + 63) / 64, shape.kvHeads(), seqs), Dim3.of(256), shared, stream,
                     q, kv.coarseSummaries(layer), tables, tableStride, lens, summaryLen, sc.coarseScores, 0L, 0L,

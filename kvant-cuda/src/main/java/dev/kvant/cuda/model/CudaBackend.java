@@ -759,22 +759,27 @@ public final class CudaBackend implements Backend {
             checkRoom(tokens);
             int start = length;
             ensurePages(start + tokens);
-            for (int done = 0; done < tokens; done += rowsMax) {
-                int n = Math.min(rowsMax, tokens - done);
-                for (KvPool.Part part : pool.parts()) {
-                    Stage st = part.stage();
-                    MemorySegment staging = st.stagingSegment();
-                    for (int t = 0; t < n; t++) {
-                        int pos = start + done + t;
-                        staging.setAtIndex(ValueLayout.JAVA_INT, t, pages[pos / PAGE_TOKENS] * PAGE_TOKENS
-                                + pos % PAGE_TOKENS);
+            try {
+                for (int done = 0; done < tokens; done += rowsMax) {
+                    int n = Math.min(rowsMax, tokens - done);
+                    for (KvPool.Part part : pool.parts()) {
+                        Stage st = part.stage();
+                        MemorySegment staging = st.stagingSegment();
+                        for (int t = 0; t < n; t++) {
+                            int pos = start + done + t;
+                            staging.setAtIndex(ValueLayout.JAVA_INT, t, pages[pos / PAGE_TOKENS] * PAGE_TOKENS
+                                    + pos % PAGE_TOKENS);
+                        }
+                        st.slots.copyFromHostAsync(staging.asSlice(0, 4L * n), 0, st.stream);
+                        part.batch().set(0, pages, pageCount, start + done + n);
+                        part.batch().upload(st.stream);
+                        st.fillRandom(part, start + done + n, n, seed, done);
+                        st.stream.synchronize();   // the staging and the batch are reused by the next chunk
                     }
-                    st.slots.copyFromHostAsync(staging.asSlice(0, 4L * n), 0, st.stream);
-                    part.batch().set(0, pages, pageCount, start + done + n);
-                    part.batch().upload(st.stream);
-                    st.fillRandom(part, start + done + n, n, (int) (seed * 1_000_003L + done));
-                    st.stream.synchronize();   // the staging and the batch are reused by the next chunk
                 }
+            } catch (RuntimeException e) {
+                truncate(start);   // give back the pages of a fill that did not finish
+                throw e;
             }
             length = start + tokens;
         }

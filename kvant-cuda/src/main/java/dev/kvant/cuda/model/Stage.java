@@ -224,17 +224,25 @@ final class Stage implements AutoCloseable {
     /**
      * Writes random K and V rows (standard normal) for n tokens into every layer of this stage, at the slots already
      * in {@link #slots}; the sequence is then {@code length} long (batch row 0). Keeps key summaries where decode
-     * reads them. Queued on the stage's stream.
+     * reads them. Queued on the stage's stream. {@code chunk} (the chunk's first token) varies the rows per chunk.
      */
-    void fillRandom(KvPool.Part kv, int length, int n, int seed) {
+    void fillRandom(KvPool.Part kv, int length, int n, long seed, int chunk) {
         for (int l = 0; l < layerCount(); l++) {
-            kv.attention().fillNormal(kRows, (long) n * c.kvDimK(), seed + 2 * (from + l), 1f, stream);
-            kv.attention().fillNormal(vRows, (long) n * c.kvDimV(), seed + 2 * (from + l) + 1, 1f, stream);
+            kv.attention().fillNormal(kRows, (long) n * c.kvDimK(), fillSeed(seed, chunk, from + l, 0), 1f, stream);
+            kv.attention().fillNormal(vRows, (long) n * c.kvDimV(), fillSeed(seed, chunk, from + l, 1), 1f, stream);
             kv.attention().quantizeRows(kv.cache(), l, kRows, vRows, slots, n, stream);
             if (selected(kv, l)) {
                 kv.attention().summarize(kv.cache(), l, kv.batch(), 0, length, n, stream);
             }
         }
+    }
+
+    /** A generator seed per (fill seed, chunk, layer, K or V): distinct rows for every one of them. */
+    private static int fillSeed(long seed, int chunk, int layer, int kv) {
+        long h = seed * 0x9E3779B97F4A7C15L + chunk;
+        h = (h ^ (h >>> 31)) * 0xBF58476D1CE4E5B9L + layer;
+        h = (h ^ (h >>> 29)) * 0x94D049BB133111EBL + kv;
+        return (int) (h ^ (h >>> 32));
     }
 
     /** Whether local layer l attends through the pool's selection (past its dense first layers). */
