@@ -52,7 +52,13 @@ final class SelectOptions {
     /** The selection these options ask for; null for dense attention. */
     SelectionConfig config() {
         return switch (select.toLowerCase(Locale.ROOT)) {
-            case "dense" -> null;
+            case "dense" -> {
+                if (coarse != 0 || coarseKeep != 0) {
+                    throw new IllegalArgumentException("--select-coarse and --select-coarse-keep shape a top-k"
+                            + " selection: add --select topk");
+                }
+                yield null;
+            }
             case "topk" -> new SelectionConfig(budget, page, sink, recent, denseLayers, coarse,
                     coarse > 0 && coarseKeep == 0 ? SelectionConfig.defaultCoarseKeep(budget, coarse) : coarseKeep);
             default -> throw new IllegalArgumentException("--select: unknown selection '" + select + "' (dense, topk)");

@@ -72,6 +72,17 @@ class MainTest {
     }
 
     @Test
+    void coarseSelectionOptionsNeedATopKSelection() {
+        Run r = run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--select-coarse", "256");
+        assertEquals(1, r.code());
+        assertTrue(r.err().contains("--select topk"), r.err());
+        Run bad = run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--select", "topk",
+                "--select-coarse", "100");
+        assertEquals(1, bad.code());
+        assertTrue(bad.err().contains("--select-coarse"), bad.err());
+    }
+
+    @Test
     void missingModelFileIsAClearError() {
         Run r = run("run", "-m", "/nonexistent/model.gguf", "-p", "hi");
         assertEquals(1, r.code());
