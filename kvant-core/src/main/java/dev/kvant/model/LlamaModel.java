@@ -30,6 +30,7 @@ public final class LlamaModel implements AutoCloseable {
     private volatile SelectionConfig selection;
     private volatile AttentionOptions attentionOptions = AttentionOptions.defaults();
     private volatile SelectionLog.Writer selectionLog;
+    private volatile KeyRowHook keyRowHook;
 
     /**
      * @param memory what holds the weights' bytes (the mapped file, an arena), closed with the model
@@ -120,6 +121,11 @@ public final class LlamaModel implements AutoCloseable {
         return selection;
     }
 
+    /** Calls hook with the K rows of every later cache write (null: none); for studies only. */
+    public void setKeyRowHook(KeyRowHook hook) {
+        this.keyRowHook = hook;
+    }
+
     /** Records every selection made from now on (null: stop recording); the caller closes the writer. */
     public void setSelectionLog(SelectionLog.Writer log) {
         this.selectionLog = log;
@@ -186,6 +192,7 @@ public final class LlamaModel implements AutoCloseable {
         int attnDim = c.heads() * c.headDimV();
         SelectionConfig sc = selection;
         SelectionLog.Writer log = selectionLog;
+        KeyRowHook hook = keyRowHook;
         AttentionOptions ao = attentionOptions;
         if (sc != null) {
             for (KvSequence seq : seqs) {
@@ -213,12 +220,18 @@ public final class LlamaModel implements AutoCloseable {
             }
             boolean selected = sc != null && l >= sc.denseLayers();
             if (!batch) {
+                if (hook != null) {
+                    hook.beforeWrite(seqs[0], l, starts[0], n, s.k, 0);
+                }
                 seqs[0].writeRows(l, starts[0], n, s.k, 0, s.v, 0);
                 Selection sel = selected ? s.select(sc, log, seqs[0], l, s.q, n, starts[0], c.heads(), pool) : null;
                 CpuAttention.attend(seqs[0], l, s.q, n, starts[0], c.heads(), scale, ao, sel,
                         s.attnOut, pool);
             } else {
                 for (int i = 0; i < n; i++) {
+                    if (hook != null) {
+                        hook.beforeWrite(seqs[i], l, starts[i], 1, s.k, i * c.kvDimK());
+                    }
                     seqs[i].writeRows(l, starts[i], 1, s.k, i * c.kvDimK(), s.v, i * c.kvDimV());
                     System.arraycopy(s.q, i * c.qDim(), s.qRow, 0, c.qDim());
                     Selection sel = selected ? s.select(sc, log, seqs[i], l, s.qRow, 1, starts[i], c.heads(), pool)
