@@ -21,9 +21,6 @@ import dev.kvant.select.PageTopK;
 import dev.kvant.select.Selection;
 import dev.kvant.select.SelectionConfig;
 import dev.kvant.tensor.Parallel;
-import java.lang.foreign.Arena;
-import java.lang.foreign.MemorySegment;
-import java.lang.foreign.ValueLayout;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
@@ -461,13 +458,5 @@ class SelectionGpuTest {
             den += (double) ref[i] * ref[i];
         }
         return num / Math.max(den, 1e-300);
-    }
-
-    static int[] ints(DeviceBuffer b, int n) {
-        try (Arena arena = Arena.ofConfined()) {
-            MemorySegment s = arena.allocate(4L * n, 16);
-            b.copyToHost(s);
-            return s.toArray(ValueLayout.JAVA_INT);
-        }
     }
 }
