@@ -8,6 +8,7 @@ import dev.kvant.cuda.DeviceBuffer;
 import dev.kvant.cuda.Dim3;
 import dev.kvant.cuda.KernelCache;
 import dev.kvant.cuda.KernelSource;
+import dev.kvant.cuda.Owned;
 import dev.kvant.select.SelectionConfig;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
@@ -466,27 +467,6 @@ public final class CudaAttention implements AutoCloseable {
         @Override
         public void close() {
             owned.close();
-        }
-    }
-
-    /** Closes what it was given, last first. */
-    private static final class Owned implements AutoCloseable {
-        private final java.util.ArrayDeque<AutoCloseable> items = new java.util.ArrayDeque<>();
-
-        <T extends AutoCloseable> T add(T item) {
-            items.push(item);
-            return item;
-        }
-
-        @Override
-        public void close() {
-            while (!items.isEmpty()) {
-                try {
-                    items.pop().close();
-                } catch (Exception e) {
-                    throw new IllegalStateException(e);
-                }
-            }
         }
     }
 

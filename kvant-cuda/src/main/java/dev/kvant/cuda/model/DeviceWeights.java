@@ -1,5 +1,6 @@
 package dev.kvant.cuda.model;
 
+import dev.kvant.cuda.Owned;
 import dev.kvant.cuda.CudaContext;
 import dev.kvant.cuda.DeviceBuffer;
 import dev.kvant.model.LlamaWeights;

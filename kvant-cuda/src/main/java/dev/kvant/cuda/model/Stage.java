@@ -6,6 +6,7 @@ import dev.kvant.cuda.CudaEvent;
 import dev.kvant.cuda.CudaStream;
 import dev.kvant.cuda.DeviceBuffer;
 import dev.kvant.cuda.KernelCache;
+import dev.kvant.cuda.Owned;
 import dev.kvant.cuda.PinnedBuffer;
 import dev.kvant.model.LlamaModel;
 import dev.kvant.model.ModelConfig;

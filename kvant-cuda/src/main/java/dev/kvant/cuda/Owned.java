@@ -1,13 +1,13 @@
-package dev.kvant.cuda.model;
+package dev.kvant.cuda;
 
 import java.util.ArrayList;
 import java.util.List;
 
 /** Device resources made one after another and closed together, last first. */
-final class Owned implements AutoCloseable {
+public final class Owned implements AutoCloseable {
     private final List<AutoCloseable> resources = new ArrayList<>();
 
-    <T extends AutoCloseable> T add(T resource) {
+    public <T extends AutoCloseable> T add(T resource) {
         resources.add(resource);
         return resource;
     }
