@@ -27,7 +27,8 @@ final class ModelOptions {
     int threads = Runtime.getRuntime().availableProcessors();
 
     @Option(names = {"--ctk"}, paramLabel = "FORMAT", defaultValue = "f16",
-            description = "KV cache format for keys: f16, bf16, q8_0, int8, q4_0, q4_0h, turbo4, turbo3, turbo2")
+            description = "KV cache format for keys: f16, bf16, q8_0, int8, q4_0, q4_0h, turbo4, turbo3, turbo2; "
+                    + "FORMAT+mean centers the keys on their page's mean (turbo3+mean: +0.25 bits, a third of the loss)")
     String ctk;
 
     @Option(names = {"--ctv"}, paramLabel = "FORMAT", defaultValue = "f16",

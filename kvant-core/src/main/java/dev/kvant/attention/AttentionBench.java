@@ -2,6 +2,7 @@ package dev.kvant.attention;
 
 import dev.kvant.kv.KvCache;
 import dev.kvant.kv.KvFormat;
+import dev.kvant.kv.PageMeanFormat;
 import dev.kvant.select.PageTopK;
 import dev.kvant.select.Selection;
 import dev.kvant.select.SelectionConfig;
@@ -99,8 +100,9 @@ public final class AttentionBench {
         }
         int q = Selection.QUERY_BLOCK;
         progress.accept(f.name() + ": writing a cache of " + ctx + " random positions");
-        try (AttentionProblem p = AttentionProblem.random(f, f, h.kvHeads(), h.heads() / h.kvHeads(), h.headDimK(),
-                h.headDimV(), Math.max(0, ctx - q), Math.min(q, ctx), 64, seed, DISTINCT_POSITIONS)) {
+        try (AttentionProblem p = AttentionProblem.random(f, PageMeanFormat.rows(f), h.kvHeads(),
+                h.heads() / h.kvHeads(), h.headDimK(), h.headDimV(), Math.max(0, ctx - q), Math.min(q, ctx), 64, seed,
+                DISTINCT_POSITIONS)) {
             Selection[] sels = new Selection[entries.size()];
             double tokens = 0;
             for (int i = 0; i < sels.length; i++) {
@@ -197,8 +199,8 @@ public final class AttentionBench {
             for (int ctx : s.contexts()) {
                 progress.accept(f.name() + " ctx " + ctx + ": writing the cache");
                 int pp = s.prefillTokens();
-                try (AttentionProblem p = AttentionProblem.random(f, f, s.kvHeads(), group, s.headDim(), s.headDim(),
-                        ctx, Math.max(1, pp), 64, ctx, DISTINCT_POSITIONS)) {
+                try (AttentionProblem p = AttentionProblem.random(f, PageMeanFormat.rows(f), s.kvHeads(), group,
+                        s.headDim(), s.headDim(), ctx, Math.max(1, pp), 64, ctx, DISTINCT_POSITIONS)) {
                     KvCache c = p.cache();
                     float[] out = new float[p.outputSize()];
                     for (int t : s.threads()) {
@@ -247,8 +249,8 @@ public final class AttentionBench {
      */
     private static void warmUp(Settings s, int group) {
         for (KvFormat f : s.formats()) {
-            try (AttentionProblem p = AttentionProblem.random(f, f, s.kvHeads(), group, s.headDim(), s.headDim(),
-                    2 * CpuAttention.PARTITION, 16, 64, 1, DISTINCT_POSITIONS);
+            try (AttentionProblem p = AttentionProblem.random(f, PageMeanFormat.rows(f), s.kvHeads(), group,
+                    s.headDim(), s.headDim(), 2 * CpuAttention.PARTITION, 16, 64, 1, DISTINCT_POSITIONS);
                  Parallel pool = new Parallel(Arrays.stream(s.threads()).max().orElse(1))) {
                 float[] out = new float[p.outputSize()];
                 long t0 = System.nanoTime();

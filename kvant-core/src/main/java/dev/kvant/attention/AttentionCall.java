@@ -28,6 +28,8 @@ final class AttentionCall {
     KvFormat kFormat;
     KvFormat vFormat;
     RowDecoder kDecoder;
+    /** K rows are centered on their page's mean, which readers add back ({@link dev.kvant.kv.PageMeanFormat}). */
+    boolean keyMeans;
     RowDecoder vDecoder;
     int headDimK;
     int headDimV;
@@ -81,6 +83,7 @@ final class AttentionCall {
         this.pageTokens = cache.pageTokens();
         this.kvHeads = cache.geometry().kvHeads();
         this.kFormat = cache.kFormat();
+        this.keyMeans = cache.keyMeans();
         this.vFormat = cache.vFormat();
         this.headDimK = cache.geometry().headDimK();
         this.headDimV = cache.geometry().headDimV();

@@ -72,6 +72,10 @@ final class PartitionWorker {
     private float[] sSum = new float[0];
     private float[] sAcc = new float[0];
     private float[] row = new float[0];
+    /** Per kv head, the physical page whose key mean {@link #keyMeans} holds (-1: none); reset per partition. */
+    private int[] meanPage = new int[0];
+    /** Per kv head, dpK floats: a page's key mean in K's domain, zero padded. */
+    private float[] keyMeans = new float[0];
     /** A tile's cache bytes, see {@link #stage}. */
     private byte[] staging = new byte[0];
 
@@ -123,6 +127,11 @@ final class PartitionWorker {
         if (row.length < Math.max(c.dimV, c.dimK) + L) {
             row = new float[Math.max(c.dimV, c.dimK) + L];
         }
+        if (meanPage.length < c.kvHeads || keyMeans.length < c.kvHeads * c.dpK) {
+            meanPage = new int[c.kvHeads];
+            keyMeans = new float[c.kvHeads * c.dpK];
+        }
+        Arrays.fill(meanPage, -1);
         long stage = (long) STAGE * c.kvHeads * Math.max(c.kRowBytes, c.vRowBytes) + 64;
         if (staging.length < stage) {
             staging = new byte[Math.toIntExact(stage)];
@@ -158,6 +167,23 @@ final class PartitionWorker {
             k += run;
         }
         return n;
+    }
+
+    /**
+     * Adds to the decoded K row at {@code kt[at, at + dpK)} (position pos, kv head g) its page's key mean, in K's
+     * domain: the row is then the key as written, as every reader sees it ({@link dev.kvant.kv.PageMeanFormat}).
+     */
+    private void addKeyMean(AttentionCall c, int pos, int g, int at) {
+        int page = c.seq.page(pos / c.pageTokens);
+        int m = g * c.dpK;
+        if (meanPage[g] != page) {
+            Arrays.fill(keyMeans, m, m + c.dpK, 0f);
+            c.seq.cache().keyMean(c.layer, page, g, keyMeans, m);
+            meanPage[g] = page;
+        }
+        for (int d = 0; d < c.dpK; d += L) {
+            FloatVector.fromArray(F, kt, at + d).add(FloatVector.fromArray(F, keyMeans, m + d)).intoArray(kt, at + d);
+        }
     }
 
     /** Rotates, scales and pads the query rows of token t into {@code c.queries}. */
@@ -218,6 +244,13 @@ final class PartitionWorker {
             }
             System.arraycopy(offs, (ts % STAGE) * heads, tileOffs, 0, count * heads);
             c.kDecoder.decode(staging, tileOffs, count * heads, kt, c.dpK);
+            if (c.keyMeans) {
+                for (int r = 0; r < count; r++) {
+                    for (int j = 0; j < heads; j++) {
+                        addKeyMean(c, p0 + ts + r, g0 + j, (r * heads + j) * c.dpK);
+                    }
+                }
+            }
             for (int j = 0; j < heads; j++) {
                 setQueries(c, g0 + j, t0, nq, slots);
                 TileKernels.scores(c.queries, queryOff, nq, slots, kt, j * c.dpK, heads * c.dpK, (count + 3) & ~3,
@@ -339,6 +372,11 @@ final class PartitionWorker {
                     tileOffs[k] = offs[k * heads + j];
                 }
                 c.kDecoder.decode(staging, tileOffs, count, kt, c.dpK);
+                if (c.keyMeans) {
+                    for (int k = 0; k < count; k++) {
+                        addKeyMean(c, p0 + ts + k, g0 + j, k * c.dpK);
+                    }
+                }
                 setQueries(c, g0 + j, t0, nq, slots);
                 TileKernels.scores(c.queries, queryOff, nq, slots, kt, 0, c.dpK, (count + 3) & ~3, c.dpK, scores,
                         j * region, ts, red);

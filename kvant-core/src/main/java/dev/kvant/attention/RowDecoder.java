@@ -3,6 +3,7 @@ package dev.kvant.attention;
 import dev.kvant.kv.HalfFormat;
 import dev.kvant.kv.Int8Format;
 import dev.kvant.kv.KvFormat;
+import dev.kvant.kv.PageMeanFormat;
 import dev.kvant.kv.Q4Format;
 import dev.kvant.kv.TurboFormat;
 
@@ -21,6 +22,7 @@ sealed interface RowDecoder permits HalfRows, Int8Rows, Q4Rows, TurboRows {
             case Int8Format f -> new Int8Rows(f.blockSize(), headDim);
             case Q4Format f -> new Q4Rows(f.domainDim(headDim));
             case TurboFormat t -> new TurboRows(t, headDim);
+            case PageMeanFormat m -> of(m.base(), headDim);   // the means are the caller's (PartitionWorker)
         };
     }
 

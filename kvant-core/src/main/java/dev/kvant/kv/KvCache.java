@@ -2,11 +2,13 @@ package dev.kvant.kv;
 
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
 
 /**
  * The paged KV cache: per layer a K pool and a V pool of fixed-size pages in off-heap memory. A page holds
  * pageTokens tokens × kvHeads rows, row-major [token][head], each row in the layer's K or V {@link KvFormat}.
- * Page ids are shared by all layers: a sequence's page table maps a logical page to one physical id that is valid
+ * With a {@link PageMeanFormat} K format, each K page carries after its rows one mean per kv head (halves in K's
+ * domain; {@link #keyMean}). Page ids are shared by all layers: a sequence's page table maps a logical page to one physical id that is valid
  * in every layer's K and V pool, so one {@link PageAllocator} serves the whole cache.
  *
  * <p>Page allocation, sharing and release are serialized on the cache; writing rows is not, so different sequences
@@ -21,6 +23,9 @@ public final class KvCache implements AutoCloseable {
     private final long vRowBytes;
     private final long kPageBytes;
     private final long vPageBytes;
+    /** Where a K page's means start (its rows' bytes); meaningful with {@link #keyMeans()}. */
+    private final long kMeansOffset;
+    private final boolean keyMeans;
     private final Arena arena;
     private final MemorySegment[] kPools;
     private final MemorySegment[] vPools;
@@ -39,7 +44,13 @@ public final class KvCache implements AutoCloseable {
         this.pageTokens = pageTokens;
         this.kRowBytes = k.rowBytes(g.headDimK());
         this.vRowBytes = v.rowBytes(g.headDimV());
-        this.kPageBytes = Math.multiplyExact((long) pageTokens * g.kvHeads(), kRowBytes);
+        if (v instanceof PageMeanFormat) {
+            throw new IllegalArgumentException("V cache format " + v.name() + ": only keys are centered on their "
+                    + "page's mean (values have no common part worth the bytes); use " + PageMeanFormat.rows(v).name());
+        }
+        this.keyMeans = k instanceof PageMeanFormat;
+        this.kMeansOffset = Math.multiplyExact((long) pageTokens * g.kvHeads(), kRowBytes);
+        this.kPageBytes = kPageBytes(g, k, pageTokens);
         this.vPageBytes = Math.multiplyExact((long) pageTokens * g.kvHeads(), vRowBytes);
         this.allocator = new PageAllocator(pages);
         this.arena = Arena.ofShared();
@@ -71,7 +82,7 @@ public final class KvCache implements AutoCloseable {
         if (pageTokens <= 0) {
             throw new IllegalArgumentException("KV cache pages must hold at least one token, got pageTokens=" + pageTokens);
         }
-        long pageBytes = Math.multiplyExact(bytesPerToken(g, k, v), (long) pageTokens);
+        long pageBytes = pageBytes(g, k, v, pageTokens);
         long pages = bytes / pageBytes;
         if (pages < 1) {
             throw new IllegalArgumentException("a KV cache budget of " + bytes + " bytes holds no page: one page of "
@@ -80,9 +91,31 @@ public final class KvCache implements AutoCloseable {
         return new KvCache(g, k, v, pageTokens, (int) Math.min(pages, Integer.MAX_VALUE));
     }
 
-    /** Bytes one token takes in all layers' K and V rows. */
+    /**
+     * Bytes one token takes in all layers' K and V pages: its rows, plus its share of the key means of a 64-token
+     * page (rounded up) with a {@link PageMeanFormat} K format.
+     */
     public static long bytesPerToken(KvGeometry g, KvFormat k, KvFormat v) {
-        return (long) g.layers() * g.kvHeads() * (k.rowBytes(g.headDimK()) + v.rowBytes(g.headDimV()));
+        long rows = (long) g.layers() * g.kvHeads() * (k.rowBytes(g.headDimK()) + v.rowBytes(g.headDimV()));
+        return rows + (k instanceof PageMeanFormat ? (g.layers() * meanBytes(g, k) + 63) / 64 : 0);
+    }
+
+    /** Bytes of one page id in all layers' K and V pools. */
+    public static long pageBytes(KvGeometry g, KvFormat k, KvFormat v, int pageTokens) {
+        long rows = Math.multiplyExact((long) g.layers() * g.kvHeads() * (k.rowBytes(g.headDimK())
+                + v.rowBytes(g.headDimV())), (long) pageTokens);
+        return rows + (k instanceof PageMeanFormat ? g.layers() * meanBytes(g, k) : 0);
+    }
+
+    /** Bytes of one K page of one layer: its rows, then the key means with a {@link PageMeanFormat}. */
+    public static long kPageBytes(KvGeometry g, KvFormat k, int pageTokens) {
+        return Math.multiplyExact((long) pageTokens * g.kvHeads(), k.rowBytes(g.headDimK()))
+                + (k instanceof PageMeanFormat ? meanBytes(g, k) : 0);
+    }
+
+    /** The key means of one K page: a half per kv head and value of K's domain. */
+    private static long meanBytes(KvGeometry g, KvFormat k) {
+        return 2L * g.kvHeads() * k.domainDim(g.headDimK());
     }
 
     public long bytesPerToken() {
@@ -175,6 +208,40 @@ public final class KvCache implements AutoCloseable {
         return kRowBytes;
     }
 
+    /** True when K rows are centered on their page's mean ({@link PageMeanFormat}). */
+    public boolean keyMeans() {
+        return keyMeans;
+    }
+
+    /** Byte offset, inside a K page, of one kv head's mean (domainDim halves); with {@link #keyMeans()} only. */
+    public long kMeanOffset(int head) {
+        if (!keyMeans) {
+            throw new IllegalStateException("K format " + kFormat.name() + " keeps no page means");
+        }
+        return kMeansOffset + 2L * head * kFormat.domainDim(geometry.headDimK());
+    }
+
+    /**
+     * Reads one kv head's key mean of a page into {@code dst[off, off + domainDim)}: values of K's domain (rotated
+     * like the rows of a rotated format), so that it adds to a decoded row.
+     */
+    public void keyMean(int layer, int page, int head, float[] dst, int off) {
+        long at = page * kPageBytes + kMeanOffset(head);
+        int dim = kFormat.domainDim(geometry.headDimK());
+        for (int i = 0; i < dim; i++) {
+            dst[off + i] = Float.float16ToFloat(kPools[layer].get(ValueLayout.JAVA_SHORT_UNALIGNED, at + 2L * i));
+        }
+    }
+
+    /** Sets one kv head's key mean of a page from {@code src[off, off + domainDim)}, rounding each to a half. */
+    void setKeyMean(int layer, int page, int head, float[] src, int off) {
+        long at = page * kPageBytes + kMeanOffset(head);
+        int dim = kFormat.domainDim(geometry.headDimK());
+        for (int i = 0; i < dim; i++) {
+            kPools[layer].set(ValueLayout.JAVA_SHORT_UNALIGNED, at + 2L * i, Float.floatToFloat16(src[off + i]));
+        }
+    }
+
     public long vRowBytes() {
         return vRowBytes;
     }
@@ -191,12 +258,16 @@ public final class KvCache implements AutoCloseable {
         }
     }
 
-    /** Copies the first tokens rows of every layer's K and V page from one page id to another. */
+    /** Copies the first tokens rows (and the key means) of every layer's K and V page from one page id to another. */
     void copyPage(int from, int to, int tokens) {
         long kBytes = (long) tokens * geometry.kvHeads() * kRowBytes;
         long vBytes = (long) tokens * geometry.kvHeads() * vRowBytes;
         for (int l = 0; l < geometry.layers(); l++) {
             MemorySegment.copy(kPools[l], from * kPageBytes, kPools[l], to * kPageBytes, kBytes);
+            if (keyMeans) {
+                MemorySegment.copy(kPools[l], from * kPageBytes + kMeansOffset, kPools[l], to * kPageBytes
+                        + kMeansOffset, kPageBytes - kMeansOffset);
+            }
             MemorySegment.copy(vPools[l], from * vPageBytes, vPools[l], to * vPageBytes, vBytes);
         }
     }

@@ -18,7 +18,7 @@ import java.util.stream.Collectors;
  * <p>Encoding is deterministic: the same row gives the same bytes on every call, through {@link #encode} or
  * {@link #encodeRows}. Non-finite inputs are not supported; the rows they land in decode to unspecified values.
  */
-public sealed interface KvFormat permits HalfFormat, Int8Format, Q4Format, TurboFormat {
+public sealed interface KvFormat permits HalfFormat, Int8Format, Q4Format, TurboFormat, PageMeanFormat {
     /** The format version of every layout here; bump it when any byte layout, codebook, seed or sign changes. */
     int VERSION = 1;
 
@@ -28,15 +28,19 @@ public sealed interface KvFormat permits HalfFormat, Int8Format, Q4Format, Turbo
                 Q4Format.Q4_0H, TurboFormat.TURBO4, TurboFormat.TURBO3, TurboFormat.TURBO2);
     }
 
-    /** The format of a {@code --ctk/--ctv} name. */
+    /** The format of a {@code --ctk/--ctv} name; a name ending in {@code +mean} is a {@link PageMeanFormat}. */
     static KvFormat parse(String name) {
+        if (name.endsWith(PageMeanFormat.SUFFIX) && name.length() > PageMeanFormat.SUFFIX.length()) {
+            return new PageMeanFormat(parse(name.substring(0, name.length() - PageMeanFormat.SUFFIX.length())));
+        }
         for (KvFormat f : all()) {
             if (f.name().equals(name)) {
                 return f;
             }
         }
         throw new IllegalArgumentException("unknown KV cache format '" + name + "'; known formats: "
-                + all().stream().map(KvFormat::name).collect(Collectors.joining(", ")));
+                + all().stream().map(KvFormat::name).collect(Collectors.joining(", "))
+                + " (K formats may end in " + PageMeanFormat.SUFFIX + ": keys centered on their page's mean)");
     }
 
     String name();
@@ -63,6 +67,18 @@ public sealed interface KvFormat permits HalfFormat, Int8Format, Q4Format, Turbo
 
     /** Encodes rows×headDim consecutive floats as rows rows dstStride bytes apart; bit-identical to row by row. */
     void encodeRows(float[] src, int srcOff, int rows, int headDim, MemorySegment dst, long dstOff, long dstStride);
+
+    /**
+     * Encodes rows already in the format's domain ({@link #rotate}d when rotated): rows × domainDim(headDim)
+     * consecutive floats, as {@link #encodeRows} encodes the unrotated rows they came from, bit for bit.
+     */
+    default void encodeDomainRows(float[] src, int srcOff, int rows, int headDim, MemorySegment dst, long dstOff,
+                                  long dstStride) {
+        if (rotated()) {
+            throw new UnsupportedOperationException(name() + " must encode rows of its rotated domain itself");
+        }
+        encodeRows(src, srcOff, rows, headDim, dst, dstOff, dstStride);
+    }
 
     /** Dequantizes one row into {@code dst[dstOff, dstOff+domainDim(headDim))}; rotated-domain values if rotated. */
     void decode(MemorySegment src, long srcOff, int headDim, float[] dst, int dstOff);

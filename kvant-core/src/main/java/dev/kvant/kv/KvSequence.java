@@ -19,11 +19,20 @@ public final class KvSequence implements AutoCloseable {
     private int length;
     private boolean closed;
     private KeySummaries summaries;
+    /** Centered K rows on their way to the encoder (K formats with page means). */
+    private float[] scratch = new float[0];
+    /** A page's key mean in K's domain, for {@link #decodeK}. */
+    private float[] domainMean = new float[0];
+    /** Per layer, the length written in it (layers are written one after another: a page is fresh per layer). */
+    private final int[] layerLength;
+    /** The means of the page being written, as halves read back. */
+    private float[] mean = new float[0];
 
     KvSequence(KvCache cache) {
         this.cache = cache;
         this.allocator = cache.allocator;
         this.pageTokens = cache.pageTokens();
+        this.layerLength = new int[cache.geometry().layers()];
     }
 
     /** Tokens written so far: the largest written position + 1 (or the fork's prefix, or the truncated length). */
@@ -87,20 +96,115 @@ public final class KvSequence implements AutoCloseable {
         }
         KvFormat kf = cache.kFormat();
         KvFormat vf = cache.vFormat();
+        int before = layerLength[layer];
         for (int t = pos; t < end; ) {
             int page = table[t / pageTokens];
             int inPage = t % pageTokens;
             int span = Math.min(end - t, pageTokens - inPage);
             int done = t - pos;
-            kf.encodeRows(k, kOff + done * kRow, span * g.kvHeads(), g.headDimK(), cache.kPool(layer),
-                    page * cache.kPageBytes() + cache.kRowOffset(inPage, 0), cache.kRowBytes());
+            if (cache.keyMeans()) {
+                kf.encodeDomainRows(centered(layer, t / pageTokens, before, k, kOff + done * kRow, span), 0,
+                        span * g.kvHeads(), g.headDimK(), cache.kPool(layer),
+                        page * cache.kPageBytes() + cache.kRowOffset(inPage, 0), cache.kRowBytes());
+            } else {
+                kf.encodeRows(k, kOff + done * kRow, span * g.kvHeads(), g.headDimK(), cache.kPool(layer),
+                        page * cache.kPageBytes() + cache.kRowOffset(inPage, 0), cache.kRowBytes());
+            }
             vf.encodeRows(v, vOff + done * vRow, span * g.kvHeads(), g.headDimV(), cache.vPool(layer),
                     page * cache.vPageBytes() + cache.vRowOffset(inPage, 0), cache.vRowBytes());
             t += span;
         }
         length = Math.max(length, end);
+        layerLength[layer] = Math.max(before, end);
         if (summaries != null) {
             summaries.update(layer, pos, end);
+        }
+    }
+
+    /**
+     * The span K rows from {@code k[kAt..]} (positions from some in logical page lp) in K's domain minus their
+     * page's mean, in scratch (rows of domainDim floats); the page gets its mean first if this write opens it in
+     * this layer — holds none of its rows yet: its start at or past {@code before}, the layer's length before the
+     * write.
+     */
+    private float[] centered(int layer, int lp, int before, float[] k, int kAt, int span) {
+        KvGeometry g = cache.geometry();
+        KvFormat kf = cache.kFormat();
+        int d = g.headDimK();
+        int dom = kf.domainDim(d);
+        int heads = g.kvHeads();
+        int rows = span * heads;
+        if (scratch.length < rows * dom) {
+            scratch = new float[rows * dom];
+        }
+        if (mean.length < heads * dom) {
+            mean = new float[heads * dom];
+        }
+        for (int r = 0; r < rows; r++) {
+            System.arraycopy(k, kAt + r * d, scratch, r * dom, d);
+            kf.rotate(scratch, r * dom, d);
+        }
+        int page = table[lp];
+        int pageStart = lp * pageTokens;
+        if (pageStart >= before) {
+            pageMean(layer, lp, pageStart == before, span, mean);
+            for (int h = 0; h < heads; h++) {
+                cache.setKeyMean(layer, page, h, mean, h * dom);
+            }
+        }
+        for (int h = 0; h < heads; h++) {
+            cache.keyMean(layer, page, h, mean, h * dom);   // the halves, as readers add them back
+        }
+        for (int r = 0; r < rows; r++) {
+            int m = (r % heads) * dom;
+            for (int i = 0; i < dom; i++) {
+                scratch[r * dom + i] -= mean[m + i];
+            }
+        }
+        return scratch;
+    }
+
+    /**
+     * The mean, in K's domain, that a page lp this write opens gets, from the write's span rows in it (in scratch,
+     * rotated): their own mean when they are at least a quarter of a page; else none (0) for the first page; else,
+     * when the write starts at the page ({@code atStart}), the mean of the previous page's keys as stored (decoded,
+     * its mean added back); else (the previous page is being written too) their own mean. Sums run over the rows in
+     * order, one float per value; the same rule on every backend.
+     */
+    private void pageMean(int layer, int lp, boolean atStart, int span, float[] mean) {
+        KvGeometry g = cache.geometry();
+        KvFormat kf = cache.kFormat();
+        int d = g.headDimK();
+        int dom = kf.domainDim(d);
+        int heads = g.kvHeads();
+        Arrays.fill(mean, 0, heads * dom, 0f);
+        if (4 * span >= pageTokens || lp > 0 && !atStart) {
+            for (int r = 0; r < span; r++) {
+                for (int h = 0; h < heads; h++) {
+                    for (int i = 0; i < dom; i++) {
+                        mean[h * dom + i] += scratch[(r * heads + h) * dom + i];
+                    }
+                }
+            }
+            for (int i = 0; i < heads * dom; i++) {
+                mean[i] /= span;
+            }
+        } else if (lp > 0) {
+            int prev = table[lp - 1];
+            float[] row = new float[dom];
+            float[] prevMean = new float[dom];
+            for (int h = 0; h < heads; h++) {
+                for (int t = 0; t < pageTokens; t++) {
+                    kf.decode(cache.kPool(layer), prev * cache.kPageBytes() + cache.kRowOffset(t, h), d, row, 0);
+                    for (int i = 0; i < dom; i++) {
+                        mean[h * dom + i] += row[i];
+                    }
+                }
+                cache.keyMean(layer, prev, h, prevMean, 0);
+                for (int i = 0; i < dom; i++) {
+                    mean[h * dom + i] = mean[h * dom + i] / pageTokens + prevMean[i];
+                }
+            }
         }
     }
 
@@ -186,6 +290,9 @@ public final class KvSequence implements AutoCloseable {
             }
         }
         this.length = length;
+        for (int l = 0; l < layerLength.length; l++) {
+            layerLength[l] = Math.min(layerLength[l], length);
+        }
     }
 
     /** The physical page id of a logical page. */
@@ -194,12 +301,26 @@ public final class KvSequence implements AutoCloseable {
         return table[logicalPage];
     }
 
-    /** Dequantizes the K row of one head at pos into {@code dst[off, off+kFormat.domainDim(headDimK))}. */
+    /**
+     * Dequantizes the K row of one head at pos into {@code dst[off, off+kFormat.domainDim(headDimK))}, its page's
+     * mean added back with a {@link PageMeanFormat}.
+     */
     public void decodeK(int layer, int pos, int head, float[] dst, int off) {
         checkRead(layer, pos, head);
         int page = table[pos / pageTokens];
+        int d = cache.geometry().headDimK();
         cache.kFormat().decode(cache.kPool(layer), page * cache.kPageBytes() + cache.kRowOffset(pos % pageTokens, head),
-                cache.geometry().headDimK(), dst, off);
+                d, dst, off);
+        if (cache.keyMeans()) {
+            int dom = cache.kFormat().domainDim(d);
+            if (domainMean.length < dom) {
+                domainMean = new float[dom];
+            }
+            cache.keyMean(layer, page, head, domainMean, 0);
+            for (int i = 0; i < dom; i++) {
+                dst[off + i] += domainMean[i];
+            }
+        }
     }
 
     public void decodeV(int layer, int pos, int head, float[] dst, int off) {
@@ -245,6 +366,9 @@ public final class KvSequence implements AutoCloseable {
             }
         }
         child.length = prefixTokens;
+        for (int l = 0; l < layerLength.length; l++) {
+            child.layerLength[l] = Math.min(layerLength[l], prefixTokens);
+        }
         if (summaries != null) {
             child.summaries = summaries.copyFor(child, prefixTokens);
         }

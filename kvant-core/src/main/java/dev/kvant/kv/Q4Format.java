@@ -75,19 +75,32 @@ public final class Q4Format implements KvFormat {
 
     @Override
     public void encodeRows(float[] src, int srcOff, int rows, int headDim, MemorySegment dst, long dstOff, long dstStride) {
-        Objects.checkFromIndexSize(srcOff, rows * headDim, src.length);
+        encode(src, srcOff, rows, headDim, false, dst, dstOff, dstStride);
+    }
+
+    @Override
+    public void encodeDomainRows(float[] src, int srcOff, int rows, int headDim, MemorySegment dst, long dstOff,
+                                 long dstStride) {
+        encode(src, srcOff, rows, headDim, true, dst, dstOff, dstStride);
+    }
+
+    /** Rows of headDim floats, or of domainDim floats already rotated when {@code domain}. */
+    private void encode(float[] src, int srcOff, int rows, int headDim, boolean domain, MemorySegment dst,
+                        long dstOff, long dstStride) {
+        int width = domain ? domainDim(headDim) : headDim;
+        Objects.checkFromIndexSize(srcOff, rows * width, src.length);
         int blocks = blocks(headDim);
-        boolean direct = !rotated && headDim % BLOCK == 0;
+        boolean direct = (domain || !rotated) && width % BLOCK == 0;
         float[] scratch = direct ? null : KernelScratch.get().row(blocks * BLOCK);
         for (int r = 0; r < rows; r++) {
-            int row = srcOff + r * headDim;
+            int row = srcOff + r * width;
             long out = dstOff + r * dstStride;
             float[] x = src;
             int off = row;
             if (!direct) {
-                System.arraycopy(src, row, scratch, 0, headDim);
-                Arrays.fill(scratch, headDim, blocks * BLOCK, 0f);
-                if (rotated) {
+                System.arraycopy(src, row, scratch, 0, width);
+                Arrays.fill(scratch, width, blocks * BLOCK, 0f);
+                if (rotated && !domain) {
                     Rotation.forwardRow(scratch, 0, headDim);
                 }
                 x = scratch;

@@ -127,16 +127,31 @@ public final class TurboFormat implements KvFormat {
 
     @Override
     public void encodeRows(float[] src, int srcOff, int rows, int headDim, MemorySegment dst, long dstOff, long dstStride) {
-        Objects.checkFromIndexSize(srcOff, rows * headDim, src.length);
+        encode(src, srcOff, rows, headDim, false, dst, dstOff, dstStride);
+    }
+
+    @Override
+    public void encodeDomainRows(float[] src, int srcOff, int rows, int headDim, MemorySegment dst, long dstOff,
+                                 long dstStride) {
+        encode(src, srcOff, rows, headDim, true, dst, dstOff, dstStride);
+    }
+
+    /** Rows of headDim floats, or of the rotated domain's paddedDim floats when {@code domain}. */
+    private void encode(float[] src, int srcOff, int rows, int headDim, boolean domain, MemorySegment dst,
+                        long dstOff, long dstStride) {
         int padded = Rotation.paddedDim(headDim);
+        int width = domain ? padded : headDim;
+        Objects.checkFromIndexSize(srcOff, rows * width, src.length);
         Tables t = tables(Rotation.blockSize(headDim));
         int n = t.n;
         KernelScratch scratch = KernelScratch.get();
         float[] y = scratch.row(padded);
         int[] codes = scratch.codes(n);
         for (int r = 0; r < rows; r++) {
-            System.arraycopy(src, srcOff + r * headDim, y, 0, headDim);
-            Rotation.forwardRow(y, 0, headDim);
+            System.arraycopy(src, srcOff + r * width, y, 0, width);
+            if (!domain) {
+                Rotation.forwardRow(y, 0, headDim);
+            }
             long out = dstOff + r * dstStride;
             for (int b = 0; b < padded; b += n) {
                 encodeBlock(t, y, b, codes, dst, out + (long) (b / n) * blockBytes(n));

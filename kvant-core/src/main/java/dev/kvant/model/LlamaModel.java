@@ -30,7 +30,7 @@ public final class LlamaModel implements AutoCloseable {
     private volatile SelectionConfig selection;
     private volatile AttentionOptions attentionOptions = AttentionOptions.defaults();
     private volatile SelectionLog.Writer selectionLog;
-    private volatile KeyRowHook keyRowHook;
+    private volatile KvRowHook kvRowHook;
 
     /**
      * @param memory what holds the weights' bytes (the mapped file, an arena), closed with the model
@@ -121,9 +121,9 @@ public final class LlamaModel implements AutoCloseable {
         return selection;
     }
 
-    /** Calls hook with the K rows of every later cache write (null: none); for studies only. */
-    public void setKeyRowHook(KeyRowHook hook) {
-        this.keyRowHook = hook;
+    /** Calls hook with the K and V rows of every later cache write (null: none); for studies only. */
+    public void setKvRowHook(KvRowHook hook) {
+        this.kvRowHook = hook;
     }
 
     /** Records every selection made from now on (null: stop recording); the caller closes the writer. */
@@ -192,7 +192,7 @@ public final class LlamaModel implements AutoCloseable {
         int attnDim = c.heads() * c.headDimV();
         SelectionConfig sc = selection;
         SelectionLog.Writer log = selectionLog;
-        KeyRowHook hook = keyRowHook;
+        KvRowHook hook = kvRowHook;
         AttentionOptions ao = attentionOptions;
         if (sc != null) {
             for (KvSequence seq : seqs) {
@@ -221,7 +221,7 @@ public final class LlamaModel implements AutoCloseable {
             boolean selected = sc != null && l >= sc.denseLayers();
             if (!batch) {
                 if (hook != null) {
-                    hook.beforeWrite(seqs[0], l, starts[0], n, s.k, 0);
+                    hook.beforeWrite(seqs[0], l, starts[0], n, s.q, 0, s.k, 0, s.v, 0);
                 }
                 seqs[0].writeRows(l, starts[0], n, s.k, 0, s.v, 0);
                 Selection sel = selected ? s.select(sc, log, seqs[0], l, s.q, n, starts[0], c.heads(), pool) : null;
@@ -230,7 +230,8 @@ public final class LlamaModel implements AutoCloseable {
             } else {
                 for (int i = 0; i < n; i++) {
                     if (hook != null) {
-                        hook.beforeWrite(seqs[i], l, starts[i], 1, s.k, i * c.kvDimK());
+                        hook.beforeWrite(seqs[i], l, starts[i], 1, s.q, i * c.qDim(), s.k, i * c.kvDimK(), s.v,
+                                i * c.kvDimV());
                     }
                     seqs[i].writeRows(l, starts[i], 1, s.k, i * c.kvDimK(), s.v, i * c.kvDimV());
                     System.arraycopy(s.q, i * c.qDim(), s.qRow, 0, c.qDim());

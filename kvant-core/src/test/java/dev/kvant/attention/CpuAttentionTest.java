@@ -7,6 +7,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import static org.junit.jupiter.api.Assertions.fail;
 
 import dev.kvant.kv.KvFormat;
+import dev.kvant.kv.PageMeanFormat;
 import dev.kvant.tensor.Parallel;
 
 import java.util.ArrayList;
@@ -104,9 +105,23 @@ class CpuAttentionTest {
         }
     }
 
+    /** Every format, and K formats centered on their page's mean (one per family). */
+    static List<KvFormat> formatsAndCentered() {
+        List<KvFormat> all = new ArrayList<>(KvFormat.all());
+        for (String name : new String[] {"turbo3+mean", "q4_0h+mean", "q8_0+mean"}) {
+            all.add(KvFormat.parse(name));
+        }
+        return all;
+    }
+
+    /** V of a K format: a centered K format's rows with plain values. */
+    static KvFormat valuesFor(KvFormat k) {
+        return PageMeanFormat.rows(k);
+    }
+
     static Stream<Arguments> formatsHeadSizesAndGroups() {
         List<Arguments> args = new ArrayList<>();
-        for (KvFormat f : KvFormat.all()) {
+        for (KvFormat f : formatsAndCentered()) {
             for (int d : new int[] {64, 128, 256}) {
                 for (int g : new int[] {1, 4, 8}) {
                     args.add(Arguments.of(f.name(), d, g));
@@ -120,11 +135,12 @@ class CpuAttentionTest {
     @MethodSource("formatsHeadSizesAndGroups")
     void everyKernelMatchesFloat64Reference(String format, int headDim, int group) {
         KvFormat f = KvFormat.parse(format);
+        KvFormat v = valuesFor(f);
         long seed = SEED ^ (format.hashCode() * 31L + headDim * 7L + group);
         SplittableRandom rnd = new SplittableRandom(seed);
         int start = 60 + rnd.nextInt(60);
-        try (AttentionProblem p = AttentionProblem.random(f, f, 2, group, headDim, headDim, start, 5, 16, seed)) {
-            checkAgainstReference(p, AttentionOptions.defaults(), nmseBound(f, f),
+        try (AttentionProblem p = AttentionProblem.random(f, v, 2, group, headDim, headDim, start, 5, 16, seed)) {
+            checkAgainstReference(p, AttentionOptions.defaults(), nmseBound(f, v),
                     format + " d=" + headDim + " gqa=" + group + " start=" + start + seed(seed), Variant.values());
         }
     }
@@ -133,23 +149,24 @@ class CpuAttentionTest {
     @MethodSource("formats")
     void contextsSpanningSeveralPartitionsMatchReference(String format) {
         KvFormat f = KvFormat.parse(format);
+        KvFormat v = valuesFor(f);
         long seed = SEED ^ format.hashCode();
         int start = 2 * CpuAttention.PARTITION + new SplittableRandom(seed).nextInt(CpuAttention.PARTITION);
-        try (AttentionProblem p = AttentionProblem.random(f, f, 2, 4, 128, 128, start, 12, 64, seed)) {
-            checkAgainstReference(p, AttentionOptions.defaults(), nmseBound(f, f),
+        try (AttentionProblem p = AttentionProblem.random(f, v, 2, 4, 128, 128, start, 12, 64, seed)) {
+            checkAgainstReference(p, AttentionOptions.defaults(), nmseBound(f, v),
                     format + " start=" + start + seed(seed), Variant.DECODE, Variant.MULTI_QUERY, Variant.PREFILL);
         }
     }
 
     static Stream<String> formats() {
-        return KvFormat.all().stream().map(KvFormat::name);
+        return formatsAndCentered().stream().map(KvFormat::name);
     }
 
     @Test
     void mixedFormatsAndHeadSizesMatchReference() {
         String[][] cases = {{"q8_0", "turbo3", "128", "128"}, {"turbo4", "f16", "128", "64"}, {"turbo2", "q4_0h", "80", "96"},
                 {"f16", "int8", "96", "80"}, {"q4_0", "bf16", "40", "72"}, {"turbo3", "turbo3", "192", "192"},
-                {"int8", "turbo2", "256", "128"}};
+                {"int8", "turbo2", "256", "128"}, {"turbo2+mean", "q8_0", "80", "96"}, {"q4_0+mean", "turbo3", "192", "128"}};
         for (String[] c : cases) {
             KvFormat k = KvFormat.parse(c[0]);
             KvFormat v = KvFormat.parse(c[1]);

@@ -74,12 +74,13 @@ class SelectedAttentionTest {
 
     @ParameterizedTest(name = "{0} n={1} block={2} sparseV={3}")
     @CsvSource({"f16,1,16,0", "f16,5,16,0", "q8_0,1,64,0", "turbo3,1,16,0", "turbo3,40,16,0", "f16,40,32,0",
-            "q4_0,3,16,0.001", "turbo4,24,16,0.001"})
+            "q4_0,3,16,0.001", "turbo4,24,16,0.001", "turbo3+mean,1,16,0", "turbo3+mean,40,32,0"})
     void attentionThroughEveryBlockEqualsDenseBitForBit(String format, int n, int block, float sparseV) {
         KvFormat f = KvFormat.parse(format);
         AttentionOptions o = AttentionOptions.defaults().withSparseV(sparseV);
         int start = CpuAttention.PARTITION + 300;
-        try (AttentionProblem p = AttentionProblem.random(f, f, 2, 2, 128, 128, start, n, 64, SEED)) {
+        try (AttentionProblem p = AttentionProblem.random(f, CpuAttentionTest.valuesFor(f), 2, 2, 128, 128, start, n,
+                64, SEED)) {
             float[] dense = new float[p.outputSize()];
             float[] sel = new float[p.outputSize()];
             Arrays.fill(dense, Float.NaN);
@@ -98,12 +99,14 @@ class SelectedAttentionTest {
     }
 
     @ParameterizedTest(name = "{0} n={1} block={2}")
-    @CsvSource({"f16,1,16", "f16,6,16", "f16,37,16", "turbo3,1,16", "turbo3,20,64", "q8_0,1,1024"})
+    @CsvSource({"f16,1,16", "f16,6,16", "f16,37,16", "turbo3,1,16", "turbo3,20,64", "q8_0,1,1024",
+        "turbo2+mean,7,16"})
     void attentionThroughASelectionMatchesFloat64ReferenceOverTheSelectedBlocks(String format, int n, int block) {
         KvFormat f = KvFormat.parse(format);
         SplittableRandom rnd = new SplittableRandom(SEED);
         int start = 3000;
-        try (AttentionProblem p = AttentionProblem.random(f, f, 2, 3, 64, 64, start, n, 64, SEED)) {
+        try (AttentionProblem p = AttentionProblem.random(f, CpuAttentionTest.valuesFor(f), 2, 3, 64, 64, start, n, 64,
+                SEED)) {
             Selection sel = random(rnd, block, 2, start, n, 0.2);
             float[] out = new float[p.outputSize()];
             Arrays.fill(out, Float.NaN);

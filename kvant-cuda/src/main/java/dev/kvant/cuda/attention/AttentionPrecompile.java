@@ -5,6 +5,7 @@ import dev.kvant.cuda.KernelSource;
 import dev.kvant.cuda.Nvrtc;
 import dev.kvant.kv.KvFormat;
 import dev.kvant.kv.KvGeometry;
+import dev.kvant.kv.PageMeanFormat;
 import dev.kvant.kv.TurboFormat;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -63,6 +64,18 @@ public final class AttentionPrecompile {
                 KvFormat.parse("q8_0"), 64));
         shapes.add(new AttentionShape(new KvGeometry(1, 8, 64, 128), 32, KvFormat.parse("bf16"), TurboFormat.TURBO4,
                 64));
+        // keys centered on their page's mean: each family, and the tinycode shape
+        for (String[] kv : new String[][] {{"turbo3+mean", "turbo3"}, {"turbo4+mean", "turbo4"},
+                {"turbo2+mean", "turbo2"}, {"q4_0h+mean", "q4_0h"}, {"q8_0+mean", "turbo3"}, {"q4_0+mean", "q8_0"}}) {
+            shapes.add(new AttentionShape(new KvGeometry(1, 8, 128, 128), 32, KvFormat.parse(kv[0]),
+                    KvFormat.parse(kv[1]), 64));
+        }
+        shapes.add(new AttentionShape(new KvGeometry(1, 2, 128, 128), 4, KvFormat.parse("turbo3+mean"),
+                TurboFormat.TURBO3, 64));
+        shapes.add(new AttentionShape(new KvGeometry(1, 8, 64, 64), 32, KvFormat.parse("turbo3+mean"),
+                TurboFormat.TURBO3, 64));
+        shapes.add(new AttentionShape(new KvGeometry(1, 8, 256, 256), 32, KvFormat.parse("turbo2+mean"),
+                TurboFormat.TURBO2, 64));
         return shapes;
     }
 
@@ -70,7 +83,7 @@ public final class AttentionPrecompile {
     public static List<AttentionShape> selectionShapes() {
         List<AttentionShape> shapes = new ArrayList<>();
         for (AttentionShape s : standardShapes()) {
-            if (s.headDimK() == 128 && s.headDimV() == 128 && s.kFormat() == s.vFormat()) {
+            if (s.headDimK() == 128 && s.headDimV() == 128 && PageMeanFormat.rows(s.kFormat()) == s.vFormat()) {
                 shapes.add(s);
             }
         }

@@ -3,6 +3,7 @@ package dev.kvant.cuda.attention;
 import dev.kvant.kv.KvCache;
 import dev.kvant.kv.KvFormat;
 import dev.kvant.kv.KvGeometry;
+import dev.kvant.kv.PageMeanFormat;
 
 /**
  * What the attention kernels are compiled and launched for: the cache's geometry, formats and page size, and the
@@ -16,6 +17,10 @@ public record AttentionShape(KvGeometry geometry, int heads, KvFormat kFormat, K
         if (heads <= 0 || heads % geometry.kvHeads() != 0) {
             throw new IllegalArgumentException("attention needs a positive multiple of the " + geometry.kvHeads()
                     + " kv heads as query heads, got " + heads);
+        }
+        if (vFormat instanceof PageMeanFormat) {
+            throw new IllegalArgumentException("V cache format " + vFormat.name() + ": only keys are centered on "
+                    + "their page's mean");
         }
         checkHeadDim("K", geometry.headDimK());
         checkHeadDim("V", geometry.headDimV());

@@ -3,6 +3,7 @@ package dev.kvant.cuda.attention;
 import dev.kvant.cuda.KernelSource;
 import dev.kvant.kv.Codebook;
 import dev.kvant.kv.KvFormat;
+import dev.kvant.kv.PageMeanFormat;
 import dev.kvant.kv.Rotation;
 import dev.kvant.kv.TurboFormat;
 import java.io.IOException;
@@ -55,15 +56,19 @@ final class AttentionSource {
 
     static Map<String, String> defines(AttentionShape shape, int hb) {
         return Map.of("KF", Integer.toString(formatId(shape.kFormat())),
+                "KMEAN", shape.kFormat() instanceof PageMeanFormat ? "1" : "0",
                 "VF", Integer.toString(formatId(shape.vFormat())),
                 "DK", Integer.toString(shape.headDimK()),
                 "DV", Integer.toString(shape.headDimV()),
                 "HBD", Integer.toString(hb));
     }
 
-    /** The id kv_format.cuh uses for a format: its position in {@link KvFormat#all()}. */
+    /**
+     * The id kv_format.cuh uses for a format: its position in {@link KvFormat#all()}; a centered K format has its
+     * rows' format's id (the define KMEAN says it is centered).
+     */
     static int formatId(KvFormat format) {
-        int id = KvFormat.all().indexOf(format);
+        int id = KvFormat.all().indexOf(PageMeanFormat.rows(format));
         if (id < 0) {
             throw new IllegalArgumentException("KV format " + format.name() + " has no GPU kernels");
         }
@@ -102,7 +107,8 @@ final class AttentionSource {
         boolean qInTile = ts > 0 && 16 * ts >= 8 * (2 * dK + 16);
         int fixed = (qInTile ? 0 : hb * 8 * (2 * dK + 16)) + lutEntries(shape.kFormat()) * 128
                 + (shape.vFormat() == shape.kFormat() ? 0 : lutEntries(shape.vFormat()) * 128)
-                + (ts == 0 ? 0 : hb * 16 * ts) + round16(8 * 16 * 2);
+                + (ts == 0 ? 0 : hb * 16 * ts) + round16(8 * 16 * 2)
+                + (shape.kFormat() instanceof PageMeanFormat ? hb * 2 * dK : 0);
         int stage = 16 * (slotK + slotV);
         int small = (110 * 1024 - fixed) / stage;
         int stages = small >= 2 ? Math.min(small, 6) : Math.max(2, Math.min(6, (200 * 1024 - fixed) / stage));

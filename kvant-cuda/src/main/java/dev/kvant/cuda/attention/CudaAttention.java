@@ -9,6 +9,7 @@ import dev.kvant.cuda.Dim3;
 import dev.kvant.cuda.KernelCache;
 import dev.kvant.cuda.KernelSource;
 import dev.kvant.cuda.Owned;
+import dev.kvant.kv.PageMeanFormat;
 import dev.kvant.select.SelectionConfig;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
@@ -41,6 +42,7 @@ public final class CudaAttention implements AutoCloseable {
     private final float sparseThreshold;
     private final CudaModule module;
     private final CudaFunction writeKv;
+    private final CudaFunction pageMeans;
     private final CudaFunction decode;
     private final CudaFunction prefill;
     private final CudaFunction merge;
@@ -71,6 +73,7 @@ public final class CudaAttention implements AutoCloseable {
         KernelSource source = AttentionSource.source(shape);
         this.module = context.loadModule(cache, source, AttentionSource.defines(shape));
         this.writeKv = module.function("kvant_kv_write_kv");
+        this.pageMeans = module.function("kvant_kv_page_means");
         this.decode = module.function("kvant_attn_decode");
         this.prefill = module.function("kvant_attn_prefill");
         this.merge = module.function("kvant_attn_merge");
@@ -132,6 +135,15 @@ public final class CudaAttention implements AutoCloseable {
      */
     public void quantizeRows(CudaKvCache kv, int layer, DeviceBuffer k, DeviceBuffer v, DeviceBuffer slots, int tokens,
                              CudaStream stream) {
+        quantizeRows(kv, layer, k, v, slots, null, tokens, stream);
+    }
+
+    /**
+     * As above; with a K format centered on page means ({@link PageMeanFormat}) {@code prevPages} (int32 [tokens],
+     * see kvant_kv_page_means in kv_write.cu) lets the pages this write opens get their means first.
+     */
+    public void quantizeRows(CudaKvCache kv, int layer, DeviceBuffer k, DeviceBuffer v, DeviceBuffer slots,
+                             DeviceBuffer prevPages, int tokens, CudaStream stream) {
         kv.checkShape(shape);
         if (tokens <= 0) {
             return;
@@ -140,6 +152,15 @@ public final class CudaAttention implements AutoCloseable {
         requireBytes("K rows", k, (long) rows * shape.headDimK() * 4);
         requireBytes("V rows", v, (long) rows * shape.headDimV() * 4);
         requireBytes("slots", slots, 4L * tokens);
+        if (shape.kFormat() instanceof PageMeanFormat) {
+            if (prevPages == null) {
+                throw new IllegalArgumentException("K format " + shape.kFormat().name() + " centers pages on their "
+                        + "means: the write needs the previous pages (prevPages)");
+            }
+            requireBytes("prevPages", prevPages, 4L * tokens);
+            pageMeans.launch(new Dim3(tokens, shape.kvHeads(), 1), Dim3.of(32), 0, stream, k, tokens,
+                    shape.kvHeads(), slots, prevPages, kv.kPool(layer), shape.pageTokens(), kv.kPageBytes());
+        }
         writeKv.launch(new Dim3((rows + 3) / 4, 2, 1), Dim3.of(128), 0, stream, k, v, rows, shape.kvHeads(), slots,
                 kv.kPool(layer), kv.vPool(layer), shape.pageTokens(), kv.kPageBytes(), kv.vPageBytes());
     }

@@ -50,7 +50,7 @@ public final class CudaKvCache implements AutoCloseable {
         this.pages = pages;
         this.kRowBytes = k.rowBytes(g.headDimK());
         this.vRowBytes = v.rowBytes(g.headDimV());
-        this.kPageBytes = Math.multiplyExact((long) pageTokens * g.kvHeads(), kRowBytes);
+        this.kPageBytes = KvCache.kPageBytes(g, k, pageTokens);   // the host layout, key means included
         this.vPageBytes = Math.multiplyExact((long) pageTokens * g.kvHeads(), vRowBytes);
         this.kPools = new DeviceBuffer[g.layers()];
         this.vPools = new DeviceBuffer[g.layers()];

@@ -769,8 +769,12 @@ public final class CudaBackend implements Backend {
                             int pos = start + done + t;
                             staging.setAtIndex(ValueLayout.JAVA_INT, t, pages[pos / PAGE_TOKENS] * PAGE_TOKENS
                                     + pos % PAGE_TOKENS);
+                            // kvant_kv_page_means: the chunk is one write of the sequence
+                            staging.setAtIndex(ValueLayout.JAVA_INT, n + t, pos < PAGE_TOKENS ? -1
+                                    : t == 0 ? pages[pos / PAGE_TOKENS - 1] : -2);
                         }
                         st.slots.copyFromHostAsync(staging.asSlice(0, 4L * n), 0, st.stream);
+                        st.prevPages.copyFromHostAsync(staging.asSlice(4L * n, 4L * n), 0, st.stream);
                         part.batch().set(0, pages, pageCount, start + done + n);
                         part.batch().upload(st.stream);
                         st.fillRandom(part, start + done + n, n, seed, done);

@@ -198,7 +198,8 @@ final class ModelKernels implements AutoCloseable {
         ropeSplit.launch(new Dim3(r.n(), (r.heads() + r.kvHeads() + 3) / 4, 1), Dim3.of(128), 0, stream, r.qkv(),
                 r.n(), orNull(r.positions()), r.start(), r.q(), r.k(), r.v(), r.angles(), r.ropeDim(),
                 r.neox() ? 1 : 0, r.heads(), r.kvHeads(), r.headDim(), r.headDimV(), orNull(r.qNorm()),
-                orNull(r.kNorm()), r.eps(), r.tables(), r.tableStride(), r.seqStride(), r.pageTokens(), r.slots());
+                orNull(r.kNorm()), r.eps(), r.tables(), r.tableStride(), r.seqStride(), r.pageTokens(), r.slots(),
+                orNull(r.prevPages()));
     }
 
     /** silu(gate)·up of n rows of a stacked gate/up output, as f16 (outHalf) or f32 (outFloat). */
@@ -245,7 +246,8 @@ final class ModelKernels implements AutoCloseable {
     record RopeLaunch(DeviceBuffer qkv, int n, DeviceBuffer positions, int start, DeviceBuffer q, DeviceBuffer k,
                       DeviceBuffer v, DeviceBuffer angles, int ropeDim, boolean neox, int heads,
                       int kvHeads, int headDim, int headDimV, DeviceBuffer qNorm, DeviceBuffer kNorm, float eps,
-                      DeviceBuffer tables, int tableStride, int seqStride, int pageTokens, DeviceBuffer slots) {
+                      DeviceBuffer tables, int tableStride, int seqStride, int pageTokens, DeviceBuffer slots,
+                      DeviceBuffer prevPages) {
     }
 
     @Override

@@ -37,6 +37,8 @@ final class Stage implements AutoCloseable {
     final DeviceBuffer tokens;
     final DeviceBuffer positions;
     final DeviceBuffer slots;
+    /** Per vector, what kvant_kv_page_means needs to center a page it opens (see kv_write.cu). */
+    final DeviceBuffer prevPages;
     /** Argmax keys of the output product, one per vector (ModelKernels#logits); the last stage's. */
     final DeviceBuffer best;
     final DeviceBuffer x;
@@ -83,6 +85,7 @@ final class Stage implements AutoCloseable {
             this.tokens = floats(rowsMax);
             this.positions = floats(rowsMax);
             this.slots = floats(rowsMax);
+            this.prevPages = floats(rowsMax);
             this.best = bytes(8L * logitRows);
             this.x = floats((long) rowsMax * c.dim());
             this.xb = ModelKernels.Vectors.allocate(this::bytes, rowsMax, c.dim());
@@ -142,7 +145,7 @@ final class Stage implements AutoCloseable {
             k.rmsnorm(x, L.attnNorm(), xb, n, dim, eps, stream);
             L.qkv().matvec(k, xb, n, qkv, qkvDim, L.qkvBias(), ModelKernels.MV_STORE, stream);
             k.ropeSplit(rope(kv, n, positions, 0, L, 1), stream);
-            kv.attention().quantizeRows(kv.cache(), l, kRows, vRows, slots, n, stream);
+            kv.attention().quantizeRows(kv.cache(), l, kRows, vRows, slots, prevPages, n, stream);
             // the merge writes the 8-bit operand of the o product too when that product reads one
             DeviceBuffer outQ8 = L.wo().readsQ8() ? attn.q8() : null;
             DeviceBuffer outQ8Scales = L.wo().readsQ8() ? attn.q8Scales() : null;
@@ -198,7 +201,7 @@ final class Stage implements AutoCloseable {
                 k.addBias(qkv, L.qkvBias(), qkvDim, n, stream);
             }
             k.ropeSplit(rope(kv, n, null, start, L, 0), stream);
-            kv.attention().quantizeRows(kv.cache(), l, kRows, vRows, slots, n, stream);
+            kv.attention().quantizeRows(kv.cache(), l, kRows, vRows, slots, prevPages, n, stream);
             if (selected(kv, l)) {
                 kv.attention().summarize(kv.cache(), l, kv.batch(), 0, start + n, n, stream);
                 kv.attention().prefillSelected(kv.cache(), l, q, kv.batch(), 0, start, n, attn.floats(), stream);
@@ -224,14 +227,14 @@ final class Stage implements AutoCloseable {
 
     /**
      * Writes random K and V rows (standard normal) for n tokens into every layer of this stage, at the slots already
-     * in {@link #slots}; the sequence is then {@code length} long (batch row 0). Keeps key summaries where decode
+     * in {@link #slots} (and {@link #prevPages}); the sequence is then {@code length} long (batch row 0). Keeps key summaries where decode
      * reads them. Queued on the stage's stream. {@code chunk} (the chunk's first token) varies the rows per chunk.
      */
     void fillRandom(KvPool.Part kv, int length, int n, long seed, int chunk) {
         for (int l = 0; l < layerCount(); l++) {
             kv.attention().fillNormal(kRows, (long) n * c.kvDimK(), fillSeed(seed, chunk, from + l, 0), 1f, stream);
             kv.attention().fillNormal(vRows, (long) n * c.kvDimV(), fillSeed(seed, chunk, from + l, 1), 1f, stream);
-            kv.attention().quantizeRows(kv.cache(), l, kRows, vRows, slots, n, stream);
+            kv.attention().quantizeRows(kv.cache(), l, kRows, vRows, slots, prevPages, n, stream);
             if (selected(kv, l)) {
                 kv.attention().summarize(kv.cache(), l, kv.batch(), 0, length, n, stream);
             }
@@ -272,7 +275,7 @@ final class Stage implements AutoCloseable {
         return new ModelKernels.RopeLaunch(qkv, n, positions, start, q, kRows, vRows, angles, r.ropeDim(),
                 r.mode() == Rope.Mode.NEOX, c.heads(), c.kvHeads(), c.headDimK(), c.headDimV(),
                 L.qNorm(), L.kNorm(), c.rmsEps(), kv.batch().tables(), kv.batch().tableStride(), seqStride,
-                CudaBackend.PAGE_TOKENS, slots);
+                CudaBackend.PAGE_TOKENS, slots, prevPages);
     }
 
     MemorySegment stagingSegment() {

@@ -89,7 +89,9 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {
 // Q_ALIAS: the query tile lives in the warp's own dequant tile (decode: one warp per tile, Q is read into registers
 // before the first tile is dequantized), which keeps the shared memory of turbo and q8/q4 decode within two blocks
 // per SM.
-template <int HB, int WARPS, int TT, int QROWS, bool Q_ALIAS>
+// MU: (KMEAN prefill) each stage also holds the key means of the pages its 8-token chunks start, DK halves per
+// chunk in head order, copied with the rows.
+template <int HB, int WARPS, int TT, int QROWS, bool Q_ALIAS, bool MU = false>
 struct Layout {
     static constexpr int SLOTK = round16(HB * RBK) + 16;   // one token's cover of HB K rows
     static constexpr int SLOTV = round16(HB * RBV) + 16;
@@ -103,12 +105,14 @@ struct Layout {
     static constexpr int LUTK_BYTES = lut_entries(KF) * 128;
     static constexpr int LUTV_BYTES = VF == KF ? 0 : lut_entries(VF) * 128;
     static constexpr int TILE_BYTES = TILES * TT * TS;
-    static constexpr int STAGE = TT * (SLOTK + SLOTV);
+    static constexpr int STAGE_MU = MU ? (TT / 8) * DK * 2 : 0;
+    static constexpr int STAGE = TT * (SLOTK + SLOTV) + STAGE_MU;
     static constexpr int OFF_LUTK = Q_BYTES;
     static constexpr int OFF_LUTV = OFF_LUTK + LUTK_BYTES;
     static constexpr int OFF_TILE = OFF_LUTV + LUTV_BYTES;
     static constexpr int OFF_OFS = OFF_TILE + TILE_BYTES;
-    static constexpr int FIXED = OFF_OFS + round16(8 * TT * 2);
+    static constexpr int OFF_MU = OFF_OFS + round16(8 * TT * 2);     // KMEAN: per warp a page mean, tile order
+    static constexpr int FIXED = OFF_MU + (KMEAN ? WARPS * DK * 2 : 0);
     // Stages: enough bytes in flight to cover the memory latency. Two blocks per SM when that fits in about 110 KB
     // each, else one block with up to 200 KB.
     static constexpr int NST_SMALL = (110 * 1024 - FIXED) / STAGE;
@@ -166,6 +170,14 @@ struct StageLoader {
                                             kPageBytes, kvHeads, h0, u);
         copy_token<HB, RBV, LY::SLOTV, TPT>(rawV + t * LY::SLOTV, offs + t * 2 + 1, page, tok0 + t, pageTokens, vpool,
                                             vPageBytes, kvHeads, h0, u);
+        if constexpr (LY::STAGE_MU > 0) {
+            // a chunk that starts a page: that page's key mean (kv head h0) into the chunk's slot
+            if (page >= 0 && t % 8 == 0 && (tok0 + t) % pageTokens == 0) {
+                u8* mu = rawK + TT * (LY::SLOTK + LY::SLOTV) + (t / 8) * DK * 2;
+                const u8* src = (const u8*) key_mean(kpool, page, kPageBytes, pageTokens, kvHeads, h0);
+                for (int w = u; w < DK * 2 / 16; w += TPT) cp_async16(mu + w * 16, src + w * 16);
+            }
+        }
     }
 };
 
@@ -181,6 +193,42 @@ __device__ __forceinline__ void dequant_tile(u8* tile, const u8* raw, const u8* 
         if (t < valid) v = dq_group<FMT, D>(raw + t * SLOT + offs[t * 2 + isV] + hl * RB, grp, lut, lane);
         *(uint4*) (tile + t * TS + grp * 16) = v;
     }
+}
+
+// KMEAN: the score of a key is q·(k - μ) + q·μ, μ its page's mean, so the tile (centered rows) goes through the
+// tensor cores as is and each score gets the bias q·μ of its page: computed once per page from the f16 query the
+// mma reads (its tile column order, μ looked up through perm_col) and the fp16 mean, in a fixed order.
+__device__ __forceinline__ float half_lo(u32 x) { return h2f((u16) (x & 0xffffu)); }
+__device__ __forceinline__ float half_hi(u32 x) { return h2f((u16) (x >> 16)); }
+
+// A page mean staged by one warp in its tile column order (muT[col] = μ of head dimension perm_col(col)), so the
+// bias reads the columns of a query fragment as f16 pairs.
+__device__ __forceinline__ void stage_mean(u16* muT, const u16* __restrict__ mu, int lane) {
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < DK / 32; j++) muT[perm_inv<KF, DK>(32 * j + lane)] = mu[32 * j + lane];
+    __syncwarp();
+}
+
+// q·μ of a query fragment of one k-step: the f16 pairs x0 (columns col, col + 1) and x1 (col + 8, col + 9).
+__device__ __forceinline__ float bias_step(float acc, u32 x0, u32 x1, const u16* muT, int col) {
+    const u32 m0 = *(const u32*) (muT + col), m1 = *(const u32*) (muT + col + 8);
+    acc = fmaf(half_lo(x0), half_lo(m0), acc);
+    acc = fmaf(half_hi(x0), half_hi(m0), acc);
+    acc = fmaf(half_lo(x1), half_lo(m1), acc);
+    return fmaf(half_hi(x1), half_hi(m1), acc);
+}
+
+// Decode (Q^T as B fragments: lane g·4 + c holds query row g, columns 16ks + 2c.. and +8..): the bias of the rows
+// the lane's scores belong to, 2c and 2c + 1.
+__device__ __forceinline__ float2 key_bias_decode(const u32 (*qf)[2], const u16* muT, int lane) {
+    const int c = lane & 3;
+    float acc = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < DK / 16; ks++) acc = bias_step(acc, qf[ks][0], qf[ks][1], muT, 16 * ks + 2 * c);
+    acc += __shfl_xor_sync(FULL_MASK, acc, 1);
+    acc += __shfl_xor_sync(FULL_MASK, acc, 2);
+    return make_float2(__shfl_sync(FULL_MASK, acc, 8 * c), __shfl_sync(FULL_MASK, acc, 8 * c + 4));
 }
 
 // The rows of a warp's query tile: QROWS rows starting at row0 of a kv head's rows (row = query * G + head in
@@ -354,6 +402,8 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
 #pragma unroll
     for (int i = 0; i < DV / 16; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
+    int biasPage = -1;   // KMEAN: the page whose q·μ bias holds
+    float2 bias = make_float2(0.f, 0.f);
 
     for (int it = 0; it < ntiles; it++) {
         cp_async_wait<NST - 2>();
@@ -393,6 +443,23 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
                 u32 r[4];
                 ldsm_x4(r, a + ks * 32);
                 mma16816<K_BF16>(s, r[0], r[1], r[2], r[3], qf[ks][0], qf[ks][1]);
+            }
+        }
+        if constexpr (KMEAN) {
+            // tokens g and g + 8: the tile's 8-token halves, each in one page (pages hold multiples of 8 tokens)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                if (8 * e < valid) {
+                    const int page = table[pos(tok0 + 8 * e) / pageTokens];
+                    if (page != biasPage) {
+                        biasPage = page;
+                        u16* muT = (u16*) (smem + LY::OFF_MU) + warp * DK;
+                        stage_mean(muT, key_mean(kpool, page, kPageBytes, pageTokens, kvHeads, kh), lane);
+                        bias = key_bias_decode(qf, muT, lane);
+                    }
+                    s[2 * e] += bias.x;
+                    s[2 * e + 1] += bias.y;
+                }
             }
         }
         // ---- online softmax over the 16 tokens (lane: tokens g, g+8; rows 2c, 2c+1)
@@ -524,7 +591,7 @@ kvant_attn_decode_sel(const float* __restrict__ q, const u8* __restrict__ kpool,
 constexpr int PRE_TT = 64;
 constexpr int PRE_WARPS = 8;
 constexpr int PRE_ROWS = PRE_WARPS * 16;
-using PreLayout = Layout<1, PRE_WARPS, PRE_TT, 16, false>;
+using PreLayout = Layout<1, PRE_WARPS, PRE_TT, 16, false, KMEAN>;
 constexpr bool PRE_Q_REGS = DK <= 128;
 
 extern "C" __global__ void __launch_bounds__(PRE_WARPS * 32, 1)
@@ -590,6 +657,7 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
 #pragma unroll
     for (int i = 0; i < DV / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
+    float2 bias = make_float2(0.f, 0.f);   // KMEAN: q·μ of the current page, rows g and g + 8
 
     for (int it = 0; it < ntiles; it++) {
         cp_async_wait<NST - 2>();
@@ -641,6 +709,39 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
                     ldsm_x4(r, b + np * 16 * kstride + ks * 32);
                     mma16816<K_BF16>(s[2 * np], a[0], a[1], a[2], a[3], r[0], r[1]);
                     mma16816<K_BF16>(s[2 * np + 1], a[0], a[1], a[2], a[3], r[2], r[3]);
+                }
+            }
+        }
+        if constexpr (KMEAN) {
+            // chunk j = tokens 8j..8j+7 of the tile, in one page; lane: rows g (x) and g + 8 (y)
+#pragma unroll
+            for (int j = 0; j < TT / 8; j++) {
+                if (tok0 + 8 * j < t1) {
+                    if ((tok0 + 8 * j) % pageTokens == 0) {   // a new page: its mean came with the stage
+                        u16* muT = (u16*) (smem + LY::OFF_MU) + warp * DK;
+                        stage_mean(muT, (const u16*) (rawK + TT * (LY::SLOTK + LY::SLOTV)) + j * DK, lane);
+                        float bx = 0.f, by = 0.f;
+#pragma unroll
+                        for (int ks = 0; ks < DK / 16; ks++) {
+                            u32 a[4];
+                            if constexpr (PRE_Q_REGS) {
+                                a[0] = qf[ks][0]; a[1] = qf[ks][1]; a[2] = qf[ks][2]; a[3] = qf[ks][3];
+                            } else {
+                                ldsm_x4(a, qa + ks * 32);
+                            }
+                            bx = bias_step(bx, a[0], a[2], muT, 16 * ks + 2 * c);
+                            by = bias_step(by, a[1], a[3], muT, 16 * ks + 2 * c);
+                        }
+                        bx += __shfl_xor_sync(FULL_MASK, bx, 1);
+                        bx += __shfl_xor_sync(FULL_MASK, bx, 2);
+                        by += __shfl_xor_sync(FULL_MASK, by, 1);
+                        by += __shfl_xor_sync(FULL_MASK, by, 2);
+                        bias = make_float2(bx, by);
+                    }
+                    s[j][0] += bias.x;
+                    s[j][1] += bias.x;
+                    s[j][2] += bias.y;
+                    s[j][3] += bias.y;
                 }
             }
         }

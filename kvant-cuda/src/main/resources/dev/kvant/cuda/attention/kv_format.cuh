@@ -308,3 +308,53 @@ __device__ __forceinline__ uint4 dq_group(const u8* row, int grp, const u32* lut
     }
     return r;
 }
+
+// Head dimension d of a K row as the CPU's KvFormat.decode gives it (rotated domain for rotated formats): the same
+// float operations, so summaries equal dev.kvant.kv.KeySummaries bit for bit.
+template <int FMT, int D>
+__device__ __forceinline__ float decode_elem(const u8* row, int d) {
+    if constexpr (FMT == F_F16) {
+        return h2f((u16) ld_u16(row + 2 * d));
+    } else if constexpr (FMT == F_BF16) {
+        return __uint_as_float(ld_u16(row + 2 * d) << 16);
+    } else if constexpr (FMT == F_Q8_0 || FMT == F_INT8) {
+        constexpr int B = FMT == F_Q8_0 ? 32 : 64;
+        const u8* blk = row + (d / B) * (B + 2);
+        return __fmul_rn((float) (signed char) blk[2 + d % B], h2f((u16) ld_u16(blk)));
+    } else if constexpr (FMT == F_Q4_0 || FMT == F_Q4_0H) {
+        const u8* blk = row + (d / 32) * 18;
+        const int j = d % 32;
+        const int code = j < 16 ? (blk[2 + j] & 15) : (blk[2 + j - 16] >> 4);
+        return __fmul_rn((float) (code - 8), h2f((u16) ld_u16(blk)));
+    } else {
+        constexpr int N = rot_block(D);
+        constexpr int BITS = fmt_bits(FMT);
+        constexpr int NI = N == 128 ? 1 : 0;
+        const u8* blk = row + (d / N) * (2 + N * BITS / 8);
+        const u8* codes = blk + 2;
+        const int i = d % N;
+        int code;
+        if constexpr (BITS == 4) {
+            code = (codes[i % (N / 2)] >> (4 * (i / (N / 2)))) & 15;
+        } else if constexpr (BITS == 2) {
+            code = (codes[i % (N / 4)] >> (2 * (i / (N / 4)))) & 3;
+        } else {
+            code = ((codes[i % (N / 4)] >> (2 * (i / (N / 4)))) & 3)
+                 | (((codes[N / 4 + i % (N / 8)] >> (i / (N / 8))) & 1) << 2);
+        }
+        return __fmul_rn(kv_centroid[BITS - 2][NI][code], h2f((u16) ld_u16(blk)));
+    }
+}
+
+// ---- keys centered on their page's mean (dev.kvant.kv.PageMeanFormat: KMEAN = 1)
+//
+// A K page then ends with one mean per kv head, DK fp16 values in K's domain (head order), after its pageTokens *
+// kvHeads rows; every reader adds a row's page mean to its decoded values.
+#ifndef KMEAN
+#define KMEAN 0
+#endif
+__device__ __forceinline__ const u16* key_mean(const u8* kpool, int page, i64 kPageBytes, int pageTokens,
+                                               int kvHeads, int h) {
+    return (const u16*) (kpool + (i64) page * kPageBytes + (i64) pageTokens * kvHeads * fmt_row_bytes(KF, DK))
+         + (i64) h * DK;
+}

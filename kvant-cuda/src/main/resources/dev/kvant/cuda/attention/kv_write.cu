@@ -77,10 +77,16 @@ __device__ __forceinline__ void encode_q4_block(float x, u8* blk, int lane) {
     if (lane < 16) blk[2 + lane] = (u8) (code | (upper << 4));
 }
 
+// mean: null, or the row's page mean (D fp16 values of the format's domain, KMEAN), subtracted from the domain row
+// before it is quantized, as KvSequence does before KvFormat.encodeDomainRows.
 template <int FMT, int D>
-__device__ void encode_row(const float* src, u8* dst, u8* codes, int lane) {
+__device__ void encode_row(const float* src, u8* dst, u8* codes, int lane, const u16* mean) {
     float x[D / 32];
     load_row<D>(src, x, lane);
+    if (mean != nullptr && !fmt_rotated(FMT)) {
+#pragma unroll
+        for (int j = 0; j < D / 32; j++) x[j] = __fsub_rn(x[j], h2f(mean[32 * j + lane]));
+    }
     if constexpr (FMT == F_F16) {
 #pragma unroll
         for (int j = 0; j < D / 32; j++) ((u16*) dst)[32 * j + lane] = f2h(x[j]);
@@ -119,7 +125,13 @@ __device__ void encode_row(const float* src, u8* dst, u8* codes, int lane) {
             }
         }
     } else if constexpr (FMT == F_Q4_0 || FMT == F_Q4_0H) {
-        if constexpr (FMT == F_Q4_0H) wht_row<D>(x, lane, false);
+        if constexpr (FMT == F_Q4_0H) {
+            wht_row<D>(x, lane, false);
+            if (mean != nullptr) {
+#pragma unroll
+                for (int j = 0; j < D / 32; j++) x[j] = __fsub_rn(x[j], h2f(mean[32 * j + lane]));
+            }
+        }
 #pragma unroll
         for (int j = 0; j < D / 32; j++) encode_q4_block(x[j], dst + j * 18, lane);
     } else {
@@ -133,6 +145,10 @@ __device__ void encode_row(const float* src, u8* dst, u8* codes, int lane) {
         for (int b = 0; b < D / N; b++) {
             float* y = x + b * R;
             wht_block<N>(y, lane, false);
+            if (mean != nullptr) {
+#pragma unroll
+                for (int j = 0; j < R; j++) y[j] = __fsub_rn(y[j], h2f(mean[32 * (b * R + j) + lane]));
+            }
             const float s = __fsqrt_rn(lane_order_sum_sq<N>(y, lane));
             const float inv = s > 0.f ? __fdiv_rn(1.f, s) : 0.f;
             float c[R];
@@ -173,7 +189,7 @@ __device__ void encode_row(const float* src, u8* dst, u8* codes, int lane) {
     }
 }
 
-template <int FMT, int D>
+template <int FMT, int D, bool MEAN>
 __device__ __forceinline__ void write_rows(const float* __restrict__ src, int rows, int kvHeads,
                                            const int* __restrict__ slots, u8* __restrict__ pool, int pageTokens,
                                            i64 pageBytes) {
@@ -187,7 +203,8 @@ __device__ __forceinline__ void write_rows(const float* __restrict__ src, int ro
     const int page = slot / pageTokens, inPage = slot % pageTokens;
     constexpr i64 RB = fmt_row_bytes(FMT, D);
     u8* dst = pool + (i64) page * pageBytes + ((i64) inPage * kvHeads + head) * RB;
-    encode_row<FMT, D>(src + (i64) row * D, dst, codes[warp], lane);
+    const u16* mean = MEAN ? key_mean(pool, page, pageBytes, pageTokens, kvHeads, head) : nullptr;
+    encode_row<FMT, D>(src + (i64) row * D, dst, codes[warp], lane, mean);
 }
 
 // kvant_kv_write_kv: K and V rows in one launch (grid.y = 0 writes K rows, 1 writes V rows).
@@ -195,9 +212,59 @@ extern "C" __global__ void __launch_bounds__(128) kvant_kv_write_kv(const float*
         const float* __restrict__ v, int rows, int kvHeads, const int* __restrict__ slots, u8* __restrict__ kPool,
         u8* __restrict__ vPool, int pageTokens, i64 kPageBytes, i64 vPageBytes) {
     if (blockIdx.y == 0) {
-        write_rows<KF, DK>(k, rows, kvHeads, slots, kPool, pageTokens, kPageBytes);
+        write_rows<KF, DK, KMEAN>(k, rows, kvHeads, slots, kPool, pageTokens, kPageBytes);
     } else {
-        write_rows<VF, DV>(v, rows, kvHeads, slots, vPool, pageTokens, vPageBytes);
+        write_rows<VF, DV, false>(v, rows, kvHeads, slots, vPool, pageTokens, vPageBytes);
+    }
+}
+
+// kvant_kv_page_means — with a centered K format (KMEAN), before kvant_kv_write_kv: the mean of every K page this
+// write opens (the write holds its first row: the token whose slot is the page's first), by the rule of
+// dev.kvant.kv.KvSequence.pageMean, in its order and roundings: span = the write's rows in the page (the tokens after
+// this one with the following slots); the span rows' own mean (rotated into K's domain, summed in order, divided by
+// span) when 4 * span >= pageTokens or when the previous page is in this write; 0 for a sequence's first page; else
+// the previous page's stored keys (decoded, summed in order, divided by pageTokens, plus its mean).
+//
+// prev int32 [tokens], read for page-opening tokens only: -1 the sequence's first page, -2 the token is not the
+//      first of its sequence's write (the previous page is in this write), else the previous logical page's id.
+// grid: (tokens, kvHeads); block: 32 threads, lane holding values 32j + lane.
+extern "C" __global__ void __launch_bounds__(32) kvant_kv_page_means(const float* __restrict__ k, int tokens,
+        int kvHeads, const int* __restrict__ slots, const int* __restrict__ prev, u8* __restrict__ kPool,
+        int pageTokens, i64 kPageBytes) {
+    if constexpr (KMEAN) {
+        const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
+        const int slot = slots[t];
+        if (slot < 0 || slot % pageTokens != 0) return;
+        int span = 1;
+        while (span < pageTokens && t + span < tokens && slots[t + span] == slot + span) span++;
+        const int before = prev[t];
+        float acc[DK / 32];
+#pragma unroll
+        for (int j = 0; j < DK / 32; j++) acc[j] = 0.f;
+        if (4 * span >= pageTokens || before == -2) {
+            for (int r = 0; r < span; r++) {
+                float x[DK / 32];
+                load_row<DK>(k + ((i64) (t + r) * kvHeads + h) * DK, x, lane);
+                if constexpr (fmt_rotated(KF)) wht_row<DK>(x, lane, false);
+#pragma unroll
+                for (int j = 0; j < DK / 32; j++) acc[j] = __fadd_rn(acc[j], x[j]);
+            }
+#pragma unroll
+            for (int j = 0; j < DK / 32; j++) acc[j] = __fdiv_rn(acc[j], (float) span);
+        } else if (before >= 0) {
+            for (int r = 0; r < pageTokens; r++) {
+                const u8* row = kPool + (i64) before * kPageBytes + ((i64) r * kvHeads + h) * fmt_row_bytes(KF, DK);
+#pragma unroll
+                for (int j = 0; j < DK / 32; j++) acc[j] = __fadd_rn(acc[j], decode_elem<KF, DK>(row, 32 * j + lane));
+            }
+            const u16* pm = key_mean(kPool, before, kPageBytes, pageTokens, kvHeads, h);
+#pragma unroll
+            for (int j = 0; j < DK / 32; j++)
+                acc[j] = __fadd_rn(__fdiv_rn(acc[j], (float) pageTokens), h2f(pm[32 * j + lane]));
+        }
+        u16* m = (u16*) key_mean(kPool, slot / pageTokens, kPageBytes, pageTokens, kvHeads, h);
+#pragma unroll
+        for (int j = 0; j < DK / 32; j++) m[32 * j + lane] = f2h(acc[j]);
     }
 }
 

@@ -9,42 +9,6 @@
 //   write carry their summaries along (the host copies both).
 // Lists: sel int32 [seqs][kvHeads][selStride], counts int32 [seqs][kvHeads]; scores float [seqs][kvHeads][maxBlocks].
 
-// Head dimension d of a K row as the CPU's KvFormat.decode gives it (rotated domain for rotated formats): the same
-// float operations, so summaries equal dev.kvant.kv.KeySummaries bit for bit.
-template <int FMT, int D>
-__device__ __forceinline__ float decode_elem(const u8* row, int d) {
-    if constexpr (FMT == F_F16) {
-        return h2f((u16) ld_u16(row + 2 * d));
-    } else if constexpr (FMT == F_BF16) {
-        return __uint_as_float(ld_u16(row + 2 * d) << 16);
-    } else if constexpr (FMT == F_Q8_0 || FMT == F_INT8) {
-        constexpr int B = FMT == F_Q8_0 ? 32 : 64;
-        const u8* blk = row + (d / B) * (B + 2);
-        return __fmul_rn((float) (signed char) blk[2 + d % B], h2f((u16) ld_u16(blk)));
-    } else if constexpr (FMT == F_Q4_0 || FMT == F_Q4_0H) {
-        const u8* blk = row + (d / 32) * 18;
-        const int j = d % 32;
-        const int code = j < 16 ? (blk[2 + j] & 15) : (blk[2 + j - 16] >> 4);
-        return __fmul_rn((float) (code - 8), h2f((u16) ld_u16(blk)));
-    } else {
-        constexpr int N = rot_block(D);
-        constexpr int BITS = fmt_bits(FMT);
-        constexpr int NI = N == 128 ? 1 : 0;
-        const u8* blk = row + (d / N) * (2 + N * BITS / 8);
-        const u8* codes = blk + 2;
-        const int i = d % N;
-        int code;
-        if constexpr (BITS == 4) {
-            code = (codes[i % (N / 2)] >> (4 * (i / (N / 2)))) & 15;
-        } else if constexpr (BITS == 2) {
-            code = (codes[i % (N / 4)] >> (2 * (i / (N / 4)))) & 3;
-        } else {
-            code = ((codes[i % (N / 4)] >> (2 * (i / (N / 4)))) & 3)
-                 | (((codes[N / 4 + i % (N / 8)] >> (i / (N / 8))) & 1) << 2);
-        }
-        return __fmul_rn(kv_centroid[BITS - 2][NI][code], h2f((u16) ld_u16(blk)));
-    }
-}
 
 __device__ __forceinline__ i64 summary_at(const int* table, int block, int shift, int pageTokens, int spp,
                                           int kvHeads, int g) {
@@ -75,7 +39,9 @@ extern "C" __global__ void __launch_bounds__(DK) kvant_kv_summarize(const u8* __
     for (int p = p0; p < p1; p++) {
         const u8* row = kpool + (i64) table[p / pageTokens] * kPageBytes
                       + ((i64) (p % pageTokens) * kvHeads + g) * fmt_row_bytes(KF, DK);
-        const float v = decode_elem<KF, DK>(row, d);
+        float v = decode_elem<KF, DK>(row, d);
+        if constexpr (KMEAN) v = __fadd_rn(v, h2f(key_mean(kpool, table[p / pageTokens], kPageBytes, pageTokens,
+                                                           kvHeads, g)[d]));
         mn = java_min(mn, v);
         mx = java_max(mx, v);
     }

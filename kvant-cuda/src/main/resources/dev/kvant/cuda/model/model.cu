@@ -632,7 +632,8 @@ extern "C" __global__ void __launch_bounds__(128) kvant_rope_split(
         const float2* __restrict__ angles, int ropeDim, int neox,
         int heads, int kvHeads, int headDim, int headDimV,
         const float* __restrict__ qNorm, const float* __restrict__ kNorm, float eps,
-        const int* __restrict__ tables, int tableStride, int seqStride, int pageTokens, int* __restrict__ slots) {
+        const int* __restrict__ tables, int tableStride, int seqStride, int pageTokens, int* __restrict__ slots,
+        int* __restrict__ prevPages) {
     int t = blockIdx.x;
     int pos = positions != nullptr ? positions[t] : start + t;
     int qDim = heads * headDim, kvDim = kvHeads * headDim, kvDimV = kvHeads * headDimV;
@@ -697,6 +698,11 @@ extern "C" __global__ void __launch_bounds__(128) kvant_rope_split(
     if (threadIdx.x == 0 && slots != nullptr) {
         const int* table = tables + (i64) t * seqStride * tableStride;
         slots[t] = table[pos / pageTokens] * pageTokens + pos % pageTokens;
+        if (prevPages != nullptr) {
+            // for kvant_kv_page_means: a decode vector, or a prefill's first token, starts its sequence's write
+            const bool first = positions != nullptr || t == 0;
+            prevPages[t] = pos < pageTokens ? -1 : first ? table[pos / pageTokens - 1] : -2;
+        }
     }
 }
 

@@ -99,6 +99,14 @@ class AttentionSourceTest {
         IllegalArgumentException heads = assertThrows(IllegalArgumentException.class,
                 () -> new AttentionShape(new KvGeometry(1, 8, 128, 128), 12, f16, f16, 64));
         assertTrue(heads.getMessage().contains("multiple of the 8 kv heads"), heads.getMessage());
+        IllegalArgumentException centered = assertThrows(IllegalArgumentException.class,
+                () -> new AttentionShape(new KvGeometry(1, 8, 128, 128), 32, KvFormat.parse("turbo3"),
+                        KvFormat.parse("turbo3+mean"), 64));
+        assertTrue(centered.getMessage().contains("only keys are centered"), centered.getMessage());
+        assertEquals(AttentionSource.formatId(TurboFormat.TURBO3), AttentionSource.formatId(KvFormat.parse(
+                "turbo3+mean")));
+        assertEquals("1", AttentionSource.defines(new AttentionShape(new KvGeometry(1, 8, 128, 128), 32,
+                KvFormat.parse("turbo3+mean"), TurboFormat.TURBO3, 64)).get("KMEAN"));
         IllegalArgumentException split = assertThrows(IllegalArgumentException.class,
                 () -> new AttentionPlan(1, 1, 100, 24, 0));
         assertTrue(split.getMessage().contains("16-token tiles"), split.getMessage());

@@ -105,6 +105,110 @@ class KvWriteGpuTest {
         }
     }
 
+    static Stream<Arguments> centeredFormats() {
+        List<Arguments> all = new ArrayList<>();
+        for (int d : new int[] {64, 128, 256}) {
+            for (String f : new String[] {"turbo3", "turbo4", "turbo2", "q4_0h", "q4_0", "q8_0", "int8"}) {
+                all.add(Arguments.of(f + "+mean", d));
+            }
+        }
+        return all.stream();
+    }
+
+    /**
+     * Keys centered on their page's mean: the device's page means (kvant_kv_page_means) and centered rows equal the
+     * CPU's, through every case of the rule — pages whole in a write (own mean), a quarter page ending a write
+     * (own), one row after a previous page of the same write (own), two rows opening a first page (0), and a later
+     * one-token write opening a page at its start (the previous page's stored mean).
+     */
+    @ParameterizedTest(name = "{0} head {1}")
+    @MethodSource("centeredFormats")
+    void pageMeansAndCenteredRowsAreTheCpuBytes(String formatName, int d) {
+        CudaContext context = AttentionGpuFixture.context();
+        KernelCache cache = AttentionGpuFixture.cache();
+        KvFormat f = KvFormat.parse(formatName);
+        KvFormat vf = KvFormat.parse("q8_0");
+        long seed = AttentionGpuFixture.seed("pageMeansAndCenteredRowsAreTheCpuBytes " + formatName + " " + d);
+        SplittableRandom r = new SplittableRandom(seed);
+        KvGeometry g = new KvGeometry(1, KV_HEADS, d, d);
+        int[] lens = {3 * PAGE_TOKENS, PAGE_TOKENS + PAGE_TOKENS / 4 + 1, PAGE_TOKENS + 1, 2};
+        int tokens = 0;
+        for (int len : lens) {
+            tokens += len;
+        }
+        float[] k = rows(r, tokens + 1, d);
+        float[] v = rows(r, tokens + 1, d);
+        // a shared offset per channel, as real keys have
+        for (int i = 0; i < k.length; i++) {
+            k[i] += 4f * (float) Math.sin(i % (KV_HEADS * d));
+        }
+        try (KvCache host = new KvCache(g, f, vf, PAGE_TOKENS, 16)) {
+            KvSequence[] seqs = new KvSequence[lens.length];
+            int[] slots = new int[tokens];
+            int[] prev = new int[tokens];
+            int t = 0;
+            for (int s = 0; s < lens.length; s++) {
+                seqs[s] = host.newSequence();
+                seqs[s].writeRows(0, 0, lens[s], k, t * KV_HEADS * d, v, t * KV_HEADS * d);
+                for (int pos = 0; pos < lens[s]; pos++, t++) {
+                    slots[t] = seqs[s].page(pos / PAGE_TOKENS) * PAGE_TOKENS + pos % PAGE_TOKENS;
+                    prev[t] = pos < PAGE_TOKENS ? -1 : -2;   // each sequence is one write from 0
+                }
+            }
+            // the decode step of sequence 0: one token opening page 3
+            seqs[0].writeRows(0, lens[0], 1, k, tokens * KV_HEADS * d, v, tokens * KV_HEADS * d);
+            int[] slot2 = {seqs[0].page(3) * PAGE_TOKENS};
+            int[] prev2 = {seqs[0].page(2)};
+            AttentionShape shape = AttentionShape.of(host, 4 * KV_HEADS);
+            try (CudaKvCache dev = CudaKvCache.allocate(context, g, f, vf, PAGE_TOKENS, 16);
+                 CudaAttention attention = CudaAttention.create(context, cache, shape, AttentionPlan.of(1, 1, 64, 0));
+                 DeviceBuffer kd = AttentionGpuFixture.upload(context, k);
+                 DeviceBuffer vd = AttentionGpuFixture.upload(context, v);
+                 DeviceBuffer sd = AttentionGpuFixture.upload(context, slots);
+                 DeviceBuffer pd = AttentionGpuFixture.upload(context, prev);
+                 DeviceBuffer kd2 = AttentionGpuFixture.upload(context, java.util.Arrays.copyOfRange(k,
+                         tokens * KV_HEADS * d, (tokens + 1) * KV_HEADS * d));
+                 DeviceBuffer vd2 = AttentionGpuFixture.upload(context, java.util.Arrays.copyOfRange(v,
+                         tokens * KV_HEADS * d, (tokens + 1) * KV_HEADS * d));
+                 DeviceBuffer sd2 = AttentionGpuFixture.upload(context, slot2);
+                 DeviceBuffer pd2 = AttentionGpuFixture.upload(context, prev2)) {
+                dev.kPool(0).fillBytes((byte) 0xA5);
+                dev.vPool(0).fillBytes((byte) 0xA5);
+                attention.quantizeRows(dev, 0, kd, vd, sd, pd, tokens, context.defaultStream());
+                attention.quantizeRows(dev, 0, kd2, vd2, sd2, pd2, 1, context.defaultStream());
+                context.synchronize();
+                byte[] want = host.kPool(0).toArray(ValueLayout.JAVA_BYTE);
+                byte[] got = AttentionGpuFixture.downloadBytes(dev.kPool(0));
+                long rb = host.kRowBytes();
+                long pb = host.kPageBytes();
+                lens[0]++;
+                for (int s = 0; s < lens.length; s++) {
+                    for (int lp = 0; lp < seqs[s].pageCount(); lp++) {
+                        int page = seqs[s].page(lp);
+                        long means = page * pb + host.kMeanOffset(0);
+                        for (long i = means; i < (page + 1) * pb; i++) {
+                            if (want[(int) i] != got[(int) i]) {
+                                fail("mean of sequence " + s + " page " + lp + " (" + formatName + ", head " + d
+                                        + "): byte " + (i - means) + " is " + hex(got[(int) i]) + ", the CPU wrote "
+                                        + hex(want[(int) i]) + "; seed " + seed);
+                            }
+                        }
+                        int rowsHere = Math.min(PAGE_TOKENS, lens[s] - lp * PAGE_TOKENS);
+                        for (long i = page * pb; i < page * pb + rowsHere * KV_HEADS * rb; i++) {
+                            if (want[(int) i] != got[(int) i]) {
+                                long row = (i - page * pb) / rb;
+                                fail("row of sequence " + s + " position " + (lp * PAGE_TOKENS + row / KV_HEADS)
+                                        + " head " + row % KV_HEADS + " (" + formatName + ", head " + d + "): byte "
+                                        + (i - page * pb) % rb + " is " + hex(got[(int) i]) + ", the CPU wrote "
+                                        + hex(want[(int) i]) + "; seed " + seed);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     private static float[] rows(SplittableRandom r, int tokens, int d) {
         float[] x = AttentionGpuFixture.gaussianRows(r, tokens * KV_HEADS, d, 1.0, 5);
         for (int row = 0; row < tokens * KV_HEADS; row++) {

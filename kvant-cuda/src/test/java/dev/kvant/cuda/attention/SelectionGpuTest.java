@@ -17,6 +17,7 @@ import dev.kvant.kv.KvCache;
 import dev.kvant.kv.KvFormat;
 import dev.kvant.kv.KvGeometry;
 import dev.kvant.kv.KvSequence;
+import dev.kvant.kv.PageMeanFormat;
 import dev.kvant.select.PageTopK;
 import dev.kvant.select.Selection;
 import dev.kvant.select.SelectionConfig;
@@ -60,7 +61,7 @@ class SelectionGpuTest {
         for (int len : lens) {
             pages += (len + PAGE_TOKENS - 1) / PAGE_TOKENS;
         }
-        KvCache host = new KvCache(new KvGeometry(1, KV_HEADS, D, D), f, f, PAGE_TOKENS, pages);
+        KvCache host = new KvCache(new KvGeometry(1, KV_HEADS, D, D), f, PageMeanFormat.rows(f), PAGE_TOKENS, pages);
         KvSequence[] seqs = new KvSequence[lens.length];
         for (int s = 0; s < seqs.length; s++) {
             seqs[s] = host.newSequence();
@@ -102,11 +103,12 @@ class SelectionGpuTest {
     }
 
     static AttentionShape shape(KvFormat f, int heads) {
-        return new AttentionShape(new KvGeometry(1, KV_HEADS, D, D), heads, f, f, PAGE_TOKENS);
+        return new AttentionShape(new KvGeometry(1, KV_HEADS, D, D), heads, f, PageMeanFormat.rows(f), PAGE_TOKENS);
     }
 
     @ParameterizedTest(name = "{0}")
-    @ValueSource(strings = {"f16", "bf16", "q8_0", "int8", "q4_0", "q4_0h", "turbo4", "turbo3", "turbo2"})
+    @ValueSource(strings = {"f16", "bf16", "q8_0", "int8", "q4_0", "q4_0h", "turbo4", "turbo3", "turbo2",
+        "turbo3+mean", "q4_0+mean"})
     void summariesEqualTheCpuKeySummariesBitForBit(String name) {
         CudaContext context = AttentionGpuFixture.context();
         KernelCache cache = AttentionGpuFixture.cache();
@@ -170,7 +172,7 @@ class SelectionGpuTest {
     }
 
     @ParameterizedTest(name = "{0}")
-    @ValueSource(strings = {"f16", "q8_0", "turbo3", "q4_0h"})
+    @ValueSource(strings = {"f16", "q8_0", "turbo3", "q4_0h", "turbo3+mean"})
     void listsEqualThePageTopKListsAndSelectedDecodeMatchesTheCpu(String name) {
         CudaContext context = AttentionGpuFixture.context();
         KernelCache cache = AttentionGpuFixture.cache();
