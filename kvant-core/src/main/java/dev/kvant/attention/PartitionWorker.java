@@ -74,8 +74,12 @@ final class PartitionWorker {
     private float[] row = new float[0];
     /** Per kv head, the physical page whose key mean {@link #keyMeans} holds (-1: none); reset per partition. */
     private int[] meanPage = new int[0];
-    /** Per kv head, dpK floats: a page's key mean in K's domain, zero padded. */
-    private float[] keyMeans = new float[0];
+    /** A page's key mean: its halves, then as a tile of 4 rows (the mean and three zero rows), and its scores. */
+    private short[] meanHalves = new short[0];
+    private float[] meanTile = new float[0];
+    private float[] meanScores = new float[0];
+    /** Per kv head, 4·slots floats: q·μ of the page {@link #meanPage} names, each query slot's value 4 times. */
+    private float[] keyBias = new float[0];
     /** A tile's cache bytes, see {@link #stage}. */
     private byte[] staging = new byte[0];
 
@@ -127,9 +131,18 @@ final class PartitionWorker {
         if (row.length < Math.max(c.dimV, c.dimK) + L) {
             row = new float[Math.max(c.dimV, c.dimK) + L];
         }
-        if (meanPage.length < c.kvHeads || keyMeans.length < c.kvHeads * c.dpK) {
+        if (meanPage.length < c.kvHeads) {
             meanPage = new int[c.kvHeads];
-            keyMeans = new float[c.kvHeads * c.dpK];
+        }
+        if (meanTile.length < 4 * c.dpK) {
+            meanHalves = new short[c.dpK];
+            meanTile = new float[4 * c.dpK];   // rows 1..3 and the padding stay zero
+        }
+        if (meanScores.length < 4 * slots) {
+            meanScores = new float[4 * slots];
+        }
+        if (keyBias.length < c.kvHeads * 4 * slots) {
+            keyBias = new float[c.kvHeads * 4 * slots];
         }
         Arrays.fill(meanPage, -1);
         long stage = (long) STAGE * c.kvHeads * Math.max(c.kRowBytes, c.vRowBytes) + 64;
@@ -170,19 +183,54 @@ final class PartitionWorker {
     }
 
     /**
-     * Adds to the decoded K row at {@code kt[at, at + dpK)} (position pos, kv head g) its page's key mean, in K's
-     * domain: the row is then the key as written, as every reader sees it ({@link dev.kvant.kv.PageMeanFormat}).
+     * Adds to the scores of tile rows [0, count) (positions from pos, kv head g, at partition rows from row0 of the
+     * region at off) the bias q·μ of each row's page, μ its key mean ({@link dev.kvant.kv.PageMeanFormat}): a score
+     * is then q·(k − μ) + q·μ, the key as written. The bias of a page is one dot per query slot, summed in dimension
+     * order, kept while the rows stay in the page; it is added to whole blocks of 4 rows at once (a padding row's
+     * score is masked anyway), one vector of 4·slots floats per block.
      */
-    private void addKeyMean(AttentionCall c, int pos, int g, int at) {
-        int page = c.seq.page(pos / c.pageTokens);
-        int m = g * c.dpK;
-        if (meanPage[g] != page) {
-            Arrays.fill(keyMeans, m, m + c.dpK, 0f);
-            c.seq.cache().keyMean(c.layer, page, g, keyMeans, m);
-            meanPage[g] = page;
-        }
-        for (int d = 0; d < c.dpK; d += L) {
-            FloatVector.fromArray(F, kt, at + d).add(FloatVector.fromArray(F, keyMeans, m + d)).intoArray(kt, at + d);
+    private void addKeyBias(AttentionCall c, int g, int pos, int count, int nq, int slots, int off, int row0) {
+        int width = 4 * slots;
+        int bb = g * width;
+        for (int r = 0; r < count; ) {
+            int lp = (pos + r) / c.pageTokens;
+            // rows r .. end - 1 share the page; whole 4-row blocks unless the page ends inside one
+            int end = Math.min(count, (lp + 1) * c.pageTokens - pos);
+            int page = c.seq.page(lp);
+            if (meanPage[g] != page) {
+                // the mean as a tile of one row (and three zero rows), scored like any key row
+                MemorySegment.copy(c.kPool, Lanes.LE_SHORT, page * c.kPageBytes + c.seq.cache().kMeanOffset(g),
+                        meanHalves, 0, c.dimK);
+                for (int d = 0; d < c.dimK; d++) {
+                    meanTile[d] = Float.float16ToFloat(meanHalves[d]);
+                }
+                TileKernels.scores(c.queries, queryOff, nq, slots, meanTile, 0, c.dpK, 4, c.dpK, meanScores, 0, 0,
+                        red);
+                for (int i = 0; i < slots; i++) {
+                    Arrays.fill(keyBias, bb + 4 * i, bb + 4 * i + 4, i < nq ? meanScores[4 * i] : 0f);
+                }
+                meanPage[g] = page;
+            }
+            if (r % 4 == 0 && (end % 4 == 0 || end == count)) {
+                for (int blk = (row0 + r) >> 2; blk < (row0 + end + 3) >> 2; blk++) {
+                    int o = off + blk * width;
+                    int k = 0;
+                    for (; k + L <= width; k += L) {
+                        FloatVector.fromArray(F, scores, o + k).add(FloatVector.fromArray(F, keyBias, bb + k))
+                                .intoArray(scores, o + k);
+                    }
+                    for (; k < width; k++) {
+                        scores[o + k] += keyBias[bb + k];
+                    }
+                }
+            } else {
+                for (int q = r; q < end; q++) {
+                    for (int i = 0; i < nq; i++) {
+                        scores[off + TileKernels.at(row0 + q, i, slots)] += keyBias[bb + 4 * i];
+                    }
+                }
+            }
+            r = end;
         }
     }
 
@@ -244,17 +292,13 @@ final class PartitionWorker {
             }
             System.arraycopy(offs, (ts % STAGE) * heads, tileOffs, 0, count * heads);
             c.kDecoder.decode(staging, tileOffs, count * heads, kt, c.dpK);
-            if (c.keyMeans) {
-                for (int r = 0; r < count; r++) {
-                    for (int j = 0; j < heads; j++) {
-                        addKeyMean(c, p0 + ts + r, g0 + j, (r * heads + j) * c.dpK);
-                    }
-                }
-            }
             for (int j = 0; j < heads; j++) {
                 setQueries(c, g0 + j, t0, nq, slots);
                 TileKernels.scores(c.queries, queryOff, nq, slots, kt, j * c.dpK, heads * c.dpK, (count + 3) & ~3,
                         c.dpK, scores, j * region, ts, red);
+                if (c.keyMeans) {
+                    addKeyBias(c, g0 + j, p0 + ts, count, nq, slots, j * region, ts);
+                }
             }
         }
         int rows4 = (maxRows + 3) & ~3;
@@ -372,14 +416,12 @@ final class PartitionWorker {
                     tileOffs[k] = offs[k * heads + j];
                 }
                 c.kDecoder.decode(staging, tileOffs, count, kt, c.dpK);
-                if (c.keyMeans) {
-                    for (int k = 0; k < count; k++) {
-                        addKeyMean(c, p0 + ts + k, g0 + j, k * c.dpK);
-                    }
-                }
                 setQueries(c, g0 + j, t0, nq, slots);
                 TileKernels.scores(c.queries, queryOff, nq, slots, kt, 0, c.dpK, (count + 3) & ~3, c.dpK, scores,
                         j * region, ts, red);
+                if (c.keyMeans) {
+                    addKeyBias(c, g0 + j, p0 + ts, count, nq, slots, j * region, ts);
+                }
             }
         }
         int rows4 = (maxRows + 3) & ~3;

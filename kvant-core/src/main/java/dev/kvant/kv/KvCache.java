@@ -15,6 +15,9 @@ import java.lang.foreign.ValueLayout;
  * may write concurrently. One sequence must be used by one thread at a time.
  */
 public final class KvCache implements AutoCloseable {
+    /** Key means are little-endian halves, like every multi-byte field of the formats. */
+    private static final ValueLayout.OfShort LE_HALF = ValueLayout.JAVA_SHORT_UNALIGNED.withOrder(
+            java.nio.ByteOrder.LITTLE_ENDIAN);
     private final KvGeometry geometry;
     private final KvFormat kFormat;
     private final KvFormat vFormat;
@@ -229,7 +232,7 @@ public final class KvCache implements AutoCloseable {
         long at = page * kPageBytes + kMeanOffset(head);
         int dim = kFormat.domainDim(geometry.headDimK());
         for (int i = 0; i < dim; i++) {
-            dst[off + i] = Float.float16ToFloat(kPools[layer].get(ValueLayout.JAVA_SHORT_UNALIGNED, at + 2L * i));
+            dst[off + i] = Float.float16ToFloat(kPools[layer].get(LE_HALF, at + 2L * i));
         }
     }
 
@@ -238,7 +241,7 @@ public final class KvCache implements AutoCloseable {
         long at = page * kPageBytes + kMeanOffset(head);
         int dim = kFormat.domainDim(geometry.headDimK());
         for (int i = 0; i < dim; i++) {
-            kPools[layer].set(ValueLayout.JAVA_SHORT_UNALIGNED, at + 2L * i, Float.floatToFloat16(src[off + i]));
+            kPools[layer].set(LE_HALF, at + 2L * i, Float.floatToFloat16(src[off + i]));
         }
     }
 
