@@ -11,7 +11,9 @@ import dev.kvant.tokenizer.ChatTemplate;
 import dev.kvant.tokenizer.Tokenizer;
 import picocli.CommandLine.Command;
 import picocli.CommandLine.Mixin;
+import picocli.CommandLine.Model.CommandSpec;
 import picocli.CommandLine.Option;
+import picocli.CommandLine.Spec;
 
 import java.io.IOException;
 import java.io.UncheckedIOException;
@@ -20,9 +22,11 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.HashMap;
+import java.util.HashSet;
 import java.util.List;
 import java.util.Locale;
 import java.util.Map;
+import java.util.Set;
 import java.util.SplittableRandom;
 
 /** Long-context recall: greedy needle probes, accuracy per (length, depth) cell. */
@@ -44,12 +48,17 @@ final class NeedleCommand implements Runnable {
     @Option(names = "--haystack", paramLabel = "TEXT", description = "filler text file for pass-key probes")
     Path haystack;
 
+    @Spec
+    CommandSpec spec;
+
     @Option(names = "--lengths", paramLabel = "N", split = ",", defaultValue = "8k,32k,128k",
-            description = "pass-key prompt lengths in tokens, k = 1024 (default ${DEFAULT-VALUE})")
+            description = "pass-key prompt lengths in tokens, k = 1024 (default ${DEFAULT-VALUE}); with --probes, "
+                    + "when given: only the probes of these nominal lengths (e.g. 1024,8000)")
     List<String> lengths;
 
     @Option(names = "--depths", paramLabel = "PCT", split = ",", defaultValue = "10,50,90",
-            description = "pass-key depths in percent (default ${DEFAULT-VALUE})")
+            description = "pass-key depths in percent (default ${DEFAULT-VALUE}); with --probes, when given: only the "
+                    + "probes of these depths")
     int[] depths;
 
     @Option(names = "--per-cell", paramLabel = "N", defaultValue = "0",
@@ -135,6 +144,21 @@ final class NeedleCommand implements Runnable {
         } catch (IOException e) {
             throw new UncheckedIOException("cannot read " + probes + ": " + e.getMessage(), e);
         }
+        // --lengths and --depths, when given, pick cells of the file (their defaults are for pass-key probes)
+        Set<Integer> pickLengths = null;
+        Set<Integer> pickDepths = null;
+        if (spec.commandLine().getParseResult().hasMatchedOption("--lengths")) {
+            pickLengths = new HashSet<>();
+            for (String l : lengths) {
+                pickLengths.add(parseLength(l));
+            }
+        }
+        if (spec.commandLine().getParseResult().hasMatchedOption("--depths")) {
+            pickDepths = new HashSet<>();
+            for (int d : depths) {
+                pickDepths.add(d);
+            }
+        }
         List<NeedleProbe> out = new ArrayList<>();
         Map<String, Integer> perCellSeen = new HashMap<>();
         for (int i = 0; i < lines.size(); i++) {
@@ -146,6 +170,10 @@ final class NeedleCommand implements Runnable {
                 p = NeedleProbe.parse(lines.get(i));
             } catch (IllegalArgumentException e) {
                 throw new IllegalArgumentException(probes + ", line " + (i + 1) + ": " + e.getMessage(), e);
+            }
+            if (pickLengths != null && !pickLengths.contains(p.length())
+                    || pickDepths != null && !pickDepths.contains((int) Math.round(p.depth() * 100))) {
+                continue;
             }
             int seen = perCellSeen.merge(p.length() + "/" + p.depth(), 1, Integer::sum);
             if (perCell <= 0 || seen <= perCell) {

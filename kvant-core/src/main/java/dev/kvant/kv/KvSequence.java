@@ -71,7 +71,9 @@ public final class KvSequence implements AutoCloseable {
 
     /**
      * Writes n consecutive tokens from pos: k is [n][kvHeads][headDimK], v is [n][kvHeads][headDimV]. The bytes
-     * equal those of n single {@link #write}s.
+     * equal those of n single {@link #write}s, except with a {@link PageMeanFormat} K format, whose pages take
+     * their means from the write that opens them (so a prefill chunk and single-token steps center a page
+     * differently; after a truncation into a page, the page keeps the mean it got).
      *
      * @throws KvCacheFullException when pages for [0, pos+n) (or copies of shared pages in range) do not fit;
      *                              nothing is written or allocated then

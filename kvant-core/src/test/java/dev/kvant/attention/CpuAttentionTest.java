@@ -180,6 +180,22 @@ class CpuAttentionTest {
         }
     }
 
+    /** Pages of 6 and 10 tokens: tiles and 4-row blocks cross pages, so page means are added row by row there. */
+    @Test
+    void centeredKeysOnPagesThatCutTilesMatchReference() {
+        for (int page : new int[] {6, 10}) {
+            for (String name : new String[] {"turbo3+mean", "q8_0+mean"}) {
+                KvFormat k = KvFormat.parse(name);
+                long seed = SEED ^ name.hashCode() ^ page;
+                try (AttentionProblem p = AttentionProblem.random(k, valuesFor(k), 2, 4, 128, 128,
+                        CpuAttention.PARTITION + 37, 9, page, seed)) {
+                    checkAgainstReference(p, AttentionOptions.defaults(), nmseBound(k, k),
+                            name + " pages of " + page + seed(seed), Variant.values());
+                }
+            }
+        }
+    }
+
     @Test
     void softCapMatchesReference() {
         for (String name : new String[] {"f16", "q8_0", "turbo3"}) {

@@ -28,6 +28,12 @@ public record AttentionShape(KvGeometry geometry, int heads, KvFormat kFormat, K
             throw new IllegalArgumentException("the GPU KV cache needs pages of a multiple of 8 tokens (16-byte aligned "
                     + "page starts for its tile loads), got pageTokens=" + pageTokens);
         }
+        if (kFormat instanceof PageMeanFormat
+                && AttentionSource.prefillSharedBytes(geometry, kFormat, vFormat) > AttentionSource.MAX_SHARED) {
+            throw new IllegalArgumentException("K format " + kFormat.name() + " with V " + vFormat.name() + " and head "
+                    + "size " + geometry.headDimK() + ": the prefill tiles and the staged key means do not fit in "
+                    + "shared memory; use " + PageMeanFormat.rows(kFormat).name() + " keys, or a quantized V format");
+        }
     }
 
     /** The shape of attention with {@code heads} query heads over a host cache's layout. */
@@ -67,8 +73,9 @@ public record AttentionShape(KvGeometry geometry, int heads, KvFormat kFormat, K
         return vFormat.rowBytes(geometry.headDimV());
     }
 
+    /** A K page's bytes: its rows, and the key means of a {@link PageMeanFormat} (KvCache's layout). */
     public long kPageBytes() {
-        return (long) pageTokens * geometry.kvHeads() * kRowBytes();
+        return KvCache.kPageBytes(geometry, kFormat, pageTokens);
     }
 
     public long vPageBytes() {

@@ -3,6 +3,7 @@ package dev.kvant.cuda.attention;
 import dev.kvant.cuda.KernelSource;
 import dev.kvant.kv.Codebook;
 import dev.kvant.kv.KvFormat;
+import dev.kvant.kv.KvGeometry;
 import dev.kvant.kv.PageMeanFormat;
 import dev.kvant.kv.Rotation;
 import dev.kvant.kv.TurboFormat;
@@ -99,17 +100,29 @@ final class AttentionSource {
 
     /** Mirror of attention.cu's Layout for decode (the device reports the real size through kvant_attn_info). */
     static int decodeSharedBytes(AttentionShape shape, int hb) {
-        int dK = shape.headDimK(), dV = shape.headDimV();
-        int slotK = round16(hb * (int) shape.kRowBytes()) + 16;
-        int slotV = round16(hb * (int) shape.vRowBytes()) + 16;
-        boolean kDirect = direct(shape.kFormat()), vDirect = direct(shape.vFormat());
-        int ts = Math.max(kDirect ? 0 : 2 * dK + 16, vDirect ? 0 : 2 * dV + 16);
-        boolean qInTile = ts > 0 && 16 * ts >= 8 * (2 * dK + 16);
-        int fixed = (qInTile ? 0 : hb * 8 * (2 * dK + 16)) + lutEntries(shape.kFormat()) * 128
-                + (shape.vFormat() == shape.kFormat() ? 0 : lutEntries(shape.vFormat()) * 128)
-                + (ts == 0 ? 0 : hb * 16 * ts) + round16(8 * 16 * 2)
-                + (shape.kFormat() instanceof PageMeanFormat ? hb * 2 * dK : 0);
-        int stage = 16 * (slotK + slotV);
+        return layoutBytes(shape.geometry(), shape.kFormat(), shape.vFormat(), hb, hb, 16, 8, true, false);
+    }
+
+    /** Mirror of attention.cu's Layout for prefill (PreLayout: one kv head, 8 warps, 64-token tiles). */
+    static int prefillSharedBytes(KvGeometry g, KvFormat kFormat, KvFormat vFormat) {
+        return layoutBytes(g, kFormat, vFormat, 1, 8, 64, 16, false, kFormat instanceof PageMeanFormat);
+    }
+
+    /** attention.cu's Layout&lt;HB, WARPS, TT, QROWS, Q_ALIAS, MU&gt;::TOTAL. */
+    private static int layoutBytes(KvGeometry g, KvFormat kFormat, KvFormat vFormat, int hb, int warps, int tt,
+                                   int qRows, boolean qAlias, boolean mu) {
+        int dK = g.headDimK(), dV = g.headDimV();
+        KvFormat k = PageMeanFormat.rows(kFormat), v = vFormat;
+        boolean kMean = kFormat instanceof PageMeanFormat;
+        int slotK = round16(hb * (int) k.rowBytes(dK)) + 16;
+        int slotV = round16(hb * (int) v.rowBytes(dV)) + 16;
+        int qStr = 2 * dK + 16;
+        int ts = Math.max(direct(k) ? 0 : 2 * dK + 16, direct(v) ? 0 : 2 * dV + 16);
+        int tiles = ts == 0 ? 0 : hb;
+        boolean qInTile = qAlias && ts > 0 && tt * ts >= qRows * qStr && warps == tiles;
+        int fixed = (qInTile ? 0 : warps * qRows * qStr) + lutEntries(k) * 128 + (v == k ? 0 : lutEntries(v) * 128)
+                + tiles * tt * ts + round16(8 * tt * 2) + (kMean ? warps * dK * 2 : 0);
+        int stage = tt * (slotK + slotV) + (mu ? (tt / 8) * dK * 2 : 0);
         int small = (110 * 1024 - fixed) / stage;
         int stages = small >= 2 ? Math.min(small, 6) : Math.max(2, Math.min(6, (200 * 1024 - fixed) / stage));
         return fixed + stages * stage;

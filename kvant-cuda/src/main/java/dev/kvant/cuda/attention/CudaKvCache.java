@@ -81,7 +81,7 @@ public final class CudaKvCache implements AutoCloseable {
 
     /** Copies every pool of the host cache (same geometry, formats and page count) to the device. */
     public void upload(KvCache host) {
-        if (!host.geometry().equals(geometry) || host.kFormat() != kFormat || host.vFormat() != vFormat
+        if (!host.geometry().equals(geometry) || !host.kFormat().equals(kFormat) || !host.vFormat().equals(vFormat)
                 || host.pageTokens() != pageTokens || host.totalPages() != pages) {
             throw new IllegalArgumentException("host cache " + host + " does not have the layout of " + this);
         }
@@ -292,7 +292,7 @@ public final class CudaKvCache implements AutoCloseable {
 
     /** Whether attention of this shape can run over this cache. */
     void checkShape(AttentionShape shape) {
-        if (!shape.geometry().equals(geometry) || shape.kFormat() != kFormat || shape.vFormat() != vFormat
+        if (!shape.geometry().equals(geometry) || !shape.kFormat().equals(kFormat) || !shape.vFormat().equals(vFormat)
                 || shape.pageTokens() != pageTokens) {
             throw new IllegalArgumentException("attention compiled for " + shape + " cannot read " + this);
         }

@@ -88,6 +88,27 @@ class AttentionSourceTest {
     }
 
     @Test
+    void centeredKeysCountTheirBaseFormatsTablesAndTheirMeansInSharedMemory() {
+        // turbo3+mean keys read turbo3's pair table: with turbo3 values one table, with f16 values the same bytes as
+        // plain turbo3 plus the per-warp means
+        KvGeometry g = new KvGeometry(1, 8, 256, 256);
+        AttentionShape plain = new AttentionShape(g, 32, TurboFormat.TURBO3, KvFormat.parse("f16"), 64);
+        AttentionShape centered = new AttentionShape(g, 32, KvFormat.parse("turbo3+mean"), KvFormat.parse("f16"), 64);
+        for (int hb : new int[] {1, 2, 4, 8}) {
+            assertEquals(AttentionSource.decodeSharedBytes(plain, hb) + hb * 2 * 256,
+                    AttentionSource.decodeSharedBytes(centered, hb), "hb " + hb);
+        }
+        assertTrue(AttentionSource.decodeHeads(centered) < 8, "hb 8 does not fit: " + AttentionSource.decodeSharedBytes(
+                centered, 8));
+        AttentionShape same = new AttentionShape(new KvGeometry(1, 8, 128, 128), 32, KvFormat.parse("turbo3+mean"),
+                TurboFormat.TURBO3, 64);
+        AttentionShape sameBase = new AttentionShape(new KvGeometry(1, 8, 128, 128), 32, TurboFormat.TURBO3,
+                TurboFormat.TURBO3, 64);
+        assertEquals(AttentionSource.decodeSharedBytes(sameBase, 8) + 8 * 2 * 128,
+                AttentionSource.decodeSharedBytes(same, 8));
+    }
+
+    @Test
     void shapesTheKernelsCannotServeAreRefusedWithTheReason() {
         KvFormat f16 = KvFormat.parse("f16");
         IllegalArgumentException head = assertThrows(IllegalArgumentException.class,
@@ -107,6 +128,11 @@ class AttentionSourceTest {
                 "turbo3+mean")));
         assertEquals("1", AttentionSource.defines(new AttentionShape(new KvGeometry(1, 8, 128, 128), 32,
                 KvFormat.parse("turbo3+mean"), TurboFormat.TURBO3, 64)).get("KMEAN"));
+        // the prefill stages of turbo4+mean keys with f16 values of 256 do not fit in shared memory: refused
+        IllegalArgumentException big = assertThrows(IllegalArgumentException.class,
+                () -> new AttentionShape(new KvGeometry(1, 8, 256, 256), 32, KvFormat.parse("turbo4+mean"),
+                        KvFormat.parse("f16"), 64));
+        assertTrue(big.getMessage().contains("do not fit in shared memory"), big.getMessage());
         IllegalArgumentException split = assertThrows(IllegalArgumentException.class,
                 () -> new AttentionPlan(1, 1, 100, 24, 0));
         assertTrue(split.getMessage().contains("16-token tiles"), split.getMessage());
