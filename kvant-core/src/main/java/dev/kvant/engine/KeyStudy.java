@@ -29,7 +29,8 @@ import java.util.WeakHashMap;
  *   VMODE cache (the default): V rows go to a cache of FORMAT as usual</pre>
  */
 public final class KeyStudy {
-    private static final int BLOCK = 64;
+    /** Positions per mean block (64: a page); -Dkvant.study.block=N studies other sizes. */
+    private static final int BLOCK = Integer.getInteger("kvant.study.block", 64);
 
     private KeyStudy() {
     }
