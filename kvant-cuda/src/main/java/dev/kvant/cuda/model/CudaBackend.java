@@ -658,6 +658,16 @@ public final class CudaBackend implements Backend {
             return CudaBackend.this;
         }
 
+        /** The physical page of a logical page, and the pool it lives in (tests read the device cache through them). */
+        int page(int logicalPage) {
+            Objects.checkIndex(logicalPage, pageCount);
+            return pages[logicalPage];
+        }
+
+        KvPool pool() {
+            return pool;
+        }
+
         @Override
         public int length() {
             return length;

@@ -138,6 +138,70 @@ class CudaBackendGpuTest {
     }
 
     /**
+     * The page means the device gives a prompt's pages (its own rows; kvant_rope_split's prevPages = -1 / -2) and
+     * a page a decode step opens (the previous page's keys: prevPages = that page) are the CPU's: equal to the fp16
+     * rounding of the backends' slightly different K rows (NMSE below 1e-4 per page and head), where a wrong rule
+     * (0, or a row's own key) would miss by the size of the mean itself.
+     */
+    @Test
+    void pageMeansOfPromptAndDecodeAreTheCpus() {
+        long seed = new SplittableRandom().nextLong();
+        SplittableRandom r = new SplittableRandom(seed);
+        KvFormat k = KvFormat.parse("turbo3+mean");
+        try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.parse("tiny"), GgmlType.F16, seed);
+             CudaBackend gpu = CudaBackend.open(model, new CudaBackend.Options(4, 64, 0))) {
+            CpuBackend cpu = new CpuBackend(model, pool);
+            int vocab = model.config().vocabSize();
+            int[] prompt = r.ints(100, 0, vocab).toArray();
+            try (BackendSequence g = gpu.newSequence(256, k, KvFormat.parse("turbo3"));
+                 CpuBackend.Sequence c = cpu.newSequence(256, k, KvFormat.parse("turbo3"))) {
+                float[] gl = new float[vocab];
+                float[] cl = new float[vocab];
+                // 64-token device steps: the prompt's second piece (36 rows) opens page 1 with its own rows
+                g.forward(prompt, 0, 64, false, gl);
+                g.forward(prompt, 64, 36, false, gl);
+                c.forward(prompt, 0, 64, false, cl);
+                c.forward(prompt, 64, 36, false, cl);
+                for (int step = 0; step < 30; step++) {   // position 128 opens page 2
+                    int[] t = {r.nextInt(vocab)};
+                    g.forward(t, 0, 1, false, gl);
+                    c.forward(t, 0, 1, false, cl);
+                }
+                CudaBackend.Sequence gs = (CudaBackend.Sequence) g;
+                dev.kvant.kv.KvCache host = c.kv().cache();
+                int kvHeads = model.config().kvHeads();
+                int dom = k.domainDim(model.config().headDimK());
+                KvPool.Part part = gs.pool().parts().get(0);
+                try (java.lang.foreign.Arena arena = java.lang.foreign.Arena.ofConfined()) {
+                    for (int l = 0; l < model.config().layers(); l++) {
+                        java.lang.foreign.MemorySegment dev = arena.allocate(part.cache().kPool(l).byteSize());
+                        part.cache().downloadK(l, dev);
+                        for (int lp = 0; lp < 3; lp++) {
+                            for (int h = 0; h < kvHeads; h++) {
+                                float[] want = new float[dom];
+                                host.keyMean(l, c.kv().page(lp), h, want, 0);
+                                long at = gs.page(lp) * part.cache().kPageBytes() + host.kMeanOffset(h);
+                                double num = 0, den = 0;
+                                for (int i = 0; i < dom; i++) {
+                                    float got = Float.float16ToFloat(dev.get(java.lang.foreign.ValueLayout
+                                            .JAVA_SHORT_UNALIGNED.withOrder(java.nio.ByteOrder.LITTLE_ENDIAN),
+                                            at + 2L * i));
+                                    num += (got - want[i]) * (double) (got - want[i]);
+                                    den += want[i] * (double) want[i];
+                                }
+                                assertTrue(den > 0, "layer " + l + " page " + lp + " head " + h + ": the CPU's "
+                                        + "mean is 0 (seed " + seed + ")");
+                                assertTrue(num / den < 1e-4, "layer " + l + " page " + lp + " head " + h
+                                        + ": mean NMSE " + num / den + " against the CPU's (seed " + seed + ")");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /**
      * A model whose projections mix formats, as quantized GGUF files do (Q4_K q/k with a Q8_0 v, a Q6_K up and
      * down): stacks split into parts of one format each, 8-bit and float products side by side in one layer.
      */
