@@ -196,8 +196,10 @@ __device__ __forceinline__ void dequant_tile(u8* tile, const u8* raw, const u8* 
 }
 
 // KMEAN: the score of a key is q·(k - μ) + q·μ, μ its page's mean, so the tile (centered rows) goes through the
-// tensor cores as is and each score gets the bias q·μ of its page: computed once per page from the f16 query the
-// mma reads (its tile column order, μ looked up through perm_col) and the fp16 mean, in a fixed order.
+// tensor cores as is and each score gets the bias q·μ of its page: computed once per page from the f16 query
+// fragments the mma reads (tile column order) and the fp16 mean, which a warp first stages in shared memory in that
+// order (stage_mean), in a fixed order of sums. Decode reads the mean from the page when a tile enters a new page;
+// prefill gets it with the stage's rows (Layout MU).
 __device__ __forceinline__ float half_lo(u32 x) { return h2f((u16) (x & 0xffffu)); }
 __device__ __forceinline__ float half_hi(u32 x) { return h2f((u16) (x >> 16)); }
 
