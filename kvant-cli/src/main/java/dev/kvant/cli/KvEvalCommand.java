@@ -1,10 +1,12 @@
 package dev.kvant.cli;
 
 import dev.kvant.engine.Session;
+import dev.kvant.kv.HalfFormat;
 import dev.kvant.kv.KvCache;
 import dev.kvant.kv.KvEval;
 import dev.kvant.kv.KvFormat;
 import dev.kvant.kv.KvSequence;
+import dev.kvant.kv.PageMeanFormat;
 import dev.kvant.model.LlamaModel;
 import dev.kvant.model.ModelConfig;
 import dev.kvant.tensor.Parallel;
@@ -79,6 +81,17 @@ final class KvEvalCommand implements Runnable {
                         lines.add(new Line(r, "model", which == 0 ? "k" : "v", bytesPerToken(geometry, r.format())));
                     }
                 }
+                // keys centered on their page's mean: the K rows through a cache of each quantized format + mean
+                List<KvFormat> centered = new ArrayList<>();
+                for (KvFormat f : formats) {
+                    if (!(f instanceof HalfFormat)) {
+                        centered.add(new PageMeanFormat(f));
+                    }
+                }
+                for (KvEval.Row r : KvEval.evaluateCentered(centered, kv[0], geometry.layers(), geometry.kvHeads(),
+                        geometry.headDimK(), seed, "model")) {
+                    lines.add(new Line(r, "model", "k", bytesPerToken(geometry, r.format())));
+                }
             }
         }
         float[][] random = KvEval.gaussianRows(rows, headDim, seed);
@@ -122,7 +135,7 @@ final class KvEvalCommand implements Runnable {
     private static long bytesPerToken(ModelConfig c, String format) {
         KvFormat f = KvFormat.parse(format);
         return KvCache.bytesPerToken(new dev.kvant.kv.KvGeometry(c.layers(), c.kvHeads(), c.headDimK(),
-                c.headDimV()), f, f);
+                c.headDimV()), f, PageMeanFormat.rows(f));   // K and V alike (a centered K: its rows' V)
     }
 
     private void print(List<Line> lines, ModelConfig geometry) {

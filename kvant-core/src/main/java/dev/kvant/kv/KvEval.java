@@ -92,11 +92,81 @@ public final class KvEval {
 
     /** Each format's figures over rows (all of length headDim), queries drawn from seed. */
     public static List<Row> evaluate(List<KvFormat> formats, float[][] rows, int headDim, long seed, String source) {
+        check(rows, headDim, source);
+        List<Row> out = new ArrayList<>();
+        try (Arena arena = Arena.ofConfined()) {
+            for (KvFormat f : formats) {
+                long rb = f.rowBytes(headDim);
+                MemorySegment buf = arena.allocate(rb);
+                float[][] decoded = new float[rows.length][];
+                for (int r = 0; r < rows.length; r++) {
+                    float[] dec = new float[f.domainDim(headDim)];
+                    f.encode(rows[r], 0, headDim, buf, 0);
+                    f.decode(buf, 0, headDim, dec, 0);
+                    f.unrotate(dec, 0, headDim);
+                    decoded[r] = dec;
+                }
+                out.add(figures(f, rb, rows, decoded, headDim, seed, source));
+            }
+        }
+        return out;
+    }
+
+    /**
+     * The figures of K formats centered on their page's mean ({@link PageMeanFormat}) over a model's K rows, given
+     * as [layer][position][kv head] rows of headDim: each layer's rows written to a cache of 64-token pages in
+     * writes of 512 positions (a prefill's), then read back with their means.
+     */
+    public static List<Row> evaluateCentered(List<KvFormat> formats, float[][] rows, int layers, int kvHeads,
+                                             int headDim, long seed, String source) {
+        check(rows, headDim, source);
+        int n = rows.length / (layers * kvHeads);
+        List<Row> out = new ArrayList<>();
+        for (KvFormat f : formats) {
+            float[][] decoded = new float[rows.length][];
+            KvGeometry g = new KvGeometry(1, kvHeads, headDim, headDim);
+            try (KvCache cache = KvCache.forTokens(g, f, HalfFormat.F16, 64, n)) {
+                float[] k = new float[512 * kvHeads * headDim];
+                float[] v = new float[k.length];
+                for (int l = 0; l < layers; l++) {
+                    try (KvSequence seq = cache.newSequence()) {
+                        for (int p0 = 0; p0 < n; p0 += 512) {
+                            int m = Math.min(512, n - p0);
+                            for (int t = 0; t < m; t++) {
+                                for (int h = 0; h < kvHeads; h++) {
+                                    System.arraycopy(rows[(l * n + p0 + t) * kvHeads + h], 0, k,
+                                            (t * kvHeads + h) * headDim, headDim);
+                                }
+                            }
+                            seq.writeRows(0, p0, m, k, 0, v, 0);
+                        }
+                        for (int p = 0; p < n; p++) {
+                            for (int h = 0; h < kvHeads; h++) {
+                                float[] dec = new float[f.domainDim(headDim)];
+                                seq.decodeK(0, p, h, dec, 0);
+                                f.unrotate(dec, 0, headDim);
+                                decoded[(l * n + p) * kvHeads + h] = dec;
+                            }
+                        }
+                    }
+                }
+            }
+            out.add(figures(f, f.rowBytes(headDim), rows, decoded, headDim, seed, source));
+        }
+        return out;
+    }
+
+    private static void check(float[][] rows, int headDim, String source) {
         for (float[] r : rows) {
             if (r.length != headDim) {
                 throw new IllegalArgumentException("rows of " + source + " must have " + headDim + " values, one has " + r.length);
             }
         }
+    }
+
+    /** Relative MSE and inner-product errors of decoded rows against rows, queries drawn from seed. */
+    private static Row figures(KvFormat f, long rb, float[][] rows, float[][] decoded, int headDim, long seed,
+                               String source) {
         SplittableRandom rnd = new SplittableRandom(seed);
         double[][] gaussQ = new double[QUERIES][headDim];
         double[][] outlierQ = new double[QUERIES][headDim];
@@ -107,43 +177,35 @@ public final class KvEval {
                 outlierQ[q][i] = rnd.nextGaussian() * scales[i];
             }
         }
-        List<Row> out = new ArrayList<>();
-        try (Arena arena = Arena.ofConfined()) {
-            for (KvFormat f : formats) {
-                long rb = f.rowBytes(headDim);
-                MemorySegment buf = arena.allocate(rb);
-                float[] dec = new float[f.domainDim(headDim)];
-                double err = 0;
-                double norm = 0;
-                double[] ipErr = new double[2];
-                double[] ipRef = new double[2];
-                for (float[] x : rows) {
-                    f.encode(x, 0, headDim, buf, 0);
-                    f.decode(buf, 0, headDim, dec, 0);
-                    f.unrotate(dec, 0, headDim);
+        double err = 0;
+        double norm = 0;
+        double[] ipErr = new double[2];
+        double[] ipRef = new double[2];
+        for (int r = 0; r < rows.length; r++) {
+            float[] x = rows[r];
+            float[] dec = decoded[r];
+            for (int i = 0; i < headDim; i++) {
+                double e = x[i] - (double) dec[i];
+                err += e * e;
+                norm += (double) x[i] * x[i];
+            }
+            for (int kind = 0; kind < 2; kind++) {
+                for (double[] q : kind == 0 ? gaussQ : outlierQ) {
+                    double exact = 0;
+                    double approx = 0;
                     for (int i = 0; i < headDim; i++) {
-                        double e = x[i] - (double) dec[i];
-                        err += e * e;
-                        norm += (double) x[i] * x[i];
+                        exact += q[i] * x[i];
+                        approx += q[i] * dec[i];
                     }
-                    for (int kind = 0; kind < 2; kind++) {
-                        for (double[] q : kind == 0 ? gaussQ : outlierQ) {
-                            double exact = 0;
-                            double approx = 0;
-                            for (int i = 0; i < headDim; i++) {
-                                exact += q[i] * x[i];
-                                approx += q[i] * dec[i];
-                            }
-                            ipErr[kind] += (exact - approx) * (exact - approx);
-                            ipRef[kind] += exact * exact;
-                        }
-                    }
+                    ipErr[kind] += (exact - approx) * (exact - approx);
+                    ipRef[kind] += exact * exact;
                 }
-                out.add(new Row(f.name(), 8.0 * rb / headDim, rb, err / norm, Math.sqrt(ipErr[0] / ipRef[0]),
-                        Math.sqrt(ipErr[1] / ipRef[1]), source));
             }
         }
-        return out;
+        // a centered format's means: 16 bits per value of a 64-token page's row
+        double bits = 8.0 * rb / headDim + (f instanceof PageMeanFormat ? 16.0 / 64 : 0);
+        return new Row(f.name(), bits, rb, err / norm, Math.sqrt(ipErr[0] / ipRef[0]), Math.sqrt(ipErr[1] / ipRef[1]),
+                source);
     }
 
     /** Prints the figures of every format on Gaussian and outlier rows: {@code KvEval [headDim] [rows] [seed]}. */
