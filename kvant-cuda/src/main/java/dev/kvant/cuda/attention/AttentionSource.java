@@ -120,10 +120,12 @@ final class AttentionSource {
         int ts = Math.max(direct(k) ? 0 : 2 * dK + 16, direct(v) ? 0 : 2 * dV + 16);
         int tiles = ts == 0 ? 0 : hb;
         boolean qInTile = qAlias && ts > 0 && tt * ts >= qRows * qStr && warps == tiles;
-        int fixed = (qInTile ? 0 : warps * qRows * qStr) + lutEntries(k) * 128 + (v == k ? 0 : lutEntries(v) * 128)
-                + tiles * tt * ts + round16(8 * tt * 2) + (kMean ? warps * dK * 2 : 0);
-        int stage = tt * (slotK + slotV) + (mu ? (tt / 8) * dK * 2 : 0);
-        int small = (110 * 1024 - fixed) / stage;
+        int plainFixed = (qInTile ? 0 : warps * qRows * qStr) + lutEntries(k) * 128
+                + (v == k ? 0 : lutEntries(v) * 128) + tiles * tt * ts + round16(8 * tt * 2);
+        int fixed = plainFixed + (kMean ? warps * dK * 2 : 0);
+        int plainStage = tt * (slotK + slotV);
+        int stage = plainStage + (mu ? (tt / 8) * dK * 2 : 0);
+        int small = mu ? (110 * 1024 - plainFixed) / plainStage : (110 * 1024 - fixed) / stage;
         int stages = small >= 2 ? Math.min(small, 6) : Math.max(2, Math.min(6, (200 * 1024 - fixed) / stage));
         return fixed + stages * stage;
     }

@@ -114,8 +114,9 @@ struct Layout {
     static constexpr int OFF_MU = OFF_OFS + round16(8 * TT * 2);     // KMEAN: per warp a page mean, tile order
     static constexpr int FIXED = OFF_MU + (KMEAN ? WARPS * DK * 2 : 0);
     // Stages: enough bytes in flight to cover the memory latency. Two blocks per SM when that fits in about 110 KB
-    // each, else one block with up to 200 KB.
-    static constexpr int NST_SMALL = (110 * 1024 - FIXED) / STAGE;
+    // each, else one block with up to 200 KB. A centered prefill (MU) counts its stages as the uncentered layout
+    // does: the prefill holds one block per SM by its registers anyway, and the mean bytes would cost it a stage.
+    static constexpr int NST_SMALL = MU ? (110 * 1024 - OFF_MU) / (STAGE - STAGE_MU) : (110 * 1024 - FIXED) / STAGE;
     static constexpr int NST = NST_SMALL >= 2 ? imin(NST_SMALL, 6) : imax(2, imin(6, (200 * 1024 - FIXED) / STAGE));
     static constexpr int OFF_RAW = FIXED;
     static constexpr int TOTAL = OFF_RAW + NST * STAGE;
@@ -196,15 +197,13 @@ __device__ __forceinline__ void dequant_tile(u8* tile, const u8* raw, const u8* 
 }
 
 // KMEAN: the score of a key is q·(k - μ) + q·μ, μ its page's mean, so the tile (centered rows) goes through the
-// tensor cores as is and each score gets the bias q·μ of its page: computed once per page from the f16 query
-// fragments the mma reads (tile column order) and the fp16 mean, which a warp first stages in shared memory in that
-// order (stage_mean), in a fixed order of sums. Decode reads the mean from the page when a tile enters a new page;
-// prefill gets it with the stage's rows (Layout MU).
-__device__ __forceinline__ float half_lo(u32 x) { return h2f((u16) (x & 0xffffu)); }
-__device__ __forceinline__ float half_hi(u32 x) { return h2f((u16) (x >> 16)); }
+// tensor cores as is and each score gets the bias q·μ of its page: computed once per page by the tensor cores, from
+// the f16 query fragments the mma reads (tile column order) and the fp16 mean, which a warp first stages in shared
+// memory in that order (stage_mean). Decode reads the mean from the page when a tile enters a new page; prefill gets
+// it with the stage's rows (Layout MU).
 
-// A page mean staged by one warp in its tile column order (muT[col] = μ of head dimension perm_col(col)), so the
-// bias reads the columns of a query fragment as f16 pairs.
+// A page mean staged by one warp in its tile column order (muT[col] = μ of head dimension perm_col(col)), so that the
+// f16 pairs a lane reads are the fragment of a matrix whose every row (decode: A) or column (prefill: B) is μ.
 __device__ __forceinline__ void stage_mean(u16* muT, const u16* __restrict__ mu, int lane) {
     __syncwarp();
 #pragma unroll
@@ -212,25 +211,25 @@ __device__ __forceinline__ void stage_mean(u16* muT, const u16* __restrict__ mu,
     __syncwarp();
 }
 
-// q·μ of a query fragment of one k-step: the f16 pairs x0 (columns col, col + 1) and x1 (col + 8, col + 9).
-__device__ __forceinline__ float bias_step(float acc, u32 x0, u32 x1, const u16* muT, int col) {
-    const u32 m0 = *(const u32*) (muT + col), m1 = *(const u32*) (muT + col + 8);
-    acc = fmaf(half_lo(x0), half_lo(m0), acc);
-    acc = fmaf(half_hi(x0), half_hi(m0), acc);
-    acc = fmaf(half_lo(x1), half_lo(m1), acc);
-    return fmaf(half_hi(x1), half_hi(m1), acc);
-}
-
-// Decode (Q^T as B fragments: lane g·4 + c holds query row g, columns 16ks + 2c.. and +8..): the bias of the rows
-// the lane's scores belong to, 2c and 2c + 1.
+// Decode (Q^T as B fragments: lane g·4 + c holds query row g, columns 16ks + 2c.. and +8..): A = 16 rows of μ, so
+// D[token][row] = μ·q_row and the lane's pair is the bias of rows 2c and 2c + 1.
 __device__ __forceinline__ float2 key_bias_decode(const u32 (*qf)[2], const u16* muT, int lane) {
     const int c = lane & 3;
-    float acc = 0.f;
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int ks = 0; ks < DK / 16; ks++) acc = bias_step(acc, qf[ks][0], qf[ks][1], muT, 16 * ks + 2 * c);
-    acc += __shfl_xor_sync(FULL_MASK, acc, 1);
-    acc += __shfl_xor_sync(FULL_MASK, acc, 2);
-    return make_float2(__shfl_sync(FULL_MASK, acc, 8 * c), __shfl_sync(FULL_MASK, acc, 8 * c + 4));
+    for (int ks = 0; ks < DK / 16; ks++) {
+        const u32 m0 = *(const u32*) (muT + 16 * ks + 2 * c), m1 = *(const u32*) (muT + 16 * ks + 2 * c + 8);
+        mma16816<false>(d, m0, m0, m1, m1, qf[ks][0], qf[ks][1]);
+    }
+    return make_float2(d[0], d[1]);
+}
+
+// Prefill (Q as A fragments of one k-step: rows g and g + 8): B = 8 columns of μ, so D[row][n] = q_row·μ and the
+// lane's d[0], d[2] are the bias of rows g and g + 8.
+__device__ __forceinline__ void key_bias_step(float (&d)[4], const u32 (&a)[4], const u16* muT, int ks, int lane) {
+    const int c = lane & 3;
+    const u32 m0 = *(const u32*) (muT + 16 * ks + 2 * c), m1 = *(const u32*) (muT + 16 * ks + 2 * c + 8);
+    mma16816<false>(d, a[0], a[1], a[2], a[3], m0, m1);
 }
 
 // The rows of a warp's query tile: QROWS rows starting at row0 of a kv head's rows (row = query * G + head in
@@ -644,6 +643,14 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
 #pragma unroll
         for (int ks = 0; ks < DK / 16; ks++) ldsm_x4(qf[ks], qa + ks * 32);
     }
+    // the query's A fragment of k-step ks: from the registers, or (large heads) from shared memory
+    auto q_frag = [&](u32 (&a)[4], int ks) {
+        if constexpr (PRE_Q_REGS) {
+            a[0] = qf[ks][0]; a[1] = qf[ks][1]; a[2] = qf[ks][2]; a[3] = qf[ks][3];
+        } else {
+            ldsm_x4(a, qa + ks * 32);
+        }
+    };
 
     int rowPos[2];
 #pragma unroll
@@ -700,11 +707,7 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
 #pragma unroll
             for (int ks = 0; ks < DK / 16; ks++) {
                 u32 a[4];
-                if constexpr (PRE_Q_REGS) {
-                    a[0] = qf[ks][0]; a[1] = qf[ks][1]; a[2] = qf[ks][2]; a[3] = qf[ks][3];
-                } else {
-                    ldsm_x4(a, qa + ks * 32);
-                }
+                q_frag(a, ks);
 #pragma unroll
                 for (int np = 0; np < TT / 16; np++) {
                     u32 r[4];
@@ -715,30 +718,24 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
             }
         }
         if constexpr (KMEAN) {
-            // chunk j = tokens 8j..8j+7 of the tile, in one page; lane: rows g (x) and g + 8 (y)
+            // chunk j = tokens 8j..8j+7 of the tile, in one page; lane: rows g (x) and g + 8 (y). next: the tile
+            // offset of the next page start.
+            int next = (pageTokens - tok0 % pageTokens) % pageTokens;
 #pragma unroll
             for (int j = 0; j < TT / 8; j++) {
                 if (tok0 + 8 * j < t1) {
-                    if ((tok0 + 8 * j) % pageTokens == 0) {   // a new page: its mean came with the stage
+                    if (8 * j == next) {   // a new page: its mean came with the stage
+                        next += pageTokens;
                         u16* muT = (u16*) (smem + LY::OFF_MU) + warp * DK;
                         stage_mean(muT, (const u16*) (rawK + TT * (LY::SLOTK + LY::SLOTV)) + j * DK, lane);
-                        float bx = 0.f, by = 0.f;
+                        float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
                         for (int ks = 0; ks < DK / 16; ks++) {
                             u32 a[4];
-                            if constexpr (PRE_Q_REGS) {
-                                a[0] = qf[ks][0]; a[1] = qf[ks][1]; a[2] = qf[ks][2]; a[3] = qf[ks][3];
-                            } else {
-                                ldsm_x4(a, qa + ks * 32);
-                            }
-                            bx = bias_step(bx, a[0], a[2], muT, 16 * ks + 2 * c);
-                            by = bias_step(by, a[1], a[3], muT, 16 * ks + 2 * c);
+                            q_frag(a, ks);
+                            key_bias_step(d, a, muT, ks, lane);
                         }
-                        bx += __shfl_xor_sync(FULL_MASK, bx, 1);
-                        bx += __shfl_xor_sync(FULL_MASK, bx, 2);
-                        by += __shfl_xor_sync(FULL_MASK, by, 1);
-                        by += __shfl_xor_sync(FULL_MASK, by, 2);
-                        bias = make_float2(bx, by);
+                        bias = make_float2(d[0], d[2]);
                     }
                     s[j][0] += bias.x;
                     s[j][1] += bias.x;

@@ -8,6 +8,7 @@ import dev.kvant.engine.ContextFullException;
 import dev.kvant.gguf.GgmlType;
 import dev.kvant.kv.KvCacheFullException;
 import dev.kvant.kv.KvFormat;
+import dev.kvant.kv.PageMeanFormat;
 import dev.kvant.model.LlamaModel;
 import dev.kvant.model.SyntheticModel;
 import dev.kvant.sample.Sampler;
@@ -181,18 +182,34 @@ class CudaBackendGpuTest {
                                 float[] want = new float[dom];
                                 host.keyMean(l, c.kv().page(lp), h, want, 0);
                                 long at = gs.page(lp) * part.cache().kPageBytes() + host.kMeanOffset(h);
-                                double num = 0, den = 0;
+                                double num = 0, meanEnergy = 0;
                                 for (int i = 0; i < dom; i++) {
                                     float got = Float.float16ToFloat(dev.get(java.lang.foreign.ValueLayout
                                             .JAVA_SHORT_UNALIGNED.withOrder(java.nio.ByteOrder.LITTLE_ENDIAN),
                                             at + 2L * i));
                                     num += (got - want[i]) * (double) (got - want[i]);
-                                    den += want[i] * (double) want[i];
+                                    meanEnergy += want[i] * (double) want[i];
                                 }
-                                assertTrue(den > 0, "layer " + l + " page " + lp + " head " + h + ": the CPU's "
-                                        + "mean is 0 (seed " + seed + ")");
-                                assertTrue(num / den < 1e-4, "layer " + l + " page " + lp + " head " + h
-                                        + ": mean NMSE " + num / den + " against the CPU's (seed " + seed + ")");
+                                assertTrue(meanEnergy > 0, "layer " + l + " page " + lp + " head " + h
+                                        + ": the CPU's mean is 0 (seed " + seed + ")");
+                                // against the energy of the page's keys (mean + centered rows): the scale the
+                                // scores see. The mean of random rows is small, so against its own energy the
+                                // device's rounding (earlier layers; decoded keys for a decode-opened page) shows
+                                // up enlarged: layer 0 is held to 1e-3 of that too.
+                                int rows = Math.min(64, 130 - 64 * lp);
+                                double spread = 0;
+                                float[] row = new float[model.config().headDimK()];
+                                for (int t = 0; t < rows; t++) {
+                                    PageMeanFormat.rows(k).decode(host.kPage(l, c.kv().page(lp)),
+                                            host.kRowOffset(t, h), row.length, row, 0);
+                                    for (float x : row) {
+                                        spread += x * (double) x;
+                                    }
+                                }
+                                double den = meanEnergy + spread / rows;
+                                assertTrue(num / den < 1e-4 && (l > 0 || num / meanEnergy < 1e-3), "layer " + l
+                                        + " page " + lp + " head " + h + ": mean error " + num / den + " of the keys' "
+                                        + "energy, " + num / meanEnergy + " of the mean's (seed " + seed + ")");
                             }
                         }
                     }
