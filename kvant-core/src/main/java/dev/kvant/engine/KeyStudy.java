@@ -31,6 +31,8 @@ import java.util.WeakHashMap;
 public final class KeyStudy {
     /** Positions per mean block (64: a page); -Dkvant.study.block=N studies other sizes. */
     private static final int BLOCK = Integer.getInteger("kvant.study.block", 64);
+    /** Positions kept exact at the start of a sequence (attention sinks); -Dkvant.study.sink=N studies them. */
+    private static final int SINK = Integer.getInteger("kvant.study.sink", 0);
 
     private KeyStudy() {
     }
@@ -123,7 +125,7 @@ public final class KeyStudy {
                 } else if (mode != Mode.NONE) {
                     System.arraycopy(fixed, 0, mu, 0, width);
                 }
-                for (int h = 0; h < heads; h++) {
+                for (int h = 0; h < heads && p >= SINK; h++) {
                     for (int i = 0; i < dim; i++) {
                         centered[i] = x[o + h * dim + i] - mu[h * dim + i];
                     }

@@ -168,11 +168,17 @@ class KvFormatTest {
         }
     }
 
-    /** Each turbo code is the centroid nearest to the rotated, normalized value; the norm makes ‖x̂‖ = ‖x‖. */
+    /**
+     * Each turbo block's codes are the centroids nearest to a·u (u the rotated, normalized block) for one gain a the
+     * encoder tries, and they point at least as close to u as those of every other gain (plain nearest centroids
+     * included); the norm makes ‖x̂‖ = ‖x‖.
+     */
     @Test
-    void turboEncoderPicksNearestCentroidsAndCorrectsTheNorm() {
+    void turboEncoderPicksTheBestGainsNearestCentroidsAndCorrectsTheNorm() {
         long seed = System.nanoTime();
         SplittableRandom rnd = new SplittableRandom(seed);
+        float[] gains = TurboFormat.gains();
+        assertEquals(1f, gains[0], "gain 1 first: a tie keeps the plain codes");
         try (Arena arena = Arena.ofConfined()) {
             for (TurboFormat f : List.of(TurboFormat.TURBO4, TurboFormat.TURBO3, TurboFormat.TURBO2)) {
                 for (int headDim : HEAD_DIMS) {
@@ -191,18 +197,41 @@ class KvFormatTest {
                             s += y[b * n + i] * y[b * n + i];
                         }
                         s = Math.sqrt(s);
+                        int[] code = new int[n];
                         double chosen = 0;
                         for (int i = 0; i < n; i++) {
-                            double u = y[b * n + i] / s;
-                            int code = KvFormatReference.turboCode(bytes, base + 2, n, f.bits(), i);
-                            double best = Double.MAX_VALUE;
-                            for (double ck : c) {
-                                best = Math.min(best, Math.abs(u - ck));
-                            }
-                            assertTrue(Math.abs(u - c[code]) <= best + 1e-5 / Math.sqrt(n), "seed " + seed + " " + f
-                                    + " headDim " + headDim + " element " + i + ": u " + u + " got centroid " + c[code]);
-                            chosen += (double) cf[code] * cf[code];
+                            code[i] = KvFormatReference.turboCode(bytes, base + 2, n, f.bits(), i);
+                            chosen += (double) cf[code[i]] * cf[code[i]];
                         }
+                        boolean someGain = false;
+                        double bestOther = -1;
+                        for (float a : gains) {
+                            boolean nearest = true;
+                            double dot = 0, cc = 0;
+                            for (int i = 0; i < n; i++) {
+                                double u = a * y[b * n + i] / s;
+                                int near = 0;
+                                for (int k = 1; k < c.length; k++) {
+                                    if (Math.abs(u - c[k]) < Math.abs(u - c[near])) {
+                                        near = k;
+                                    }
+                                }
+                                nearest &= Math.abs(u - c[code[i]]) <= Math.abs(u - c[near]) + 1e-5 / Math.sqrt(n);
+                                dot += y[b * n + i] * c[near];
+                                cc += c[near] * c[near];
+                            }
+                            someGain |= nearest;
+                            bestOther = Math.max(bestOther, dot / Math.sqrt(cc) / s);
+                        }
+                        assertTrue(someGain, "seed " + seed + " " + f + " headDim " + headDim + " block " + b
+                                + ": the codes are no gain's nearest centroids");
+                        double dot = 0;
+                        for (int i = 0; i < n; i++) {
+                            dot += y[b * n + i] * c[code[i]];
+                        }
+                        double cosine = dot / Math.sqrt(chosen) / s;
+                        assertTrue(cosine >= bestOther - 1e-5, "seed " + seed + " " + f + " headDim " + headDim
+                                + " block " + b + ": cosine " + cosine + " below another gain's " + bestOther);
                         double g = KvFormatReference.half(KvFormatReference.u16(bytes, base));
                         assertEquals(s / Math.sqrt(chosen), g, g * (0x1p-11 + 1e-6), "seed " + seed + " " + f + ": norm");
                     }
@@ -311,17 +340,20 @@ class KvFormatTest {
 
     /**
      * For Gaussian rows, u = Rx/‖x‖ is uniform on the sphere, so each coordinate follows exactly the marginal the
-     * codebook is fitted to, and the plain Lloyd-Max error E‖u - c‖² (c the chosen centroids) equals the
+     * codebook is fitted to, and the plain Lloyd-Max error E‖u - c‖² (c the nearest centroids of u) equals the
      * codebook's D = n × coordinate MSE. Over 2048 rows the per-row error's spread (about ±10% of D) averages to
      * about 0.25%; 2% is 8 standard errors.
      *
-     * <p>What the decoder returns is c renormalized to length ‖x‖; its relative MSE 2 - 2⟨u, c⟩/‖c‖ is predicted
-     * to first order as 2 - 2√(1-D) (⟨u, c⟩ ≈ ‖c‖² ≈ 1 - D). The sphere constraint Σu² = 1 correlates ⟨u, c⟩ with
-     * ‖c‖, which lowers the true value by O(1/n): a 200,000-row float64 Monte Carlo gives 1.3%, 2.6%, 3.5% below the
+     * <p>Renormalized to length ‖x‖, those plain codes have relative MSE 2 - 2⟨u, c⟩/‖c‖, predicted to first order
+     * as 2 - 2√(1-D) (⟨u, c⟩ ≈ ‖c‖² ≈ 1 - D). The sphere constraint Σu² = 1 correlates ⟨u, c⟩ with ‖c‖, which
+     * lowers the true value by O(1/n): a 200,000-row float64 Monte Carlo gives 1.3%, 2.6%, 3.5% below the
      * prediction at n = 64 and 0.6%, 1.3%, 1.8% at n = 128 (2, 3, 4 bits). Allowed: 3/n plus 1% statistical.
+     *
+     * <p>The encoder keeps the best of its gains' codes, so what it decodes has at most the plain codes' error (up to
+     * the fp16 norm and float rounding), and clearly less at 4 and 3 bits: {@link #GAIN_ERROR}.
      */
     @Test
-    void turboRoundTripErrorMatchesLloydMaxPrediction() {
+    void turboRoundTripErrorIsLloydMaxsOrLess() {
         long seed = System.nanoTime();
         SplittableRandom rnd = new SplittableRandom(seed);
         int rows = 2048;
@@ -337,6 +369,7 @@ class KvFormatTest {
                     f.encodeRows(x, 0, rows, headDim, seg, 0, rb);
                     double[] c = f.codebook(headDim).centroids();
                     double plain = 0;
+                    double plainRel = 0;
                     double err = 0;
                     double norm = 0;
                     float[] got = new float[headDim];
@@ -347,29 +380,50 @@ class KvFormatTest {
                             s += v * v;
                         }
                         s = Math.sqrt(s);
-                        byte[] bytes = KvFormatReference.bytes(seg, r * rb, rb);
+                        double dot = 0, cc = 0;
                         for (int i = 0; i < headDim; i++) {
-                            double e = y[i] / s - c[KvFormatReference.turboCode(bytes, 2, headDim, f.bits(), i)];
-                            plain += e * e;
+                            double u = y[i] / s;
+                            int near = 0;
+                            for (int k = 1; k < c.length; k++) {
+                                if (Math.abs(u - c[k]) < Math.abs(u - c[near])) {
+                                    near = k;
+                                }
+                            }
+                            plain += (u - c[near]) * (u - c[near]);
+                            dot += u * c[near];
+                            cc += c[near] * c[near];
                         }
+                        plainRel += 2 - 2 * dot / Math.sqrt(cc);
                         f.decode(seg, r * rb, headDim, got, 0);
                         f.unrotate(got, 0, headDim);
+                        double rowErr = 0, rowNorm = 0;
                         for (int i = 0; i < headDim; i++) {
                             double e = x[r * headDim + i] - got[i];
-                            err += e * e;
-                            norm += (double) x[r * headDim + i] * x[r * headDim + i];
+                            rowErr += e * e;
+                            rowNorm += (double) x[r * headDim + i] * x[r * headDim + i];
                         }
+                        err += rowErr / rowNorm;
+                        norm += 1;
                     }
                     double d = f.codebook(headDim).unitVectorMse();
-                    assertEquals(d, plain / rows, 0.02 * d, "seed " + seed + " " + f + " headDim " + headDim
-                            + ": mean ‖u - c‖² vs the codebook's D");
+                    String what = "seed " + seed + " " + f + " headDim " + headDim;
+                    assertEquals(d, plain / rows, 0.02 * d, what + ": mean ‖u - c‖² of the nearest centroids vs D");
                     double predicted = 2 - 2 * Math.sqrt(1 - d);
-                    assertEquals(predicted, err / norm, (3.0 / headDim + 0.01) * predicted, "seed " + seed + " " + f
-                            + " headDim " + headDim + ": relative MSE vs 2-2√(1-D), D = " + d);
+                    assertEquals(predicted, plainRel / rows, (3.0 / headDim + 0.01) * predicted, what
+                            + ": relative MSE of the renormalized nearest centroids vs 2-2√(1-D), D = " + d);
+                    double ratio = (err / norm) / (plainRel / rows);
+                    System.out.printf(java.util.Locale.ROOT, "%s: encoder's relative MSE %.5f = %.3f of the plain "
+                            + "codes'%n", what, err / norm, ratio);
+                    assertTrue(ratio <= GAIN_ERROR[f.bits() - 2], what + ": encoder's error " + ratio
+                            + " of the plain codes', allowed " + GAIN_ERROR[f.bits() - 2]);
                 }
             }
         }
     }
+
+    /** The most of the plain codes' error the gain search may leave (2, 3, 4 bits; measured 0.98-0.99, 0.91-0.94,
+     * 0.80-0.86). */
+    private static final double[] GAIN_ERROR = {0.998, 0.96, 0.88};
 
     @Test
     void encodeRowsIsBitIdenticalToRowByRowEncode() {

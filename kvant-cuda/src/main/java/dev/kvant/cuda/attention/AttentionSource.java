@@ -151,7 +151,8 @@ final class AttentionSource {
 
     /**
      * kv_rot_sign[n==128][D1=0/D2=1][word]: bit i of word j set when element 32j + i has sign -1; kv_rot_scale[n==128]
-     * = fl(1/sqrt(n)) as Rotation computes it; kv_centroid and kv_boundary[bits-2][n==128][i] as floats.
+     * = fl(1/sqrt(n)) as Rotation computes it; kv_centroid[bits-2][n==128][i] and kv_boundary[bits-2][n==128][gain][i] (the boundaries / each of
+     * TurboFormat.gains()) as floats.
      */
     static String generatedHeader(int lanes) {
         StringBuilder h = new StringBuilder();
@@ -181,7 +182,9 @@ final class AttentionSource {
         h.append("__constant__ float kv_rot_scale[2] = {").append(hex((float) (1.0 / Math.sqrt(64)))).append(", ")
                 .append(hex((float) (1.0 / Math.sqrt(128)))).append("};\n");
         StringBuilder centroids = new StringBuilder("__constant__ float kv_centroid[3][2][16] = {");
-        StringBuilder boundaries = new StringBuilder("__constant__ float kv_boundary[3][2][16] = {");
+        float[] gains = TurboFormat.gains();
+        h.append("#define KV_GAINS ").append(gains.length).append('\n');
+        StringBuilder boundaries = new StringBuilder("__constant__ float kv_boundary[3][2][KV_GAINS][16] = {");
         TurboFormat[] byBits = {TurboFormat.TURBO2, TurboFormat.TURBO3, TurboFormat.TURBO4};
         for (int b = 0; b < 3; b++) {
             centroids.append(b == 0 ? "{" : ", {");
@@ -189,7 +192,11 @@ final class AttentionSource {
             for (int n : new int[] {64, 128}) {
                 Codebook cb = byBits[b].codebook(n);
                 centroids.append(n == 64 ? "" : ", ").append(floats(cb.centroidsAsFloat()));
-                boundaries.append(n == 64 ? "" : ", ").append(floats(cb.boundaries()));
+                boundaries.append(n == 64 ? "{" : ", {");
+                for (int a = 0; a < gains.length; a++) {
+                    boundaries.append(a == 0 ? "" : ", ").append(floats(TurboFormat.gainBoundaries(cb, gains[a])));
+                }
+                boundaries.append('}');
             }
             centroids.append('}');
             boundaries.append('}');

@@ -29,21 +29,27 @@ __device__ __forceinline__ void load_row(const float* src, float* x, int lane) {
     for (int j = 0; j < D / 32; j++) x[j] = src[32 * j + lane];
 }
 
-// Sum of v^2 over one block of N values held as v[j] = element 32j + lane, in the order of KvLanes: the partial of
-// lane p (< L) is fma(v[p+(N/L-1)L], ..., fma(v[p+L], v[p+L], fma(v[p], v[p], 0))); then p and p^(L/2) are added,
-// then p^(L/4), ..., as KvLanes.sumLanes does. Element p + Lk lives in register (Lk)/32 of lane (Lk)%32 + p.
+// Sum of a·b over one block of N values held as a[j] = element 32j + lane, in the order of KvLanes: the partial of
+// lane p (< L) is fma(a[p+(N/L-1)L], b[..], ..., fma(a[p+L], b[p+L], fma(a[p], b[p], 0))); then p and p^(L/2) are
+// added, then p^(L/4), ..., as KvLanes.sumLanes does. Element p + Lk lives in register (Lk)/32 of lane (Lk)%32 + p.
 template <int N>
-__device__ __forceinline__ float lane_order_sum_sq(const float* v, int lane) {
+__device__ __forceinline__ float lane_order_sum_prod(const float* a, const float* b, int lane) {
     constexpr int L = KV_LANES;
     float acc = 0.f;
 #pragma unroll
     for (int k = 0; k < N / L; k++) {
-        const float t = __shfl_sync(FULL_MASK, v[(L * k) >> 5], ((L * k) & 31) + (lane % L));
-        acc = __fmaf_rn(t, t, acc);
+        const int reg = (L * k) >> 5, src = ((L * k) & 31) + (lane % L);
+        const float x = __shfl_sync(FULL_MASK, a[reg], src), y = __shfl_sync(FULL_MASK, b[reg], src);
+        acc = __fmaf_rn(x, y, acc);
     }
 #pragma unroll
     for (int h = L / 2; h >= 1; h >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(FULL_MASK, acc, h));
     return __shfl_sync(FULL_MASK, acc, 0);
+}
+
+template <int N>
+__device__ __forceinline__ float lane_order_sum_sq(const float* v, int lane) {
+    return lane_order_sum_prod<N>(v, v, lane);
 }
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -151,17 +157,32 @@ __device__ void encode_row(const float* src, u8* dst, u8* codes, int lane, const
             }
             const float s = __fsqrt_rn(lane_order_sum_sq<N>(y, lane));
             const float inv = s > 0.f ? __fdiv_rn(1.f, s) : 0.f;
-            float c[R];
+            // the gain whose nearest-centroid codes point closest to y (TurboFormat.encodeBlock): the first best
+            float best = 0.f, bestCc = 0.f;
+            int bestCode[R];
+            for (int a = 0; a < KV_GAINS; a++) {
+                float c[R];
+                int code[R];
 #pragma unroll
-            for (int j = 0; j < R; j++) {
-                const float u = __fmul_rn(y[j], inv);
-                int code = 0;
+                for (int j = 0; j < R; j++) {
+                    const float u = __fmul_rn(y[j], inv);
+                    code[j] = 0;
 #pragma unroll
-                for (int i = 0; i < (1 << BITS) - 1; i++) code += u > kv_boundary[BITS - 2][NI][i] ? 1 : 0;
-                codes[32 * j + lane] = (u8) code;
-                c[j] = __shfl_sync(FULL_MASK, cent, code);
+                    for (int i = 0; i < (1 << BITS) - 1; i++) code[j] += u > kv_boundary[BITS - 2][NI][a][i] ? 1 : 0;
+                    c[j] = __shfl_sync(FULL_MASK, cent, code[j]);
+                }
+                const float cc = lane_order_sum_sq<N>(c, lane);
+                const float cosine = __fdiv_rn(lane_order_sum_prod<N>(c, y, lane), __fsqrt_rn(cc));
+                if (a == 0 || cosine > best) {
+                    best = cosine;
+                    bestCc = cc;
+#pragma unroll
+                    for (int j = 0; j < R; j++) bestCode[j] = code[j];
+                }
             }
-            const float g = __fdiv_rn(s, __fsqrt_rn(lane_order_sum_sq<N>(c, lane)));
+#pragma unroll
+            for (int j = 0; j < R; j++) codes[32 * j + lane] = (u8) bestCode[j];
+            const float g = __fdiv_rn(s, __fsqrt_rn(bestCc));
             __syncwarp();
             u8* blk = dst + b * (2 + CODE_BYTES);
             if (lane == 0) *(u16*) blk = to_half_clamped(g);
