@@ -71,11 +71,6 @@ public final class Int8Format implements KvFormat {
     }
 
     @Override
-    public void encode(float[] src, int srcOff, int headDim, MemorySegment dst, long dstOff) {
-        encodeRows(src, srcOff, 1, headDim, dst, dstOff, 0);
-    }
-
-    @Override
     public void encodeRows(float[] src, int srcOff, int rows, int headDim, MemorySegment dst, long dstOff, long dstStride) {
         Objects.checkFromIndexSize(srcOff, rows * headDim, src.length);
         int full = headDim / block;

@@ -63,7 +63,9 @@ public sealed interface KvFormat permits HalfFormat, Int8Format, Q4Format, Turbo
     }
 
     /** Quantizes one unrotated row {@code src[srcOff, srcOff+headDim)} into {@code rowBytes(headDim)} bytes at dstOff. */
-    void encode(float[] src, int srcOff, int headDim, MemorySegment dst, long dstOff);
+    default void encode(float[] src, int srcOff, int headDim, MemorySegment dst, long dstOff) {
+        encodeRows(src, srcOff, 1, headDim, dst, dstOff, 0);
+    }
 
     /** Encodes rows×headDim consecutive floats as rows rows dstStride bytes apart; bit-identical to row by row. */
     void encodeRows(float[] src, int srcOff, int rows, int headDim, MemorySegment dst, long dstOff, long dstStride);

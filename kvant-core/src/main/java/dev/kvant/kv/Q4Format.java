@@ -69,11 +69,6 @@ public final class Q4Format implements KvFormat {
     }
 
     @Override
-    public void encode(float[] src, int srcOff, int headDim, MemorySegment dst, long dstOff) {
-        encodeRows(src, srcOff, 1, headDim, dst, dstOff, 0);
-    }
-
-    @Override
     public void encodeRows(float[] src, int srcOff, int rows, int headDim, MemorySegment dst, long dstOff, long dstStride) {
         encode(src, srcOff, rows, headDim, false, dst, dstOff, dstStride);
     }
