@@ -19,8 +19,8 @@ import jdk.incubator.vector.ShortVector;
 
 /**
  * bfloat16 (the upper half of a binary32), little-endian. The four-row product widens each row's lanes in registers
- * and multiplies them at once (1.7x the speed of decoding a chunk of each row into scratch first, the way
- * {@link F16Format} must); single rows and the tail go through scratch.
+ * and multiplies them at once (1.7x the speed of decoding a chunk of each row into scratch first); single rows
+ * and the tail go through scratch.
  */
 final class Bf16Format implements WeightFormat, FusedRows {
     static final Bf16Format INSTANCE = new Bf16Format();

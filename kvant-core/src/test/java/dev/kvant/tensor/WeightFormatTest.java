@@ -287,6 +287,23 @@ class WeightFormatTest {
         }
     }
 
+    /** Every one of the 65,536 halves, through the vector lanes: the bits of {@link Float#float16ToFloat}. */
+    @Test
+    void f16DecodesEveryHalfToTheBitsOfTheJdksConversion() {
+        int n = 1 << 16;
+        byte[] bytes = new byte[2 * n];
+        for (int h = 0; h < n; h++) {
+            bytes[2 * h] = (byte) h;
+            bytes[2 * h + 1] = (byte) (h >> 8);
+        }
+        float[] out = decode(GgmlType.F16, bytes, n);
+        for (int h = 0; h < n; h++) {
+            String half = "half 0x" + Integer.toHexString(h);
+            assertEquals(Float.floatToRawIntBits(Float.float16ToFloat((short) h)), Float.floatToRawIntBits(out[h]),
+                    half);
+        }
+    }
+
     @Test
     void q8_0QuantizerRoundsHalfAwayFromZeroAsGgmlReference() {
         float[] x = new float[32];
