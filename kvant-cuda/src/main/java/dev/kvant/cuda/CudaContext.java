@@ -27,6 +27,8 @@ public final class CudaContext implements AutoCloseable {
     private final int maxSharedMemoryPerBlockOptin;
     private final int driverVersion;
     private final CudaStream defaultStream;
+    private final boolean canOverlap;
+    private volatile LaunchOverlap overlap;
     private volatile boolean closed;
 
     private CudaContext(CudaDriver driver, int ordinal) {
@@ -44,7 +46,51 @@ public final class CudaContext implements AutoCloseable {
         this.driverVersion = driver.driverGetVersion();
         this.handle = driver.devicePrimaryCtxRetain(device);
         this.defaultStream = CudaStream.legacyDefault(this);
+        this.canOverlap = computeCapability.major() >= 9 && driver.canLaunchOverlapped();
+        this.overlap = LaunchOverlap.fromEnvironment(System.getenv("KVANT_CUDA_OVERLAP"));
         makeCurrent();
+    }
+
+    /**
+     * Which launches of overlappable kernels ({@link KernelSource#overlappable}) start as programmatic dependents
+     * of the kernel before them, hiding their launch behind its tail ({@link CudaDriver#launchKernelOverlapped}).
+     */
+    public enum LaunchOverlap {
+        /** None: every launch waits for its predecessor to finish. */
+        NONE,
+        /** Launches on streams marked with {@link CudaStream#overlapLaunches} (the default: the decode step's). */
+        MARKED,
+        /** Every launch of an overlappable kernel. */
+        ALL;
+
+        /** {@code KVANT_CUDA_OVERLAP}: 0 (none), all, or unset / 1 / marked (the default). */
+        static LaunchOverlap fromEnvironment(String value) {
+            if (value == null || value.isBlank() || value.equals("1") || value.equalsIgnoreCase("marked")) {
+                return MARKED;
+            }
+            if (value.equals("0") || value.equalsIgnoreCase("none")) {
+                return NONE;
+            }
+            if (value.equalsIgnoreCase("all")) {
+                return ALL;
+            }
+            throw new IllegalArgumentException("KVANT_CUDA_OVERLAP='" + value + "': use 0, 1 or all");
+        }
+    }
+
+    /** Sets which launches overlap from now on (comparisons and tests; the default comes from the environment). */
+    public void setLaunchOverlap(LaunchOverlap overlap) {
+        this.overlap = java.util.Objects.requireNonNull(overlap, "overlap");
+    }
+
+    public LaunchOverlap launchOverlap() {
+        return overlap;
+    }
+
+    /** Whether a launch of an overlappable kernel on {@code stream} overlaps its predecessor (sm_90 and later). */
+    boolean overlapsLaunches(CudaStream stream) {
+        LaunchOverlap o = overlap;
+        return canOverlap && (o == LaunchOverlap.ALL || o == LaunchOverlap.MARKED && stream.overlapsLaunches());
     }
 
     /** Opens device {@code $KVANT_CUDA_DEVICE}, or device 0. */
@@ -174,12 +220,13 @@ public final class CudaContext implements AutoCloseable {
 
     /** Loads a compiled image (cubin). */
     public CudaModule loadModule(String name, byte[] cubin) {
-        return CudaModule.load(this, name, cubin);
+        return CudaModule.load(this, name, cubin, false);
     }
 
     /** Compiles (or takes from the cache) {@code source} for this device's architecture and loads it. */
     public CudaModule loadModule(KernelCache cache, KernelSource source, Map<String, String> defines) {
-        return loadModule(source.name(), cache.cubin(source, computeCapability.arch(), defines));
+        return CudaModule.load(this, source.name(), cache.cubin(source, computeCapability.arch(), defines),
+                source.overlappable());
     }
 
     public CudaModule loadModule(KernelCache cache, KernelSource source) {

@@ -56,6 +56,10 @@ public final class CudaDriver {
     public static final int CAPTURE_MODE_RELAXED = 2;
 
     private static final int CUDA_SUCCESS = 0;
+    /** CUlaunchAttributeID of programmatic dependent launch, and the sizes of the launch structs (64-bit). */
+    private static final int LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6;
+    private static final long LAUNCH_ATTRIBUTE_BYTES = 72;
+    private static final long LAUNCH_CONFIG_BYTES = 56;
     private static final int CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704;
 
     private final NativeLibrary library;
@@ -69,6 +73,8 @@ public final class CudaDriver {
             cuEventElapsedTime, cuEventDestroy, cuStreamBeginCapture, cuStreamEndCapture,
             cuGraphInstantiateWithFlags, cuGraphLaunch, cuGraphExecDestroy, cuGraphDestroy, cuGetErrorName,
             cuGetErrorString, cuStreamWaitEvent, cuMemcpyPeerAsync, cuCtxEnablePeerAccess, cuDeviceCanAccessPeer;
+    /** cuLaunchKernelEx (driver 11.8+), or null on an older driver. */
+    private final MethodHandle cuLaunchKernelEx;
 
     CudaDriver(NativeLibrary library) {
         this.library = library;
@@ -127,6 +133,8 @@ public final class CudaDriver {
         cuCtxEnablePeerAccess = bind("cuCtxEnablePeerAccess", ADDRESS, JAVA_INT);
         cuDeviceCanAccessPeer = bind("cuDeviceCanAccessPeer", ADDRESS, JAVA_INT, JAVA_INT);
         cuGetErrorString = bind("cuGetErrorString", JAVA_INT, ADDRESS);
+        cuLaunchKernelEx = library.optionalFunction("cuLaunchKernelEx",
+                FunctionDescriptor.of(JAVA_INT, ADDRESS, ADDRESS, ADDRESS, ADDRESS));
     }
 
     private MethodHandle bind(String symbol, MemoryLayout... args) {
@@ -490,6 +498,51 @@ public final class CudaDriver {
         if (rc != CUDA_SUCCESS) {
             throw error(rc, "cuLaunchKernel(" + what + ", grid " + grid + ", block " + block + ", shared "
                     + sharedMemBytes + " bytes)");
+        }
+    }
+
+    /** True when this driver can launch a kernel that overlaps its predecessor ({@link #launchKernelOverlapped}). */
+    public boolean canLaunchOverlapped() {
+        return cuLaunchKernelEx != null;
+    }
+
+    /**
+     * Launches {@code function} as {@link #launchKernel} does, but allowed to start while the kernel before it on
+     * the stream is still running (programmatic dependent launch: cuLaunchKernelEx with the attribute
+     * PROGRAMMATIC_STREAM_SERIALIZATION). The kernel must wait for its predecessor itself before it touches memory
+     * (every kvant kernel opens with {@code KVANT_GRID_ENTER()}, which does); a predecessor that does not signal
+     * early is simply waited for at its end. Stream capture keeps the overlap as a programmatic graph edge.
+     */
+    public void launchKernelOverlapped(MemorySegment function, Dim3 grid, Dim3 block, int sharedMemBytes,
+                                       MemorySegment stream, MemorySegment kernelParams, String what) {
+        if (cuLaunchKernelEx == null) {
+            throw new IllegalStateException("cuLaunchKernelEx is not available in this driver");
+        }
+        int rc;
+        try (Arena arena = Arena.ofConfined()) {
+            // CUlaunchAttribute: int id, 4 bytes of padding, a 64-byte value union (here its first int).
+            MemorySegment attribute = arena.allocate(LAUNCH_ATTRIBUTE_BYTES, 8);
+            attribute.set(JAVA_INT, 0, LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
+            attribute.set(JAVA_INT, 8, 1);
+            // CUlaunchConfig: grid x y z, block x y z, shared bytes (7 ints), stream, attrs, numAttrs.
+            MemorySegment config = arena.allocate(LAUNCH_CONFIG_BYTES, 8);
+            config.set(JAVA_INT, 0, grid.x());
+            config.set(JAVA_INT, 4, grid.y());
+            config.set(JAVA_INT, 8, grid.z());
+            config.set(JAVA_INT, 12, block.x());
+            config.set(JAVA_INT, 16, block.y());
+            config.set(JAVA_INT, 20, block.z());
+            config.set(JAVA_INT, 24, sharedMemBytes);
+            config.set(ADDRESS, 32, stream);
+            config.set(ADDRESS, 40, attribute);
+            config.set(JAVA_INT, 48, 1);
+            rc = (int) cuLaunchKernelEx.invokeExact(config, function, kernelParams, MemorySegment.NULL);
+        } catch (Throwable t) {
+            throw rethrow(t);
+        }
+        if (rc != CUDA_SUCCESS) {
+            throw error(rc, "cuLaunchKernelEx(" + what + ", grid " + grid + ", block " + block + ", shared "
+                    + sharedMemBytes + " bytes, overlapped)");
         }
     }
 

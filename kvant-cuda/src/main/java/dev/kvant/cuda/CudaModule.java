@@ -11,16 +11,19 @@ public final class CudaModule implements AutoCloseable {
     private final CudaContext context;
     private final String name;
     private final MemorySegment handle;
+    private final boolean overlappable;
     private final Map<String, CudaFunction> functions = new HashMap<>();
     private volatile boolean closed;
 
-    private CudaModule(CudaContext context, String name, MemorySegment handle) {
+    private CudaModule(CudaContext context, String name, MemorySegment handle, boolean overlappable) {
         this.context = context;
         this.name = name;
         this.handle = handle;
+        this.overlappable = overlappable;
     }
 
-    static CudaModule load(CudaContext context, String name, byte[] image) {
+    /** @param overlappable every kernel waits for its predecessor itself ({@link KernelSource#overlappable}) */
+    static CudaModule load(CudaContext context, String name, byte[] image, boolean overlappable) {
         if (image.length == 0) {
             throw new IllegalArgumentException("module " + name + ": the image is empty");
         }
@@ -28,7 +31,7 @@ public final class CudaModule implements AutoCloseable {
         try (Arena arena = Arena.ofConfined()) {
             MemorySegment copy = arena.allocate(image.length, 16);
             MemorySegment.copy(image, 0, copy, ValueLayout.JAVA_BYTE, 0, image.length);
-            return new CudaModule(context, name, context.driver().moduleLoadData(copy, name));
+            return new CudaModule(context, name, context.driver().moduleLoadData(copy, name), overlappable);
         }
     }
 
@@ -43,6 +46,11 @@ public final class CudaModule implements AutoCloseable {
 
     public String name() {
         return name;
+    }
+
+    /** Whether a launch of this module's kernels on {@code stream} overlaps its predecessor. */
+    boolean launchesOverlapped(CudaStream stream) {
+        return overlappable && context.overlapsLaunches(stream);
     }
 
     public CudaContext context() {

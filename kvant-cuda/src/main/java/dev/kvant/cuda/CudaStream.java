@@ -7,6 +7,7 @@ public final class CudaStream implements AutoCloseable {
     private final CudaContext context;
     private final MemorySegment handle;
     private final boolean owned;
+    private volatile boolean overlapLaunches;
     private boolean closed;
 
     CudaStream(CudaContext context, MemorySegment handle, boolean owned) {
@@ -17,6 +18,20 @@ public final class CudaStream implements AutoCloseable {
 
     static CudaStream legacyDefault(CudaContext context) {
         return new CudaStream(context, MemorySegment.NULL, false);
+    }
+
+    /**
+     * Marks (or unmarks) this stream for overlapped launches: with {@link CudaContext.LaunchOverlap#MARKED}, the
+     * default, kvant's kernels queued here while marked start as programmatic dependents of the kernel before
+     * them. The model marks its stream while it queues a decode step; prefill, whose chain has cuBLAS GEMMs in
+     * it, stays plain.
+     */
+    public void overlapLaunches(boolean on) {
+        this.overlapLaunches = on;
+    }
+
+    public boolean overlapsLaunches() {
+        return overlapLaunches;
     }
 
     /** Later work on this stream waits until {@code event} (of any context) has happened. */

@@ -8,18 +8,53 @@ import java.nio.charset.StandardCharsets;
 /**
  * CUDA C++ source of one compilation unit.
  *
- * @param name a file name for logs and the cache, e.g. {@code copy.cu}
- * @param code the source text
+ * @param name         a file name for logs and the cache, e.g. {@code copy.cu}
+ * @param code         the source text
+ * @param overlappable every kernel of it opens with {@code KVANT_GRID_ENTER()} (see {@link #GRID_ENTER}), so its
+ *                     launches may overlap the kernel before them on the stream
  */
-public record KernelSource(String name, String code) {
-    /** Where kvant's kernels live on the class path. */
-    public static final String RESOURCE_FOLDER = "/dev/kvant/cuda/";
+public record KernelSource(String name, String code, boolean overlappable) {
+    /**
+     * Prepended to kvant's own sources ({@link #kvant}). {@code KVANT_GRID_ENTER()}, the first statement of every
+     * kvant kernel, waits until the kernel before it on the stream has finished and its writes are visible
+     * (griddepcontrol.wait), then lets the kernel after it launch (griddepcontrol.launch_dependents), whose
+     * blocks are placed as this grid's last ones start and wait there in turn. Launched with programmatic
+     * serialization ({@link CudaDriver#launchKernelOverlapped}), a chain of kernels so hides each one's launch
+     * and ramp-up behind its predecessor's tail; launched plainly, or before sm_90, both instructions are
+     * no-ops. {@code KVANT_GRID_WAIT()} only waits: for a kernel whose successor should not share its SMs while
+     * it runs (decode attention). Nothing a kernel does may come before either.
+     */
+    public static final String GRID_ENTER = """
+            #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            #define KVANT_GRID_ENTER() asm volatile("griddepcontrol.wait; griddepcontrol.launch_dependents;" ::: "memory")
+            #define KVANT_GRID_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+            #else
+            #define KVANT_GRID_ENTER() do { } while (0)
+            #define KVANT_GRID_WAIT() do { } while (0)
+            #endif
+            """;
+
+    /** A source whose launches never overlap (a test's kernel, a foreign one). */
+    public KernelSource(String name, String code) {
+        this(name, code, false);
+    }
 
     public KernelSource {
         if (name.isBlank()) {
             throw new IllegalArgumentException("a kernel source needs a name");
         }
     }
+
+    /**
+     * One of kvant's compilation units: {@link #GRID_ENTER} and then {@code code}, whose kernels all open with
+     * {@code KVANT_GRID_ENTER()} (a test checks every kernel file), so their launches may overlap.
+     */
+    public static KernelSource kvant(String name, String code) {
+        return new KernelSource(name, GRID_ENTER + "#line 1 \"" + name + "\"\n" + code, true);
+    }
+
+    /** Where kvant's kernels live on the class path. */
+    public static final String RESOURCE_FOLDER = "/dev/kvant/cuda/";
 
     /** One of kvant's kernels, {@code src/main/resources/dev/kvant/cuda/<fileName>}. */
     public static KernelSource resource(String fileName) {
@@ -28,7 +63,7 @@ public record KernelSource(String name, String code) {
             if (in == null) {
                 throw new IllegalArgumentException("kernel source " + path + " is not on the class path");
             }
-            return new KernelSource(fileName, new String(in.readAllBytes(), StandardCharsets.UTF_8));
+            return kvant(fileName, new String(in.readAllBytes(), StandardCharsets.UTF_8));
         } catch (IOException e) {
             throw new UncheckedIOException("kernel source " + path + " could not be read", e);
         }

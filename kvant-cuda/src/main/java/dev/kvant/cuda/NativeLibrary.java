@@ -129,6 +129,11 @@ record NativeLibrary(String name, String loadedFrom, SymbolLookup lookup) {
         return LINKER.downcallHandle(address, descriptor);
     }
 
+    /** A downcall handle for {@code symbol}, or null where the library does not export it (an optional feature). */
+    MethodHandle optionalFunction(String symbol, FunctionDescriptor descriptor) {
+        return lookup.find(symbol).map(a -> LINKER.downcallHandle(a, descriptor)).orElse(null);
+    }
+
     /** A downcall handle for the first of {@code symbols} the library exports (newer name first). */
     MethodHandle firstFunction(FunctionDescriptor descriptor, String... symbols) {
         for (String symbol : symbols) {

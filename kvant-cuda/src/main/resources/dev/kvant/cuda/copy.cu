@@ -10,6 +10,7 @@
 // exact:  a copy; src and dst must be 16-byte aligned and must not overlap (__restrict__).
 
 extern "C" __global__ void kvant_copy16(const uint4* __restrict__ src, uint4* __restrict__ dst, long long n16) {
+    KVANT_GRID_ENTER();
     const long long stride = (long long) gridDim.x * blockDim.x;
     for (long long i = (long long) blockIdx.x * blockDim.x + threadIdx.x; i < n16; i += stride) {
         dst[i] = src[i];

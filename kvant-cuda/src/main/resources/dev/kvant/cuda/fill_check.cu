@@ -23,6 +23,7 @@ __device__ __forceinline__ unsigned int kvant_pattern(unsigned long long i, unsi
 
 // out[i] = pattern(i, seed) for i < n.
 extern "C" __global__ void kvant_fill_pattern(unsigned int* __restrict__ out, long long n, unsigned int seed) {
+    KVANT_GRID_ENTER();
     const long long stride = (long long) gridDim.x * blockDim.x;
     for (long long i = (long long) blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         out[i] = kvant_pattern((unsigned long long) i, seed);
@@ -33,6 +34,7 @@ extern "C" __global__ void kvant_fill_pattern(unsigned int* __restrict__ out, lo
 // data is right, which is the case worth being fast for).
 extern "C" __global__ void kvant_check_pattern(const unsigned int* __restrict__ in, long long n, unsigned int seed,
                                                unsigned long long* __restrict__ mismatches) {
+    KVANT_GRID_ENTER();
     const long long stride = (long long) gridDim.x * blockDim.x;
     for (long long i = (long long) blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         if (in[i] != kvant_pattern((unsigned long long) i, seed)) {
@@ -44,6 +46,7 @@ extern "C" __global__ void kvant_check_pattern(const unsigned int* __restrict__ 
 // data[i] = data[i] * 16777619 + pattern(i, seed), wrapping mod 2^32: each application changes every element in
 // a way that depends on the previous value, so k replays of a graph holding this kernel are told apart from k - 1.
 extern "C" __global__ void kvant_mix_pattern(unsigned int* __restrict__ data, long long n, unsigned int seed) {
+    KVANT_GRID_ENTER();
     const long long stride = (long long) gridDim.x * blockDim.x;
     for (long long i = (long long) blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         data[i] = data[i] * 16777619u + kvant_pattern((unsigned long long) i, seed);

@@ -47,7 +47,7 @@ final class AttentionSource {
         for (String file : FILES) {
             code.append("\n// ---- ").append(file).append('\n').append(resource(file));
         }
-        return new KernelSource("attention[" + shape.kFormat().name() + "/" + shape.vFormat().name() + "/"
+        return KernelSource.kvant("attention[" + shape.kFormat().name() + "/" + shape.vFormat().name() + "/"
                 + shape.headDimK() + "/" + shape.headDimV() + "/hb" + hb + "]", code.toString());
     }
 

@@ -74,7 +74,8 @@ public final class CudaAttention implements AutoCloseable {
         this.module = context.loadModule(cache, source, AttentionSource.defines(shape));
         this.writeKv = module.function("kvant_kv_write_kv");
         this.pageMeans = module.function("kvant_kv_page_means");
-        this.decode = module.function("kvant_attn_decode");
+        // launched plain: overlapped, it ran 14% slower with turbo3 at 32K tokens (plainLaunches)
+        this.decode = module.function("kvant_attn_decode").plainLaunches();
         this.prefill = module.function("kvant_attn_prefill");
         this.merge = module.function("kvant_attn_merge");
         this.unrotate = module.function("kvant_attn_unrotate");
@@ -558,7 +559,7 @@ public final class CudaAttention implements AutoCloseable {
                 this.topkCoarse = m.function("kvant_select_topk_coarse");
                 this.scoreKept = m.function("kvant_select_score_kept");
                 this.topkKept = m.function("kvant_select_topk_kept");
-                this.decode = m.function("kvant_attn_decode_sel");
+                this.decode = m.function("kvant_attn_decode_sel").plainLaunches();
                 this.merge = m.function("kvant_attn_merge");
                 int[] info = info(context, m);
                 this.decodeShared = info[0];

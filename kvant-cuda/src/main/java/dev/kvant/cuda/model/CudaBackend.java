@@ -273,6 +273,15 @@ public final class CudaBackend implements Backend {
     }
 
     /**
+     * Which kernel launches overlap their predecessors on every device of this backend from now on (a decode graph
+     * captured before keeps the launches it was captured with); for comparisons and tests.
+     */
+    public void setLaunchOverlap(CudaContext.LaunchOverlap overlap) {
+        checkOpen();
+        contexts.forEach(c -> c.setLaunchOverlap(overlap));
+    }
+
+    /**
      * The device's limits measured now, for benchmark ratios: copy bandwidth (GB/s, bytes read + written, a 1 GiB
      * copy) and the rate of a cuBLASLt bf16 GEMM of 8192 x 8192 x 8192 with fp32 accumulation (TFLOP/s); each the
      * median of 7 timed runs.

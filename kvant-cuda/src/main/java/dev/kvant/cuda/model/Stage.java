@@ -131,6 +131,15 @@ final class Stage implements AutoCloseable {
      * its layers, the output product with the greedy keys on the last.
      */
     void decodeLaunches(KvPool.Part kv, int n) {
+        stream.overlapLaunches(true);
+        try {
+            queueDecode(kv, n);
+        } finally {
+            stream.overlapLaunches(false);
+        }
+    }
+
+    private void queueDecode(KvPool.Part kv, int n) {
         int dim = c.dim();
         int ffn = c.ffnDim();
         float eps = c.rmsEps();

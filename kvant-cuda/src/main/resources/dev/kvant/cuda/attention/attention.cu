@@ -554,6 +554,7 @@ kvant_attn_decode(const float* __restrict__ q, const u8* __restrict__ kpool, con
                   float* __restrict__ opart, float2* __restrict__ ml, int kvHeads, int G, int nq, int pageTokens,
                   i64 kPageBytes, i64 vPageBytes, int splitTokens, int maxSplits, float qscale,
                   float sparseThreshold) {
+    KVANT_GRID_WAIT();
     decode_body<false>(q, kpool, vpool, tables, tableStride, lens, opart, ml, kvHeads, G, nq, pageTokens, kPageBytes,
                        vPageBytes, splitTokens, maxSplits, qscale, sparseThreshold, nullptr, nullptr, 0, 0);
 }
@@ -566,6 +567,7 @@ kvant_attn_decode_sel(const float* __restrict__ q, const u8* __restrict__ kpool,
                       i64 kPageBytes, i64 vPageBytes, int splitTokens, int maxSplits, float qscale,
                       float sparseThreshold, const int* __restrict__ sel, const int* __restrict__ selCounts,
                       int selStride, int selShift) {
+    KVANT_GRID_WAIT();
     decode_body<true>(q, kpool, vpool, tables, tableStride, lens, opart, ml, kvHeads, G, nq, pageTokens, kPageBytes,
                       vPageBytes, splitTokens, maxSplits, qscale, sparseThreshold, sel, selCounts, selStride,
                       selShift);
@@ -599,6 +601,7 @@ extern "C" __global__ void __launch_bounds__(PRE_WARPS * 32, 1)
 kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, const u8* __restrict__ vpool,
                    const int* __restrict__ table, int qstart, int nq, float* __restrict__ out, int kvHeads, int G,
                    int pageTokens, i64 kPageBytes, i64 vPageBytes, float qscale, float sparseThreshold) {
+    KVANT_GRID_ENTER();
     using LY = PreLayout;
     constexpr int TT = PRE_TT;
     constexpr int NST = LY::NST;
@@ -914,6 +917,7 @@ extern "C" __global__ void __launch_bounds__(MERGE_THREADS) kvant_attn_merge(con
         const float2* __restrict__ ml, float* __restrict__ out, const int* __restrict__ lens, int kvLenFixed, int nq,
         int heads, int maxSplits, int splitTokens, signed char* __restrict__ outQ, float2* __restrict__ outDs,
         const int* __restrict__ sel, const int* __restrict__ selCounts, int selStride, int selShift, int G) {
+    KVANT_GRID_ENTER();
     __shared__ float w[MERGE_MAX_SPLITS];
     __shared__ float red[33];
     __shared__ float part[MERGE_THREADS];
@@ -981,6 +985,7 @@ extern "C" __global__ void __launch_bounds__(MERGE_THREADS) kvant_attn_merge(con
 // kvant_attn_unrotate — rows of prefill output rotated back out of a rotated V format's domain, in place.
 // grid: ceil(rows / (1024 / DV)); block: 1024 threads, DV per row; shared: the block's rows.
 extern "C" __global__ void __launch_bounds__(MERGE_THREADS) kvant_attn_unrotate(float* __restrict__ out, i64 rows) {
+    KVANT_GRID_ENTER();
     __shared__ float buf[MERGE_THREADS];
     const int tid = threadIdx.x;
     const int sub = tid / DV, d = tid % DV;
@@ -1008,6 +1013,7 @@ extern "C" __global__ void __launch_bounds__(MERGE_THREADS) kvant_attn_unrotate(
 // out = {decode shared bytes, decode threads, decode stages, prefill shared bytes, prefill threads, prefill stages,
 //        K row bytes, V row bytes}. One thread.
 extern "C" __global__ void kvant_attn_info(int* out) {
+    KVANT_GRID_ENTER();
     out[0] = DecLayout::TOTAL;
     out[1] = HBD * 32;
     out[2] = DecLayout::NST;

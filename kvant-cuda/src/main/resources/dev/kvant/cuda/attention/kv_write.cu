@@ -232,6 +232,7 @@ __device__ __forceinline__ void write_rows(const float* __restrict__ src, int ro
 extern "C" __global__ void __launch_bounds__(128) kvant_kv_write_kv(const float* __restrict__ k,
         const float* __restrict__ v, int rows, int kvHeads, const int* __restrict__ slots, u8* __restrict__ kPool,
         u8* __restrict__ vPool, int pageTokens, i64 kPageBytes, i64 vPageBytes) {
+    KVANT_GRID_ENTER();
     if (blockIdx.y == 0) {
         write_rows<KF, DK, KMEAN>(k, rows, kvHeads, slots, kPool, pageTokens, kPageBytes);
     } else {
@@ -252,6 +253,7 @@ extern "C" __global__ void __launch_bounds__(128) kvant_kv_write_kv(const float*
 extern "C" __global__ void __launch_bounds__(32) kvant_kv_page_means(const float* __restrict__ k, int tokens,
         int kvHeads, const int* __restrict__ slots, const int* __restrict__ prev, u8* __restrict__ kPool,
         int pageTokens, i64 kPageBytes) {
+    KVANT_GRID_ENTER();
     if constexpr (KMEAN) {
         const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
         const int slot = slots[t];
@@ -296,6 +298,7 @@ __device__ __forceinline__ u32 hash32(u32 x) {
     return x;
 }
 extern "C" __global__ void kvant_fill_normal(float* __restrict__ dst, i64 n, u32 seed, float scale) {
+    KVANT_GRID_ENTER();
     const i64 stride = (i64) gridDim.x * blockDim.x;
     for (i64 i = (i64) blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         const u32 a = hash32((u32) i * 2u + 1u ^ hash32(seed ^ (u32) (i >> 31)));

@@ -27,6 +27,7 @@ __device__ __forceinline__ i64 summary_at(const int* table, int block, int shift
 extern "C" __global__ void __launch_bounds__(DK) kvant_kv_summarize(const u8* __restrict__ kpool,
         float* __restrict__ sums, const int* __restrict__ tables, int tableStride, const int* __restrict__ lens,
         int fixedLen, int written, int kvHeads, int pageTokens, i64 kPageBytes, int shift, int spp) {
+    KVANT_GRID_ENTER();
     const int seq = blockIdx.z, g = blockIdx.y, d = threadIdx.x;
     const int len = lens != nullptr ? lens[seq] : fixedLen;
     if (written <= 0 || written > len) return;
@@ -201,12 +202,15 @@ __device__ __forceinline__ void score_body(const float* __restrict__ q, const fl
         shift, cshift, spp, sinkBlocks, recentBlocks, budgetBlocks, maxEntries
 
 extern "C" __global__ void __launch_bounds__(SCORE_WARPS * 32) kvant_select_score(SCORE_PARAMS) {
+    KVANT_GRID_ENTER();
     score_body<ROUND_FLAT>(SCORE_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(SCORE_WARPS * 32) kvant_select_score_coarse(SCORE_PARAMS) {
+    KVANT_GRID_ENTER();
     score_body<ROUND_COARSE>(SCORE_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(SCORE_WARPS * 32) kvant_select_score_kept(SCORE_PARAMS) {
+    KVANT_GRID_ENTER();
     score_body<ROUND_KEPT>(SCORE_ARGS);
 }
 
@@ -372,6 +376,7 @@ __device__ __forceinline__ bool list_all(const SelectWindow& win, int* list, int
 extern "C" __global__ void __launch_bounds__(TOPK_THREADS) kvant_select_topk(const float* __restrict__ scores,
         const int* __restrict__ lens, int* __restrict__ sel, int* __restrict__ selCounts, int selStride, int kvHeads,
         int nq, int shift, int sinkBlocks, int recentBlocks, int budgetBlocks, int maxBlocks) {
+    KVANT_GRID_ENTER();
     __shared__ TopkShared sh;
     const int seq = blockIdx.y, g = blockIdx.x;
     const SelectWindow win(lens[seq], nq, shift, sinkBlocks, recentBlocks, budgetBlocks);
@@ -389,6 +394,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) kvant_select_topk(con
 extern "C" __global__ void __launch_bounds__(TOPK_THREADS) kvant_select_topk_coarse(const float* __restrict__ cscores,
         const int* __restrict__ lens, int* __restrict__ kept, int* __restrict__ keptCounts, int keepMax, int kvHeads,
         int nq, int shift, int cshift, int sinkBlocks, int recentBlocks, int budgetBlocks, int maxCoarse) {
+    KVANT_GRID_ENTER();
     __shared__ TopkShared sh;
     const int seq = blockIdx.y, g = blockIdx.x;
     const SelectWindow win(lens[seq], nq, shift, sinkBlocks, recentBlocks, budgetBlocks);
@@ -413,6 +419,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) kvant_select_topk_kep
         const int* __restrict__ lens, const int* __restrict__ kept, const int* __restrict__ keptCounts, int keepMax,
         int* __restrict__ sel, int* __restrict__ selCounts, int selStride, int kvHeads, int nq, int shift, int cshift,
         int sinkBlocks, int recentBlocks, int budgetBlocks, int maxEntries) {
+    KVANT_GRID_ENTER();
     __shared__ TopkShared sh;
     const int seq = blockIdx.y, g = blockIdx.x;
     const SelectWindow win(lens[seq], nq, shift, sinkBlocks, recentBlocks, budgetBlocks);
@@ -449,6 +456,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) kvant_select_topk_kep
 extern "C" __global__ void __launch_bounds__(DK) kvant_kv_summarize_coarse(const float* __restrict__ sums,
         float* __restrict__ coarse, const int* __restrict__ tables, int tableStride, const int* __restrict__ lens,
         int fixedLen, int written, int kvHeads, int pageTokens, int shift, int cshift, int spp) {
+    KVANT_GRID_ENTER();
     const int seq = blockIdx.z, g = blockIdx.y, d = threadIdx.x;
     const int len = lens != nullptr ? lens[seq] : fixedLen;
     if (written <= 0 || written > len) return;

@@ -424,21 +424,25 @@ __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32) kvant_mq1_##NAME(                                 \
             const u8* W, i64 nb, i64 scales, int outputs, int cols, const i8* xq, const float2* xds, int nvec,    \
             float* out, int outStride, const float* bias, int mode, int ffn, unsigned long long* best) {          \
+        KVANT_GRID_ENTER();                                                                                       \
         matvec_q8<F, 1, 4>(W, nb, scales, outputs, cols, xq, xds, nvec, out, outStride, bias, mode, ffn, best);  \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32) kvant_mq1r2_##NAME(                               \
             const u8* W, i64 nb, i64 scales, int outputs, int cols, const i8* xq, const float2* xds, int nvec,    \
             float* out, int outStride, const float* bias, int mode, int ffn, unsigned long long* best) {          \
+        KVANT_GRID_ENTER();                                                                                       \
         matvec_q8<F, 1, 2>(W, nb, scales, outputs, cols, xq, xds, nvec, out, outStride, bias, mode, ffn, best);  \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32) kvant_mq1r1_##NAME(                               \
             const u8* W, i64 nb, i64 scales, int outputs, int cols, const i8* xq, const float2* xds, int nvec,    \
             float* out, int outStride, const float* bias, int mode, int ffn, unsigned long long* best) {          \
+        KVANT_GRID_ENTER();                                                                                       \
         matvec_q8<F, 1, 1>(W, nb, scales, outputs, cols, xq, xds, nvec, out, outStride, bias, mode, ffn, best);  \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32) kvant_mq8_##NAME(                                 \
             const u8* W, i64 nb, i64 scales, int outputs, int cols, const i8* xq, const float2* xds, int nvec,    \
             float* out, int outStride, const float* bias, int mode, int ffn, unsigned long long* best) {          \
+        KVANT_GRID_ENTER();                                                                                       \
         matvec_q8<F, 8, 4>(W, nb, scales, outputs, cols, xq, xds, nvec, out, outStride, bias, mode, ffn, best);  \
     }
 
@@ -468,6 +472,7 @@ __device__ __forceinline__ void quantize_block(float v, i8* q, float2* ds) {
 // x: nvec rows of n floats (row stride n) → xq [nvec][n], xds [nvec][n/32]. grid: ceil(nvec·n/32 / 8), block 256.
 extern "C" __global__ void __launch_bounds__(256) kvant_quantize_q8(const float* __restrict__ x, int n, int nvec,
                                                                     i8* __restrict__ xq, float2* __restrict__ xds) {
+    KVANT_GRID_ENTER();
     int block = blockIdx.x * 8 + (threadIdx.x >> 5);
     int perRow = n / 32;
     if (block >= nvec * perRow) {
@@ -482,17 +487,20 @@ extern "C" __global__ void __launch_bounds__(256) kvant_quantize_q8(const float*
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32) kvant_mv1_##NAME(                                 \
             const u8* W, i64 rowBytes, i64 scales, int outputs, int cols, const float* x, int xStride, int nvec, \
             float* out, int outStride, const float* bias, int mode, int ffn, unsigned long long* best) {          \
+        KVANT_GRID_ENTER();                                                                                       \
         matvec<F, 1>(W, rowBytes, scales, outputs, cols, x, xStride, nvec, out, outStride, bias, mode, ffn,      \
                      best);                                                                                       \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32) kvant_mv8_##NAME(                                 \
             const u8* W, i64 rowBytes, i64 scales, int outputs, int cols, const float* x, int xStride, int nvec, \
             float* out, int outStride, const float* bias, int mode, int ffn, unsigned long long* best) {          \
+        KVANT_GRID_ENTER();                                                                                       \
         matvec<F, 8>(W, rowBytes, scales, outputs, cols, x, xStride, nvec, out, outStride, bias, mode, ffn,      \
                      best);                                                                                       \
     }                                                                                                             \
     extern "C" __global__ void kvant_embed_##NAME(const u8* W, i64 rowBytes, i64 scales, const int* tokens,       \
                                                   float* x, int dim, unsigned long long* best, int nbest) {       \
+        KVANT_GRID_ENTER();                                                                                       \
         if (blockIdx.x == 0 && (int) threadIdx.x < nbest) {                                                       \
             best[threadIdx.x] = 0ull;                                                                             \
         }                                                                                                         \
@@ -500,6 +508,7 @@ extern "C" __global__ void __launch_bounds__(256) kvant_quantize_q8(const float*
     }                                                                                                             \
     extern "C" __global__ void kvant_dequant_##NAME(const u8* W, i64 rowBytes, i64 scales, int rows, int cols,   \
                                                     uint4* out) {                                                 \
+        KVANT_GRID_ENTER();                                                                                       \
         dequant_f16<F>(W, rowBytes, scales, rows, cols, out);                                                    \
     }
 
@@ -541,6 +550,7 @@ __device__ float block_sum(float v, float* shared) {
 extern "C" __global__ void __launch_bounds__(NORM_THREADS) kvant_rmsnorm(
         const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y, u16* __restrict__ yh,
         i8* __restrict__ yq, float2* __restrict__ yds, int dim, float eps) {
+    KVANT_GRID_ENTER();
     __shared__ float shared[NORM_THREADS / 32];
     const float4* xr = (const float4*) (x + (i64) blockIdx.x * dim);
     int chunks = dim / 4;
@@ -610,6 +620,7 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) kvant_rmsnorm(
 extern "C" __global__ void kvant_rope_angles(const int* __restrict__ positions, int start, int n,
                                              const double* __restrict__ freqs, int ropeDim, float positionScale,
                                              float2* __restrict__ table) {
+    KVANT_GRID_ENTER();
     int t = blockIdx.x;
     int pos = positions != nullptr ? positions[t] : start + t;
     double p = (double) pos / (double) positionScale;
@@ -634,6 +645,7 @@ extern "C" __global__ void __launch_bounds__(128) kvant_rope_split(
         const float* __restrict__ qNorm, const float* __restrict__ kNorm, float eps,
         const int* __restrict__ tables, int tableStride, int seqStride, int pageTokens, int* __restrict__ slots,
         int* __restrict__ prevPages) {
+    KVANT_GRID_ENTER();
     int t = blockIdx.x;
     int pos = positions != nullptr ? positions[t] : start + t;
     int qDim = heads * headDim, kvDim = kvHeads * headDim, kvDimV = kvHeads * headDimV;
@@ -712,6 +724,7 @@ extern "C" __global__ void __launch_bounds__(128) kvant_rope_split(
 // (the operand of the down GEMM) or as f32 into outF (decode, when gate and up differ in format).
 extern "C" __global__ void kvant_swiglu(const float* __restrict__ gu, int ffn, int n, u16* __restrict__ outH,
                                         float* __restrict__ outF) {
+    KVANT_GRID_ENTER();
     i64 total = (i64) n * ffn;
     for (i64 i = (i64) blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64) gridDim.x * blockDim.x) {
         i64 t = i / ffn;
@@ -727,6 +740,7 @@ extern "C" __global__ void kvant_swiglu(const float* __restrict__ gu, int ffn, i
 }
 
 extern "C" __global__ void kvant_to_half(const float* __restrict__ x, u16* __restrict__ out, i64 total) {
+    KVANT_GRID_ENTER();
     for (i64 i = (i64) blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64) gridDim.x * blockDim.x) {
         out[i] = f2h(x[i]);
     }
@@ -734,6 +748,7 @@ extern "C" __global__ void kvant_to_half(const float* __restrict__ x, u16* __res
 
 // y[t][i] += b[i] for n rows of width floats
 extern "C" __global__ void kvant_add_bias(float* __restrict__ y, const float* __restrict__ b, int width, int n) {
+    KVANT_GRID_ENTER();
     i64 total = (i64) n * width;
     for (i64 i = (i64) blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64) gridDim.x * blockDim.x) {
         y[i] += b[i % width];

@@ -4,6 +4,7 @@ import dev.kvant.backend.BackendSequence;
 import dev.kvant.backend.CpuBackend;
 import dev.kvant.cuda.Cuda;
 import dev.kvant.cuda.CudaAvailability;
+import dev.kvant.cuda.CudaContext;
 import dev.kvant.engine.ContextFullException;
 import dev.kvant.gguf.GgmlType;
 import dev.kvant.kv.KvCacheFullException;
@@ -24,6 +25,7 @@ import org.junit.jupiter.params.provider.Arguments;
 import org.junit.jupiter.params.provider.MethodSource;
 
 import java.util.Arrays;
+import java.util.List;
 import java.util.SplittableRandom;
 import java.util.stream.Stream;
 
@@ -67,6 +69,59 @@ class CudaBackendGpuTest {
         b.add(Arguments.of("tiny-qwen2", GgmlType.Q8_0));
         b.add(Arguments.of("tiny-qwen3", GgmlType.Q4_K));
         return b.build();
+    }
+
+    /**
+     * Overlapped launches (each kernel placed while its predecessor finishes, then waiting for it on the device)
+     * must change nothing: a prompt in two prefill chunks and 30 decode steps, Q4_0 weights (8-bit vector
+     * products), centered turbo3 keys (page means) and turbo3 values, give the same logits and the same cache bytes
+     * with no overlap, with the decode step's (the default) and with every launch overlapped.
+     */
+    @Test
+    void overlappedLaunchesGiveThePlainLaunchesBits() {
+        long seed = Long.getLong("kvant.test.seed", new SplittableRandom().nextLong());
+        try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.parse("tiny"), GgmlType.Q4_0, seed)) {
+            List<float[]> plain = overlapRun(model, CudaContext.LaunchOverlap.NONE, seed);
+            for (CudaContext.LaunchOverlap mode : List.of(CudaContext.LaunchOverlap.MARKED,
+                    CudaContext.LaunchOverlap.ALL)) {
+                List<float[]> got = overlapRun(model, mode, seed);
+                for (int i = 0; i < plain.size(); i++) {
+                    String what = i < 31 ? "logits of step " + i : "keys of layer " + (i - 31);
+                    assertArrayEquals(plain.get(i), got.get(i), mode + ": " + what + " differ (seed " + seed + ")");
+                }
+            }
+        }
+    }
+
+    /** Logits after the prompt and after each of 30 decode steps, then every layer's K pool (as floats of bits). */
+    private static List<float[]> overlapRun(LlamaModel model, CudaContext.LaunchOverlap mode, long seed) {
+        SplittableRandom r = new SplittableRandom(seed);
+        List<float[]> out = new java.util.ArrayList<>();
+        try (CudaBackend gpu = CudaBackend.open(model, new CudaBackend.Options(4, 64, 0))) {
+            gpu.setLaunchOverlap(mode);
+            int vocab = model.config().vocabSize();
+            int[] prompt = r.ints(100, 0, vocab).toArray();
+            try (BackendSequence g = gpu.newSequence(256, KvFormat.parse("turbo3+mean"), KvFormat.parse("turbo3"))) {
+                float[] logits = new float[vocab];
+                g.forward(prompt, 0, 64, false, logits);
+                g.forward(prompt, 64, 36, false, logits);
+                out.add(logits.clone());
+                for (int step = 0; step < 30; step++) {
+                    g.forward(new int[] {r.nextInt(vocab)}, 0, 1, false, logits);
+                    out.add(logits.clone());
+                }
+                CudaBackend.Sequence gs = (CudaBackend.Sequence) g;
+                KvPool.Part part = gs.pool().parts().get(0);
+                try (java.lang.foreign.Arena arena = java.lang.foreign.Arena.ofConfined()) {
+                    for (int l = 0; l < model.config().layers(); l++) {
+                        java.lang.foreign.MemorySegment dev = arena.allocate(part.cache().kPool(l).byteSize(), 4);
+                        part.cache().downloadK(l, dev);
+                        out.add(dev.toArray(java.lang.foreign.ValueLayout.JAVA_FLOAT));
+                    }
+                }
+            }
+        }
+        return out;
     }
 
     /**
@@ -146,7 +201,7 @@ class CudaBackendGpuTest {
      */
     @Test
     void pageMeansOfPromptAndDecodeAreTheCpus() {
-        long seed = new SplittableRandom().nextLong();
+        long seed = Long.getLong("kvant.test.seed", new SplittableRandom().nextLong());
         SplittableRandom r = new SplittableRandom(seed);
         KvFormat k = KvFormat.parse("turbo3+mean");
         try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.parse("tiny"), GgmlType.F16, seed);
@@ -197,7 +252,9 @@ class CudaBackendGpuTest {
                                 // device's rounding (earlier layers; decoded keys for a decode-opened page) shows
                                 // up enlarged. Layer 0 (the same input rows up to the projection's rounding): 1e-4
                                 // of the keys', 1e-3 of its own; deeper layers, whose input drifts through the
-                                // random model (measured up to 1.4e-4): 1e-3 of the keys'.
+                                // random model (measured up to 1.2e-3 of the keys' and 2.1e-3 of its own over
+                                // eight seeds): 5e-3 and 2e-2. A wrong mean (zero, one row) misses by about 1 of
+                                // its own energy.
                                 int rows = Math.min(64, 130 - 64 * lp);
                                 double spread = 0;
                                 float[] row = new float[model.config().headDimK()];
@@ -209,7 +266,8 @@ class CudaBackendGpuTest {
                                     }
                                 }
                                 double den = meanEnergy + spread / rows;
-                                assertTrue(l == 0 ? num / den < 1e-4 && num / meanEnergy < 1e-3 : num / den < 1e-3, "layer " + l
+                                assertTrue(l == 0 ? num / den < 1e-4 && num / meanEnergy < 1e-3
+                                        : num / den < 5e-3 && num / meanEnergy < 2e-2, "layer " + l
                                         + " page " + lp + " head " + h + ": mean error " + num / den + " of the keys' "
                                         + "energy, " + num / meanEnergy + " of the mean's (seed " + seed + ")");
                             }

@@ -1,0 +1,83 @@
+package dev.kvant.cuda;
+
+import org.junit.jupiter.api.Test;
+
+import java.io.IOException;
+import java.io.InputStream;
+import java.nio.charset.StandardCharsets;
+import java.util.List;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+import static org.junit.jupiter.api.Assertions.fail;
+
+/**
+ * kvant's kernels may be launched to overlap the kernel before them ({@link CudaDriver#launchKernelOverlapped}):
+ * that is only safe when each one waits for its predecessor before it touches memory. Every kernel of every file
+ * therefore opens with {@code KVANT_GRID_ENTER()}; this test reads the files and holds them to it.
+ */
+class KernelSourceTest {
+    /** Every kernel file on the class path (a new one must be added here and to its loader). */
+    private static final List<String> FILES = List.of("copy.cu", "fill_check.cu", "model/model.cu",
+            "attention/kv_write.cu", "attention/attention.cu", "attention/select.cu");
+    private static final Pattern GLOBAL = Pattern.compile("__global__");
+
+    @Test
+    void everyKernelWaitsForItsPredecessorFirst() throws IOException {
+        int kernels = 0;
+        for (String file : FILES) {
+            String code = read(file);
+            Matcher m = GLOBAL.matcher(code);
+            while (m.find()) {
+                int body = bodyStart(code, m.end());
+                String first = code.substring(body + 1).replaceFirst("^[\\s\\\\]+", "");
+                String where = file + " line " + (code.substring(0, m.start()).split("\n", -1).length);
+                assertTrue(first.startsWith("KVANT_GRID_ENTER();") || first.startsWith("KVANT_GRID_WAIT();"),
+                        where + ": the kernel's first statement is neither KVANT_GRID_ENTER() nor KVANT_GRID_WAIT(): "
+                        + first.substring(0, Math.min(60, first.length())));
+                kernels++;
+            }
+        }
+        assertTrue(kernels >= 30, "found only " + kernels + " kernels");
+    }
+
+    @Test
+    void kvantSourcesCarryTheGridEnterMacroAndOverlapOthersDoNot() {
+        KernelSource copy = KernelSource.resource("copy.cu");
+        assertTrue(copy.overlappable());
+        assertTrue(copy.code().startsWith(KernelSource.GRID_ENTER), "the macro comes first");
+        assertTrue(copy.code().contains("#line 1 \"copy.cu\""), "compiler messages keep the file's line numbers");
+        KernelSource foreign = new KernelSource("k.cu", "extern \"C\" __global__ void k() {}");
+        assertFalse(foreign.overlappable());
+        assertEquals("extern \"C\" __global__ void k() {}", foreign.code());
+    }
+
+    /** The '{' that opens the function body: the first one outside parentheses after __global__. */
+    private static int bodyStart(String code, int from) {
+        int depth = 0;
+        for (int i = from; i < code.length(); i++) {
+            char c = code.charAt(i);
+            if (c == '(') {
+                depth++;
+            } else if (c == ')') {
+                depth--;
+            } else if (c == '{' && depth == 0) {
+                return i;
+            }
+        }
+        fail("no body after __global__ at " + from);
+        return -1;
+    }
+
+    private static String read(String file) throws IOException {
+        try (InputStream in = KernelSourceTest.class.getResourceAsStream(KernelSource.RESOURCE_FOLDER + file)) {
+            if (in == null) {
+                fail(file + " is not on the class path");
+            }
+            return new String(in.readAllBytes(), StandardCharsets.UTF_8);
+        }
+    }
+}
