@@ -8,6 +8,7 @@ import static dev.kvant.tensor.RawMemory.ALL;
 import static jdk.incubator.vector.VectorOperators.AND;
 import static jdk.incubator.vector.VectorOperators.EQ;
 import static jdk.incubator.vector.VectorOperators.LSHL;
+import static jdk.incubator.vector.VectorOperators.MAX;
 import static jdk.incubator.vector.VectorOperators.OR;
 import static jdk.incubator.vector.VectorOperators.S2I;
 
@@ -94,9 +95,63 @@ final class F16Format implements WeightFormat, FusedRows {
         return Lanes.sum(t, 0);
     }
 
+    /**
+     * Widens every lane as if it were finite (shift, mask, one multiply) and keeps, on the side, the largest
+     * exponent field seen; only when some lane had exponent 31 (an infinity or a NaN) is the product done again
+     * with the blend ({@link #dot4Exact}). Three fewer operations a vector than blending each one: more loads in
+     * flight, which is what bounds this kernel on a 512-wide model.
+     */
     @Override
     public void dot4(long address, long rowBytes, float[] x, int xOffset, int n, float[] out, int outOffset,
                      float[] t) {
+        FloatVector a0 = FloatVector.zero(F), a1 = a0, a2 = a0, a3 = a0;
+        IntVector seen = IntVector.zero(I);
+        MemorySegment rows = ALL.asSlice(address, 3 * rowBytes + 2L * n);
+        int full = n - n % L;
+        for (int k = 0; k < full; k += L) {
+            FloatVector xv = FloatVector.fromArray(F, x, xOffset + k);
+            long p = 2L * k;
+            IntVector b0 = ((IntVector) ShortVector.fromMemorySegment(S, rows, p, LE).convertShape(S2I, I, 0))
+                    .lanewise(LSHL, 13).lanewise(AND, KEEP);
+            IntVector b1 = ((IntVector) ShortVector.fromMemorySegment(S, rows, p + rowBytes, LE)
+                    .convertShape(S2I, I, 0)).lanewise(LSHL, 13).lanewise(AND, KEEP);
+            IntVector b2 = ((IntVector) ShortVector.fromMemorySegment(S, rows, p + 2 * rowBytes, LE)
+                    .convertShape(S2I, I, 0)).lanewise(LSHL, 13).lanewise(AND, KEEP);
+            IntVector b3 = ((IntVector) ShortVector.fromMemorySegment(S, rows, p + 3 * rowBytes, LE)
+                    .convertShape(S2I, I, 0)).lanewise(LSHL, 13).lanewise(AND, KEEP);
+            seen = seen.max(b0.lanewise(AND, EXP31).max(b1.lanewise(AND, EXP31)))
+                    .max(b2.lanewise(AND, EXP31).max(b3.lanewise(AND, EXP31)));
+            a0 = b0.reinterpretAsFloats().mul(UNBIAS).fma(xv, a0);
+            a1 = b1.reinterpretAsFloats().mul(UNBIAS).fma(xv, a1);
+            a2 = b2.reinterpretAsFloats().mul(UNBIAS).fma(xv, a2);
+            a3 = b3.reinterpretAsFloats().mul(UNBIAS).fma(xv, a3);
+        }
+        if (seen.reduceLanes(MAX) == EXP31) {
+            dot4Exact(address, rowBytes, x, xOffset, n, out, outOffset, t);
+            return;
+        }
+        if (full < n) {
+            int len = n - full;
+            for (int r = 0; r < 4; r++) {
+                decode(address + r * rowBytes + 2L * full, t, r * L, len);
+                Arrays.fill(t, r * L + len, (r + 1) * L, 0f);
+            }
+            FloatVector xv = FloatVector.fromArray(F, Lanes.padded(x, xOffset + full, len), 0);
+            a0 = FloatVector.fromArray(F, t, 0).fma(xv, a0);
+            a1 = FloatVector.fromArray(F, t, L).fma(xv, a1);
+            a2 = FloatVector.fromArray(F, t, 2 * L).fma(xv, a2);
+            a3 = FloatVector.fromArray(F, t, 3 * L).fma(xv, a3);
+        }
+        a0.intoArray(t, 0);
+        a1.intoArray(t, L);
+        a2.intoArray(t, 2 * L);
+        a3.intoArray(t, 3 * L);
+        Lanes.sum4(t, 0, out, outOffset, 1);
+    }
+
+    /** {@link #dot4} with every lane's exponent checked: for rows that hold an infinity or a NaN. */
+    private void dot4Exact(long address, long rowBytes, float[] x, int xOffset, int n, float[] out, int outOffset,
+                           float[] t) {
         FloatVector a0 = FloatVector.zero(F), a1 = a0, a2 = a0, a3 = a0;
         MemorySegment rows = ALL.asSlice(address, 3 * rowBytes + 2L * n);
         int full = n - n % L;

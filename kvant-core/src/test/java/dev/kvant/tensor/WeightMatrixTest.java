@@ -56,6 +56,44 @@ class WeightMatrixTest {
         return new Fixture(new WeightMatrix("blk.0.test." + type, f, data, rows, cols), reference);
     }
 
+    /**
+     * F16 rows with an infinity or a NaN: the four-row product notices the exponent and redoes its group exactly, so
+     * such rows give infinity and NaN while their finite neighbours keep the bits they have in an all-finite matrix.
+     */
+    @Test
+    void f16RowsWithInfinitiesAndNaNsGiveThemAndLeaveTheirNeighboursAlone() {
+        int rows = 8;
+        int cols = 3 * Lanes.L;
+        Random random = new Random(SEED);
+        try (Arena arena = Arena.ofConfined()) {
+            WeightFormat f = WeightFormat.of(GgmlType.F16);
+            long rowBytes = f.bytesFor(cols);
+            MemorySegment finite = arena.allocate(rowBytes * rows, 64);
+            for (int r = 0; r < rows; r++) {
+                f.quantize(Float64Reference.gaussian(random, cols, 0.5), 0, cols, finite, r * rowBytes);
+            }
+            MemorySegment special = arena.allocate(rowBytes * rows, 64);
+            special.copyFrom(finite);
+            special.set(ValueLayout.JAVA_SHORT_UNALIGNED, 1 * rowBytes + 2L * 5, (short) 0x7C00);        // +inf
+            special.set(ValueLayout.JAVA_SHORT_UNALIGNED, 6 * rowBytes + 2L * (cols - 1), (short) 0x7E00); // NaN
+            float[] x = new float[cols];
+            Arrays.fill(x, 1f);
+            float[] want = new float[rows];
+            float[] got = poisoned(rows);
+            new WeightMatrix("finite", f, finite, rows, cols).matvec(x, want, Parallel.serial());
+            new WeightMatrix("special", f, special, rows, cols).matvec(x, got, Parallel.serial());
+            for (int r = 0; r < rows; r++) {
+                if (r == 1) {
+                    assertEquals(Float.POSITIVE_INFINITY, got[r], "row 1 holds +inf");
+                } else if (r == 6) {
+                    assertTrue(Float.isNaN(got[r]), "row 6 holds a NaN");
+                } else {
+                    assertEquals(Float.floatToRawIntBits(want[r]), Float.floatToRawIntBits(got[r]), "row " + r);
+                }
+            }
+        }
+    }
+
     /** Column counts: one block, a few blocks, and for plain floats widths that end in a partial chunk. */
     private static int[] widths(GgmlType type) {
         int b = type.blockSize;
