@@ -55,6 +55,17 @@ class KernelSourceTest {
         assertEquals("extern \"C\" __global__ void k() {}", foreign.code());
     }
 
+    @Test
+    void overlapModeComesFromTheEnvironmentAndRejectsNonsense() {
+        assertEquals(CudaContext.LaunchOverlap.MARKED, CudaContext.LaunchOverlap.fromEnvironment(null));
+        assertEquals(CudaContext.LaunchOverlap.MARKED, CudaContext.LaunchOverlap.fromEnvironment("1"));
+        assertEquals(CudaContext.LaunchOverlap.NONE, CudaContext.LaunchOverlap.fromEnvironment("0"));
+        assertEquals(CudaContext.LaunchOverlap.ALL, CudaContext.LaunchOverlap.fromEnvironment("all"));
+        IllegalArgumentException e = org.junit.jupiter.api.Assertions.assertThrows(IllegalArgumentException.class,
+                () -> CudaContext.LaunchOverlap.fromEnvironment("yes"));
+        assertEquals("KVANT_CUDA_OVERLAP='yes': use 0, 1 or all", e.getMessage());
+    }
+
     /** The '{' that opens the function body: the first one outside parentheses after __global__. */
     private static int bodyStart(String code, int from) {
         int depth = 0;
