@@ -32,10 +32,15 @@ import jdk.incubator.vector.ShortVector;
  * signaling NaN as the hardware conversion does; a blend picks them. Every half gives the bits of
  * {@link Float#float16ToFloat}.
  *
- * <p>This replaced decoding a chunk of each row into scratch with a loop of {@link Float#float16ToFloat} (which
- * C2 turns into vcvtph2ps) and multiplying from there: on one core of the Zen 5 development VM the four-row
- * product went from 10.4 to 16.3 G values/s in L2 and from 12.7 to 17.7 GB/s streaming from memory
- * ({@code MatvecBench}), and a 512-wide model's matvecs from 8.5 to 17-19 GB/s.
+ * <p>The four-row product ({@link #dot4}, the hot one) skips the blend: it treats every lane as finite and only
+ * tracks the largest exponent field, redoing the group exactly when an infinity or NaN was among them.
+ *
+ * <p>Why it matters: on 512-wide rows this kernel is bound by how many loads the core keeps in flight, which is
+ * the reorder window divided by the operations per vector, so every operation saved shows. This replaced decoding
+ * a chunk of each row into scratch with a loop of {@link Float#float16ToFloat} (which C2 turns into vcvtph2ps) and
+ * multiplying from there: on one core of the Zen 5 development VM the four-row product went from 10.4 to 16.3 G
+ * values/s in L2 and from 12.7 to 17.7 GB/s streaming ({@code MatvecBench}); dropping the blend took tinycode's
+ * 512-wide matrices from 7.4-9.1 to 11.4-19.0 GB/s (docs/BENCHMARKS.md).
  */
 final class F16Format implements WeightFormat, FusedRows {
     static final F16Format INSTANCE = new F16Format();
