@@ -20,6 +20,9 @@ import jdk.incubator.vector.VectorSpecies;
  */
 final class HalfRows implements RowDecoder {
     private static final float TWO_112 = 0x1p112f;
+    /** Sign, exponent and mantissa of a sign-extended half shifted left 13; its exponent field there. */
+    private static final int KEEP = 0x8FFF_E000;
+    private static final int EXP31 = 0x7C00 << 13;
     /** 2L bytes, reinterpreted as L little-endian halves (the platform order; {@link Lanes} checks it). */
     private static final VectorSpecies<Byte> B2 = VectorSpecies.of(byte.class, VectorShape.forBitSize(L * 16));
 
@@ -64,7 +67,29 @@ final class HalfRows implements RowDecoder {
         }
     }
 
+    /**
+     * Widens every lane as if it were finite (sign, exponent and mantissa shifted into place, one multiply) and
+     * tracks the largest exponent field; only when some lane had exponent 31 are the rows widened again with the
+     * blend ({@link #f16Exact}). Finite halves get the same bits either way.
+     */
     private static void f16(byte[] src, int[] offs, int count, float[] dst, int stride, int vec) {
+        IntVector seen = IntVector.zero(I);
+        for (int k = 0; k < count; k++) {
+            int off = offs[k];
+            int o = k * stride;
+            for (int i = 0; i < vec; i += L) {
+                IntVector b = ((IntVector) ByteVector.fromArray(B2, src, off + 2 * i).reinterpretAsShorts()
+                        .convertShape(VectorOperators.S2I, I, 0)).lanewise(VectorOperators.LSHL, 13).and(KEEP);
+                seen = seen.max(b.and(EXP31));
+                b.reinterpretAsFloats().mul(TWO_112).intoArray(dst, o + i);
+            }
+        }
+        if (seen.reduceLanes(VectorOperators.MAX) == EXP31) {
+            f16Exact(src, offs, count, dst, stride, vec);
+        }
+    }
+
+    private static void f16Exact(byte[] src, int[] offs, int count, float[] dst, int stride, int vec) {
         for (int k = 0; k < count; k++) {
             int off = offs[k];
             int o = k * stride;
