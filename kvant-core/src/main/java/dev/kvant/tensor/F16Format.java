@@ -85,8 +85,9 @@ final class F16Format implements WeightFormat, FusedRows {
         for (int k = 0; k < full; k += L) {
             IntVector b = ((IntVector) ShortVector.fromMemorySegment(S, row, 2L * k, LE).convertShape(S2I, I, 0))
                     .lanewise(LSHL, 13).lanewise(AND, KEEP);
-            FloatVector w = b.reinterpretAsFloats().mul(UNBIAS).blend(b.lanewise(OR, EXP255).reinterpretAsFloats().add(0f),
-                    b.lanewise(AND, EXP31).compare(EQ, EXP31).cast(F));
+            FloatVector w = b.reinterpretAsFloats().mul(UNBIAS).blend(
+                    b.lanewise(OR, EXP255).reinterpretAsFloats().add(0f), b.lanewise(AND, EXP31).compare(EQ, EXP31)
+                    .cast(F));
             acc = w.fma(FloatVector.fromArray(F, x, xOffset + k), acc);
         }
         if (full < n) {
@@ -103,7 +104,7 @@ final class F16Format implements WeightFormat, FusedRows {
     /**
      * Widens every lane as if it were finite (shift, mask, one multiply) and keeps, on the side, the largest
      * exponent field seen; only when some lane had exponent 31 (an infinity or a NaN) is the product done again
-     * with the blend ({@link #dot4Exact}). Three fewer operations a vector than blending each one: more loads in
+     * row by row with the blend ({@link #dot1}). Three fewer operations a vector than blending each one: more loads in
      * flight, which is what bounds this kernel on a 512-wide model.
      */
     @Override
@@ -132,53 +133,11 @@ final class F16Format implements WeightFormat, FusedRows {
             a3 = b3.reinterpretAsFloats().mul(UNBIAS).fma(xv, a3);
         }
         if (seen.reduceLanes(MAX) == EXP31) {
-            dot4Exact(address, rowBytes, x, xOffset, n, out, outOffset, t);
-            return;
-        }
-        if (full < n) {
-            int len = n - full;
+            // Rare: the single-row product blends every lane, and gives each row dot4's bits (FusedRows).
             for (int r = 0; r < 4; r++) {
-                decode(address + r * rowBytes + 2L * full, t, r * L, len);
-                Arrays.fill(t, r * L + len, (r + 1) * L, 0f);
+                out[outOffset + r] = dot1(address + r * rowBytes, x, xOffset, n);
             }
-            FloatVector xv = FloatVector.fromArray(F, Lanes.padded(x, xOffset + full, len), 0);
-            a0 = FloatVector.fromArray(F, t, 0).fma(xv, a0);
-            a1 = FloatVector.fromArray(F, t, L).fma(xv, a1);
-            a2 = FloatVector.fromArray(F, t, 2 * L).fma(xv, a2);
-            a3 = FloatVector.fromArray(F, t, 3 * L).fma(xv, a3);
-        }
-        a0.intoArray(t, 0);
-        a1.intoArray(t, L);
-        a2.intoArray(t, 2 * L);
-        a3.intoArray(t, 3 * L);
-        Lanes.sum4(t, 0, out, outOffset, 1);
-    }
-
-    /** {@link #dot4} with every lane's exponent checked: for rows that hold an infinity or a NaN. */
-    private void dot4Exact(long address, long rowBytes, float[] x, int xOffset, int n, float[] out, int outOffset,
-                           float[] t) {
-        FloatVector a0 = FloatVector.zero(F), a1 = a0, a2 = a0, a3 = a0;
-        MemorySegment rows = ALL.asSlice(address, 3 * rowBytes + 2L * n);
-        int full = n - n % L;
-        for (int k = 0; k < full; k += L) {
-            FloatVector xv = FloatVector.fromArray(F, x, xOffset + k);
-            long p = 2L * k;
-            IntVector b0 = ((IntVector) ShortVector.fromMemorySegment(S, rows, p, LE).convertShape(S2I, I, 0))
-                    .lanewise(LSHL, 13).lanewise(AND, KEEP);
-            IntVector b1 = ((IntVector) ShortVector.fromMemorySegment(S, rows, p + rowBytes, LE)
-                    .convertShape(S2I, I, 0)).lanewise(LSHL, 13).lanewise(AND, KEEP);
-            IntVector b2 = ((IntVector) ShortVector.fromMemorySegment(S, rows, p + 2 * rowBytes, LE)
-                    .convertShape(S2I, I, 0)).lanewise(LSHL, 13).lanewise(AND, KEEP);
-            IntVector b3 = ((IntVector) ShortVector.fromMemorySegment(S, rows, p + 3 * rowBytes, LE)
-                    .convertShape(S2I, I, 0)).lanewise(LSHL, 13).lanewise(AND, KEEP);
-            a0 = b0.reinterpretAsFloats().mul(UNBIAS).blend(b0.lanewise(OR, EXP255).reinterpretAsFloats().add(0f),
-                    b0.lanewise(AND, EXP31).compare(EQ, EXP31).cast(F)).fma(xv, a0);
-            a1 = b1.reinterpretAsFloats().mul(UNBIAS).blend(b1.lanewise(OR, EXP255).reinterpretAsFloats().add(0f),
-                    b1.lanewise(AND, EXP31).compare(EQ, EXP31).cast(F)).fma(xv, a1);
-            a2 = b2.reinterpretAsFloats().mul(UNBIAS).blend(b2.lanewise(OR, EXP255).reinterpretAsFloats().add(0f),
-                    b2.lanewise(AND, EXP31).compare(EQ, EXP31).cast(F)).fma(xv, a2);
-            a3 = b3.reinterpretAsFloats().mul(UNBIAS).blend(b3.lanewise(OR, EXP255).reinterpretAsFloats().add(0f),
-                    b3.lanewise(AND, EXP31).compare(EQ, EXP31).cast(F)).fma(xv, a3);
+            return;
         }
         if (full < n) {
             int len = n - full;
