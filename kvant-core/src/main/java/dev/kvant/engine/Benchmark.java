@@ -11,6 +11,7 @@ import java.util.List;
 import java.util.Locale;
 import java.util.SplittableRandom;
 import java.util.function.Consumer;
+import java.util.function.LongSupplier;
 
 /**
  * llama-bench's tests: {@code pp N} times a prompt of N tokens, {@code tg N} times N tokens generated one by one;
@@ -60,7 +61,7 @@ public final class Benchmark {
      * Runs {@code once} (which returns the nanoseconds it timed) untimed until two consecutive runs agree within
      * {@link #SETTLED}, or the run or time cap is reached.
      */
-    static void warmUp(java.util.function.LongSupplier once) {
+    static void warmUp(LongSupplier once) {
         long start = System.nanoTime();
         long previous = once.getAsLong();
         for (int run = 1; run < MAX_WARMUP_RUNS && System.nanoTime() - start < MAX_WARMUP_NANOS; run++) {
@@ -111,7 +112,7 @@ public final class Benchmark {
                     String test = "pp" + p;
                     progress.accept(test + " @ d" + depth);
                     int[] prompt = randomTokens(random, p, vocab);
-                    java.util.function.LongSupplier once = () -> {
+                    LongSupplier once = () -> {
                         resetTo(session, fill, depth, s.randomDepth());
                         long t0 = System.nanoTime();
                         session.prefillGreedy(prompt);
@@ -130,7 +131,7 @@ public final class Benchmark {
                     }
                     String test = "tg" + g;
                     progress.accept(test + " @ d" + depth);
-                    java.util.function.LongSupplier once = () -> {
+                    LongSupplier once = () -> {
                         resetTo(session, fill, depth, s.randomDepth());
                         int token = random.nextInt(vocab);
                         long t0 = System.nanoTime();
