@@ -174,9 +174,11 @@ final class ModelOptions {
             throw new IllegalArgumentException("--backend cuda: " + cuda.reason());
         }
         long kvTokens = 0;
+        long kvBytes = 0;
         if (kvMem != null) {
+            kvBytes = parseSize(kvMem);
             kvTokens = dev.kvant.engine.Session.contextForBudget(loaded.config(), kFormat(), vFormat(),
-                    loaded.selection(), parseSize(kvMem));
+                    loaded.selection(), kvBytes);
         }
         int[] split = null;
         if (!"auto".equalsIgnoreCase(layerSplit.strip())) {
@@ -193,7 +195,7 @@ final class ModelOptions {
         }
         return CudaBackend.open(loaded, new CudaBackend.Options(maxBatch,
                 prefillChunkOption != null ? Math.max(prefillChunkOption, 1) : CUDA_PREFILL_CHUNK, kvTokens,
-                gpus, split));
+                gpus, split, kvBytes));
     }
 
     LlamaModel load() {

@@ -83,6 +83,11 @@ final class ServeBenchCommand implements Runnable {
             description = "load: share of requests the client walks away from (default ${DEFAULT-VALUE})")
     double cancel;
 
+    @Option(names = "--pipeline", paramLabel = "N", defaultValue = "0",
+            description = "decode steps of different sequences in flight at once: 0 = one per GPU of a layer split"
+                    + " (default), 1 = one step at a time")
+    int pipeline;
+
     @Option(names = "--seed", paramLabel = "S", description = "random seed (default: random, printed)")
     Long seed;
 
@@ -103,10 +108,11 @@ final class ServeBenchCommand implements Runnable {
              Backend backend = opts.openBackend(model, threads, Math.min(parallel, ModelOptions.MAX_DEVICE_BATCH))) {
             String name = synthetic != null ? "synthetic " + synthetic + " " + weights : opts.model.getFileName().toString();
             ServeBench.Setup setup = new ServeBench.Setup(backend, TextCodec.of(model, null), opts.kFormat(),
-                    opts.vFormat(), ctx, opts.prefillChunk(backend), name);
+                    opts.vFormat(), ctx, opts.prefillChunk(backend), name, pipeline);
             System.out.printf(Locale.ROOT, "# kvant bench-serve --mode %s: %s, backend %s, %d threads, K %s V %s,"
-                            + " context %d, prefill chunk %d, seed %d, %s, nproc %d%n", mode, name, backend.name(),
-                    backend.threads(), opts.ctk, opts.ctv, ctx, opts.prefillChunk(backend), s, LocalDate.now(),
+                            + " context %d, prefill chunk %d, decode steps in flight %d, seed %d, %s, nproc %d%n",
+                    mode, name, backend.name(), backend.threads(), opts.ctk, opts.ctv, ctx, opts.prefillChunk(backend),
+                    pipeline > 0 ? pipeline : backend.pipelineDepth(), s, LocalDate.now(),
                     Runtime.getRuntime().availableProcessors());
             switch (mode) {
                 case "batching" -> batching(setup, s);

@@ -79,6 +79,11 @@ final class ServeCommand implements Runnable {
     @Option(names = "--no-prefix-cache", description = "do not keep finished sequences for prefix reuse")
     boolean noPrefixCache;
 
+    @Option(names = "--pipeline", paramLabel = "N", defaultValue = "0",
+            description = "decode steps of different sequences in flight at once: 0 = one per GPU of a layer split"
+                    + " (default), 1 = one step at a time")
+    int pipeline;
+
     @Option(names = "--shutdown-grace", paramLabel = "SECONDS", defaultValue = "30",
             description = "how long in-flight requests may take to finish on shutdown (default ${DEFAULT-VALUE})")
     int grace;
@@ -88,6 +93,9 @@ final class ServeCommand implements Runnable {
         ModelOptions.checkThreads(opts.threads);
         if (parallel < 1 || parallel > 256) {
             throw new IllegalArgumentException("--parallel must be between 1 and 256, got " + parallel);
+        }
+        if (pipeline < 0) {
+            throw new IllegalArgumentException("--pipeline must not be negative, got " + pipeline);
         }
         if (opts.model != null && synthetic != null) {
             throw new IllegalArgumentException("give either -m or --synthetic, not both");
@@ -119,7 +127,8 @@ final class ServeCommand implements Runnable {
             ServerConfig config = new ServerConfig(host, port, apiKey, name, 32L << 20, Duration.ofSeconds(1));
             try (SequencePool pool = backend.newSequencePool(poolTokens, opts.kFormat(), opts.vFormat());
                  Engine engine = new Engine(backend, pool,
-                         new EngineConfig(parallel, context, opts.prefillChunk(backend), maxQueue, !noPrefixCache))) {
+                         new EngineConfig(parallel, context, opts.prefillChunk(backend), maxQueue, !noPrefixCache,
+                                 pipeline))) {
                 KvantServer server = KvantServer.start(config, engine, TextCodec.of(model, template));
                 CountDownLatch stop = new CountDownLatch(1);
                 CountDownLatch stopped = new CountDownLatch(1);

@@ -51,6 +51,31 @@ public interface Backend extends AutoCloseable {
     }
 
     /**
+     * How many decode steps of different sequences may be in flight at once ({@link #startDecode}) to keep every
+     * device busy: the stages of a layer split over several GPUs, so that while one GPU runs its layers for some
+     * sequences the next runs its layers for others; 1 where one step at a time keeps the hardware busy.
+     */
+    default int pipelineDepth() {
+        return 1;
+    }
+
+    /**
+     * Starts one decode step, as {@link #decodeBatch} when logits is given (the rows land there by the time the
+     * step's {@link PendingDecode#await} returns; the caller leaves the array alone until then) and as {@link
+     * #decodeBatchGreedy} when it is null. A device backend queues the work and returns at once; this default
+     * computes the step before returning. Until the step is awaited its sequences take no other work (a backend
+     * refuses it), and at most {@link #pipelineDepth} steps are pending at once.
+     */
+    default PendingDecode startDecode(BackendSequence[] seqs, int[] tokens, float[] logits) {
+        if (logits != null) {
+            decodeBatch(seqs, tokens, logits);
+            return () -> null;
+        }
+        int[] ids = decodeBatchGreedy(seqs, tokens);
+        return () -> ids;
+    }
+
+    /**
      * One KV page pool with room for this many tokens (summed over its sequences), shared by the sequences made from
      * it, so that prefixes can be shared and pages counted; what a server runs on.
      *

@@ -2,6 +2,7 @@ package dev.kvant.engine;
 
 import dev.kvant.backend.Backend;
 import dev.kvant.backend.BackendSequence;
+import dev.kvant.backend.PendingDecode;
 import dev.kvant.backend.SequencePool;
 import dev.kvant.sample.Sampler;
 
@@ -26,6 +27,12 @@ import java.util.function.Consumer;
  * once for all) and computes one chunk of at most {@code prefillChunk} prompt tokens for one sequence still reading
  * its prompt, taking turns between them. So a long prompt is read a chunk per step while the others go on decoding,
  * and a short prompt that arrives behind it waits for at most one of its chunks. New requests join between steps.
+ *
+ * <p><b>Pipeline.</b> On a backend that keeps several decode steps in flight ({@link Backend#pipelineDepth}: a
+ * layer split over several GPUs), the decoding sequences are dealt into that many cohorts of even size, and each
+ * cohort's step is started ({@link Backend#startDecode}) as soon as its previous one is collected, while the others'
+ * are still running: the first GPU computes one cohort's next step while the second finishes another's. A sequence
+ * makes the same tokens either way (a backend's rows do not depend on their batch).
  *
  * <p><b>Pages.</b> A request is admitted only when the pool can hold it to the end: the pages it may still take
  * (prompt plus maxTokens, capped by the context, minus the whole pages a cached prefix lends it) must not exceed the
@@ -60,7 +67,8 @@ public final class Engine implements AutoCloseable {
     private final AtomicInteger inFlight = new AtomicInteger();
     private final AtomicLong ids = new AtomicLong();
     private final Thread thread;
-    private final float[] batchLogits;
+    /** Decode steps in flight at once, one per cohort. */
+    private final Cohort[] cohorts;
     private final float[] prefillLogits;
     private final float[] row;
     private volatile boolean stopping;
@@ -93,6 +101,8 @@ public final class Engine implements AutoCloseable {
         /** The last generated token, to be fed in the next decode step. */
         int next;
         boolean decoding;
+        /** In a decode step that has been started and not yet collected: nothing else may touch the sequence. */
+        boolean stepping;
         boolean done;
 
         Active(Pending p, BackendSequence seq, int cached) {
@@ -134,6 +144,20 @@ public final class Engine implements AutoCloseable {
         }
     }
 
+    /** Sequences whose decode step was started together and is collected together. */
+    private final class Cohort {
+        final Active[] members;
+        final float[] logits;
+        int size;
+        boolean greedy;
+        PendingDecode step;
+
+        Cohort(int capacity) {
+            this.members = new Active[capacity];
+            this.logits = new float[capacity * vocab];
+        }
+    }
+
     /**
      * @param pool a pool of this backend with room for at least one context; the engine draws every sequence from it
      *             and closes none of it but the sequences; the caller closes pool and backend after the engine
@@ -148,7 +172,12 @@ public final class Engine implements AutoCloseable {
             throw new IllegalArgumentException("the KV pool holds " + (long) pool.totalPages() * pageTokens
                     + " tokens, less than one context of " + config.contextLength() + " (raise the KV memory or lower -c)");
         }
-        this.batchLogits = new float[config.parallel() * vocab];
+        int depth = Math.min(config.parallel(), config.pipeline() > 0 ? config.pipeline()
+                : Math.max(1, backend.pipelineDepth()));
+        this.cohorts = new Cohort[depth];
+        for (int i = 0; i < depth; i++) {
+            cohorts[i] = new Cohort((config.parallel() + depth - 1) / depth);
+        }
         this.prefillLogits = new float[vocab];
         this.row = new float[vocab];
         this.thread = Thread.ofPlatform().name("kvant-engine").daemon(true).unstarted(this::run);
@@ -316,7 +345,7 @@ public final class Engine implements AutoCloseable {
             return false;
         });
         for (Active a : running) {
-            if (a.p.handle.isCancelled()) {
+            if (a.p.handle.isCancelled() && !a.stepping) {
                 finish(a, FinishReason.CANCELLED);
             }
         }
@@ -385,46 +414,109 @@ public final class Engine implements AutoCloseable {
         removeDone();
     }
 
+    /**
+     * Collects each cohort's step and starts its next one with the decoding sequences not in flight (an even share
+     * of them); with one cohort the step is started and collected at once.
+     */
     private void decodeStep() {
-        int n = 0;
-        BackendSequence[] seqs = new BackendSequence[running.size()];
-        int[] tokens = new int[running.size()];
-        Active[] batch = new Active[running.size()];
+        int decoding = 0;
         for (Active a : running) {
             if (a.decoding && !a.done) {
-                batch[n] = a;
-                seqs[n] = a.seq;
-                tokens[n] = a.next;
-                n++;
+                decoding++;
+            }
+        }
+        int share = (decoding + cohorts.length - 1) / cohorts.length;
+        for (Cohort c : cohorts) {
+            collect(c);
+            start(c, share);
+        }
+        if (cohorts.length == 1) {
+            collect(cohorts[0]);
+        }
+    }
+
+    /** Starts the cohort's step over up to share decoding sequences that are not in flight. */
+    private void start(Cohort c, int share) {
+        int n = 0;
+        boolean greedy = true;
+        for (Active a : running) {
+            if (n < share && n < c.members.length && a.decoding && !a.done && !a.stepping) {
+                c.members[n++] = a;
+                // greedy sequences let the backend choose (a GPU then copies back ids, not logits)
+                greedy &= a.sampler.argmaxSuffices();
             }
         }
         if (n == 0) {
             return;
         }
-        // greedy sequences let the backend choose (a GPU then copies back ids, not logits)
-        boolean greedy = true;
+        BackendSequence[] seqs = new BackendSequence[n];
+        int[] tokens = new int[n];
         for (int i = 0; i < n; i++) {
-            greedy &= batch[i].sampler.argmaxSuffices();
+            seqs[i] = c.members[i].seq;
+            tokens[i] = c.members[i].next;
         }
-        int[] ids = null;
         try {
-            if (greedy) {
-                ids = backend.decodeBatchGreedy(Arrays.copyOf(seqs, n), Arrays.copyOf(tokens, n));
-            } else {
-                backend.decodeBatch(Arrays.copyOf(seqs, n), tokens, batchLogits);
-            }
+            c.step = backend.startDecode(seqs, tokens, greedy ? null : c.logits);
         } catch (RuntimeException e) {
             for (int i = 0; i < n; i++) {
-                fail(batch[i], "the decode step failed: " + e.getMessage());
+                fail(c.members[i], "the decode step failed: " + e.getMessage());
             }
             return;
         }
-        decodeRows += n;
+        c.size = n;
+        c.greedy = greedy;
         for (int i = 0; i < n; i++) {
-            if (greedy) {
-                take(batch[i], ids[i]);
+            c.members[i].stepping = true;
+        }
+    }
+
+    /** Waits for the cohort's step, if one is in flight, and hands each sequence its next token. */
+    private void collect(Cohort c) {
+        if (c.step == null) {
+            return;
+        }
+        PendingDecode step = c.step;
+        c.step = null;
+        for (int i = 0; i < c.size; i++) {
+            c.members[i].stepping = false;
+        }
+        int[] ids;
+        try {
+            ids = step.await();
+        } catch (RuntimeException e) {
+            for (int i = 0; i < c.size; i++) {
+                fail(c.members[i], "the decode step failed: " + e.getMessage());
+            }
+            return;
+        }
+        decodeRows += c.size;
+        for (int i = 0; i < c.size; i++) {
+            Active a = c.members[i];
+            c.members[i] = null;
+            if (a.p.handle.isCancelled()) {
+                finish(a, FinishReason.CANCELLED);
+            } else if (c.greedy) {
+                take(a, ids[i]);
             } else {
-                sampleNext(batch[i], batchLogits, i * vocab);
+                sampleNext(a, c.logits, i * vocab);
+            }
+        }
+    }
+
+    /** Waits for every step in flight, their results dropped (the engine is failing what it runs). */
+    private void drain() {
+        for (Cohort c : cohorts) {
+            if (c.step != null) {
+                try {
+                    c.step.await();
+                } catch (RuntimeException e) {
+                    // the sequences fail anyway
+                }
+                c.step = null;
+                for (int i = 0; i < c.size; i++) {
+                    c.members[i].stepping = false;
+                    c.members[i] = null;
+                }
             }
         }
     }
@@ -544,6 +636,7 @@ public final class Engine implements AutoCloseable {
     }
 
     private void failAll(String message) {
+        drain();
         for (Active a : running) {
             if (!a.done) {
                 a.done = true;

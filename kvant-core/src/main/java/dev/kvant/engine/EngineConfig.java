@@ -9,8 +9,17 @@ package dev.kvant.engine;
  *                      decode in between
  * @param maxQueue      requests that may wait for a free slot; more are refused
  * @param prefixCache   keep finished sequences' pages for later requests that start with the same tokens
+ * @param pipeline      decode steps of different sequences in flight at once: 0 takes the backend's
+ *                      {@link dev.kvant.backend.Backend#pipelineDepth} (a layer split over n GPUs keeps n in flight),
+ *                      1 runs one step at a time
  */
-public record EngineConfig(int parallel, int contextLength, int prefillChunk, int maxQueue, boolean prefixCache) {
+public record EngineConfig(int parallel, int contextLength, int prefillChunk, int maxQueue, boolean prefixCache,
+                           int pipeline) {
+
+    /** With the backend's pipeline depth. */
+    public EngineConfig(int parallel, int contextLength, int prefillChunk, int maxQueue, boolean prefixCache) {
+        this(parallel, contextLength, prefillChunk, maxQueue, prefixCache, 0);
+    }
 
     public EngineConfig {
         if (parallel < 1 || parallel > 1024) {
@@ -21,6 +30,9 @@ public record EngineConfig(int parallel, int contextLength, int prefillChunk, in
         }
         if (prefillChunk < 1) {
             throw new IllegalArgumentException("the prefill chunk must be positive, got " + prefillChunk);
+        }
+        if (pipeline < 0) {
+            throw new IllegalArgumentException("the pipeline depth must not be negative, got " + pipeline);
         }
         if (maxQueue < 0) {
             throw new IllegalArgumentException("the queue bound must not be negative, got " + maxQueue);

@@ -1,6 +1,8 @@
 package dev.kvant.engine;
 
+import dev.kvant.backend.Backend;
 import dev.kvant.backend.BackendSequence;
+import dev.kvant.backend.PendingDecode;
 import dev.kvant.backend.CpuBackend;
 import dev.kvant.backend.SequencePool;
 import dev.kvant.gguf.GgmlType;
@@ -126,6 +128,103 @@ class EngineTest {
             EngineStats s = engine.stats();
             assertTrue(s.decodeRows() > s.steps() - prompts.length * 4, "decode steps were batched: " + s);
             assertEquals(s.totalPages(), s.freePages(), "pages returned: " + s);
+        }
+    }
+
+    /**
+     * A backend that keeps two decode steps in flight, as a layer split over two GPUs does: a started step computes
+     * nothing until it is awaited, and the backend checks that no sequence is in two steps and no more than two are
+     * pending.
+     */
+    static final class TwoInFlight implements Backend {
+        final Backend inner;
+        final java.util.Set<BackendSequence> busy = java.util.Collections.newSetFromMap(new java.util.IdentityHashMap<>());
+        int pending;
+        int mostPending;
+        final List<String> violations = new ArrayList<>();
+
+        TwoInFlight(Backend inner) {
+            this.inner = inner;
+        }
+
+        @Override public String name() { return inner.name(); }
+        @Override public LlamaModel model() { return inner.model(); }
+        @Override public int threads() { return inner.threads(); }
+        @Override public int pipelineDepth() { return 2; }
+        @Override public BackendSequence newSequence(int ctx, KvFormat k, KvFormat v) { return inner.newSequence(ctx, k, v); }
+        @Override public void decodeBatch(BackendSequence[] seqs, int[] tokens, float[] logits) { inner.decodeBatch(seqs, tokens, logits); }
+        @Override public SequencePool newSequencePool(int tokens, KvFormat k, KvFormat v) { return inner.newSequencePool(tokens, k, v); }
+        @Override public void close() { }
+
+        @Override
+        public synchronized PendingDecode startDecode(BackendSequence[] seqs, int[] tokens, float[] logits) {
+            for (BackendSequence q : seqs) {
+                if (!busy.add(q)) {
+                    violations.add("a sequence was started while in flight");
+                }
+            }
+            if (++pending > 2) {
+                violations.add(pending + " steps pending");
+            }
+            mostPending = Math.max(mostPending, pending);
+            BackendSequence[] s = seqs.clone();
+            int[] t = tokens.clone();
+            int[][] result = new int[1][];
+            boolean[] done = new boolean[1];
+            return () -> {
+                synchronized (this) {
+                    if (!done[0]) {
+                        done[0] = true;
+                        pending--;
+                        result[0] = inner.startDecode(s, t, logits).await();
+                        for (BackendSequence q : s) {
+                            busy.remove(q);
+                        }
+                    }
+                    return result[0];
+                }
+            };
+        }
+    }
+
+    @Test
+    void twoStepsInFlightGenerateWhatOneStepAtATimeDoes() throws Exception {
+        Random r = new Random(SEED + 7);
+        int requests = 7;
+        int[][] prompts = new int[requests][];
+        GenerationRequest[] reqs = new GenerationRequest[requests];
+        for (int i = 0; i < requests; i++) {
+            prompts[i] = r.ints(3 + r.nextInt(60), 0, TinyModels.VOCAB).toArray();
+            // greedy and sampled requests mixed: a cohort of sampled ones copies logits, a greedy one ids
+            reqs[i] = new GenerationRequest(prompts[i], 6 + r.nextInt(20),
+                    i % 3 == 1 ? SamplerConfig.defaults(SEED + i) : SamplerConfig.greedy(), null);
+        }
+        int[][] expected = new int[requests][];
+        for (int pass = 0; pass < 2; pass++) {
+            TwoInFlight two = new TwoInFlight(backend);
+            Backend b = pass == 0 ? backend : two;
+            try (SequencePool pool = backend.newSequencePool(8 * CTX, F16, F16);
+                 Engine engine = new Engine(b, pool, new EngineConfig(5, CTX, CHUNK, 8, false))) {
+                Events[] ev = new Events[requests];
+                for (int i = 0; i < requests; i++) {
+                    ev[i] = new Events();
+                    engine.submit(reqs[i], ev[i].queue::add);
+                }
+                for (int i = 0; i < requests; i++) {
+                    GenerationEvent.Finished f = assertInstanceOf(GenerationEvent.Finished.class, ev[i].end());
+                    assertEquals(FinishReason.LENGTH, f.reason());
+                    if (pass == 0) {
+                        expected[i] = ev[i].ids();
+                    } else {
+                        assertArrayEquals(expected[i], ev[i].ids(), "request " + i + " (seed " + SEED + ")");
+                    }
+                }
+                assertEquals(pool.totalPages(), pool.freePages(), "pages returned");
+            }
+            if (pass == 1) {
+                assertEquals(List.of(), two.violations);
+                assertEquals(2, two.mostPending, "two steps were in flight at once");
+            }
         }
     }
 

@@ -37,7 +37,13 @@ public final class ServeBench {
 
     /** The model side shared by every run: backend, text codec, KV formats, per-sequence context, prefill chunk. */
     public record Setup(Backend backend, TextCodec codec, KvFormat kFormat, KvFormat vFormat, int contextLength,
-                        int prefillChunk, String modelId) {
+                        int prefillChunk, String modelId, int pipeline) {
+
+        /** With the backend's pipeline depth ({@link EngineConfig#pipeline}). */
+        public Setup(Backend backend, TextCodec codec, KvFormat kFormat, KvFormat vFormat, int contextLength,
+                     int prefillChunk, String modelId) {
+            this(backend, codec, kFormat, vFormat, contextLength, prefillChunk, modelId, 0);
+        }
     }
 
     /** A started server over its own engine and KV pool (sized for parallel full contexts). */
@@ -52,7 +58,8 @@ public final class ServeBench {
             int perSequence = (s.contextLength() + pageTokens - 1) / pageTokens * pageTokens;
             this.pool = s.backend().newSequencePool(parallel * perSequence, s.kFormat(), s.vFormat());
             this.engine = new Engine(s.backend(), pool,
-                    new EngineConfig(parallel, s.contextLength(), s.prefillChunk(), maxQueue, prefixCache));
+                    new EngineConfig(parallel, s.contextLength(), s.prefillChunk(), maxQueue, prefixCache,
+                            s.pipeline()));
             this.server = KvantServer.start(ServerConfig.local(0, s.modelId()), engine, s.codec());
             this.client = new SseClient(uri(), null);
         }

@@ -2,6 +2,7 @@ package dev.kvant.cuda.model;
 
 import dev.kvant.backend.Backend;
 import dev.kvant.backend.BackendSequence;
+import dev.kvant.backend.PendingDecode;
 import dev.kvant.backend.SequencePool;
 import dev.kvant.cuda.CublasLt;
 import dev.kvant.cuda.CudaContext;
@@ -12,6 +13,7 @@ import dev.kvant.cuda.DeviceBuffer;
 import dev.kvant.cuda.DeviceCopy;
 import dev.kvant.cuda.KernelCache;
 import dev.kvant.cuda.KernelSource;
+import dev.kvant.cuda.PinnedBuffer;
 import dev.kvant.engine.ContextFullException;
 import dev.kvant.kv.KvFormat;
 import dev.kvant.model.LlamaModel;
@@ -52,9 +54,12 @@ public final class CudaBackend implements Backend {
      * @param kvTokens   tokens each KV pool holds; 0: contextLength x maxBatch of the first sequence that asks for it
      * @param devices    GPU ordinals, one per stage of a layer split (the same ordinal twice splits the layers over
      *                   two stages of one GPU: the test of the split's code path); empty: one GPU
-     * @param layerSplit layers per stage, first to last; null: balanced by weight bytes
+     * @param layerSplit layers per stage, first to last; null: balanced by weight and KV bytes
+     * @param kvBytes    the KV cache bytes planned over all layers (a --kv-mem budget), which a balanced split
+     *                   spreads with the weights (every layer holds the same share); 0: balance the weights alone
      */
-    public record Options(int maxBatch, int maxPrefill, long kvTokens, int[] devices, int[] layerSplit) {
+    public record Options(int maxBatch, int maxPrefill, long kvTokens, int[] devices, int[] layerSplit,
+                          long kvBytes) {
         public Options {
             if (maxBatch < 1 || maxBatch > ModelKernels.MAX_VECTORS) {
                 throw new IllegalArgumentException("maxBatch must be 1.." + ModelKernels.MAX_VECTORS + ", got "
@@ -63,11 +68,17 @@ public final class CudaBackend implements Backend {
             if (maxPrefill < 1) {
                 throw new IllegalArgumentException("maxPrefill must be positive, got " + maxPrefill);
             }
-            if (kvTokens < 0) {
-                throw new IllegalArgumentException("kvTokens must not be negative, got " + kvTokens);
+            if (kvTokens < 0 || kvBytes < 0) {
+                throw new IllegalArgumentException("kvTokens and kvBytes must not be negative, got " + kvTokens
+                        + " and " + kvBytes);
             }
             devices = devices == null ? new int[0] : devices.clone();
             layerSplit = layerSplit == null ? null : layerSplit.clone();
+        }
+
+        /** Layers split over devices as layerSplit says, or balanced by the weights alone. */
+        public Options(int maxBatch, int maxPrefill, long kvTokens, int[] devices, int[] layerSplit) {
+            this(maxBatch, maxPrefill, kvTokens, devices, layerSplit, 0);
         }
 
         /** One GPU ($KVANT_CUDA_DEVICE, else 0). */
@@ -87,6 +98,8 @@ public final class CudaBackend implements Backend {
     private final List<CudaContext> contexts;
     private final Map<String, KvPool> pools = new LinkedHashMap<>();
     private final int rowsMax;
+    /** One per decode step that may be in flight ({@link #pipelineDepth}), on the last stage's device. */
+    private final Landing[] landings;
     private boolean closed;
 
     private CudaBackend(LlamaModel model, Options options, List<CudaContext> contexts, int[] split) {
@@ -97,6 +110,7 @@ public final class CudaBackend implements Backend {
         this.rowsMax = Math.max(options.maxBatch(), options.maxPrefill());
         int logitRows = Math.max(options.maxBatch(), ModelKernels.MAX_VECTORS);
         this.stages = new Stage[split.length];
+        this.landings = new Landing[split.length];
         try {
             int from = 0;
             for (int i = 0; i < split.length; i++) {
@@ -107,7 +121,15 @@ public final class CudaBackend implements Backend {
             for (int i = 0; i + 1 < stages.length; i++) {
                 stages[i].context.enablePeerAccess(stages[i + 1].context);
             }
+            for (int i = 0; i < landings.length; i++) {
+                landings[i] = new Landing(stages[stages.length - 1].context);
+            }
         } catch (RuntimeException e) {
+            for (Landing l : landings) {
+                if (l != null) {
+                    l.close();
+                }
+            }
             for (Stage st : stages) {
                 if (st != null) {
                     st.close();
@@ -128,7 +150,8 @@ public final class CudaBackend implements Backend {
     public static CudaBackend open(LlamaModel model, Options options) {
         ModelConfig c = model.config();
         int[] devices = options.devices().length == 0 ? new int[] {-1} : options.devices();
-        int[] split = options.layerSplit() != null ? options.layerSplit() : autoSplit(model, devices.length);
+        int[] split = options.layerSplit() != null ? options.layerSplit() : autoSplit(model, devices.length,
+                options.kvBytes());
         if (split.length != devices.length) {
             throw new IllegalArgumentException("--layer-split gives " + split.length + " parts for "
                     + devices.length + " GPUs");
@@ -195,23 +218,26 @@ public final class CudaBackend implements Backend {
     }
 
     /**
-     * Layers per GPU that balance the weight bytes each holds (the embedding table on the first, the output on the
-     * last): consecutive layers are given to a GPU until it reaches its share of the total.
+     * Layers per GPU that balance the bytes each holds: its layers' weights and their share of kvBytes (the same for
+     * every layer), with the embedding table on the first and the output on the last. Consecutive layers are given
+     * to a GPU until it reaches its share of the total.
      */
-    static int[] autoSplit(LlamaModel model, int gpus) {
+    static int[] autoSplit(LlamaModel model, int gpus, long kvBytes) {
         int layers = model.config().layers();
         if (gpus > layers) {
             throw new IllegalArgumentException(gpus + " GPUs for " + layers + " layers");
         }
-        double total = stageWeightBytes(model, 0, layers);
+        double kvLayer = (double) kvBytes / layers;
+        double total = stageWeightBytes(model, 0, layers) + (double) kvBytes;
         int[] split = new int[gpus];
         int l = 0;
         double held = model.weights().tokenEmbedding().data().byteSize();
         for (int g = 0; g < gpus - 1; g++) {
             double target = total * (g + 1) / gpus;
             int start = l;
-            while (l < layers - (gpus - 1 - g) && (l == start || held + layerBytes(model, l) / 2.0 <= target)) {
-                held += layerBytes(model, l);
+            while (l < layers - (gpus - 1 - g)
+                    && (l == start || held + (layerBytes(model, l) + kvLayer) / 2.0 <= target)) {
+                held += layerBytes(model, l) + kvLayer;
                 l++;
             }
             split[g] = l - start;
@@ -374,9 +400,32 @@ public final class CudaBackend implements Backend {
     /** Checks the batch and runs it in groups of up to maxBatch; logits into out when given; the chosen ids. */
     private int[] decodeGroups(BackendSequence[] seqs, int[] tokens, float[] out) {
         checkOpen();
+        Sequence[] s = checkBatch(seqs, tokens);
+        int n = s.length;
+        int vocab = c.vocabSize();
+        int[] ids = new int[n];
+        for (int from = 0; from < n; from += options.maxBatch()) {
+            int m = Math.min(options.maxBatch(), n - from);
+            float[] part = out == null ? null : from == 0 && m == n ? out : new float[m * vocab];
+            int[] chosen = decode(Arrays.copyOfRange(s, from, from + m), Arrays.copyOfRange(tokens, from, from + m),
+                    part);
+            System.arraycopy(chosen, 0, ids, from, m);
+            if (part != null && part != out) {
+                System.arraycopy(part, 0, out, from * vocab, m * vocab);
+            }
+        }
+        return ids;
+    }
+
+    /** The sequences of a decode batch: distinct, this backend's, one K/V format pair, not in flight, with room. */
+    private Sequence[] checkBatch(BackendSequence[] seqs, int[] tokens) {
         int n = seqs.length;
         if (n < 1) {
             throw new IllegalArgumentException("a decode step of no sequences");
+        }
+        if (tokens.length < n) {
+            throw new IllegalArgumentException("a decode step of " + n + " sequences with " + tokens.length
+                    + " tokens");
         }
         Sequence[] s = new Sequence[n];
         for (int i = 0; i < n; i++) {
@@ -391,23 +440,143 @@ public final class CudaBackend implements Backend {
             if (cs.pool != ((Sequence) seqs[0]).pool) {
                 throw new IllegalArgumentException("the sequences of one batch must share K/V formats");
             }
-            s[i] = cs;
+            cs.checkUsable();
             cs.checkRoom(1);
+            s[i] = cs;
         }
-        // groups of up to maxBatch sequences, one graph replay each
-        int vocab = c.vocabSize();
-        int[] ids = new int[n];
-        for (int from = 0; from < n; from += options.maxBatch()) {
-            int m = Math.min(options.maxBatch(), n - from);
-            float[] part = out == null ? null : from == 0 && m == n ? out : new float[m * vocab];
-            int[] chosen = decode(Arrays.copyOfRange(s, from, from + m), Arrays.copyOfRange(tokens, from, from + m),
-                    part);
-            System.arraycopy(chosen, 0, ids, from, m);
-            if (part != null && part != out) {
-                System.arraycopy(part, 0, out, from * vocab, m * vocab);
+        return s;
+    }
+
+    /** As many decode steps as there are stages: while one stage runs a batch's layers, the next runs another's. */
+    @Override
+    public int pipelineDepth() {
+        return stages.length;
+    }
+
+    /**
+     * Queues the step on the stages' streams and returns; the chosen ids (and the logits, when asked) are copied
+     * into a page-locked landing of their own as the last stage finishes, so the next step's replay cannot
+     * overwrite them before {@link PendingDecode#await} reads them. A batch larger than maxBatch runs at once.
+     */
+    @Override
+    public PendingDecode startDecode(BackendSequence[] seqs, int[] tokens, float[] logits) {
+        checkOpen();
+        Sequence[] s = checkBatch(seqs, tokens);
+        int n = s.length;
+        if (n > options.maxBatch()) {
+            int[] ids = decodeGroups(seqs, tokens, logits);
+            return () -> logits == null ? ids : null;
+        }
+        Landing landing = null;
+        for (Landing l : landings) {
+            if (l.step == null) {
+                landing = l;
+                break;
             }
         }
-        return ids;
+        if (landing == null) {
+            throw new IllegalStateException(landings.length + " decode steps are in flight already (the pipeline "
+                    + "depth); await one before starting another");
+        }
+        if (logits != null && logits.length < n * c.vocabSize()) {
+            throw new IllegalArgumentException("a logits array of " + logits.length + " floats for " + n + " rows");
+        }
+        queueDecode(s, tokens);
+        Stage last = stages[stages.length - 1];
+        last.best.copyToHostAsync(landing.ids.segment().asSlice(0, 8L * n), 0, last.stream);
+        if (logits != null) {
+            last.logits.copyToHostAsync(landing.logits().segment().asSlice(0, 4L * n * c.vocabSize()), 0,
+                    last.stream);
+        }
+        landing.done.record(last.stream);
+        Step step = new Step(landing, s, logits);
+        landing.step = step;
+        for (Sequence q : s) {
+            q.inFlight = step;
+        }
+        return step;
+    }
+
+    /** Page-locked host memory a decode step in flight copies its results into, and the event that says they are there. */
+    private final class Landing implements AutoCloseable {
+        final PinnedBuffer ids;
+        final CudaEvent done;
+        private PinnedBuffer logits;
+        Step step;
+
+        Landing(CudaContext context) {
+            PinnedBuffer i = context.allocatePinned(8L * options.maxBatch());
+            try {
+                this.done = context.createEvent();
+            } catch (RuntimeException e) {
+                i.close();
+                throw e;
+            }
+            this.ids = i;
+        }
+
+        /** The logits rows, allocated on first use (maxBatch x vocab floats). */
+        PinnedBuffer logits() {
+            if (logits == null) {
+                logits = stages[stages.length - 1].context.allocatePinned(4L * options.maxBatch() * c.vocabSize());
+            }
+            return logits;
+        }
+
+        @Override
+        public void close() {
+            done.close();
+            ids.close();
+            if (logits != null) {
+                logits.close();
+            }
+        }
+    }
+
+    /** A decode step in flight: its sequences take no other work until it is awaited. */
+    private final class Step implements PendingDecode {
+        private final Landing landing;
+        private final Sequence[] seqs;
+        private final float[] out;
+        private int[] ids;
+        private RuntimeException failure;
+
+        Step(Landing landing, Sequence[] seqs, float[] out) {
+            this.landing = landing;
+            this.seqs = seqs;
+            this.out = out;
+        }
+
+        @Override
+        public int[] await() {
+            if (landing.step == this) {
+                try {
+                    checkOpen();
+                    landing.done.synchronize();
+                    int n = seqs.length;
+                    MemorySegment keys = landing.ids.segment();
+                    ids = new int[n];
+                    for (int i = 0; i < n; i++) {
+                        ids[i] = ModelKernels.argmaxIndex(keys.getAtIndex(ValueLayout.JAVA_LONG, i));
+                    }
+                    if (out != null) {
+                        MemorySegment.copy(landing.logits.segment(), ValueLayout.JAVA_FLOAT, 0, out, 0,
+                                n * c.vocabSize());
+                    }
+                } catch (RuntimeException e) {
+                    failure = e;
+                } finally {
+                    landing.step = null;
+                    for (Sequence q : seqs) {
+                        q.inFlight = null;
+                    }
+                }
+            }
+            if (failure != null) {
+                throw failure;
+            }
+            return out == null ? ids : null;
+        }
     }
 
     @Override
@@ -505,12 +674,27 @@ public final class CudaBackend implements Backend {
 
     // ---- decode: one token for each of n sequences, one graph replay per stage
 
-    /** Runs the step; writes logits (n x vocab) when out is given; returns the chosen ids. */
+    /** Runs the step and waits for it; writes logits (n x vocab) when out is given; returns the chosen ids. */
     private int[] decode(Sequence[] seqs, int[] tokens, float[] out) {
+        queueDecode(seqs, tokens);
+        int n = seqs.length;
+        int[] chosen = readIds(n);
+        if (out != null) {
+            copyLogits(0, n, out, 0);
+        }
+        return chosen;
+    }
+
+    /**
+     * Queues one decode step of n <= maxBatch sequences, stage after stage, and counts the token in: tokens,
+     * positions and page tables go up through each stage's staging, then each stage replays its graph and sends the
+     * hidden state on. The last stage leaves the greedy keys in {@code best} and the rows in {@code logits}.
+     */
+    private void queueDecode(Sequence[] seqs, int[] tokens) {
         int n = seqs.length;
         KvPool pool = seqs[0].pool;
-        for (int token : tokens) {
-            checkToken(token);
+        for (int i = 0; i < n; i++) {
+            checkToken(tokens[i]);
         }
         for (Sequence s : seqs) {
             s.ensurePages(s.length + 1);
@@ -529,6 +713,7 @@ public final class CudaBackend implements Backend {
             }
             st.positions.copyFromHostAsync(staging.asSlice(4L * rowsMax, 4L * n), 0, st.stream);
             part.batch().upload(st.stream);
+            st.staged();
         }
         List<KvPool.Part> parts = pool.parts();
         for (int i = 0; i < parts.size(); i++) {
@@ -539,14 +724,9 @@ public final class CudaBackend implements Backend {
                 st.sendHidden(parts.get(i + 1).stage(), n);
             }
         }
-        int[] chosen = readIds(n);
-        if (out != null) {
-            copyLogits(0, n, out, 0);
-        }
         for (Sequence s : seqs) {
             s.length++;
         }
-        return chosen;
     }
 
     // ---- prefill: a chunk of one sequence through tensor-core GEMMs, stage after stage
@@ -566,15 +746,16 @@ public final class CudaBackend implements Backend {
         for (int i = 0; i < parts.size(); i++) {
             KvPool.Part part = parts.get(i);
             Stage st = part.stage();
+            MemorySegment staging = st.stagingSegment();
             part.batch().set(0, s.pages, s.pageCount, start + n);
             part.batch().upload(st.stream);
             if (st.first) {
-                MemorySegment staging = st.stagingSegment();
                 for (int t = 0; t < n; t++) {
                     staging.setAtIndex(ValueLayout.JAVA_INT, t, tokens[off + t]);
                 }
                 st.tokens.copyFromHostAsync(staging.asSlice(0, 4L * n), 0, st.stream);
             }
+            st.staged();
             st.prefillLaunches(part, n, start, allLogits);
             if (!st.last) {
                 st.sendHidden(parts.get(i + 1).stage(), n);
@@ -643,6 +824,9 @@ public final class CudaBackend implements Backend {
             p.close();
         }
         pools.clear();
+        for (Landing l : landings) {
+            l.close();
+        }
         for (Stage st : stages) {
             st.close();
         }
@@ -657,6 +841,8 @@ public final class CudaBackend implements Backend {
         private int pageCount;
         private int length;
         private boolean released;
+        /** The decode step in flight that this sequence is part of, or null. */
+        private Step inFlight;
 
         Sequence(KvPool pool, int capacity) {
             this.pool = pool;
@@ -699,9 +885,7 @@ public final class CudaBackend implements Backend {
 
         private int run(int[] tokens, int off, int n, boolean allLogits, float[] out) {
             checkOpen();
-            if (released) {
-                throw new IllegalStateException("the sequence is closed");
-            }
+            checkUsable();
             if (n <= 0) {
                 throw new IllegalArgumentException("forward of " + n + " tokens");
             }
@@ -726,6 +910,16 @@ public final class CudaBackend implements Backend {
                 }
             }
             return chosen;
+        }
+
+        /** Refuses work on a closed sequence or one whose decode step is still in flight. */
+        void checkUsable() {
+            if (released) {
+                throw new IllegalStateException("the sequence is closed");
+            }
+            if (inFlight != null) {
+                throw new IllegalStateException("the sequence has a decode step in flight; await it first");
+            }
         }
 
         void checkRoom(int n) {
@@ -769,9 +963,7 @@ public final class CudaBackend implements Backend {
         @Override
         public void fillRandom(int tokens, long seed) {
             checkOpen();
-            if (released) {
-                throw new IllegalStateException("the sequence is closed");
-            }
+            checkUsable();
             if (tokens < 0) {
                 throw new IllegalArgumentException("fill of " + tokens + " tokens");
             }
@@ -796,6 +988,7 @@ public final class CudaBackend implements Backend {
                         st.prevPages.copyFromHostAsync(staging.asSlice(4L * n, 4L * n), 0, st.stream);
                         part.batch().set(0, pages, pageCount, start + done + n);
                         part.batch().upload(st.stream);
+                        st.staged();
                         st.fillRandom(part, start + done + n, n, seed, done);
                         st.stream.synchronize();   // the staging and the batch are reused by the next chunk
                     }
@@ -809,6 +1002,9 @@ public final class CudaBackend implements Backend {
 
         @Override
         public void truncate(int newLength) {
+            if (inFlight != null) {
+                throw new IllegalStateException("the sequence has a decode step in flight; await it first");
+            }
             if (newLength < 0 || newLength > length) {
                 throw new IllegalArgumentException("cannot truncate a sequence of " + length + " tokens to "
                         + newLength);
@@ -824,6 +1020,13 @@ public final class CudaBackend implements Backend {
         public void close() {
             if (released) {
                 return;
+            }
+            if (inFlight != null && !closed) {
+                try {
+                    inFlight.await();   // its pages are written until the step ends
+                } catch (RuntimeException e) {
+                    // the step's failure is its awaiter's to report; the pages go back either way
+                }
             }
             released = true;
             if (!closed) {

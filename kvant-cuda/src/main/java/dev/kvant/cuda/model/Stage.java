@@ -61,6 +61,13 @@ final class Stage implements AutoCloseable {
     final PinnedBuffer idsHost;
     /** Recorded after the hidden state left for the next stage. */
     final CudaEvent sent;
+    /**
+     * Recorded on this stage's stream when the previous stage is about to send it a hidden state: the copy waits
+     * for it, so that it never lands in {@link #x} while an earlier step (of other sequences) is still using it.
+     */
+    private final CudaEvent ready;
+    /** Recorded after the copies from {@link #staging} and the KV batch's staging: the host waits before rewriting. */
+    private final CudaEvent uploaded;
 
     /**
      * @param rowsMax   the most rows (decode vectors or prefill tokens) one launch takes
@@ -77,6 +84,8 @@ final class Stage implements AutoCloseable {
             KernelCache cache = KernelCache.open(context);
             this.stream = own(context.createStream());
             this.sent = own(context.createEvent());
+            this.ready = own(context.createEvent());
+            this.uploaded = own(context.createEvent());
             this.k = own(new ModelKernels(context, cache));
             this.blas = own(CublasLt.create(context));
             this.w = own(new DeviceWeights(context, c, model.weights(), from, to));
@@ -270,9 +279,13 @@ final class Stage implements AutoCloseable {
 
     /**
      * Queues the copy of n rows of the hidden state to the next stage (a peer copy between devices) and records
-     * {@link #sent}; the next stage's stream waits for it before its layers.
+     * {@link #sent}; the next stage's stream waits for it before its layers. The copy itself waits until the next
+     * stage has finished the work queued on it so far: with decode steps of several batches in flight, that stage
+     * may still be running another batch's layers over its hidden state.
      */
     void sendHidden(Stage next, int n) {
+        next.ready.record(next.stream);
+        stream.waitFor(next.ready);
         next.x.copyFromPeerAsync(x, 0, 0, 4L * n * c.dim(), stream);
         sent.record(stream);
         next.stream.waitFor(sent);
@@ -287,8 +300,19 @@ final class Stage implements AutoCloseable {
                 CudaBackend.PAGE_TOKENS, slots, prevPages);
     }
 
+    /**
+     * The host staging of this stage, once the copies queued from it (and from its KV batch's staging) have been
+     * made: with decode steps in flight, an earlier step's copies may still be waiting in the stream. Pair with
+     * {@link #staged}.
+     */
     MemorySegment stagingSegment() {
+        uploaded.synchronize();
         return staging.segment();
+    }
+
+    /** Marks the copies from the staging queued so far: the next {@link #stagingSegment} waits for them. */
+    void staged() {
+        uploaded.record(stream);
     }
 
     @Override

@@ -2,6 +2,7 @@ package dev.kvant.cuda.model;
 
 import dev.kvant.backend.BackendSequence;
 import dev.kvant.backend.CpuBackend;
+import dev.kvant.backend.PendingDecode;
 import dev.kvant.cuda.Cuda;
 import dev.kvant.cuda.CudaAvailability;
 import dev.kvant.cuda.CudaContext;
@@ -564,6 +565,101 @@ class CudaBackendGpuTest {
                 assertArrayEquals(one.decodeBatchGreedy(a, t), split.decodeBatchGreedy(b, t));
             }
             for (int i = 0; i < 2; i++) {
+                a[i].close();
+                b[i].close();
+            }
+        }
+    }
+
+    /**
+     * Decode steps of two batches in flight over a layer split (as the engine keeps them: one batch's next step
+     * starts while the other's runs) give the bits of one step at a time on one GPU; an in-flight sequence takes no
+     * other work, a third step is refused, and closing a sequence in flight waits for its step.
+     */
+    @Test
+    void pipelinedStepsOverASplitGiveTheBitsOfOneStepAtATime() {
+        checkPipeline(new int[] {0, 0});
+    }
+
+    /** The same over two real GPUs (a multi-GPU machine only). */
+    @Test
+    void pipelinedStepsOverTwoGpusGiveTheBitsOfOneStepAtATime() {
+        Assumptions.assumeTrue(Cuda.available().deviceCount() >= 2, "needs two GPUs");
+        checkPipeline(new int[] {0, 1});
+    }
+
+    private static void checkPipeline(int[] devices) {
+        long seed = new SplittableRandom().nextLong();
+        SplittableRandom r = new SplittableRandom(seed);
+        String why = "seed " + seed;
+        try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.TINY, GgmlType.Q4_0, seed);
+             CudaBackend one = CudaBackend.open(model, new CudaBackend.Options(3, 64, 0));
+             CudaBackend split = CudaBackend.open(model, new CudaBackend.Options(3, 64, 0, devices,
+                     new int[] {3, 5}))) {
+            assertEquals(1, one.pipelineDepth());
+            assertEquals(2, split.pipelineDepth());
+            int vocab = model.config().vocabSize();
+            BackendSequence[] a = new BackendSequence[5];
+            BackendSequence[] b = new BackendSequence[5];
+            for (int i = 0; i < 5; i++) {
+                int[] prompt = r.ints(1 + r.nextInt(90), 0, vocab).toArray();
+                a[i] = one.newSequence(256, TURBO3, TURBO3);
+                b[i] = split.newSequence(256, TURBO3, TURBO3);
+                assertEquals(a[i].forwardGreedy(prompt, 0, prompt.length),
+                        b[i].forwardGreedy(prompt, 0, prompt.length), why);
+            }
+            // batch X: sequences 0..2 with logits; batch Y: 3, 4 greedy
+            BackendSequence[] x1 = Arrays.copyOfRange(a, 0, 3);
+            BackendSequence[] y1 = Arrays.copyOfRange(a, 3, 5);
+            BackendSequence[] x2 = Arrays.copyOfRange(b, 0, 3);
+            BackendSequence[] y2 = Arrays.copyOfRange(b, 3, 5);
+            int steps = 6;
+            int[][] tx = new int[steps][];
+            int[][] ty = new int[steps][];
+            for (int k = 0; k < steps; k++) {
+                tx[k] = r.ints(3, 0, vocab).toArray();
+                ty[k] = r.ints(2, 0, vocab).toArray();
+            }
+            float[][] lx = new float[steps][];
+            int[][] iy = new int[steps][];
+            for (int k = 0; k < steps; k++) {
+                lx[k] = poisoned(3 * vocab);
+                one.decodeBatch(x1, tx[k], lx[k]);
+                iy[k] = one.decodeBatchGreedy(y1, ty[k]);
+            }
+            BackendSequence idle = split.newSequence(256, TURBO3, TURBO3);
+            float[] out = poisoned(3 * vocab);
+            PendingDecode px = split.startDecode(x2, tx[0], out);
+            PendingDecode py = split.startDecode(y2, ty[0], null);
+            assertThrows(IllegalStateException.class, () -> split.startDecode(new BackendSequence[] {b[0]},
+                    new int[] {1}, null), "a sequence in flight");
+            assertThrows(IllegalStateException.class, () -> b[1].forwardGreedy(new int[] {1}, 0, 1));
+            assertThrows(IllegalStateException.class, () -> b[2].truncate(0));
+            for (int k = 0; k < steps; k++) {
+                assertEquals(null, px.await());
+                assertArrayEquals(lx[k], out, "logits of batch X, step " + k + " (" + why + ")");
+                if (k + 1 < steps) {
+                    out = poisoned(3 * vocab);
+                    px = split.startDecode(x2, tx[k + 1], out);
+                    assertThrows(IllegalStateException.class, () -> split.startDecode(new BackendSequence[] {idle},
+                            new int[] {1}, null), "a third step in flight");
+                }
+                assertArrayEquals(iy[k], py.await(), "ids of batch Y, step " + k + " (" + why + ")");
+                assertArrayEquals(iy[k], py.await(), "a second await gives the same ids");
+                if (k + 1 < steps) {
+                    py = split.startDecode(y2, ty[k + 1], null);
+                }
+            }
+            for (int i = 0; i < 5; i++) {
+                assertEquals(a[i].length(), b[i].length());
+            }
+            // a sequence closed with its step in flight gives its pages back after the step
+            b[3].close();
+            py = split.startDecode(new BackendSequence[] {b[4]}, new int[] {7}, null);
+            b[4].close();
+            assertThrows(IllegalStateException.class, () -> b[4].forwardGreedy(new int[] {1}, 0, 1), "closed");
+            idle.close();
+            for (int i = 0; i < 5; i++) {
                 a[i].close();
                 b[i].close();
             }

@@ -17,7 +17,7 @@ class LayerSplitTest {
         try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.TINY, GgmlType.Q8_0, 1)) {
             int layers = model.config().layers();
             for (int gpus = 1; gpus <= 4; gpus++) {
-                int[] split = CudaBackend.autoSplit(model, gpus);
+                int[] split = CudaBackend.autoSplit(model, gpus, 0);
                 assertEquals(gpus, split.length);
                 int sum = 0;
                 long max = 0;
@@ -37,7 +37,38 @@ class LayerSplitTest {
                 assertTrue(max <= total / gpus + layer + layer / 2,
                         gpus + " GPUs: " + java.util.Arrays.toString(split) + " max " + max + " total " + total);
             }
-            assertThrows(IllegalArgumentException.class, () -> CudaBackend.autoSplit(model, layers + 1));
+            assertThrows(IllegalArgumentException.class, () -> CudaBackend.autoSplit(model, layers + 1, 0));
+        }
+    }
+
+    @Test
+    void autoSplitBalancesTheKvCacheWithTheWeights() {
+        try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.TINY, GgmlType.Q8_0, 1)) {
+            int layers = model.config().layers();
+            long weights = CudaBackend.stageWeightBytes(model, 0, layers);
+            long layer = CudaBackend.stageWeightBytes(model, 1, 2);
+            for (long kv : new long[] {weights / 4, weights, 4 * weights, 1000 * weights}) {
+                for (int gpus = 2; gpus <= 4; gpus++) {
+                    int[] split = CudaBackend.autoSplit(model, gpus, kv);
+                    double max = 0;
+                    int sum = 0;
+                    for (int i = 0, from = 0; i < gpus; i++) {
+                        assertTrue(split[i] >= 1, java.util.Arrays.toString(split));
+                        double bytes = CudaBackend.stageWeightBytes(model, from, from + split[i])
+                                + (double) kv * split[i] / layers;
+                        max = Math.max(max, bytes);
+                        from += split[i];
+                        sum += split[i];
+                    }
+                    assertEquals(layers, sum);
+                    double perLayer = layer + (double) kv / layers;
+                    assertTrue(max <= (weights + (double) kv) / gpus + 1.5 * perLayer,
+                            gpus + " GPUs, KV " + kv + ": " + java.util.Arrays.toString(split));
+                }
+            }
+            // a cache that dwarfs the weights is shared out by layer count
+            int[] even = CudaBackend.autoSplit(model, 2, 1000 * weights);
+            assertEquals(layers / 2, even[0], java.util.Arrays.toString(even));
         }
     }
 }
