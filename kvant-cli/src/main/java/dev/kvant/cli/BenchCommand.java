@@ -57,6 +57,11 @@ final class BenchCommand implements Runnable {
                     + "overrides --ctk/--ctv")
     String[] kvList;
 
+    @Option(names = {"-np", "--parallel"}, paramLabel = "N", defaultValue = "1",
+            description = "sequences the generation tests decode together, each at the test's depth; t/s counts all"
+                    + " their tokens (test tgN xN; default ${DEFAULT-VALUE})")
+    int sequences;
+
     @Option(names = {"-r", "--repetitions"}, paramLabel = "N", defaultValue = "5",
             description = "timed repetitions per test (default ${DEFAULT-VALUE})")
     int reps;
@@ -81,7 +86,9 @@ final class BenchCommand implements Runnable {
         for (Benchmark.Row r : rows) {
             double limit;
             if (r.test().startsWith("tg")) {
-                limit = limits.copyGBps() * 1e9 / (cuda.weightBytesPerToken() + (double) kvPerToken * r.depth());
+                // a step of S sequences reads the weights once and each sequence's cache
+                limit = s.sequences() * limits.copyGBps() * 1e9
+                        / (cuda.weightBytesPerToken() + (double) s.sequences() * kvPerToken * r.depth());
             } else {
                 limit = limits.bf16Tflops() * 1e12 / (2.0 * cuda.weightElementsPerToken());
             }
@@ -96,6 +103,9 @@ final class BenchCommand implements Runnable {
         ModelOptions.checkThreads(opts.threads);
         if (reps < 1) {
             throw new IllegalArgumentException("-r must be at least 1");
+        }
+        if (sequences < 1 || sequences > 256) {
+            throw new IllegalArgumentException("-np must be between 1 and 256, got " + sequences);
         }
         for (int[] list : new int[][] {prompt, gen, depth}) {
             for (int v : list) {
@@ -127,7 +137,7 @@ final class BenchCommand implements Runnable {
         try (LlamaModel model = synthetic != null ? ModelOptions.synthetic(synthetic, weights) : opts.load();
              Parallel pool = new Parallel(opts.threads);
              var dump = selectOpts.apply(model);
-             Backend backend = opts.openBackend(model, pool)) {
+             Backend backend = opts.openBackend(model, pool, Math.min(sequences, ModelOptions.MAX_DEVICE_BATCH))) {
             if (selectOpts.config() != null && !backend.name().equals("cpu")) {
                 if (selectOpts.dump != null) {
                     throw new IllegalArgumentException("--dump-selection records the CPU backend's selections only"
@@ -151,7 +161,7 @@ final class BenchCommand implements Runnable {
             StringBuilder ratios = new StringBuilder();
             for (KvFormat[] pair : pairs) {
                 Benchmark.Settings s = new Benchmark.Settings(prompt, gen, depth, reps, opts.threads, pair[0],
-                        pair[1], opts.prefillChunk(backend), randomDepth);
+                        pair[1], opts.prefillChunk(backend), randomDepth, sequences);
                 List<Benchmark.Row> some = Benchmark.run(backend, s, progress::update);
                 rows.addAll(some);
                 if (limits != null) {

@@ -1,6 +1,7 @@
 package dev.kvant.engine;
 
 import dev.kvant.backend.Backend;
+import dev.kvant.backend.BackendSequence;
 import dev.kvant.backend.CpuBackend;
 import dev.kvant.kv.KvFormat;
 import dev.kvant.model.LlamaModel;
@@ -40,9 +41,22 @@ public final class Benchmark {
     /**
      * @param randomDepth fill the depth with random K/V rows ({@link Session#fillRandom}) instead of a prefill of
      *                    random tokens: for depths a prefill would take minutes to reach
+     * @param sequences   sequences a generation test decodes together ({@link Backend#decodeBatchGreedy}, each at
+     *                    the same depth; its t/s counts the tokens of all of them): test {@code tgN xS}
      */
     public record Settings(int[] promptSizes, int[] genSizes, int[] depths, int reps, int threads, KvFormat kFormat,
-                           KvFormat vFormat, int prefillChunk, boolean randomDepth) {
+                           KvFormat vFormat, int prefillChunk, boolean randomDepth, int sequences) {
+        public Settings {
+            if (sequences < 1) {
+                throw new IllegalArgumentException("a generation test of " + sequences + " sequences");
+            }
+        }
+
+        public Settings(int[] promptSizes, int[] genSizes, int[] depths, int reps, int threads, KvFormat kFormat,
+                        KvFormat vFormat, int prefillChunk, boolean randomDepth) {
+            this(promptSizes, genSizes, depths, reps, threads, kFormat, vFormat, prefillChunk, randomDepth, 1);
+        }
+
         public Settings(int[] promptSizes, int[] genSizes, int[] depths, int reps, int threads, KvFormat kFormat,
                         KvFormat vFormat, int prefillChunk) {
             this(promptSizes, genSizes, depths, reps, threads, kFormat, vFormat, prefillChunk, false);
@@ -102,7 +116,11 @@ public final class Benchmark {
         String kv = s.kFormat().name() + "/" + s.vFormat().name();
         SplittableRandom random = new SplittableRandom(1234);
         int vocab = model.config().vocabSize();
+        Session[] others = new Session[s.sequences() - 1];
         try (Session session = new Session(backend, ctx, s.kFormat(), s.vFormat(), s.prefillChunk())) {
+            for (int i = 0; i < others.length; i++) {
+                others[i] = new Session(backend, ctx, s.kFormat(), s.vFormat(), s.prefillChunk());
+            }
             for (int depth : s.depths()) {
                 int[] fill = randomTokens(random, depth, vocab);
                 for (int p : s.promptSizes()) {
@@ -129,9 +147,9 @@ public final class Benchmark {
                     if (g <= 0) {
                         continue;
                     }
-                    String test = "tg" + g;
+                    String test = "tg" + g + (others.length > 0 ? " x" + s.sequences() : "");
                     progress.accept(test + " @ d" + depth);
-                    LongSupplier once = () -> {
+                    LongSupplier once = others.length == 0 ? () -> {
                         resetTo(session, fill, depth, s.randomDepth());
                         int token = random.nextInt(vocab);
                         long t0 = System.nanoTime();
@@ -139,13 +157,33 @@ public final class Benchmark {
                             token = session.decodeGreedy(token);
                         }
                         return System.nanoTime() - t0;
+                    } : () -> {
+                        BackendSequence[] seqs = new BackendSequence[s.sequences()];
+                        seqs[0] = session.backendSequence();
+                        resetTo(session, fill, depth, s.randomDepth());
+                        for (int i = 0; i < others.length; i++) {
+                            resetTo(others[i], fill, depth, s.randomDepth());
+                            seqs[i + 1] = others[i].backendSequence();
+                        }
+                        int[] tokens = randomTokens(random, seqs.length, vocab);
+                        long t0 = System.nanoTime();
+                        for (int i = 0; i < g; i++) {
+                            tokens = backend.decodeBatchGreedy(seqs, tokens);
+                        }
+                        return System.nanoTime() - t0;
                     };
                     warmUp(once);
                     double[] tps = new double[s.reps()];
                     for (int r = 0; r < s.reps(); r++) {
-                        tps[r] = g / (once.getAsLong() / 1e9);
+                        tps[r] = (double) g * s.sequences() / (once.getAsLong() / 1e9);
                     }
                     rows.add(row(backend, s, kv, test, depth, tps));
+                }
+            }
+        } finally {
+            for (Session o : others) {
+                if (o != null) {
+                    o.close();
                 }
             }
         }

@@ -1,11 +1,23 @@
 package dev.kvant.engine;
 
+import dev.kvant.backend.Backend;
+import dev.kvant.backend.BackendSequence;
+import dev.kvant.backend.CpuBackend;
+import dev.kvant.gguf.GgmlType;
+import dev.kvant.kv.KvFormat;
+import dev.kvant.model.LlamaModel;
+import dev.kvant.model.TinyModels;
+import dev.kvant.tensor.Parallel;
 import org.junit.jupiter.api.Test;
 
+import java.lang.foreign.Arena;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.function.LongSupplier;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
 
 class BenchmarkTest {
 
@@ -48,5 +60,70 @@ class BenchmarkTest {
         Runs runs = new Runs(alternating);
         Benchmark.warmUp(runs);
         assertEquals(Benchmark.MAX_WARMUP_RUNS, runs.calls.get());
+    }
+
+    /** Records the batches a backend is asked to decode: their size and each sequence's length before the step. */
+    private static final class Recording implements Backend {
+        final CpuBackend inner;
+        final List<int[]> steps = new ArrayList<>();
+
+        Recording(CpuBackend inner) {
+            this.inner = inner;
+        }
+
+        @Override
+        public String name() {
+            return inner.name();
+        }
+
+        @Override
+        public LlamaModel model() {
+            return inner.model();
+        }
+
+        @Override
+        public int threads() {
+            return inner.threads();
+        }
+
+        @Override
+        public BackendSequence newSequence(int contextLength, KvFormat kFormat, KvFormat vFormat) {
+            return inner.newSequence(contextLength, kFormat, vFormat);
+        }
+
+        @Override
+        public void decodeBatch(BackendSequence[] seqs, int[] tokens, float[] logits) {
+            int[] lengths = new int[seqs.length];
+            for (int i = 0; i < seqs.length; i++) {
+                lengths[i] = seqs[i].length();
+            }
+            steps.add(lengths);
+            inner.decodeBatch(seqs, tokens, logits);
+        }
+
+        @Override
+        public void close() {
+        }
+    }
+
+    @Test
+    void generationOfSeveralSequencesDecodesThemTogetherFromTheDepth() {
+        KvFormat f16 = KvFormat.parse("f16");
+        try (Arena arena = Arena.ofShared(); Parallel threads = new Parallel(1)) {
+            LlamaModel model = LlamaModel.fromGguf(TinyModels.build("llama", GgmlType.F16, 5, arena).file());
+            Recording backend = new Recording(new CpuBackend(model, threads));
+            Benchmark.Settings s = new Benchmark.Settings(new int[] {0}, new int[] {4}, new int[] {10}, 2, 1, f16, f16,
+                    32, false, 3);
+            List<Benchmark.Row> rows = Benchmark.run(backend, s, p -> { });
+            assertEquals(1, rows.size());
+            assertEquals("tg4 x3", rows.get(0).test());
+            assertTrue(rows.get(0).tpsMean() > 0);
+            assertEquals(0, backend.steps.size() % 4, "whole runs of 4 steps");
+            for (int i = 0; i < backend.steps.size(); i++) {
+                int want = 10 + i % 4;
+                assertEquals(List.of(want, want, want), java.util.Arrays.stream(backend.steps.get(i)).boxed().toList(),
+                        "step " + i + ": three sequences, each at the depth plus the tokens before");
+            }
+        }
     }
 }

@@ -375,7 +375,9 @@ public final class CudaBackend implements Backend {
         String key = kFormat.name() + "/" + vFormat.name();
         KvPool pool = pools.get(key);
         if (pool == null) {
-            long tokens = options.kvTokens() > 0 ? options.kvTokens() : (long) contextLength * options.maxBatch();
+            // maxBatch whole contexts, each a whole number of pages
+            long perSequence = (long) (contextLength + PAGE_TOKENS - 1) / PAGE_TOKENS * PAGE_TOKENS;
+            long tokens = options.kvTokens() > 0 ? options.kvTokens() : perSequence * options.maxBatch();
             pool = new KvPool(stages, c, kFormat, vFormat, PAGE_TOKENS, tokens, contextLength, options.maxBatch(),
                     options.maxPrefill(), HEADROOM, sparseV(), model.selection());
             pools.put(key, pool);

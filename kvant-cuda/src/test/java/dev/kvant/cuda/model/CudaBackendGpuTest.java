@@ -183,14 +183,16 @@ class CudaBackendGpuTest {
     /**
      * Keys centered on their page's mean (turbo3+mean): a 100-token prompt (a whole page, then 36 rows: own means)
      * and 40 decode steps (the one at position 128 opens a page with the previous page's mean) follow the CPU. The
-     * backends' K rows differ in their last bits (f16 GEMMs), which can move a 3-bit code, hence the looser bounds.
+     * backends' K rows differ in their last bits (f16 GEMMs), which can move a 3-bit code, hence the looser bounds:
+     * a few moved codes of the random tiny model cost up to about 1.5e-2 (prefill rows, seed -9046947068963699815),
+     * where a wrong centering rule misses by the size of the keys themselves (NMSE of order 1).
      */
     @Test
     void centeredKeysFollowTheCpu() {
-        long seed = new SplittableRandom().nextLong();
+        long seed = Long.getLong("kvant.test.seed", new SplittableRandom().nextLong());
         try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.parse("tiny"), GgmlType.F16, seed)) {
             matchCpu(model, "tiny F16 turbo3+mean/turbo3", seed, 100, 40, KvFormat.parse("turbo3+mean"),
-                    KvFormat.parse("turbo3"), 1e-2, 1e-2);
+                    KvFormat.parse("turbo3"), 5e-2, 5e-2);
         }
     }
 
@@ -396,14 +398,19 @@ class CudaBackendGpuTest {
         return out;
     }
 
-    @Test
-    void batchedDecodeEqualsEachSequenceAloneBitForBitAndGreedyIsTheArgmax() {
+    /**
+     * Batches of 8, 5 and 2 sequences (the tensor-core products on sm_80+, dp4a before) give each sequence's logits
+     * alone (the one-vector kernels) bit for bit, for both 8-bit weight formats and a float one.
+     */
+    @ParameterizedTest
+    @org.junit.jupiter.params.provider.EnumSource(value = GgmlType.class, names = {"Q4_0", "Q8_0", "Q6_K"})
+    void batchedDecodeEqualsEachSequenceAloneBitForBitAndGreedyIsTheArgmax(GgmlType type) {
         long seed = new SplittableRandom().nextLong();
         SplittableRandom r = new SplittableRandom(seed);
-        try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.TINY, GgmlType.Q4_0, seed);
-             CudaBackend gpu = CudaBackend.open(model, new CudaBackend.Options(3, 64, 0))) {
+        try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.TINY, type, seed);
+             CudaBackend gpu = CudaBackend.open(model, new CudaBackend.Options(8, 64, 0))) {
             int vocab = model.config().vocabSize();
-            int[] lengths = {1, 70, 300};
+            int[] lengths = {1, 70, 300, 5, 64, 129, 2, 33};
             int n = lengths.length;
             BackendSequence[] batch = new BackendSequence[n];
             BackendSequence[] alone = new BackendSequence[n];
@@ -414,15 +421,15 @@ class CudaBackendGpuTest {
                 batch[i].forwardGreedy(prompt, 0, prompt.length);
                 alone[i].forwardGreedy(prompt, 0, prompt.length);
             }
-            for (int step = 0; step < 3; step++) {
-                int[] tokens = r.ints(n, 0, vocab).toArray();
-                float[] batched = poisoned(n * vocab);
-                gpu.decodeBatch(batch, tokens, batched);
-                for (int i = 0; i < n; i++) {
+            for (int m : new int[] {8, 5, 2}) {
+                int[] tokens = r.ints(m, 0, vocab).toArray();
+                float[] batched = poisoned(m * vocab);
+                gpu.decodeBatch(Arrays.copyOf(batch, m), tokens, batched);
+                for (int i = 0; i < m; i++) {
                     float[] one = poisoned(vocab);
                     alone[i].forward(tokens, i, 1, false, one);
                     assertArrayEquals(one, Arrays.copyOfRange(batched, i * vocab, (i + 1) * vocab),
-                            "step " + step + " sequence " + i + " (seed " + seed + ")");
+                            type + ", batch of " + m + ", sequence " + i + " (seed " + seed + ")");
                 }
             }
             // greedy on the device = argmax of the same step's logits on the host
@@ -662,6 +669,23 @@ class CudaBackendGpuTest {
             for (int i = 0; i < 5; i++) {
                 a[i].close();
                 b[i].close();
+            }
+        }
+    }
+
+    /** A pool made by newSequence holds maxBatch sequences of the full context, however the context meets the pages. */
+    @Test
+    void aPoolHoldsMaxBatchFullContextsOfAnyLength() {
+        try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.TINY, GgmlType.Q4_0, 3);
+             CudaBackend b = CudaBackend.open(model, new CudaBackend.Options(3, 64, 0))) {
+            BackendSequence[] s = new BackendSequence[3];
+            for (int i = 0; i < 3; i++) {
+                s[i] = b.newSequence(100, TURBO3, TURBO3);
+                s[i].fillRandom(100, i);
+            }
+            for (BackendSequence q : s) {
+                assertEquals(100, q.length());
+                q.close();
             }
         }
     }
