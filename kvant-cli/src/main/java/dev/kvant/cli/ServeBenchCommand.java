@@ -85,7 +85,7 @@ final class ServeBenchCommand implements Runnable {
 
     @Option(names = "--pipeline", paramLabel = "N", defaultValue = "0",
             description = "decode steps of different sequences in flight at once: 0 = one per GPU of a layer split"
-                    + " (default), 1 = one step at a time")
+                    + " (default), 1 = one step at a time, N = at most N")
     int pipeline;
 
     @Option(names = "--seed", paramLabel = "S", description = "random seed (default: random, printed)")

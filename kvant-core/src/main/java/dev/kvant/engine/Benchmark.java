@@ -3,6 +3,7 @@ package dev.kvant.engine;
 import dev.kvant.backend.Backend;
 import dev.kvant.backend.BackendSequence;
 import dev.kvant.backend.CpuBackend;
+import dev.kvant.backend.SequencePool;
 import dev.kvant.kv.KvFormat;
 import dev.kvant.model.LlamaModel;
 import dev.kvant.tensor.Parallel;
@@ -99,7 +100,6 @@ public final class Benchmark {
      * the model runs, as a real generation does), so a device backend copies back one id per token.
      */
     public static List<Row> run(Backend backend, Settings s, Consumer<String> progress) {
-        LlamaModel model = backend.model();
         List<Row> rows = new ArrayList<>();
         int maxDepth = 0;
         for (int d : s.depths()) {
@@ -114,80 +114,94 @@ public final class Benchmark {
         }
         int ctx = maxDepth + maxTest;
         String kv = s.kFormat().name() + "/" + s.vFormat().name();
-        SplittableRandom random = new SplittableRandom(1234);
-        int vocab = model.config().vocabSize();
         Session[] others = new Session[s.sequences() - 1];
-        try (Session session = new Session(backend, ctx, s.kFormat(), s.vFormat(), s.prefillChunk())) {
-            for (int i = 0; i < others.length; i++) {
-                others[i] = new Session(backend, ctx, s.kFormat(), s.vFormat(), s.prefillChunk());
-            }
-            for (int depth : s.depths()) {
-                int[] fill = randomTokens(random, depth, vocab);
-                for (int p : s.promptSizes()) {
-                    if (p <= 0) {
-                        continue;
-                    }
-                    String test = "pp" + p;
-                    progress.accept(test + " @ d" + depth);
-                    int[] prompt = randomTokens(random, p, vocab);
-                    LongSupplier once = () -> {
-                        resetTo(session, fill, depth, s.randomDepth());
-                        long t0 = System.nanoTime();
-                        session.prefillGreedy(prompt);
-                        return System.nanoTime() - t0;
-                    };
-                    warmUp(once);
-                    double[] tps = new double[s.reps()];
-                    for (int r = 0; r < s.reps(); r++) {
-                        tps[r] = p / (once.getAsLong() / 1e9);
-                    }
-                    rows.add(row(backend, s, kv, test, depth, tps));
+        // several sequences share one pool with room for all of them
+        int perSequence = (ctx + Session.PAGE_TOKENS - 1) / Session.PAGE_TOKENS * Session.PAGE_TOKENS;
+        SequencePool shared = others.length == 0 ? null
+                : backend.newSequencePool(s.sequences() * perSequence, s.kFormat(), s.vFormat());
+        try (shared; Session session = shared == null
+                ? new Session(backend, ctx, s.kFormat(), s.vFormat(), s.prefillChunk())
+                : new Session(backend, shared.newSequence(ctx), ctx, s.prefillChunk())) {
+            try {
+                for (int i = 0; i < others.length; i++) {
+                    others[i] = new Session(backend, shared.newSequence(ctx), ctx, s.prefillChunk());
                 }
-                for (int g : s.genSizes()) {
-                    if (g <= 0) {
-                        continue;
+                tests(backend, s, session, others, kv, rows, progress);
+            } finally {
+                for (Session o : others) {
+                    if (o != null) {
+                        o.close();   // before the pool they came from
                     }
-                    String test = "tg" + g + (others.length > 0 ? " x" + s.sequences() : "");
-                    progress.accept(test + " @ d" + depth);
-                    LongSupplier once = others.length == 0 ? () -> {
-                        resetTo(session, fill, depth, s.randomDepth());
-                        int token = random.nextInt(vocab);
-                        long t0 = System.nanoTime();
-                        for (int i = 0; i < g; i++) {
-                            token = session.decodeGreedy(token);
-                        }
-                        return System.nanoTime() - t0;
-                    } : () -> {
-                        BackendSequence[] seqs = new BackendSequence[s.sequences()];
-                        seqs[0] = session.backendSequence();
-                        resetTo(session, fill, depth, s.randomDepth());
-                        for (int i = 0; i < others.length; i++) {
-                            resetTo(others[i], fill, depth, s.randomDepth());
-                            seqs[i + 1] = others[i].backendSequence();
-                        }
-                        int[] tokens = randomTokens(random, seqs.length, vocab);
-                        long t0 = System.nanoTime();
-                        for (int i = 0; i < g; i++) {
-                            tokens = backend.decodeBatchGreedy(seqs, tokens);
-                        }
-                        return System.nanoTime() - t0;
-                    };
-                    warmUp(once);
-                    double[] tps = new double[s.reps()];
-                    for (int r = 0; r < s.reps(); r++) {
-                        tps[r] = (double) g * s.sequences() / (once.getAsLong() / 1e9);
-                    }
-                    rows.add(row(backend, s, kv, test, depth, tps));
-                }
-            }
-        } finally {
-            for (Session o : others) {
-                if (o != null) {
-                    o.close();
                 }
             }
         }
         return rows;
+    }
+
+    /** The pp and tg tests at each depth; a tg test decodes the session and the others together. */
+    private static void tests(Backend backend, Settings s, Session session, Session[] others, String kv,
+                              List<Row> rows, Consumer<String> progress) {
+        SplittableRandom random = new SplittableRandom(1234);
+        int vocab = backend.model().config().vocabSize();
+        for (int depth : s.depths()) {
+            int[] fill = randomTokens(random, depth, vocab);
+            for (int p : s.promptSizes()) {
+                if (p <= 0) {
+                    continue;
+                }
+                String test = "pp" + p;
+                progress.accept(test + " @ d" + depth);
+                int[] prompt = randomTokens(random, p, vocab);
+                LongSupplier once = () -> {
+                    resetTo(session, fill, depth, s.randomDepth());
+                    long t0 = System.nanoTime();
+                    session.prefillGreedy(prompt);
+                    return System.nanoTime() - t0;
+                };
+                warmUp(once);
+                double[] tps = new double[s.reps()];
+                for (int r = 0; r < s.reps(); r++) {
+                    tps[r] = p / (once.getAsLong() / 1e9);
+                }
+                rows.add(row(backend, s, kv, test, depth, tps));
+            }
+            for (int g : s.genSizes()) {
+                if (g <= 0) {
+                    continue;
+                }
+                String test = "tg" + g + (others.length > 0 ? " x" + s.sequences() : "");
+                progress.accept(test + " @ d" + depth);
+                LongSupplier once = others.length == 0 ? () -> {
+                    resetTo(session, fill, depth, s.randomDepth());
+                    int token = random.nextInt(vocab);
+                    long t0 = System.nanoTime();
+                    for (int i = 0; i < g; i++) {
+                        token = session.decodeGreedy(token);
+                    }
+                    return System.nanoTime() - t0;
+                } : () -> {
+                    BackendSequence[] seqs = new BackendSequence[s.sequences()];
+                    seqs[0] = session.backendSequence();
+                    resetTo(session, fill, depth, s.randomDepth());
+                    for (int i = 0; i < others.length; i++) {
+                        resetTo(others[i], fill, depth, s.randomDepth());
+                        seqs[i + 1] = others[i].backendSequence();
+                    }
+                    int[] tokens = randomTokens(random, seqs.length, vocab);
+                    long t0 = System.nanoTime();
+                    for (int i = 0; i < g; i++) {
+                        tokens = backend.decodeBatchGreedy(seqs, tokens);
+                    }
+                    return System.nanoTime() - t0;
+                };
+                warmUp(once);
+                double[] tps = new double[s.reps()];
+                for (int r = 0; r < s.reps(); r++) {
+                    tps[r] = (double) g * s.sequences() / (once.getAsLong() / 1e9);
+                }
+                rows.add(row(backend, s, kv, test, depth, tps));
+            }
+        }
     }
 
     /**

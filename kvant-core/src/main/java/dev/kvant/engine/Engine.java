@@ -172,8 +172,9 @@ public final class Engine implements AutoCloseable {
             throw new IllegalArgumentException("the KV pool holds " + (long) pool.totalPages() * pageTokens
                     + " tokens, less than one context of " + config.contextLength() + " (raise the KV memory or lower -c)");
         }
-        int depth = Math.min(config.parallel(), config.pipeline() > 0 ? config.pipeline()
-                : Math.max(1, backend.pipelineDepth()));
+        int backendDepth = Math.max(1, backend.pipelineDepth());
+        int depth = Math.min(config.parallel(),
+                config.pipeline() > 0 ? Math.min(config.pipeline(), backendDepth) : backendDepth);
         this.cohorts = new Cohort[depth];
         for (int i = 0; i < depth; i++) {
             cohorts[i] = new Cohort((config.parallel() + depth - 1) / depth);

@@ -11,7 +11,7 @@ package dev.kvant.engine;
  * @param prefixCache   keep finished sequences' pages for later requests that start with the same tokens
  * @param pipeline      decode steps of different sequences in flight at once: 0 takes the backend's
  *                      {@link dev.kvant.backend.Backend#pipelineDepth} (a layer split over n GPUs keeps n in flight),
- *                      1 runs one step at a time
+ *                      1 runs one step at a time, N at most N (never more than the backend's depth)
  */
 public record EngineConfig(int parallel, int contextLength, int prefillChunk, int maxQueue, boolean prefixCache,
                            int pipeline) {

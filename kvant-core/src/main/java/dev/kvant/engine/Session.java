@@ -27,17 +27,36 @@ public final class Session implements AutoCloseable {
     private final float[] logits;
 
     public Session(Backend backend, int contextLength, KvFormat kFormat, KvFormat vFormat, int prefillChunk) {
+        this(backend, newSequence(backend, contextLength, kFormat, vFormat, prefillChunk), contextLength,
+                prefillChunk);
+    }
+
+    /**
+     * A session over a sequence of this backend made elsewhere (one of a {@link dev.kvant.backend.SequencePool});
+     * closing the session closes the sequence.
+     */
+    public Session(Backend backend, BackendSequence seq, int contextLength, int prefillChunk) {
+        check(contextLength, prefillChunk);
+        this.backend = backend;
+        this.seq = seq;
+        this.contextLength = contextLength;
+        this.prefillChunk = prefillChunk;
+        this.logits = new float[backend.model().config().vocabSize()];
+    }
+
+    private static BackendSequence newSequence(Backend backend, int contextLength, KvFormat kFormat,
+                                               KvFormat vFormat, int prefillChunk) {
+        check(contextLength, prefillChunk);
+        return backend.newSequence(contextLength, kFormat, vFormat);
+    }
+
+    private static void check(int contextLength, int prefillChunk) {
         if (contextLength <= 0) {
             throw new IllegalArgumentException("context length must be positive, got " + contextLength);
         }
         if (prefillChunk <= 0) {
             throw new IllegalArgumentException("prefill chunk must be positive, got " + prefillChunk);
         }
-        this.backend = backend;
-        this.seq = backend.newSequence(contextLength, kFormat, vFormat);
-        this.contextLength = contextLength;
-        this.prefillChunk = prefillChunk;
-        this.logits = new float[backend.model().config().vocabSize()];
     }
 
     /** A session on the CPU backend over the given pool. */

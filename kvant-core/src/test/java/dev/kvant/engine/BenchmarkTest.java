@@ -92,6 +92,11 @@ class BenchmarkTest {
         }
 
         @Override
+        public dev.kvant.backend.SequencePool newSequencePool(int tokens, KvFormat kFormat, KvFormat vFormat) {
+            return inner.newSequencePool(tokens, kFormat, vFormat);
+        }
+
+        @Override
         public void decodeBatch(BackendSequence[] seqs, int[] tokens, float[] logits) {
             int[] lengths = new int[seqs.length];
             for (int i = 0; i < seqs.length; i++) {

@@ -204,7 +204,8 @@ class EngineTest {
             TwoInFlight two = new TwoInFlight(backend);
             Backend b = pass == 0 ? backend : two;
             try (SequencePool pool = backend.newSequencePool(8 * CTX, F16, F16);
-                 Engine engine = new Engine(b, pool, new EngineConfig(5, CTX, CHUNK, 8, false))) {
+                 // asking for 3 steps in flight gets the backend's 2
+                 Engine engine = new Engine(b, pool, new EngineConfig(5, CTX, CHUNK, 8, false, pass == 0 ? 0 : 3))) {
                 Events[] ev = new Events[requests];
                 for (int i = 0; i < requests; i++) {
                     ev[i] = new Events();

@@ -458,16 +458,17 @@ public final class CudaBackend implements Backend {
     /**
      * Queues the step on the stages' streams and returns; the chosen ids (and the logits, when asked) are copied
      * into a page-locked landing of their own as the last stage finishes, so the next step's replay cannot
-     * overwrite them before {@link PendingDecode#await} reads them. A batch larger than maxBatch runs at once.
+     * overwrite them before {@link PendingDecode#await} reads them. A batch larger than maxBatch is queued as several
+     * launches, one after the other, landing side by side.
      */
     @Override
     public PendingDecode startDecode(BackendSequence[] seqs, int[] tokens, float[] logits) {
         checkOpen();
         Sequence[] s = checkBatch(seqs, tokens);
         int n = s.length;
-        if (n > options.maxBatch()) {
-            int[] ids = decodeGroups(seqs, tokens, logits);
-            return () -> logits == null ? ids : null;
+        int vocab = c.vocabSize();
+        if (logits != null && logits.length < n * vocab) {
+            throw new IllegalArgumentException("a logits array of " + logits.length + " floats for " + n + " rows");
         }
         Landing landing = null;
         for (Landing l : landings) {
@@ -480,15 +481,16 @@ public final class CudaBackend implements Backend {
             throw new IllegalStateException(landings.length + " decode steps are in flight already (the pipeline "
                     + "depth); await one before starting another");
         }
-        if (logits != null && logits.length < n * c.vocabSize()) {
-            throw new IllegalArgumentException("a logits array of " + logits.length + " floats for " + n + " rows");
-        }
-        queueDecode(s, tokens);
+        landing.reserve(n, logits != null);   // before any work is queued: a failure here changes nothing
         Stage last = stages[stages.length - 1];
-        last.best.copyToHostAsync(landing.ids.segment().asSlice(0, 8L * n), 0, last.stream);
-        if (logits != null) {
-            last.logits.copyToHostAsync(landing.logits().segment().asSlice(0, 4L * n * c.vocabSize()), 0,
-                    last.stream);
+        for (int from = 0; from < n; from += options.maxBatch()) {
+            int m = Math.min(options.maxBatch(), n - from);
+            queueDecode(Arrays.copyOfRange(s, from, from + m), Arrays.copyOfRange(tokens, from, from + m));
+            last.best.copyToHostAsync(landing.ids.segment().asSlice(8L * from, 8L * m), 0, last.stream);
+            if (logits != null) {
+                last.logits.copyToHostAsync(landing.logits.segment().asSlice(4L * from * vocab, 4L * m * vocab), 0,
+                        last.stream);
+            }
         }
         landing.done.record(last.stream);
         Step step = new Step(landing, s, logits);
@@ -501,34 +503,42 @@ public final class CudaBackend implements Backend {
 
     /** Page-locked host memory a decode step in flight copies its results into, and the event that says they are there. */
     private final class Landing implements AutoCloseable {
-        final PinnedBuffer ids;
+        private final CudaContext context;
         final CudaEvent done;
-        private PinnedBuffer logits;
+        PinnedBuffer ids;
+        PinnedBuffer logits;
         Step step;
 
         Landing(CudaContext context) {
-            PinnedBuffer i = context.allocatePinned(8L * options.maxBatch());
-            try {
-                this.done = context.createEvent();
-            } catch (RuntimeException e) {
-                i.close();
-                throw e;
-            }
-            this.ids = i;
+            this.context = context;
+            this.done = context.createEvent();
         }
 
-        /** The logits rows, allocated on first use (maxBatch x vocab floats). */
-        PinnedBuffer logits() {
-            if (logits == null) {
-                logits = stages[stages.length - 1].context.allocatePinned(4L * options.maxBatch() * c.vocabSize());
+        /** Room for the ids of n sequences, and their logits rows when asked (grown, never shrunk). */
+        void reserve(int n, boolean withLogits) {
+            if (ids == null || ids.byteSize() < 8L * n) {
+                PinnedBuffer grown = context.allocatePinned(8L * Math.max(n, options.maxBatch()));
+                if (ids != null) {
+                    ids.close();
+                }
+                ids = grown;
             }
-            return logits;
+            long need = 4L * n * c.vocabSize();
+            if (withLogits && (logits == null || logits.byteSize() < need)) {
+                PinnedBuffer grown = context.allocatePinned(Math.max(need, 4L * options.maxBatch() * c.vocabSize()));
+                if (logits != null) {
+                    logits.close();
+                }
+                logits = grown;
+            }
         }
 
         @Override
         public void close() {
             done.close();
-            ids.close();
+            if (ids != null) {
+                ids.close();
+            }
             if (logits != null) {
                 logits.close();
             }

@@ -256,7 +256,8 @@ class CudaBackendGpuTest {
                                 // up enlarged. Layer 0 (the same input rows up to the projection's rounding): 1e-4
                                 // of the keys', 1e-3 of its own; deeper layers, whose input drifts through the
                                 // random model (measured up to 1.2e-3 of the keys' and 2.1e-3 of its own over
-                                // eight seeds): 5e-3 and 2e-2. A wrong mean (zero, one row) misses by about 1 of
+                                // eight seeds, 7.8e-3 and 1.4e-2 at seed -182622110713900267 with products rounded
+                                // without FMAs): 2e-2 and 5e-2. A wrong mean (zero, one row) misses by about 1 of
                                 // its own energy.
                                 int rows = Math.min(64, 130 - 64 * lp);
                                 double spread = 0;
@@ -270,7 +271,7 @@ class CudaBackendGpuTest {
                                 }
                                 double den = meanEnergy + spread / rows;
                                 assertTrue(l == 0 ? num / den < 1e-4 && num / meanEnergy < 1e-3
-                                        : num / den < 5e-3 && num / meanEnergy < 2e-2, "layer " + l
+                                        : num / den < 2e-2 && num / meanEnergy < 5e-2, "layer " + l
                                         + " page " + lp + " head " + h + ": mean error " + num / den + " of the keys' "
                                         + "energy, " + num / meanEnergy + " of the mean's (seed " + seed + ")");
                             }
@@ -606,36 +607,36 @@ class CudaBackendGpuTest {
             assertEquals(1, one.pipelineDepth());
             assertEquals(2, split.pipelineDepth());
             int vocab = model.config().vocabSize();
-            BackendSequence[] a = new BackendSequence[5];
-            BackendSequence[] b = new BackendSequence[5];
-            for (int i = 0; i < 5; i++) {
+            BackendSequence[] a = new BackendSequence[6];
+            BackendSequence[] b = new BackendSequence[6];
+            for (int i = 0; i < 6; i++) {
                 int[] prompt = r.ints(1 + r.nextInt(90), 0, vocab).toArray();
                 a[i] = one.newSequence(256, TURBO3, TURBO3);
                 b[i] = split.newSequence(256, TURBO3, TURBO3);
                 assertEquals(a[i].forwardGreedy(prompt, 0, prompt.length),
                         b[i].forwardGreedy(prompt, 0, prompt.length), why);
             }
-            // batch X: sequences 0..2 with logits; batch Y: 3, 4 greedy
-            BackendSequence[] x1 = Arrays.copyOfRange(a, 0, 3);
-            BackendSequence[] y1 = Arrays.copyOfRange(a, 3, 5);
-            BackendSequence[] x2 = Arrays.copyOfRange(b, 0, 3);
-            BackendSequence[] y2 = Arrays.copyOfRange(b, 3, 5);
+            // batch X: sequences 0..3 with logits (more than maxBatch: two launches a step); batch Y: 4, 5 greedy
+            BackendSequence[] x1 = Arrays.copyOfRange(a, 0, 4);
+            BackendSequence[] y1 = Arrays.copyOfRange(a, 4, 6);
+            BackendSequence[] x2 = Arrays.copyOfRange(b, 0, 4);
+            BackendSequence[] y2 = Arrays.copyOfRange(b, 4, 6);
             int steps = 6;
             int[][] tx = new int[steps][];
             int[][] ty = new int[steps][];
             for (int k = 0; k < steps; k++) {
-                tx[k] = r.ints(3, 0, vocab).toArray();
+                tx[k] = r.ints(4, 0, vocab).toArray();
                 ty[k] = r.ints(2, 0, vocab).toArray();
             }
             float[][] lx = new float[steps][];
             int[][] iy = new int[steps][];
             for (int k = 0; k < steps; k++) {
-                lx[k] = poisoned(3 * vocab);
+                lx[k] = poisoned(4 * vocab);
                 one.decodeBatch(x1, tx[k], lx[k]);
                 iy[k] = one.decodeBatchGreedy(y1, ty[k]);
             }
             BackendSequence idle = split.newSequence(256, TURBO3, TURBO3);
-            float[] out = poisoned(3 * vocab);
+            float[] out = poisoned(4 * vocab);
             PendingDecode px = split.startDecode(x2, tx[0], out);
             PendingDecode py = split.startDecode(y2, ty[0], null);
             assertThrows(IllegalStateException.class, () -> split.startDecode(new BackendSequence[] {b[0]},
@@ -646,7 +647,7 @@ class CudaBackendGpuTest {
                 assertEquals(null, px.await());
                 assertArrayEquals(lx[k], out, "logits of batch X, step " + k + " (" + why + ")");
                 if (k + 1 < steps) {
-                    out = poisoned(3 * vocab);
+                    out = poisoned(4 * vocab);
                     px = split.startDecode(x2, tx[k + 1], out);
                     assertThrows(IllegalStateException.class, () -> split.startDecode(new BackendSequence[] {idle},
                             new int[] {1}, null), "a third step in flight");
@@ -657,16 +658,16 @@ class CudaBackendGpuTest {
                     py = split.startDecode(y2, ty[k + 1], null);
                 }
             }
-            for (int i = 0; i < 5; i++) {
+            for (int i = 0; i < 6; i++) {
                 assertEquals(a[i].length(), b[i].length());
             }
             // a sequence closed with its step in flight gives its pages back after the step
-            b[3].close();
-            py = split.startDecode(new BackendSequence[] {b[4]}, new int[] {7}, null);
             b[4].close();
-            assertThrows(IllegalStateException.class, () -> b[4].forwardGreedy(new int[] {1}, 0, 1), "closed");
+            py = split.startDecode(new BackendSequence[] {b[5]}, new int[] {7}, null);
+            b[5].close();
+            assertThrows(IllegalStateException.class, () -> b[5].forwardGreedy(new int[] {1}, 0, 1), "closed");
             idle.close();
-            for (int i = 0; i < 5; i++) {
+            for (int i = 0; i < 6; i++) {
                 a[i].close();
                 b[i].close();
             }
