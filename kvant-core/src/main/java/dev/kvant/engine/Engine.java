@@ -23,7 +23,7 @@ import java.util.function.Consumer;
 
 /**
  * Continuous batching over one backend and one shared KV pool: up to {@code parallel} sequences run at once, and each
- * engine step decodes one token for every sequence past its prompt (one {@link Backend#decodeBatch}, the weights read
+ * engine step decodes one token for every sequence past its prompt (one {@link Backend#startDecode}, the weights read
  * once for all) and computes one chunk of at most {@code prefillChunk} prompt tokens for one sequence still reading
  * its prompt, taking turns between them. So a long prompt is read a chunk per step while the others go on decoding,
  * and a short prompt that arrives behind it waits for at most one of its chunks. New requests join between steps.
