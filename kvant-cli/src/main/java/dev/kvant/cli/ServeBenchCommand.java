@@ -112,7 +112,7 @@ final class ServeBenchCommand implements Runnable {
             System.out.printf(Locale.ROOT, "# kvant bench-serve --mode %s: %s, backend %s, %d threads, K %s V %s,"
                             + " context %d, prefill chunk %d, decode steps in flight %d, seed %d, %s, nproc %d%n",
                     mode, name, backend.name(), backend.threads(), opts.ctk, opts.ctv, ctx, opts.prefillChunk(backend),
-                    pipeline > 0 ? pipeline : backend.pipelineDepth(), s, LocalDate.now(),
+                    pipeline > 0 ? Math.min(pipeline, backend.pipelineDepth()) : backend.pipelineDepth(), s, LocalDate.now(),
                     Runtime.getRuntime().availableProcessors());
             switch (mode) {
                 case "batching" -> batching(setup, s);

@@ -144,9 +144,10 @@ final class ServeCommand implements Runnable {
                 }, "kvant-serve-shutdown");
                 Runtime.getRuntime().addShutdownHook(hook);
                 System.err.printf(Locale.ROOT, "kvant serve: %s on http://%s:%d/v1 (backend %s, %d threads,"
-                                + " parallel %d, context %d, KV pool %d pages of %d tokens, K %s, V %s%s)%n", name,
-                        host, server.port(), backend.name(), backend.threads(), parallel, context, pool.totalPages(),
-                        pool.pageTokens(), opts.ctk, opts.ctv, apiKey != null ? ", API key required" : "");
+                                + " parallel %d, decode steps in flight %d, context %d, KV pool %d pages of %d tokens,"
+                                + " K %s, V %s%s)%n", name, host, server.port(), backend.name(), backend.threads(),
+                        parallel, engine.pipelineDepth(), context, pool.totalPages(), pool.pageTokens(), opts.ctk,
+                        opts.ctv, apiKey != null ? ", API key required" : "");
                 stop.await();
                 System.err.println("kvant serve: shutting down (in-flight requests get " + grace + " s)");
                 boolean clean = server.shutdown(Duration.ofSeconds(grace));

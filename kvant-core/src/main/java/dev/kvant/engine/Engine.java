@@ -185,6 +185,11 @@ public final class Engine implements AutoCloseable {
         thread.start();
     }
 
+    /** Decode steps of different sequences this engine keeps in flight (1: one step at a time). */
+    public int pipelineDepth() {
+        return cohorts.length;
+    }
+
     public EngineConfig config() {
         return config;
     }
