@@ -141,6 +141,9 @@ class EngineTest {
         final java.util.Set<BackendSequence> busy = java.util.Collections.newSetFromMap(new java.util.IdentityHashMap<>());
         int pending;
         int mostPending;
+        int awaited;
+        /** The await (counted from 1) that fails as a device would, or 0. */
+        int failAt;
         final List<String> violations = new ArrayList<>();
 
         TwoInFlight(Backend inner) {
@@ -153,8 +156,50 @@ class EngineTest {
         @Override public int pipelineDepth() { return 2; }
         @Override public BackendSequence newSequence(int ctx, KvFormat k, KvFormat v) { return inner.newSequence(ctx, k, v); }
         @Override public void decodeBatch(BackendSequence[] seqs, int[] tokens, float[] logits) { inner.decodeBatch(seqs, tokens, logits); }
-        @Override public SequencePool newSequencePool(int tokens, KvFormat k, KvFormat v) { return inner.newSequencePool(tokens, k, v); }
         @Override public void close() { }
+
+        /** A pool whose sequences report any use while a step of theirs is in flight. */
+        @Override
+        public SequencePool newSequencePool(int tokens, KvFormat k, KvFormat v) {
+            SequencePool p = inner.newSequencePool(tokens, k, v);
+            return new SequencePool() {
+                @Override public int pageTokens() { return p.pageTokens(); }
+                @Override public int totalPages() { return p.totalPages(); }
+                @Override public int freePages() { return p.freePages(); }
+                @Override public BackendSequence newSequence(int capacity) { return new Tracked(p.newSequence(capacity)); }
+                @Override public BackendSequence fork(BackendSequence parent, int prefix, int capacity) {
+                    check(parent, "forked");
+                    return new Tracked(p.fork(((Tracked) parent).seq, prefix, capacity));
+                }
+                @Override public void close() { p.close(); }
+            };
+        }
+
+        synchronized void check(BackendSequence q, String what) {
+            if (busy.contains(q)) {
+                violations.add("a sequence was " + what + " while in flight");
+            }
+        }
+
+        final class Tracked implements BackendSequence {
+            final BackendSequence seq;
+
+            Tracked(BackendSequence seq) {
+                this.seq = seq;
+            }
+
+            @Override public int length() { return seq.length(); }
+            @Override public int capacity() { return seq.capacity(); }
+            @Override public void forward(int[] t, int off, int n, boolean all, float[] out) { check(this, "fed"); seq.forward(t, off, n, all, out); }
+            @Override public int forwardGreedy(int[] t, int off, int n) { check(this, "fed"); return seq.forwardGreedy(t, off, n); }
+            @Override public void fillRandom(int tokens, long seed) { check(this, "filled"); seq.fillRandom(tokens, seed); }
+            @Override public void truncate(int length) { check(this, "truncated"); seq.truncate(length); }
+            @Override public void close() { check(this, "closed"); seq.close(); }
+        }
+
+        private static BackendSequence unwrap(BackendSequence q) {
+            return q instanceof TwoInFlight.Tracked t ? t.seq : q;
+        }
 
         @Override
         public synchronized PendingDecode startDecode(BackendSequence[] seqs, int[] tokens, float[] logits) {
@@ -168,23 +213,91 @@ class EngineTest {
             }
             mostPending = Math.max(mostPending, pending);
             BackendSequence[] s = seqs.clone();
+            BackendSequence[] in = new BackendSequence[s.length];
+            for (int i = 0; i < s.length; i++) {
+                in[i] = unwrap(s[i]);
+            }
             int[] t = tokens.clone();
             int[][] result = new int[1][];
+            RuntimeException[] failure = new RuntimeException[1];
             boolean[] done = new boolean[1];
             return () -> {
                 synchronized (this) {
                     if (!done[0]) {
                         done[0] = true;
                         pending--;
-                        result[0] = inner.startDecode(s, t, logits).await();
-                        for (BackendSequence q : s) {
-                            busy.remove(q);
+                        try {
+                            if (++awaited == failAt) {
+                                throw new IllegalStateException("injected device failure");
+                            }
+                            result[0] = inner.startDecode(in, t, logits).await();
+                        } catch (RuntimeException e) {
+                            failure[0] = e;
+                        } finally {
+                            for (BackendSequence q : s) {
+                                busy.remove(q);
+                            }
                         }
+                    }
+                    if (failure[0] != null) {
+                        throw failure[0];
                     }
                     return result[0];
                 }
             };
         }
+    }
+
+    /**
+     * With two steps in flight, a request cancelled mid-generation ends as cancelled, a step that fails on the device
+     * fails only its own sequences, the others finish, nothing touches a sequence in flight, and every page returns.
+     */
+    @Test
+    void cancellationAndAFailedStepInFlightHarmNoOtherRequest() throws Exception {
+        Random r = new Random(SEED + 9);
+        TwoInFlight two = new TwoInFlight(backend);
+        two.failAt = 12;
+        int requests = 5;
+        try (SequencePool pool = two.newSequencePool(8 * CTX, F16, F16);
+             Engine engine = new Engine(two, pool, new EngineConfig(requests, CTX, CHUNK, 8, true))) {
+            assertEquals(2, engine.pipelineDepth());
+            Events[] ev = new Events[requests];
+            Generation[] g = new Generation[requests];
+            for (int i = 0; i < requests; i++) {
+                ev[i] = new Events();
+                g[i] = engine.submit(greedy(r.ints(10 + 7 * i, 0, TinyModels.VOCAB).toArray(), 80), ev[i].queue::add);
+            }
+            // cancel the first once it has a few tokens
+            while (ev[0].tokens.size() < 3) {
+                GenerationEvent e = ev[0].queue.poll(30, TimeUnit.SECONDS);
+                assertNotNull(e, "seed " + SEED);
+                if (e instanceof GenerationEvent.Token t) {
+                    ev[0].tokens.add(t.id());
+                } else if (!(e instanceof GenerationEvent.Started)) {
+                    break;
+                }
+            }
+            g[0].cancel();
+            int failed = 0;
+            int finished = 0;
+            for (int i = 0; i < requests; i++) {
+                GenerationEvent end = ev[i].end();
+                if (end instanceof GenerationEvent.Failed f) {
+                    assertTrue(f.message().contains("injected device failure"), f.message());
+                    failed++;
+                } else {
+                    GenerationEvent.Finished f = assertInstanceOf(GenerationEvent.Finished.class, end);
+                    assertEquals(i == 0 ? FinishReason.CANCELLED : FinishReason.LENGTH, f.reason(),
+                            "request " + i + " (seed " + SEED + ")");
+                    finished++;
+                }
+            }
+            assertTrue(failed >= 1 && failed <= 3, failed + " failed (seed " + SEED + ")");
+            assertEquals(requests, failed + finished);
+            engine.clearPrefixCache();
+            assertEquals(pool.totalPages(), pool.freePages(), "every page returned (seed " + SEED + ")");
+        }
+        assertEquals(List.of(), two.violations);
     }
 
     @Test
@@ -203,7 +316,8 @@ class EngineTest {
         for (int pass = 0; pass < 2; pass++) {
             TwoInFlight two = new TwoInFlight(backend);
             Backend b = pass == 0 ? backend : two;
-            try (SequencePool pool = backend.newSequencePool(8 * CTX, F16, F16);
+            try (SequencePool pool = pass == 0 ? backend.newSequencePool(8 * CTX, F16, F16)
+                    : two.newSequencePool(8 * CTX, F16, F16);
                  // asking for 3 steps in flight gets the backend's 2
                  Engine engine = new Engine(b, pool, new EngineConfig(5, CTX, CHUNK, 8, false, pass == 0 ? 0 : 3))) {
                 Events[] ev = new Events[requests];
