@@ -33,6 +33,8 @@ public final class KeyStudy {
     private static final int BLOCK = Integer.getInteger("kvant.study.block", 64);
     /** Positions kept exact at the start of a sequence (attention sinks); -Dkvant.study.sink=N studies them. */
     private static final int SINK = Integer.getInteger("kvant.study.sink", 0);
+    /** The same for V rows passed through a format; -Dkvant.study.vsink=N (default: as K). */
+    private static final int VSINK = Integer.getInteger("kvant.study.vsink", SINK);
 
     private KeyStudy() {
     }
@@ -54,8 +56,8 @@ public final class KeyStudy {
     /** The hook: K rows through {@code format} centered per {@code kMode}; V rows too unless {@code vMode} is null. */
     public static KvRowHook hook(KvFormat format, Mode kMode, Mode vMode, int layers, int kvHeads, int headDimK,
                                  int headDimV) {
-        Through k = new Through(format, kMode, layers, kvHeads, headDimK);
-        Through v = vMode == null ? null : new Through(format, vMode, layers, kvHeads, headDimV);
+        Through k = new Through(format, kMode, layers, kvHeads, headDimK, SINK);
+        Through v = vMode == null ? null : new Through(format, vMode, layers, kvHeads, headDimV, VSINK);
         return (seq, layer, position, n, q, qOffset, kRows, kOffset, vRows, vOffset) -> {
             k.apply(seq, layer, position, n, kRows, kOffset);
             if (v != null) {
@@ -74,7 +76,10 @@ public final class KeyStudy {
         private final Map<KvSequence, double[][]> sums = Collections.synchronizedMap(new WeakHashMap<>());
         private final Map<KvSequence, float[][]> means = Collections.synchronizedMap(new WeakHashMap<>());
 
-        Through(KvFormat format, Mode mode, int layers, int heads, int dim) {
+        private final int sink;
+
+        Through(KvFormat format, Mode mode, int layers, int heads, int dim, int sink) {
+            this.sink = sink;
             this.format = format;
             this.mode = mode;
             this.layers = layers;
@@ -125,7 +130,7 @@ public final class KeyStudy {
                 } else if (mode != Mode.NONE) {
                     System.arraycopy(fixed, 0, mu, 0, width);
                 }
-                for (int h = 0; h < heads && p >= SINK; h++) {
+                for (int h = 0; h < heads && p >= sink; h++) {
                     for (int i = 0; i < dim; i++) {
                         centered[i] = x[o + h * dim + i] - mu[h * dim + i];
                     }
