@@ -63,37 +63,11 @@ class BenchmarkTest {
     }
 
     /** Records the batches a backend is asked to decode: their size and each sequence's length before the step. */
-    private static final class Recording implements Backend {
-        final CpuBackend inner;
+    private static final class Recording extends ForwardingBackend {
         final List<int[]> steps = new ArrayList<>();
 
-        Recording(CpuBackend inner) {
-            this.inner = inner;
-        }
-
-        @Override
-        public String name() {
-            return inner.name();
-        }
-
-        @Override
-        public LlamaModel model() {
-            return inner.model();
-        }
-
-        @Override
-        public int threads() {
-            return inner.threads();
-        }
-
-        @Override
-        public BackendSequence newSequence(int contextLength, KvFormat kFormat, KvFormat vFormat) {
-            return inner.newSequence(contextLength, kFormat, vFormat);
-        }
-
-        @Override
-        public dev.kvant.backend.SequencePool newSequencePool(int tokens, KvFormat kFormat, KvFormat vFormat) {
-            return inner.newSequencePool(tokens, kFormat, vFormat);
+        Recording(Backend inner) {
+            super(inner);
         }
 
         @Override
@@ -103,11 +77,7 @@ class BenchmarkTest {
                 lengths[i] = seqs[i].length();
             }
             steps.add(lengths);
-            inner.decodeBatch(seqs, tokens, logits);
-        }
-
-        @Override
-        public void close() {
+            super.decodeBatch(seqs, tokens, logits);
         }
     }
 

@@ -2,8 +2,8 @@ package dev.kvant.engine;
 
 import dev.kvant.backend.Backend;
 import dev.kvant.backend.BackendSequence;
-import dev.kvant.backend.PendingDecode;
 import dev.kvant.backend.CpuBackend;
+import dev.kvant.backend.PendingDecode;
 import dev.kvant.backend.SequencePool;
 import dev.kvant.gguf.GgmlType;
 import dev.kvant.kv.KvFormat;
@@ -136,8 +136,7 @@ class EngineTest {
      * nothing until it is awaited, and the backend checks that no sequence is in two steps and no more than two are
      * pending.
      */
-    static final class TwoInFlight implements Backend {
-        final Backend inner;
+    static final class TwoInFlight extends ForwardingBackend {
         final java.util.Set<BackendSequence> busy = java.util.Collections.newSetFromMap(new java.util.IdentityHashMap<>());
         int pending;
         int mostPending;
@@ -147,16 +146,13 @@ class EngineTest {
         final List<String> violations = new ArrayList<>();
 
         TwoInFlight(Backend inner) {
-            this.inner = inner;
+            super(inner);
         }
 
-        @Override public String name() { return inner.name(); }
-        @Override public LlamaModel model() { return inner.model(); }
-        @Override public int threads() { return inner.threads(); }
-        @Override public int pipelineDepth() { return 2; }
-        @Override public BackendSequence newSequence(int ctx, KvFormat k, KvFormat v) { return inner.newSequence(ctx, k, v); }
-        @Override public void decodeBatch(BackendSequence[] seqs, int[] tokens, float[] logits) { inner.decodeBatch(seqs, tokens, logits); }
-        @Override public void close() { }
+        @Override
+        public int pipelineDepth() {
+            return 2;
+        }
 
         /** A pool whose sequences report any use while a step of theirs is in flight. */
         @Override
