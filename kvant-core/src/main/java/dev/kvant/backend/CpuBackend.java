@@ -29,6 +29,7 @@ public final class CpuBackend implements Backend {
     public CpuBackend(LlamaModel model, Parallel pool) {
         this.model = Objects.requireNonNull(model, "model");
         this.pool = Objects.requireNonNull(pool, "pool");
+        model.weights().packForCpu(pool);
     }
 
     public static KvGeometry geometry(ModelConfig c) {

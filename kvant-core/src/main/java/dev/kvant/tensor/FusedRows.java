@@ -34,6 +34,11 @@ interface FusedRows {
         return null;
     }
 
+    /** Kernels for a packed copy of rows of {@code cols} values that run faster than these, or null. */
+    default PackedRows packing(int cols) {
+        return null;
+    }
+
     /** Decodes {@code n} values at {@code address} into {@code dst[o ..]}, in natural order. */
     void decode(long address, float[] dst, int o, int n);
 

@@ -32,6 +32,7 @@ import jdk.incubator.vector.VectorSpecies;
  *       be shared, and its memory bandwidth drifts with what runs beside);
  *   <li>matmul: GFLOP/s (2 * rows * cols * n) for n = 512 vectors on prompt-sized shapes.
  * </ul>
+ * Matrices are packed for the CPU kernels first ({@link WeightMatrix#packForCpu}), as the CPU backend does.
  * Each figure is the median of several repetitions after warm-up.
  */
 public final class MatvecBench {
@@ -187,6 +188,7 @@ public final class MatvecBench {
             MemorySegment.copy(pattern, 0, data, at, Math.min(pattern.byteSize(), data.byteSize() - at));
         }
         WeightMatrix m = new WeightMatrix("bench." + type, f, data, rows, MATVEC_COLS);
+        m.packForCpu(pool);
         float[] x = gaussian(MATVEC_COLS, 3);
         float[] out = new float[rows];
         for (int i = 0; i < 3; i++) {
@@ -230,6 +232,7 @@ public final class MatvecBench {
             f.quantize(values, r * n, n, data, r * f.bytesFor(n));
         }
         WeightMatrix m = new WeightMatrix("bench.small." + type, f, data, n, n);
+        m.packForCpu(pool);
         float[] x = gaussian(n, 7);
         float[] out = new float[n];
         int calls = 2_000;
@@ -255,6 +258,7 @@ public final class MatvecBench {
             f.quantize(values, r * cols, cols, data, r * f.bytesFor(cols));
         }
         WeightMatrix m = new WeightMatrix("bench.cache." + type, f, data, rows, cols);
+        m.packForCpu(Parallel.serial());
         float[] x = gaussian(cols, 9);
         float[] out = new float[rows];
         ThreadMXBean cpu = ManagementFactory.getThreadMXBean();
@@ -279,6 +283,7 @@ public final class MatvecBench {
             f.quantize(values, r * cols, cols, data, r * f.bytesFor(cols));
         }
         WeightMatrix m = new WeightMatrix("bench." + type, f, data, rows, cols);
+        m.packForCpu(pool);
         float[] x = gaussian(n * cols, 5);
         float[] out = new float[n * rows];
         double seconds = median(() -> m.matmul(x, n, out, pool));

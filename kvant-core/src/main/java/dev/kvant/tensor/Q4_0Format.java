@@ -47,6 +47,11 @@ final class Q4_0Format implements WeightFormat, FusedRows {
         return CHUNK_ORDER;
     }
 
+    @Override
+    public PackedRows packing(int cols) {
+        return Q4_0Packed.fits(cols) ? Q4_0Packed.INSTANCE : null;
+    }
+
     private static float scale(MemorySegment rows, long block) {
         return Float.float16ToFloat(rows.get(SHORT_LE, block));
     }

@@ -31,11 +31,11 @@ final class TiledMatmul {
     private TiledMatmul() {
     }
 
-    static void run(WeightMatrix m, float[] x, int n, float[] out, Parallel pool) {
+    static void run(WeightMatrix m, WeightMatrix.Rows v, float[] x, int n, float[] out, Parallel pool) {
         int rows = m.rows();
         int cols = m.cols();
         int stride = roundUp(cols, L);
-        int[] order = m.kernels().chunkOrder();
+        int[] order = v.kernels().chunkOrder();
         // x rows in the kernels' chunk order, zero-padded to whole chunks like the weight rows, so the inner
         // kernel runs whole chunks in the order the fused kernels take them.
         float[] xs = x;
@@ -48,7 +48,7 @@ final class TiledMatmul {
         float[] xp = xs;
         int tileRows = Math.clamp((TILE_BYTES / 4 / stride) & ~3, 4, MAX_TILE_ROWS);
         int tiles = (rows + tileRows - 1) / tileRows;
-        pool.forEach(tiles, t -> tile(m, order, xp, n, out, t * tileRows, Math.min(rows, (t + 1) * tileRows),
+        pool.forEach(tiles, t -> tile(m, v, order, xp, n, out, t * tileRows, Math.min(rows, (t + 1) * tileRows),
                 stride));
     }
 
@@ -66,7 +66,7 @@ final class TiledMatmul {
     }
 
     /** Rows r0..r1-1 against all n vectors (x rows {@code stride} apart). */
-    private static void tile(WeightMatrix m, int[] order, float[] x, int n, float[] out, int r0, int r1,
+    private static void tile(WeightMatrix m, WeightMatrix.Rows v, int[] order, float[] x, int n, float[] out, int r0, int r1,
                              int stride) {
         int cols = m.cols();
         int rows = m.rows();
@@ -76,9 +76,9 @@ final class TiledMatmul {
         float[] row = order == null ? null : new float[cols];
         for (int r = 0; r < count; r++) {
             if (order == null) {
-                m.decodeRow(r0 + r, w, r * stride);
+                v.kernels().decode(v.address() + (r0 + r) * m.rowBytes(), w, r * stride, cols);
             } else {
-                m.decodeRow(r0 + r, row, 0);
+                v.kernels().decode(v.address() + (r0 + r) * m.rowBytes(), row, 0, cols);
                 arrange(row, 0, w, r * stride, cols, m.format().blockSize(), order);
             }
             Arrays.fill(w, r * stride + cols, (r + 1) * stride, 0f);

@@ -19,10 +19,9 @@ public final class WeightMatrix {
 
     private final String name;
     private final WeightFormat format;
-    private final FusedRows kernels;
     private final MemorySegment data;
-    /** Where the kernels read {@link #data}: its native address ({@link RawMemory}). */
-    private final long address;
+    /** What the CPU kernels read: {@link #data} as it is, or a packed copy once {@link #packForCpu} made one. */
+    private volatile Rows cpu;
     private final int rows;
     private final int cols;
     private final long rowBytes;
@@ -54,9 +53,8 @@ public final class WeightMatrix {
         }
         this.name = name;
         this.format = format;
-        this.kernels = (FusedRows) format;
         this.data = data;
-        this.address = RawMemory.address(data, 0, expected);
+        this.cpu = new Rows((FusedRows) format, RawMemory.address(data, 0, expected), data);
         this.rows = rows;
         this.cols = cols;
         this.rowBytes = rowBytes;
@@ -87,6 +85,42 @@ public final class WeightMatrix {
         return rowBytes;
     }
 
+    /**
+     * Makes the copy of the rows that the CPU kernels read fastest, where the format has one for this width
+     * (Q4_0 on AVX-512: {@link Q4_0Packed}); results stay bitwise the same. Idempotent and safe to call from
+     * several threads; {@link #data()} keeps the file's layout (the GPU upload reads it). The copy takes as many
+     * bytes as the matrix and lives as long as this object.
+     */
+    public void packForCpu(Parallel pool) {
+        Rows current = cpu;
+        if (current.packed() || current.kernels().packing(cols) == null) {
+            return;
+        }
+        synchronized (this) {
+            if (cpu.packed()) {
+                return;
+            }
+            checkAlive();
+            PackedRows packing = cpu.kernels().packing(cols);
+            long bytes = rowBytes * rows;
+            MemorySegment copy = Arena.ofAuto().allocate(bytes, 64);
+            long src = cpu.address();
+            long dst = RawMemory.address(copy, 0, bytes);
+            int chunk = Math.max(MIN_ROWS_PER_TASK, ceilDiv(rows, 8 * pool.threads()));
+            pool.forEach(ceilDiv(rows, chunk), t -> {
+                for (int r = t * chunk; r < Math.min(rows, (t + 1) * chunk); r++) {
+                    packing.pack(src + r * rowBytes, dst + r * rowBytes, cols);
+                }
+            });
+            cpu = new Rows(packing, dst, copy);
+        }
+    }
+
+    /** Whether the CPU kernels read a packed copy ({@link #packForCpu}). */
+    public boolean packedForCpu() {
+        return cpu.packed();
+    }
+
     /** {@code out[r] = dot(row r, x)} for every row. */
     public void matvec(float[] x, float[] out, Parallel pool) {
         checkLength("x", x, cols);
@@ -95,11 +129,14 @@ public final class WeightMatrix {
         // Any split gives the same bits (each row is one dot); this one just balances the pool.
         int chunk = Math.max(MIN_ROWS_PER_TASK, roundUp4(ceilDiv(rows, 4 * pool.threads())));
         int tasks = ceilDiv(rows, chunk);
-        pool.forEach(tasks, t -> matvecRows(x, 0, out, 0, t * chunk, Math.min(rows, (t + 1) * chunk)));
+        Rows v = cpu;
+        pool.forEach(tasks, t -> matvecRows(v, x, 0, out, 0, t * chunk, Math.min(rows, (t + 1) * chunk)));
     }
 
     /** Rows {@code from..to-1} against the vector at {@code x[xOffset..]}, into {@code out[outOffset + r]}. */
-    private void matvecRows(float[] x, int xOffset, float[] out, int outOffset, int from, int to) {
+    private void matvecRows(Rows v, float[] x, int xOffset, float[] out, int outOffset, int from, int to) {
+        FusedRows kernels = v.kernels();
+        long address = v.address();
         float[] scratch = new float[FusedRows.SCRATCH];
         int r = from;
         for (; r + 4 <= to; r += 4) {
@@ -125,7 +162,7 @@ public final class WeightMatrix {
             matvec(x, out, pool);
             return;
         }
-        TiledMatmul.run(this, x, n, out, pool);
+        TiledMatmul.run(this, cpu, x, n, out, pool);
     }
 
     /** Decodes row {@code row} into {@code dst[dstOffset .. dstOffset + cols)}: an embedding lookup. */
@@ -135,16 +172,18 @@ public final class WeightMatrix {
         }
         java.util.Objects.checkFromIndexSize(dstOffset, cols, dst.length);
         checkAlive();
-        kernels.decode(address + row * rowBytes, dst, dstOffset, cols);
+        Rows v = cpu;
+        v.kernels().decode(v.address() + row * rowBytes, dst, dstOffset, cols);
     }
 
-    /** Decodes row {@code row} (natural order) without the checks of {@link #dequantizeRow}. */
-    void decodeRow(int row, float[] dst, int dstOffset) {
-        kernels.decode(address + row * rowBytes, dst, dstOffset, cols);
-    }
-
-    FusedRows kernels() {
-        return kernels;
+    /**
+     * The rows as the CPU kernels read them: their kernels, the native address of row 0, and the memory that
+     * holds them (kept here so that a packed copy lives as long as a reader of it).
+     */
+    record Rows(FusedRows kernels, long address, MemorySegment memory) {
+        boolean packed() {
+            return kernels instanceof PackedRows;
+        }
     }
 
     private void checkAlive() {

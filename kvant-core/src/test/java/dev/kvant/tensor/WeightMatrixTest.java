@@ -189,6 +189,68 @@ class WeightMatrixTest {
         }
     }
 
+    /**
+     * A matrix packed for the CPU kernels gives, through every kernel, the bits it gave unpacked, and its file
+     * bytes stay as they were (the GPU upload reads them). Widths with and without a packed layout (Q4_0 packs
+     * runs of 128 values, on 16 lanes only).
+     */
+    @ParameterizedTest
+    @EnumSource(value = GgmlType.class, names = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"})
+    void packedRowsGiveTheUnpackedBitsThroughEveryKernel(GgmlType type) {
+        Random random = new Random(SEED ^ (29 + type.ordinal()));
+        int block = type.blockSize;
+        try (Arena arena = Arena.ofConfined()) {
+            for (int cols : new int[]{Math.max(block, 128), 384 / block * block + block, 4096, 3 * block}) {
+                for (int rows : new int[]{1, 6, 70}) {
+                    Fixture fx = fixture(type, rows, cols, random, arena);
+                    WeightMatrix m = fx.matrix();
+                    byte[] file = m.data().toArray(ValueLayout.JAVA_BYTE);
+                    int n = 5;
+                    float[] x = Float64Reference.gaussian(random, n * cols, 1);
+                    float[] x0 = Arrays.copyOf(x, cols);
+                    float[] mv = poisoned(rows);
+                    float[] mm = poisoned(n * rows);
+                    float[] rowValues = poisoned(rows * cols);
+                    m.matvec(x0, mv, two);
+                    m.matmul(x, n, mm, three);
+                    for (int r = 0; r < rows; r++) {
+                        m.dequantizeRow(r, rowValues, r * cols);
+                    }
+                    assertFalse(m.packedForCpu(), where(type, rows, cols));
+                    m.packForCpu(two);
+                    m.packForCpu(three);
+                    boolean packs = ((FusedRows) m.format()).packing(cols) != null;
+                    assertEquals(packs, m.packedForCpu(), where(type, rows, cols));
+                    if (type == GgmlType.Q4_0 && Lanes.L == 16) {
+                        assertEquals(cols % 128 == 0, packs, "Q4_0 packs whole runs of 128, " + where(type, rows, cols));
+                    }
+                    float[] mvPacked = poisoned(rows);
+                    float[] mmPacked = poisoned(n * rows);
+                    float[] rowsPacked = poisoned(rows * cols);
+                    m.matvec(x0, mvPacked, Parallel.serial());
+                    m.matmul(x, n, mmPacked, two);
+                    for (int r = 0; r < rows; r++) {
+                        m.dequantizeRow(r, rowsPacked, r * cols);
+                    }
+                    String w = (packs ? "packed " : "unpacked ") + where(type, rows, cols);
+                    assertBitsEqual(mv, mvPacked, "matvec, " + w);
+                    assertBitsEqual(mm, mmPacked, "matmul, " + w);
+                    assertBitsEqual(rowValues, rowsPacked, "dequantizeRow, " + w);
+                    assertTrue(Arrays.equals(file, m.data().toArray(ValueLayout.JAVA_BYTE)),
+                            "the file's bytes are untouched, " + w);
+                }
+            }
+        }
+    }
+
+    private static void assertBitsEqual(float[] expected, float[] actual, String what) {
+        for (int i = 0; i < expected.length; i++) {
+            assertFalse(Float.isNaN(actual[i]) && !Float.isNaN(expected[i]), what + ": element " + i + " not written");
+            assertEquals(Float.floatToRawIntBits(expected[i]), Float.floatToRawIntBits(actual[i]),
+                    what + ": element " + i);
+        }
+    }
+
     @Test
     void matmulMatchesFloat64ReferenceOnAPromptSizedBatch() {
         Random random = new Random(SEED ^ 99);

@@ -1,0 +1,14 @@
+package dev.kvant.tensor;
+
+/**
+ * Kernels that read a weight format's rows rearranged into a layout of their own, with the same bytes per row.
+ * {@link WeightMatrix#packForCpu} keeps such a copy for the CPU kernels; the file's layout stays in
+ * {@link WeightMatrix#data()} for everything else (the GPU upload reads it).
+ *
+ * <p>Every result is bitwise what the format's own kernels give on the unpacked rows: a packed layout changes
+ * where the kernels find the values, not the arithmetic.
+ */
+interface PackedRows extends FusedRows {
+    /** Rearranges the row of {@code cols} values at {@code src} (the file's layout) into {@code dst}. */
+    void pack(long src, long dst, int cols);
+}
