@@ -29,7 +29,8 @@ import jdk.incubator.vector.VectorSpecies;
  *   <li>read: a vectorized sum over the matrix-sized buffer (pure streaming read, what a matvec does);
  *   <li>matvec: bytes of weights per second on a matrix of the given size (4096 columns, rows to fill it),
  *       and its ratio to the copy bandwidth, each repetition's matvec timed right after a copy (the machine may
- *       be shared, and its memory bandwidth drifts with what runs beside);
+ *       be shared, and its memory bandwidth drifts with what runs beside); formats with a packed layout
+ *       (Q4_0) are measured in the file's layout too;
  *   <li>matmul: GFLOP/s (2 * rows * cols * n) for n = 512 vectors on prompt-sized shapes.
  * </ul>
  * Matrices are packed for the CPU kernels first ({@link WeightMatrix#packForCpu}), as the CPU backend does.
@@ -99,9 +100,15 @@ public final class MatvecBench {
                 add(results, print, new Result("copy (read+write)", copyRate, "GB/s"));
                 add(results, print, new Result("read (streaming sum)", readBandwidth(big, pool), "GB/s"));
                 for (GgmlType type : MATVEC_TYPES) {
-                    double[] rateAndRatio = matvecBandwidth(type, big, pool, copy);
+                    double[] rateAndRatio = matvecBandwidth(type, big, pool, copy, true);
                     add(results, print, new Result("matvec " + type, rateAndRatio[0], "GB/s"));
                     add(results, print, new Result("matvec " + type + " / copy", rateAndRatio[1], "x"));
+                    if (((FusedRows) WeightFormat.of(type)).packing(MATVEC_COLS) != null) {
+                        rateAndRatio = matvecBandwidth(type, big, pool, copy, false);
+                        add(results, print, new Result("matvec " + type + ", file layout", rateAndRatio[0], "GB/s"));
+                        add(results, print, new Result("matvec " + type + ", file layout / copy", rateAndRatio[1],
+                                "x"));
+                    }
                 }
             }
             for (int[] shape : parts.equals("all") || parts.equals("matmul") ? MATMUL_SHAPES : new int[0][]) {
@@ -173,7 +180,8 @@ public final class MatvecBench {
      * A matrix of {@code type} filling as much of {@code big} as whole rows allow. The bytes are 64 really
      * quantized rows repeated, so scales are sane (no NaN or subnormal surprises) yet every byte must be read.
      */
-    private static double[] matvecBandwidth(GgmlType type, MemorySegment big, Parallel pool, Runnable copy) {
+    private static double[] matvecBandwidth(GgmlType type, MemorySegment big, Parallel pool, Runnable copy,
+                                            boolean pack) {
         WeightFormat f = WeightFormat.of(type);
         long rowBytes = f.bytesFor(MATVEC_COLS);
         int rows = (int) Math.min(Integer.MAX_VALUE & ~3, big.byteSize() / rowBytes) & ~3;
@@ -188,7 +196,9 @@ public final class MatvecBench {
             MemorySegment.copy(pattern, 0, data, at, Math.min(pattern.byteSize(), data.byteSize() - at));
         }
         WeightMatrix m = new WeightMatrix("bench." + type, f, data, rows, MATVEC_COLS);
-        m.packForCpu(pool);
+        if (pack) {
+            m.packForCpu(pool);
+        }
         float[] x = gaussian(MATVEC_COLS, 3);
         float[] out = new float[rows];
         for (int i = 0; i < 3; i++) {
