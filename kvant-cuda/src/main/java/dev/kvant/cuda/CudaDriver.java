@@ -42,6 +42,7 @@ public final class CudaDriver {
     /** cuFuncGetAttribute / cuFuncSetAttribute attributes (CUfunction_attribute). */
     public static final int FUNC_MAX_THREADS_PER_BLOCK = 0;
     public static final int FUNC_SHARED_SIZE_BYTES = 1;
+    public static final int FUNC_LOCAL_SIZE_BYTES = 3;
     public static final int FUNC_NUM_REGS = 4;
     public static final int FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 

@@ -1,12 +1,15 @@
 package dev.kvant.cuda.model;
 
 import dev.kvant.cuda.CudaContext;
+import dev.kvant.cuda.CudaDriver;
+import dev.kvant.cuda.CudaFunction;
 import dev.kvant.cuda.CudaEvent;
 import dev.kvant.cuda.CudaGraph;
 import dev.kvant.cuda.CudaStream;
 import dev.kvant.cuda.DeviceBuffer;
 import dev.kvant.cuda.DeviceCopy;
 import dev.kvant.cuda.KernelCache;
+import dev.kvant.tensor.WeightFormat;
 
 import java.util.Arrays;
 import java.util.Locale;
@@ -81,6 +84,38 @@ public final class ModelGpuBench {
                                 System.out.printf(Locale.ROOT, "| %s | %s | %d x %d | %d | %s, %d rows a warp | %.1f | %.0f"
                                                 + " | %.0f%% |%n", layout.kernelSuffix, s.name(), s.rows(), s.cols(),
                                         nvec, q8 ? "8-bit vectors" : "float vectors", rows, us, gbs, 100 * gbs / copy);
+                            }
+                        }
+                    }
+                }
+                // Layouts read with float vectors (the file's row layout): one vector and eight, with the kernel's
+                // registers and local (spilled) bytes per thread.
+                for (WeightLayout layout : new WeightLayout[] {WeightLayout.F16, WeightLayout.BF16, WeightLayout.Q4_K,
+                        WeightLayout.Q6_K}) {
+                    for (int nvec : new int[] {1, 8}) {
+                        CudaFunction f = k.floatProduct(layout, nvec);
+                        System.out.printf(Locale.ROOT, "| %s | (kernel) | | %d | float vectors: %d registers, %d local"
+                                + " bytes | | | |%n", layout.kernelSuffix, nvec, f.registers(),
+                                f.attribute(CudaDriver.FUNC_LOCAL_SIZE_BYTES));
+                    }
+                    for (Shape s : shapes) {
+                        long rowBytes = WeightFormat.of(layout.type).bytesFor(s.cols());
+                        long bytes = rowBytes * s.rows();
+                        try (DeviceBuffer w = context.allocate(bytes);
+                             DeviceBuffer xf = context.allocate(4L * 8 * s.cols());
+                             DeviceBuffer out = context.allocate(4L * 8 * s.rows())) {
+                            fillRandom(context, w, bytes);
+                            fillRandom(context, xf, 4L * 8 * s.cols());
+                            ModelKernels.Vectors x = new ModelKernels.Vectors(xf, null, null, s.cols());
+                            DeviceMatrix m = new DeviceMatrix(layout, w, rowBytes, 0, s.rows(), s.cols());
+                            int outputs = s.mode() == ModelKernels.MV_SWIGLU ? s.rows() / 2 : s.rows();
+                            for (int nvec : new int[] {1, 8}) {
+                                double us = time(context, stream, () -> k.matvec(false, 4, m, outputs, x, nvec, out,
+                                        outputs, null, s.mode(), outputs, null, stream));
+                                double gbs = bytes / (us * 1e-6) / 1e9;
+                                System.out.printf(Locale.ROOT, "| %s | %s | %d x %d | %d | float vectors, 4 rows a warp"
+                                                + " | %.1f | %.0f | %.0f%% |%n", layout.kernelSuffix, s.name(),
+                                        s.rows(), s.cols(), nvec, us, gbs, 100 * gbs / copy);
                             }
                         }
                     }

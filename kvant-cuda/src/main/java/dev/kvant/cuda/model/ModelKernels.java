@@ -124,6 +124,11 @@ final class ModelKernels implements AutoCloseable {
         }
     }
 
+    /** The float-vector product kernel of a layout for one vector or several (benchmarks read its attributes). */
+    CudaFunction floatProduct(WeightLayout layout, int nvec) {
+        return (nvec == 1 ? mv1 : mv8).get(layout);
+    }
+
     /** The 8-bit form of nvec vectors (their floats are already in x). */
     void quantize(Vectors x, int nvec, CudaStream stream) {
         int blocks = nvec * (x.width() / 32);

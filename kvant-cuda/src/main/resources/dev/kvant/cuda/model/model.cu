@@ -187,9 +187,11 @@ __device__ void dequant_f16(const u8* __restrict__ W, i64 rowBytes, i64 scales, 
 //
 // grid:   ceil(outputs / (MV_WARPS * rows per warp)) blocks of MV_WARPS warps.
 // warp:   4 weight rows (MV_STORE / MV_ADD: rows r..r+3; MV_SWIGLU: gate rows r, r+1 and up rows ffn+r, ffn+r+1)
-//         against nvec vectors; lane L takes the 32-weight sub-blocks L, L+32, ... of each row, so a warp reads
-//         4 rows' bytes once, contiguously, for all vectors together.
-// reduce: per lane a running sum over its sub-blocks (in order), then a butterfly over the 32 lanes: fixed order.
+//         against nvec vectors; lane L takes the 8-weight chunks (float vectors, below) or the 32-weight
+//         sub-blocks (8-bit vectors) L, L+32, ... of each row, so a warp reads 4 rows' bytes once, contiguously,
+//         for all vectors together.
+// reduce: per lane a running sum over its chunks or sub-blocks (in order), then a butterfly over the 32 lanes:
+//         fixed order.
 // output: MV_STORE out[v][r] = dot (+ bias[r]); MV_ADD out[v][r] += dot; MV_SWIGLU out[v][r] = silu(g)·u.
 #define MV_WARPS 4
 
@@ -278,6 +280,43 @@ __device__ __forceinline__ void warp_outputs(float (&acc)[R][NV], int r0, const 
     }
 }
 
+// Lane L takes the 8-value chunks L, L+32, L+64, ... of its warp's rows: a warp's load of a row is 32 consecutive
+// chunks, contiguous. One vector (kvant_mv1_*) reads x straight from global memory; several (kvant_mv8_*) stage
+// it in shared memory a tile of 128 chunks (1024 columns) at a time, so the block's warps read it from there instead
+// of each warp fetching every vector from L2 (eight vectors of floats are 4x a row quad's 16-bit weights: that
+// traffic, not the weights, bounded the eight-vector product). Per lane the chunks are taken in the same order
+// either way, so one vector or eight give the same bits.
+#define MV_TILE_CHUNKS 128
+
+template <int F, int NV>
+__device__ __forceinline__ void mv_chunk(const u8* __restrict__ W, i64 rowBytes, i64 scales, const int* rows,
+                                         int ch, const float4* xa, const float4* xb, int xStep, int nvec,
+                                         float (&acc)[4][NV]) {
+    float w[4][8];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        dq8<F>(W, rowBytes, scales, rows[i], ch >> 2, ch & 3, w[i]);
+    }
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+        if (v < nvec) {
+            float4 a = xa[v * xStep], b = xb[v * xStep];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float t = w[i][0] * a.x;
+                t = fmaf(w[i][1], a.y, t);
+                t = fmaf(w[i][2], a.z, t);
+                t = fmaf(w[i][3], a.w, t);
+                t = fmaf(w[i][4], b.x, t);
+                t = fmaf(w[i][5], b.y, t);
+                t = fmaf(w[i][6], b.z, t);
+                t = fmaf(w[i][7], b.w, t);
+                acc[i][v] += t;
+            }
+        }
+    }
+}
+
 template <int F, int NV>
 __device__ void matvec(const u8* __restrict__ W, i64 rowBytes, i64 scales, int outputs, int cols,
                        const float* __restrict__ x, int xStride, int nvec, float* out, int outStride,
@@ -287,9 +326,7 @@ __device__ void matvec(const u8* __restrict__ W, i64 rowBytes, i64 scales, int o
     int r0;
     int rows[4];
     bool valid[4];
-    if (!warp_rows<4>(warp, outputs, mode, ffn, r0, rows, valid)) {
-        return;
-    }
+    bool active = warp_rows<4>(warp, outputs, mode, ffn, r0, rows, valid);
     float acc[4][NV];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -298,34 +335,47 @@ __device__ void matvec(const u8* __restrict__ W, i64 rowBytes, i64 scales, int o
             acc[i][v] = 0.f;
         }
     }
-    int nb = cols / 32;
-    for (int s = lane; s < nb; s += 32) {
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            float w[4][8];
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                dq8<F>(W, rowBytes, scales, rows[i], s, c, w[i]);
+    int nch = cols / 8;
+    if constexpr (NV == 1) {
+        if (!active) {
+            return;
+        }
+        for (int ch = lane; ch < nch; ch += 32) {
+            const float4* xp = (const float4*) (x + ch * 8);
+            mv_chunk<F, NV>(W, rowBytes, scales, rows, ch, xp, xp + 1, 0, nvec, acc);
+        }
+    } else {
+        // Tile of x: vector v's chunk j at float4s v*2T + j (values 0-3) and v*2T + T + j (values 4-7), so a
+        // warp's reads of one vector are 32 consecutive float4s. Each lane takes 4 chunks of a tile, whose weight
+        // loads are all in flight before their products. Every warp of the block takes part in the loads and
+        // barriers, rows or not.
+        constexpr int T = MV_TILE_CHUNKS;
+        __shared__ float4 xs[NV * 2 * T];
+        for (int t0 = 0; t0 < nch; t0 += T) {
+            int tileChunks = min(T, nch - t0);
+            for (int i = threadIdx.x; i < NV * 2 * T; i += blockDim.x) {
+                int v = i / (2 * T), q = i % (2 * T);
+                int j = q >> 1, half = q & 1;
+                float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (v < nvec && j < tileChunks) {
+                    val = *(const float4*) (x + (i64) v * xStride + (t0 + j) * 8 + half * 4);
+                }
+                xs[v * 2 * T + half * T + j] = val;
             }
+            __syncthreads();
+            if (active) {
 #pragma unroll
-            for (int v = 0; v < NV; v++) {
-                if (v < nvec) {
-                    const float4* xp = (const float4*) (x + (i64) v * xStride + s * 32 + c * 8);
-                    float4 a = xp[0], b = xp[1];
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        float t = w[i][0] * a.x;
-                        t = fmaf(w[i][1], a.y, t);
-                        t = fmaf(w[i][2], a.z, t);
-                        t = fmaf(w[i][3], a.w, t);
-                        t = fmaf(w[i][4], b.x, t);
-                        t = fmaf(w[i][5], b.y, t);
-                        t = fmaf(w[i][6], b.z, t);
-                        t = fmaf(w[i][7], b.w, t);
-                        acc[i][v] += t;
+                for (int k = 0; k < T / 32; k++) {
+                    int j = k * 32 + lane;
+                    if (j < tileChunks) {
+                        mv_chunk<F, NV>(W, rowBytes, scales, rows, t0 + j, xs + j, xs + T + j, 2 * T, nvec, acc);
                     }
                 }
             }
+            __syncthreads();
+        }
+        if (!active) {
+            return;
         }
     }
     warp_outputs<4, NV>(acc, r0, valid, nvec, out, outStride, bias, mode, best);
