@@ -122,13 +122,21 @@ __device__ __forceinline__ void dq8(const u8* __restrict__ W, i64 rowBytes, i64 
         float sc, mn;
         kq_scale_min(blk + 4, j, sc, mn);
         float scale = d * sc, off = dmin * mn;
-        const u8* qs = blk + (F == W_Q4_K ? 16 : 48) + (j >> 1) * 32 + c * 8;
+        // The chunk's 8 nibble bytes (and Q5_K's 8 high-bit bytes) in one 8-byte load each: super-blocks of 144
+        // and 176 bytes keep them 8-byte aligned.
+        uint2 qs = *(const uint2*) (blk + (F == W_Q4_K ? 16 : 48) + (j >> 1) * 32 + c * 8);
+        uint2 qh = make_uint2(0u, 0u);
+        if constexpr (F == W_Q5_K) {
+            qh = *(const uint2*) (blk + 16 + c * 8);
+        }
         int shift = (j & 1) * 4;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            int q = (qs[i] >> shift) & 0xF;
+            u32 word = i < 4 ? qs.x : qs.y;
+            int q = (word >> (8 * (i & 3) + shift)) & 0xF;
             if constexpr (F == W_Q5_K) {
-                q |= ((blk[16 + c * 8 + i] >> j) & 1) << 4;
+                u32 hword = i < 4 ? qh.x : qh.y;
+                q |= ((hword >> (8 * (i & 3) + j)) & 1) << 4;
             }
             w[i] = scale * (float) q - off;
         }
