@@ -103,19 +103,26 @@ public final class ModelGpuBench {
                         long bytes = rowBytes * s.rows();
                         try (DeviceBuffer w = context.allocate(bytes);
                              DeviceBuffer xf = context.allocate(4L * 8 * s.cols());
+                             DeviceBuffer xq = context.allocate(8L * s.cols());
+                             DeviceBuffer xs = context.allocate(8L * 8 * (s.cols() / 32));
                              DeviceBuffer out = context.allocate(4L * 8 * s.rows())) {
                             fillRandom(context, w, bytes);
                             fillRandom(context, xf, 4L * 8 * s.cols());
-                            ModelKernels.Vectors x = new ModelKernels.Vectors(xf, null, null, s.cols());
+                            ModelKernels.Vectors x = new ModelKernels.Vectors(xf, xq, xs, s.cols());
+                            k.quantize(x, 8, stream);
                             DeviceMatrix m = new DeviceMatrix(layout, w, rowBytes, 0, s.rows(), s.cols());
                             int outputs = s.mode() == ModelKernels.MV_SWIGLU ? s.rows() / 2 : s.rows();
-                            for (int nvec : new int[] {1, 8}) {
-                                double us = time(context, stream, () -> k.matvec(false, 4, m, outputs, x, nvec, out,
-                                        outputs, null, s.mode(), outputs, null, stream));
-                                double gbs = bytes / (us * 1e-6) / 1e9;
-                                System.out.printf(Locale.ROOT, "| %s | %s | %d x %d | %d | float vectors, 4 rows a warp"
-                                                + " | %.1f | %.0f | %.0f%% |%n", layout.kernelSuffix, s.name(),
-                                        s.rows(), s.cols(), nvec, us, gbs, 100 * gbs / copy);
+                            for (boolean q8 : layout.q8Vectors ? new boolean[] {false, true} : new boolean[] {false}) {
+                                for (int nvec : new int[] {1, 8}) {
+                                    int rows = q8 && nvec == 1 ? ModelKernels.rowsPerWarp(s.mode()) : 4;
+                                    double us = time(context, stream, () -> k.matvec(q8, rows, m, outputs, x, nvec,
+                                            out, outputs, null, s.mode(), outputs, null, stream));
+                                    double gbs = bytes / (us * 1e-6) / 1e9;
+                                    System.out.printf(Locale.ROOT, "| %s | %s | %d x %d | %d | %s, %d rows a warp"
+                                                    + " | %.1f | %.0f | %.0f%% |%n", layout.kernelSuffix, s.name(),
+                                            s.rows(), s.cols(), nvec, q8 ? "8-bit vectors" : "float vectors", rows,
+                                            us, gbs, 100 * gbs / copy);
+                                }
                             }
                         }
                     }

@@ -49,7 +49,7 @@ final class ModelKernels implements AutoCloseable {
             mv1.put(l, module.function("kvant_mv1_" + l.kernelSuffix));
             mv8.put(l, module.function("kvant_mv8_" + l.kernelSuffix));
             embed.put(l, module.function("kvant_embed_" + l.kernelSuffix));
-            if (l.planar) {
+            if (l.q8Vectors) {
                 mq1.put(l, module.function("kvant_mq1_" + l.kernelSuffix));
                 mq8.put(l, module.function("kvant_mq8_" + l.kernelSuffix));
                 mq1r2.put(l, module.function("kvant_mq1r2_" + l.kernelSuffix));
@@ -69,12 +69,12 @@ final class ModelKernels implements AutoCloseable {
 
     /**
      * out[v][r] (row stride outStride) = m[r] · x[v] for v < nvec, per {@code mode}; in MV_SWIGLU the matrix is gate
-     * rows then up rows and {@code outputs} = ffn. The planar formats (Q8_0, Q4_0) read the vectors' 8-bit form
+     * rows then up rows and {@code outputs} = ffn. Q8_0, Q4_0 and Q4_K read the vectors' 8-bit form
      * ({@link Vectors#q8()}), the others their floats.
      */
     void matvec(DeviceMatrix m, int outputs, Vectors x, int nvec, DeviceBuffer out, int outStride, DeviceBuffer bias,
                 int mode, int ffn, CudaStream stream) {
-        matvec(m.layout().planar, m, outputs, x, nvec, out, outStride, bias, mode, ffn, null, stream);
+        matvec(m.layout().q8Vectors, m, outputs, x, nvec, out, outStride, bias, mode, ffn, null, stream);
     }
 
     /**
@@ -86,7 +86,7 @@ final class ModelKernels implements AutoCloseable {
         return mode == MV_SWIGLU ? 2 : 1;
     }
 
-    /** As above with the path chosen: 8-bit vectors (planar formats only) or floats. */
+    /** As above with the path chosen: 8-bit vectors ({@link WeightLayout#q8Vectors} formats only) or floats. */
     void matvec(boolean q8, DeviceMatrix m, int outputs, Vectors x, int nvec, DeviceBuffer out, int outStride,
                 DeviceBuffer bias, int mode, int ffn, DeviceBuffer best, CudaStream stream) {
         matvec(q8, q8 && nvec == 1 ? rowsPerWarp(mode) : 4, m, outputs, x, nvec, out, outStride, bias, mode, ffn,
@@ -152,7 +152,7 @@ final class ModelKernels implements AutoCloseable {
      */
     void logits(DeviceMatrix output, int vocab, Vectors x, int nvec, DeviceBuffer logits, DeviceBuffer best,
                 CudaStream stream) {
-        matvec(output.layout().planar, output, vocab, x, nvec, logits, vocab, null, MV_STORE, 0, best, stream);
+        matvec(output.layout().q8Vectors, output, vocab, x, nvec, logits, vocab, null, MV_STORE, 0, best, stream);
     }
 
     /** The token id an argmax key names. */

@@ -89,10 +89,10 @@ final class Projection implements AutoCloseable {
         }
     }
 
-    /** Some part is in a planar format, so the vectors' 8-bit form is read. */
+    /** Some part's products read the vectors' 8-bit form. */
     boolean readsQ8() {
         for (DeviceMatrix m : parts) {
-            if (m.layout().planar) {
+            if (m.layout().q8Vectors) {
                 return true;
             }
         }

@@ -5,17 +5,18 @@ import dev.kvant.gguf.GgmlType;
 /**
  * How a weight format lies in device memory, as model.cu's {@code W_*} ids and {@code dq8} read it. Q8_0 and Q4_0 are
  * repacked into a plane of block quants and a plane of block scales, so a block's quants are one aligned load; the
- * others keep GGUF's row layout. Either way the bits are GGUF's.
+ * others keep GGUF's row layout. Either way the bits are GGUF's. Decode multiplies Q8_0, Q4_0 and Q4_K by the
+ * vectors' 8-bit form (integer dot products), the others by their floats.
  */
 enum WeightLayout {
-    F32(0, "f32", GgmlType.F32, false),
-    F16(1, "f16", GgmlType.F16, false),
-    BF16(2, "bf16", GgmlType.BF16, false),
-    Q8_0(3, "q8_0", GgmlType.Q8_0, true),
-    Q4_0(4, "q4_0", GgmlType.Q4_0, true),
-    Q4_K(5, "q4_k", GgmlType.Q4_K, false),
-    Q5_K(6, "q5_k", GgmlType.Q5_K, false),
-    Q6_K(7, "q6_k", GgmlType.Q6_K, false);
+    F32(0, "f32", GgmlType.F32, false, false),
+    F16(1, "f16", GgmlType.F16, false, false),
+    BF16(2, "bf16", GgmlType.BF16, false, false),
+    Q8_0(3, "q8_0", GgmlType.Q8_0, true, true),
+    Q4_0(4, "q4_0", GgmlType.Q4_0, true, true),
+    Q4_K(5, "q4_k", GgmlType.Q4_K, false, true),
+    Q5_K(6, "q5_k", GgmlType.Q5_K, false, false),
+    Q6_K(7, "q6_k", GgmlType.Q6_K, false, false);
 
     final int id;
     /** Suffix of the format's kernels in model.cu. */
@@ -23,12 +24,15 @@ enum WeightLayout {
     final GgmlType type;
     /** Repacked into a quant plane and a scale plane. */
     final boolean planar;
+    /** Decode's products read the vectors' 8-bit form (model.cu kvant_mq*). */
+    final boolean q8Vectors;
 
-    WeightLayout(int id, String kernelSuffix, GgmlType type, boolean planar) {
+    WeightLayout(int id, String kernelSuffix, GgmlType type, boolean planar, boolean q8Vectors) {
         this.id = id;
         this.kernelSuffix = kernelSuffix;
         this.type = type;
         this.planar = planar;
+        this.q8Vectors = q8Vectors;
     }
 
     static WeightLayout of(GgmlType type) {

@@ -389,12 +389,13 @@ __device__ void matvec(const u8* __restrict__ W, i64 rowBytes, i64 scales, int o
     warp_outputs<4, NV>(acc, r0, valid, nvec, out, outStride, bias, mode, best);
 }
 
-// ---- the planar Q4_0 and Q8_0 formats against 8-bit vectors (decode's main path)
+// ---- the planar Q4_0 and Q8_0 formats, and Q4_K in GGUF's layout, against 8-bit vectors (decode's main path)
 //
 // The vector is quantized first (kvant_quantize_q8, or fused into kvant_rmsnorm): per 32 values a scale d = max|x|/127,
 // codes q = round(x/d) (int8, plane xq [nvec][cols]) and (d, d·Σq) (float2, plane xds [nvec][cols/32]). A block of
 // weights then costs a handful of integer dot-product instructions (dp4a: four int8 products and their sum):
-// Q8_0: dot = dw·dx·Σ qw·qx;  Q4_0 (codes c = q+8): dot = dw·(dx·Σ c·qx − 8·dx·Σ qx).
+// Q8_0: dot = dw·dx·Σ qw·qx;  Q4_0 (codes c = q+8): dot = dw·(dx·Σ c·qx − 8·dx·Σ qx);
+// Q4_K (sub-block of 32, nibbles q, value d·sc·q − dmin·m): dot = (d·sc)·(dx·Σ q·qx) − (dmin·m)·(dx·Σ qx).
 // Integer sums are exact and the float steps run in a fixed order: the same bits for one vector or eight.
 // Launch geometry and outputs as kvant_mv*.
 
@@ -430,9 +431,31 @@ __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
     for (int s = lane; s < nb; s += 32) {
         int wq[R][8];
         float dw[R];
+        float mw[R];  // Q4_K: the sub-block's dmin·min
 #pragma unroll
         for (int i = 0; i < R; i++) {
             i64 b = (i64) rows[i] * nb + s;
+            if constexpr (F == W_Q4_K) {
+                // GGUF's layout (nb64 is the row's bytes): sub-block s is sub-block s & 7 of super-block s >> 3, its
+                // nibbles the low (even s) or high (odd s) halves of 32 bytes shared with its pair.
+                const u8* blk = W + (i64) rows[i] * nb64 + (i64) (s >> 3) * 144;
+                int j = s & 7;
+                float sc, mn;
+                kq_scale_min(blk + 4, j, sc, mn);
+                dw[i] = h2f(__ldg((const unsigned short*) blk)) * sc;
+                mw[i] = h2f(__ldg((const unsigned short*) (blk + 2))) * mn;
+                const uint4* qp = (const uint4*) (blk + 16 + (j >> 1) * 32);
+                uint4 q0 = __ldg(qp), q1 = __ldg(qp + 1);
+                u32 v[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+                int shift = (j & 1) * 4;
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    wq[i][k] = (int) ((v[k] >> shift) & 0x0F0F0F0Fu);
+                }
+                continue;
+            } else {
+                mw[i] = 0.f;
+            }
             dw[i] = h2f(__ldg((const unsigned short*) (W + scales + b * 2)));
             if constexpr (F == W_Q4_0) {
                 uint4 q = __ldg((const uint4*) (W + b * 16));
@@ -467,6 +490,8 @@ __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
                     float dot;
                     if constexpr (F == W_Q4_0) {
                         dot = dw[i] * (ds.x * (float) sum - 8.f * ds.y);
+                    } else if constexpr (F == W_Q4_K) {
+                        dot = dw[i] * (ds.x * (float) sum) - mw[i] * ds.y;
                     } else {
                         dot = dw[i] * (ds.x * (float) sum);
                     }
@@ -506,6 +531,7 @@ __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
 
 KVANT_Q8_KERNELS(q8_0, W_Q8_0)
 KVANT_Q8_KERNELS(q4_0, W_Q4_0)
+KVANT_Q8_KERNELS(q4_k, W_Q4_K)
 
 // One warp quantizes one 32-value block of a vector: lane l holds value l.
 __device__ __forceinline__ void quantize_block(float v, i8* q, float2* ds) {
