@@ -13,8 +13,8 @@ import java.lang.foreign.ValueLayout;
  * compressed form ({@link WeightLayout}). A stack of several is one launch where the model would make several: the
  * q, k and v projections, the gate and up projections.
  *
- * @param rowStride for the row-layout formats the bytes of a row; for the planar ones the blocks of a row (the
- *                  kernels' {@code rowBytes} argument)
+ * @param rowStride for the row-layout formats the bytes of a row; for the planar ones the 32-value blocks of a row
+ *                  (the kernels' {@code rowBytes} argument; Q6_K's super-blocks are eight of them)
  * @param scales    byte offset of the scale plane (planar layouts), else 0
  */
 record DeviceMatrix(WeightLayout layout, DeviceBuffer data, long rowStride, long scales, int rows, int cols)
@@ -58,19 +58,21 @@ record DeviceMatrix(WeightLayout layout, DeviceBuffer data, long rowStride, long
         try (Arena arena = Arena.ofConfined()) {
             // Planar: every block's quants in one plane, every block's f16 scale in another.
             int nb = cols / 32;
-            long blocks = rows * nb;
+            long blocks = rows * (cols / layout.planeBlockValues());
             int qb = layout.planeQuantBytes();
+            int scaleAt = layout.ggufScaleOffset();
+            int quantsAt = scaleAt == 0 ? 2 : 0;
             long scales = blocks * qb;
             MemorySegment packed = arena.allocate(scales + blocks * 2, 16);
             long block = 0;
             for (WeightMatrix m : parts) {
                 MemorySegment src = m.data();
-                long n = (long) m.rows() * nb;
+                long n = (long) m.rows() * (cols / layout.planeBlockValues());
                 for (long b = 0; b < n; b++, block++) {
                     long at = b * layout.ggufBlockBytes();
                     packed.set(ValueLayout.JAVA_SHORT_UNALIGNED, scales + block * 2,
-                            src.get(ValueLayout.JAVA_SHORT_UNALIGNED, at));
-                    MemorySegment.copy(src, at + 2, packed, block * qb, qb);
+                            src.get(ValueLayout.JAVA_SHORT_UNALIGNED, at + scaleAt));
+                    MemorySegment.copy(src, at + quantsAt, packed, block * qb, qb);
                 }
             }
             DeviceBuffer planes = context.allocate(packed.byteSize());

@@ -88,8 +88,8 @@ public final class ModelGpuBench {
                         }
                     }
                 }
-                // Layouts read with float vectors (the file's row layout): one vector and eight, with the kernel's
-                // registers and local (spilled) bytes per thread.
+                // The other layouts: float vectors (and 8-bit ones where the layout has them), one vector and
+                // eight; the float kernels' registers and local (spilled) bytes per thread.
                 for (WeightLayout layout : new WeightLayout[] {WeightLayout.F16, WeightLayout.BF16, WeightLayout.Q4_K,
                         WeightLayout.Q6_K}) {
                     for (int nvec : new int[] {1, 8}) {
@@ -99,8 +99,10 @@ public final class ModelGpuBench {
                                 f.attribute(CudaDriver.FUNC_LOCAL_SIZE_BYTES));
                     }
                     for (Shape s : shapes) {
+                        // GGUF's rows, or the planes (Q6_K: 208 bytes of quants a super-block, then the d plane)
                         long rowBytes = WeightFormat.of(layout.type).bytesFor(s.cols());
                         long bytes = rowBytes * s.rows();
+                        long superBlocks = (long) s.rows() * (s.cols() / 256);
                         try (DeviceBuffer w = context.allocate(bytes);
                              DeviceBuffer xf = context.allocate(4L * 8 * s.cols());
                              DeviceBuffer xq = context.allocate(8L * s.cols());
@@ -110,7 +112,10 @@ public final class ModelGpuBench {
                             fillRandom(context, xf, 4L * 8 * s.cols());
                             ModelKernels.Vectors x = new ModelKernels.Vectors(xf, xq, xs, s.cols());
                             k.quantize(x, 8, stream);
-                            DeviceMatrix m = new DeviceMatrix(layout, w, rowBytes, 0, s.rows(), s.cols());
+                            DeviceMatrix m = layout.planar
+                                    ? new DeviceMatrix(layout, w, s.cols() / 32, superBlocks * layout.planeQuantBytes(),
+                                            s.rows(), s.cols())
+                                    : new DeviceMatrix(layout, w, rowBytes, 0, s.rows(), s.cols());
                             int outputs = s.mode() == ModelKernels.MV_SWIGLU ? s.rows() / 2 : s.rows();
                             for (boolean q8 : layout.q8Vectors ? new boolean[] {false, true} : new boolean[] {false}) {
                                 for (int nvec : new int[] {1, 8}) {

@@ -3,9 +3,10 @@ package dev.kvant.cuda.model;
 import dev.kvant.gguf.GgmlType;
 
 /**
- * How a weight format lies in device memory, as model.cu's {@code W_*} ids and {@code dq8} read it. Q8_0 and Q4_0 are
- * repacked into a plane of block quants and a plane of block scales, so a block's quants are one aligned load; the
- * others keep GGUF's row layout. Either way the bits are GGUF's. Decode multiplies Q8_0, Q4_0 and Q4_K by the
+ * How a weight format lies in device memory, as model.cu's {@code W_*} ids and {@code dq8} read it. Q8_0, Q4_0 and
+ * Q6_K are repacked into a plane of block quants and a plane of block scales (Q6_K: the super-block's 208 bytes of
+ * quants and sub-block scales, then its f16 d in the scale plane), so a block's quants are aligned loads; the others
+ * keep GGUF's row layout. Either way the bits are GGUF's. Decode multiplies Q8_0, Q4_0, Q4_K and Q6_K by the
  * vectors' 8-bit form (integer dot products), the others by their floats.
  */
 enum WeightLayout {
@@ -16,7 +17,7 @@ enum WeightLayout {
     Q4_0(4, "q4_0", GgmlType.Q4_0, true, true),
     Q4_K(5, "q4_k", GgmlType.Q4_K, false, true),
     Q5_K(6, "q5_k", GgmlType.Q5_K, false, false),
-    Q6_K(7, "q6_k", GgmlType.Q6_K, false, false);
+    Q6_K(7, "q6_k", GgmlType.Q6_K, true, true);
 
     final int id;
     /** Suffix of the format's kernels in model.cu. */
@@ -45,13 +46,27 @@ enum WeightLayout {
                 + " (it takes F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K)");
     }
 
-    /** Bytes of one block's quants in the quant plane (planar layouts). */
-    int planeQuantBytes() {
-        return this == Q8_0 ? 32 : 16;
+    /** Values of one block of the planes (planar layouts): 32, or Q6_K's super-block of 256. */
+    int planeBlockValues() {
+        return this == Q6_K ? 256 : 32;
     }
 
-    /** Bytes of one GGUF block (planar layouts): an f16 scale then the quants. */
+    /** Bytes of one block's quants in the quant plane (planar layouts). */
+    int planeQuantBytes() {
+        return switch (this) {
+            case Q8_0 -> 32;
+            case Q6_K -> 208;
+            default -> 16;
+        };
+    }
+
+    /** Bytes of one GGUF block (planar layouts): its f16 scale and its quants. */
     int ggufBlockBytes() {
         return 2 + planeQuantBytes();
+    }
+
+    /** Where a GGUF block keeps its f16 scale: first (Q8_0, Q4_0) or last (Q6_K's d); the quants fill the rest. */
+    int ggufScaleOffset() {
+        return this == Q6_K ? 208 : 0;
     }
 }

@@ -6,9 +6,11 @@
 // are PTX (cvt.rn: round to nearest even).
 //
 // Weight layouts on the device (dev.kvant.cuda.model.DeviceWeights):
-//   F32, F16, BF16, Q4_K, Q5_K, Q6_K: GGUF's own row layout, rows of rowBytes bytes.
+//   F32, F16, BF16, Q4_K, Q5_K: GGUF's own row layout, rows of rowBytes bytes.
 //   Q8_0 and Q4_0: repacked per matrix into two planes so every block's quants are one aligned 16/32-byte load:
 //     quants [rows][cols/32][32 or 16 bytes], then at byte offset `scales` the block scales f16 [rows][cols/32].
+//   Q6_K: the same with super-blocks: [rows][cols/256][208 bytes: ql, qh, the 16 int8 scales], then d f16
+//     [rows][cols/256]; rowBytes carries the 32-value blocks of a row, as for Q8_0 and Q4_0.
 //   The bits are GGUF's; only their places change.
 //
 // Every reduction has a fixed shape that depends on the launch geometry only (which is fixed per kernel), never on
@@ -140,11 +142,13 @@ __device__ __forceinline__ void dq8(const u8* __restrict__ W, i64 rowBytes, i64 
             }
             w[i] = scale * (float) q - off;
         }
-    } else {  // W_Q6_K: ql[128] qh[64] scales[16] (int8) d (f16), 210 bytes per 256 weights
-        const u8* blk = W + row * rowBytes + (i64) (s >> 3) * 210;
+    } else {  // W_Q6_K, planar: per super-block ql[128] qh[64] scales[16] (int8) in the quant plane, d in the scales
+        i64 nb = rowBytes;
+        i64 sb = (i64) row * (nb >> 3) + (s >> 3);
+        const u8* blk = W + sb * 208;
         int j = s & 7;
         int half = j >> 2, quarter = j & 3;
-        float d = h2f(ld_u16(blk + 208));
+        float d = h2f(*(const u16*) (W + scales + sb * 2));
         const u8* ql = blk + half * 64 + (quarter & 1) * 32;
         const u8* qh = blk + 128 + half * 32;
         const i8* scs = (const i8*) (blk + 192 + half * 8);
@@ -389,13 +393,15 @@ __device__ void matvec(const u8* __restrict__ W, i64 rowBytes, i64 scales, int o
     warp_outputs<4, NV>(acc, r0, valid, nvec, out, outStride, bias, mode, best);
 }
 
-// ---- the planar Q4_0 and Q8_0 formats, and Q4_K in GGUF's layout, against 8-bit vectors (decode's main path)
+// ---- the planar Q4_0, Q8_0 and Q6_K formats, and Q4_K in GGUF's layout, against 8-bit vectors (decode's main path)
 //
 // The vector is quantized first (kvant_quantize_q8, or fused into kvant_rmsnorm): per 32 values a scale d = max|x|/127,
 // codes q = round(x/d) (int8, plane xq [nvec][cols]) and (d, d·Σq) (float2, plane xds [nvec][cols/32]). A block of
 // weights then costs a handful of integer dot-product instructions (dp4a: four int8 products and their sum):
 // Q8_0: dot = dw·dx·Σ qw·qx;  Q4_0 (codes c = q+8): dot = dw·(dx·Σ c·qx − 8·dx·Σ qx);
-// Q4_K (sub-block of 32, nibbles q, value d·sc·q − dmin·m): dot = (d·sc)·(dx·Σ q·qx) − (dmin·m)·(dx·Σ qx).
+// Q4_K (sub-block of 32, nibbles q, value d·sc·q − dmin·m): dot = (d·sc)·(dx·Σ q·qx) − (dmin·m)·(dx·Σ qx);
+// Q6_K (sub-block of 32, 6-bit q, value d·sc_h·(q − 32), a scale per half h): dot = d·(dx·Σ_h sc_h·(Σ q·qx − 32·Σ qx)),
+// the integer sum exact.
 // Integer sums are exact and the float steps run in a fixed order: the same bits for one vector or eight.
 // Launch geometry and outputs as kvant_mv*.
 
@@ -431,7 +437,8 @@ __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
     for (int s = lane; s < nb; s += 32) {
         int wq[R][8];
         float dw[R];
-        float mw[R];  // Q4_K: the sub-block's dmin·min
+        float mw[R];    // Q4_K: the sub-block's dmin·min
+        int ks[R][2];   // Q6_K: the scales of the sub-block's two halves
 #pragma unroll
         for (int i = 0; i < R; i++) {
             i64 b = (i64) rows[i] * nb + s;
@@ -452,6 +459,30 @@ __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
                 for (int k = 0; k < 8; k++) {
                     wq[i][k] = (int) ((v[k] >> shift) & 0x0F0F0F0Fu);
                 }
+                continue;
+            } else if constexpr (F == W_Q6_K) {
+                // Block s is sub-block j = s & 7 of super-block s >> 3: its 32 low-bit bytes (low or high nibbles),
+                // its 32 high-bit bytes (bits 2·quarter..), values 0-15 under scale sc0, 16-31 under sc1. Codes
+                // q = 0..63 as bytes (positive for dp4a); the offset of 32 comes off with Σqx in the dot below.
+                i64 sb = (i64) rows[i] * (nb >> 3) + (s >> 3);
+                const u8* blk = W + sb * 208;
+                int j = s & 7;
+                int half = j >> 2, quarter = j & 3;
+                const uint4* lp = (const uint4*) (blk + half * 64 + (quarter & 1) * 32);
+                const uint4* hp = (const uint4*) (blk + 128 + half * 32);
+                uint4 l0 = __ldg(lp), l1 = __ldg(lp + 1), h0 = __ldg(hp), h1 = __ldg(hp + 1);
+                u32 lw[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+                u32 hw[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+                int lowShift = quarter >= 2 ? 4 : 0, highShift = quarter * 2;
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    wq[i][k] = (int) (((lw[k] >> lowShift) & 0x0F0F0F0Fu) | (((hw[k] >> highShift) & 0x03030303u) << 4));
+                }
+                const signed char* sc = (const signed char*) (blk + 192 + half * 8 + quarter * 2);
+                ks[i][0] = sc[0];
+                ks[i][1] = sc[1];
+                dw[i] = h2f(__ldg((const unsigned short*) (W + scales + sb * 2)));
+                mw[i] = 0.f;
                 continue;
             } else {
                 mw[i] = 0.f;
@@ -480,8 +511,28 @@ __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
                 int xw[8] = {(int) x0.x, (int) x0.y, (int) x0.z, (int) x0.w,
                              (int) x1.x, (int) x1.y, (int) x1.z, (int) x1.w};
                 float2 ds = xds[(i64) v * nb + s];
+                int sx0 = 0, sx1 = 0;  // Q6_K: Σqx over values 0-15 and 16-31
+                if constexpr (F == W_Q6_K) {
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        sx0 = dp4a(0x01010101, xw[k], sx0);
+                        sx1 = dp4a(0x01010101, xw[k + 4], sx1);
+                    }
+                }
 #pragma unroll
                 for (int i = 0; i < R; i++) {
+                    if constexpr (F == W_Q6_K) {
+                        int s0 = 0, s1 = 0;
+#pragma unroll
+                        for (int k = 0; k < 4; k++) {
+                            s0 = dp4a(wq[i][k], xw[k], s0);
+                            s1 = dp4a(wq[i][k + 4], xw[k + 4], s1);
+                        }
+                        // exact: |sc·(s − 32·sx)| < 2^7 · 2^6 · 2^7 · 16 per half
+                        int isum = ks[i][0] * (s0 - 32 * sx0) + ks[i][1] * (s1 - 32 * sx1);
+                        acc[i][v] += dw[i] * (ds.x * (float) isum);
+                        continue;
+                    }
                     int sum = 0;
 #pragma unroll
                     for (int k = 0; k < 8; k++) {
@@ -532,6 +583,7 @@ __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
 KVANT_Q8_KERNELS(q8_0, W_Q8_0)
 KVANT_Q8_KERNELS(q4_0, W_Q4_0)
 KVANT_Q8_KERNELS(q4_k, W_Q4_K)
+KVANT_Q8_KERNELS(q6_k, W_Q6_K)
 
 // One warp quantizes one 32-value block of a vector: lane l holds value l.
 __device__ __forceinline__ void quantize_block(float v, i8* q, float2* ds) {
