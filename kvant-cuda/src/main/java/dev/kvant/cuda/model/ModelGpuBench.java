@@ -91,7 +91,7 @@ public final class ModelGpuBench {
                 // The other layouts: float vectors (and 8-bit ones where the layout has them), one vector and
                 // eight; the float kernels' registers and local (spilled) bytes per thread.
                 for (WeightLayout layout : new WeightLayout[] {WeightLayout.F16, WeightLayout.BF16, WeightLayout.Q4_K,
-                        WeightLayout.Q6_K}) {
+                        WeightLayout.Q5_K, WeightLayout.Q6_K}) {
                     for (int nvec : new int[] {1, 8}) {
                         CudaFunction f = k.floatProduct(layout, nvec);
                         System.out.printf(Locale.ROOT, "| %s | (kernel) | | %d | float vectors: %d registers, %d local"

@@ -69,7 +69,7 @@ final class ModelKernels implements AutoCloseable {
 
     /**
      * out[v][r] (row stride outStride) = m[r] · x[v] for v < nvec, per {@code mode}; in MV_SWIGLU the matrix is gate
-     * rows then up rows and {@code outputs} = ffn. Q8_0, Q4_0 and Q4_K read the vectors' 8-bit form
+     * rows then up rows and {@code outputs} = ffn. The quantized formats read the vectors' 8-bit form
      * ({@link Vectors#q8()}), the others their floats.
      */
     void matvec(DeviceMatrix m, int outputs, Vectors x, int nvec, DeviceBuffer out, int outStride, DeviceBuffer bias,

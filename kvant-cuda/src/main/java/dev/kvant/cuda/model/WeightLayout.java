@@ -6,8 +6,8 @@ import dev.kvant.gguf.GgmlType;
  * How a weight format lies in device memory, as model.cu's {@code W_*} ids and {@code dq8} read it. Q8_0, Q4_0 and
  * Q6_K are repacked into a plane of block quants and a plane of block scales (Q6_K: the super-block's 208 bytes of
  * quants and sub-block scales, then its f16 d in the scale plane), so a block's quants are aligned loads; the others
- * keep GGUF's row layout. Either way the bits are GGUF's. Decode multiplies Q8_0, Q4_0, Q4_K and Q6_K by the
- * vectors' 8-bit form (integer dot products), the others by their floats.
+ * keep GGUF's row layout. Either way the bits are GGUF's. Decode multiplies the quantized formats by the vectors'
+ * 8-bit form (integer dot products), F32, F16 and BF16 by their floats.
  */
 enum WeightLayout {
     F32(0, "f32", GgmlType.F32, false, false),
@@ -16,7 +16,7 @@ enum WeightLayout {
     Q8_0(3, "q8_0", GgmlType.Q8_0, true, true),
     Q4_0(4, "q4_0", GgmlType.Q4_0, true, true),
     Q4_K(5, "q4_k", GgmlType.Q4_K, false, true),
-    Q5_K(6, "q5_k", GgmlType.Q5_K, false, false),
+    Q5_K(6, "q5_k", GgmlType.Q5_K, false, true),
     Q6_K(7, "q6_k", GgmlType.Q6_K, true, true);
 
     final int id;

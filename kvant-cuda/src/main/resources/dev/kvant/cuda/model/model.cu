@@ -393,15 +393,16 @@ __device__ void matvec(const u8* __restrict__ W, i64 rowBytes, i64 scales, int o
     warp_outputs<4, NV>(acc, r0, valid, nvec, out, outStride, bias, mode, best);
 }
 
-// ---- the planar Q4_0, Q8_0 and Q6_K formats, and Q4_K in GGUF's layout, against 8-bit vectors (decode's main path)
+// ---- the planar Q4_0, Q8_0 and Q6_K formats, and Q4_K and Q5_K in GGUF's layout, against 8-bit vectors (decode)
 //
 // The vector is quantized first (kvant_quantize_q8, or fused into kvant_rmsnorm): per 32 values a scale d = max|x|/127,
 // codes q = round(x/d) (int8, plane xq [nvec][cols]) and (d, d·Σq) (float2, plane xds [nvec][cols/32]). A block of
 // weights then costs a handful of integer dot-product instructions (dp4a: four int8 products and their sum):
 // Q8_0: dot = dw·dx·Σ qw·qx;  Q4_0 (codes c = q+8): dot = dw·(dx·Σ c·qx − 8·dx·Σ qx);
-// Q4_K (sub-block of 32, nibbles q, value d·sc·q − dmin·m): dot = (d·sc)·(dx·Σ q·qx) − (dmin·m)·(dx·Σ qx);
-// Q6_K (sub-block of 32, 6-bit q, value d·sc_h·(q − 32), a scale per half h): dot = d·(dx·Σ_h sc_h·(Σ q·qx − 32·Σ qx)),
-// the integer sum exact.
+// Q4_K and Q5_K (sub-block of 32, 4- or 5-bit q, value d·sc·q − dmin·m):
+//   dot = (d·sc)·(dx·Σ q·qx) − (dmin·m)·(dx·Σ qx);
+// Q6_K (sub-block of 32, 6-bit q, value d·sc_h·(q − 32), a scale per half h):
+//   dot = d·(dx·Σ_h sc_h·(Σ q·qx − 32·Σ qx)), the integer sum exact.
 // Integer sums are exact and the float steps run in a fixed order: the same bits for one vector or eight.
 // Launch geometry and outputs as kvant_mv*.
 
@@ -442,22 +443,32 @@ __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
 #pragma unroll
         for (int i = 0; i < R; i++) {
             i64 b = (i64) rows[i] * nb + s;
-            if constexpr (F == W_Q4_K) {
-                // GGUF's layout (nb64 is the row's bytes): sub-block s is sub-block s & 7 of super-block s >> 3, its
-                // nibbles the low (even s) or high (odd s) halves of 32 bytes shared with its pair.
-                const u8* blk = W + (i64) rows[i] * nb64 + (i64) (s >> 3) * 144;
+            if constexpr (F == W_Q4_K || F == W_Q5_K) {
+                // GGUF's layout (nb64 is the row's bytes): sub-block s is sub-block j = s & 7 of super-block s >> 3,
+                // its nibbles the low (even j) or high (odd j) halves of 32 bytes shared with its pair; Q5_K's fifth
+                // bit of value t is bit j of byte t of the 32 high-bit bytes.
+                const u8* blk = W + (i64) rows[i] * nb64 + (i64) (s >> 3) * (F == W_Q4_K ? 144 : 176);
                 int j = s & 7;
                 float sc, mn;
                 kq_scale_min(blk + 4, j, sc, mn);
                 dw[i] = h2f(__ldg((const unsigned short*) blk)) * sc;
                 mw[i] = h2f(__ldg((const unsigned short*) (blk + 2))) * mn;
-                const uint4* qp = (const uint4*) (blk + 16 + (j >> 1) * 32);
+                const uint4* qp = (const uint4*) (blk + (F == W_Q4_K ? 16 : 48) + (j >> 1) * 32);
                 uint4 q0 = __ldg(qp), q1 = __ldg(qp + 1);
                 u32 v[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
                 int shift = (j & 1) * 4;
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
                     wq[i][k] = (int) ((v[k] >> shift) & 0x0F0F0F0Fu);
+                }
+                if constexpr (F == W_Q5_K) {
+                    const uint4* hp = (const uint4*) (blk + 16);
+                    uint4 h0 = __ldg(hp), h1 = __ldg(hp + 1);
+                    u32 h[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+#pragma unroll
+                    for (int k = 0; k < 8; k++) {
+                        wq[i][k] |= (int) (((h[k] >> j) & 0x01010101u) << 4);
+                    }
                 }
                 continue;
             } else if constexpr (F == W_Q6_K) {
@@ -476,7 +487,8 @@ __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
                 int lowShift = quarter >= 2 ? 4 : 0, highShift = quarter * 2;
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
-                    wq[i][k] = (int) (((lw[k] >> lowShift) & 0x0F0F0F0Fu) | (((hw[k] >> highShift) & 0x03030303u) << 4));
+                    wq[i][k] = (int) (((lw[k] >> lowShift) & 0x0F0F0F0Fu)
+                                      | (((hw[k] >> highShift) & 0x03030303u) << 4));
                 }
                 const signed char* sc = (const signed char*) (blk + 192 + half * 8 + quarter * 2);
                 ks[i][0] = sc[0];
@@ -541,7 +553,7 @@ __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
                     float dot;
                     if constexpr (F == W_Q4_0) {
                         dot = dw[i] * (ds.x * (float) sum - 8.f * ds.y);
-                    } else if constexpr (F == W_Q4_K) {
+                    } else if constexpr (F == W_Q4_K || F == W_Q5_K) {
                         dot = dw[i] * (ds.x * (float) sum) - mw[i] * ds.y;
                     } else {
                         dot = dw[i] * (ds.x * (float) sum);
@@ -583,6 +595,7 @@ __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
 KVANT_Q8_KERNELS(q8_0, W_Q8_0)
 KVANT_Q8_KERNELS(q4_0, W_Q4_0)
 KVANT_Q8_KERNELS(q4_k, W_Q4_K)
+KVANT_Q8_KERNELS(q5_k, W_Q5_K)
 KVANT_Q8_KERNELS(q6_k, W_Q6_K)
 
 // One warp quantizes one 32-value block of a vector: lane l holds value l.

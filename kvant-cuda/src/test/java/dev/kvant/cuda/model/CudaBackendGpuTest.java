@@ -129,14 +129,13 @@ class CudaBackendGpuTest {
      * A 100-token prompt in chunks of 64 (tensor-core GEMMs, f16 operands) and four decode steps (f32 matrix-vector
      * kernels) give the CPU's logits: NMSE below 1e-4 for prefill rows, 1e-5 for decode steps (whose attention reads
      * the K/V rows the prefill wrote, so they inherit its f16 rounding; measured about 1e-6), 1e-3 for decode with
-     * Q8_0, Q4_0, Q4_K and Q6_K weights, whose products read 8-bit vectors.
+     * quantized weights, whose products read 8-bit vectors.
      */
     @ParameterizedTest(name = "{0} {1}")
     @MethodSource("shapesAndFormats")
     void logitsMatchTheCpuBackend(String shape, GgmlType type) {
         long seed = new SplittableRandom().nextLong();
-        boolean q8Vectors = type == GgmlType.Q8_0 || type == GgmlType.Q4_0 || type == GgmlType.Q4_K
-                || type == GgmlType.Q6_K;
+        boolean q8Vectors = type != GgmlType.F32 && type != GgmlType.F16 && type != GgmlType.BF16;
         try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.parse(shape), type, seed)) {
             matchCpu(model, shape + " " + type, seed, 100, 4, q8Vectors ? 1e-3 : 1e-5);
         }
@@ -402,11 +401,12 @@ class CudaBackendGpuTest {
 
     /**
      * Batches of 8, 5 and 2 sequences (the eight-vector kernels) give each sequence's logits alone (the one-vector
-     * kernels) bit for bit, for the formats read with 8-bit vectors (Q4_0, Q8_0, Q4_K, Q6_K) and with floats (F16).
+     * kernels) bit for bit, for the formats read with 8-bit vectors (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K) and with floats
+     * (F16).
      */
     @ParameterizedTest
     @org.junit.jupiter.params.provider.EnumSource(value = GgmlType.class,
-            names = {"Q4_0", "Q8_0", "Q4_K", "Q6_K", "F16"})
+            names = {"Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16"})
     void batchedDecodeEqualsEachSequenceAloneBitForBitAndGreedyIsTheArgmax(GgmlType type) {
         long seed = new SplittableRandom().nextLong();
         SplittableRandom r = new SplittableRandom(seed);
