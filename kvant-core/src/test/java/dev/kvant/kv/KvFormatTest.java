@@ -341,8 +341,9 @@ class KvFormatTest {
     /**
      * For Gaussian rows, u = Rx/‖x‖ is uniform on the sphere, so each coordinate follows exactly the marginal the
      * codebook is fitted to, and the plain Lloyd-Max error E‖u - c‖² (c the nearest centroids of u) equals the
-     * codebook's D = n × coordinate MSE. Over 2048 rows the per-row error's spread (about ±10% of D) averages to
-     * about 0.25%; 2% is 8 standard errors.
+     * codebook's D = n × coordinate MSE. Over 2048 rows the mean's standard error is 0.3-0.8% of D (measured over 40
+     * seeds: 0.29% for turbo2 at n = 128 up to 0.79% for turbo4 at n = 64, whose outer cells make the error
+     * heavy-tailed); 5% is more than 6 of them, and a wrong codebook misses by far more.
      *
      * <p>Renormalized to length ‖x‖, those plain codes have relative MSE 2 - 2⟨u, c⟩/‖c‖, predicted to first order
      * as 2 - 2√(1-D) (⟨u, c⟩ ≈ ‖c‖² ≈ 1 - D). The sphere constraint Σu² = 1 correlates ⟨u, c⟩ with ‖c‖, which
@@ -407,7 +408,7 @@ class KvFormatTest {
                     }
                     double d = f.codebook(headDim).unitVectorMse();
                     String what = "seed " + seed + " " + f + " headDim " + headDim;
-                    assertEquals(d, plain / rows, 0.02 * d, what + ": mean ‖u - c‖² of the nearest centroids vs D");
+                    assertEquals(d, plain / rows, 0.05 * d, what + ": mean ‖u - c‖² of the nearest centroids vs D");
                     double predicted = 2 - 2 * Math.sqrt(1 - d);
                     assertEquals(predicted, plainRel / rows, (3.0 / headDim + 0.01) * predicted, what
                             + ": relative MSE of the renormalized nearest centroids vs 2-2√(1-D), D = " + d);
