@@ -438,7 +438,7 @@ __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
     for (int s = lane; s < nb; s += 32) {
         int wq[R][8];
         float dw[R];
-        float mw[R];    // Q4_K: the sub-block's dmin·min
+        float mw[R];    // Q4_K, Q5_K: the sub-block's dmin·min
         int ks[R][2];   // Q6_K: the scales of the sub-block's two halves
 #pragma unroll
         for (int i = 0; i < R; i++) {
