@@ -103,7 +103,7 @@ public final class WeightMatrix {
             checkAlive();
             PackedRows packing = cpu.kernels().packing(cols);
             long bytes = rowBytes * rows;
-            MemorySegment copy = Arena.ofAuto().allocate(bytes, 64);
+            MemorySegment copy = LargePages.allocate(bytes);
             long src = cpu.address();
             long dst = RawMemory.address(copy, 0, bytes);
             int chunk = Math.max(MIN_ROWS_PER_TASK, ceilDiv(rows, 8 * pool.threads()));
