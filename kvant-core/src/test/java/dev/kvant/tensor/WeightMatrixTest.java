@@ -243,6 +243,25 @@ class WeightMatrixTest {
         }
     }
 
+    /** A packed copy larger than a huge page (the mapped buffer of {@link LargePages}) gives the unpacked bits. */
+    @Test
+    void aPackedCopyLargerThanAHugePageGivesTheUnpackedBits() {
+        Random random = new Random(SEED ^ 41);
+        int rows = 1000;
+        int cols = 4096;  // 1000 Q4_0 rows of 4096: 2.3 MB
+        try (Arena arena = Arena.ofConfined()) {
+            WeightMatrix m = fixture(GgmlType.Q4_0, rows, cols, random, arena).matrix();
+            float[] x = Float64Reference.gaussian(random, cols, 1);
+            float[] unpacked = poisoned(rows);
+            m.matvec(x, unpacked, two);
+            m.packForCpu(two);
+            float[] packed = poisoned(rows);
+            m.matvec(x, packed, two);
+            assertBitsEqual(unpacked, packed, (m.packedForCpu() ? "packed" : "unpacked") + " Q4_0 " + rows + " x "
+                    + cols + ", seed " + SEED);
+        }
+    }
+
     private static void assertBitsEqual(float[] expected, float[] actual, String what) {
         for (int i = 0; i < expected.length; i++) {
             assertFalse(Float.isNaN(actual[i]) && !Float.isNaN(expected[i]), what + ": element " + i + " not written");
