@@ -1,6 +1,7 @@
 package dev.kvant.model;
 
 import dev.kvant.gguf.GgmlType;
+import dev.kvant.tensor.LargePages;
 import dev.kvant.tensor.WeightFormat;
 import dev.kvant.tensor.WeightMatrix;
 
@@ -140,7 +141,9 @@ public final class SyntheticModel {
                         + format.type() + " blocks");
             }
             long bytes = rowBytes * rows;
-            MemorySegment seg = arena.allocate(bytes, 64);
+            // every byte is written below: no need for the zeroing (and first touch of every small page) of
+            // Arena.allocate, which took most of a large shape's build time
+            MemorySegment seg = LargePages.allocate(bytes, arena);
             long chunk = (long) (POOL_BLOCKS / 2) * format.blockBytes();
             for (long off = 0; off < bytes; off += chunk) {
                 long len = Math.min(chunk, bytes - off);

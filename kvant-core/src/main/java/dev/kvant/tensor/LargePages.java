@@ -10,17 +10,17 @@ import java.lang.invoke.MethodHandle;
 import java.util.Locale;
 
 /**
- * Large buffers that their user fills completely (a packed copy of a weight matrix): anonymous memory from
+ * Large buffers that their user fills completely (a packed copy of a weight matrix, a synthetic model's weights):
+ * anonymous memory from
  * {@code mmap}, asked for transparent huge pages ({@code madvise(MADV_HUGEPAGE)}), not zeroed first.
  *
  * <p>Why: {@link Arena#allocate} zeroes what it returns, and on the development VM the first touch of each 4 KiB
  * page costs some 20 µs, so a gigabyte took 5-6 s to allocate, all on one thread, before the packing wrote it again.
  * With 2 MiB pages the faults are 512 times fewer, and the kernels streaming the buffer miss the TLB less.
  *
- * <p>Linux only (the flag values are Linux's); elsewhere, or when a call fails, an ordinary zeroed allocation. The
- * memory is unmapped when the returned segment becomes unreachable.
+ * <p>Linux only (the flag values are Linux's); elsewhere, or when a call fails, an ordinary zeroed allocation.
  */
-final class LargePages {
+public final class LargePages {
     private static final int PROT_READ_WRITE = 0x1 | 0x2;
     private static final int MAP_PRIVATE_ANONYMOUS = 0x02 | 0x20;
     private static final int MADV_HUGEPAGE = 14;
@@ -56,9 +56,14 @@ final class LargePages {
 
     /**
      * {@code bytes} bytes, 64-byte aligned (page aligned when mapped), contents unspecified: the caller writes every
-     * byte before reading any.
+     * byte before reading any. Unmapped when the segment becomes unreachable.
      */
     static MemorySegment allocate(long bytes) {
+        return allocate(bytes, Arena.ofAuto());
+    }
+
+    /** As {@link #allocate(long)}, unmapped when {@code arena} closes. */
+    public static MemorySegment allocate(long bytes, Arena arena) {
         if (MMAP != null && bytes >= HUGE_PAGE) {
             long size = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
             try {
@@ -67,13 +72,13 @@ final class LargePages {
                 if (at.address() != -1L && at.address() != 0L) {
                     int ignored = (int) MADVISE.invokeExact(at, size, MADV_HUGEPAGE);  // a hint: failure is harmless
                     long address = at.address();
-                    return at.reinterpret(size, Arena.ofAuto(), s -> unmap(address, size)).asSlice(0, bytes);
+                    return at.reinterpret(size, arena, s -> unmap(address, size)).asSlice(0, bytes);
                 }
             } catch (Throwable e) {
                 // fall through to an ordinary allocation
             }
         }
-        return Arena.ofAuto().allocate(bytes, 64);
+        return arena.allocate(bytes, 64);
     }
 
     private static void unmap(long address, long size) {
