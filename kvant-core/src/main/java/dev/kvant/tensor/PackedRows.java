@@ -9,6 +9,10 @@ package dev.kvant.tensor;
  * where the kernels find the values, not the arithmetic.
  */
 interface PackedRows extends FusedRows {
-    /** Rearranges the row of {@code cols} values at {@code src} (the file's layout) into {@code dst}. */
-    void pack(long src, long dst, int cols);
+    /**
+     * Rearranges the row of {@code cols} values at {@code src} (the file's layout) into {@code dst}; false when
+     * this row's values would not come out bitwise as the format's own kernels give them (then the matrix stays
+     * unpacked).
+     */
+    boolean pack(long src, long dst, int cols);
 }

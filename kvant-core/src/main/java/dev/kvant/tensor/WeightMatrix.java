@@ -87,9 +87,10 @@ public final class WeightMatrix {
 
     /**
      * Makes the copy of the rows that the CPU kernels read fastest, where the format has one for this width
-     * (Q4_0 on AVX-512: {@link Q4_0Packed}); results stay bitwise the same. Idempotent and safe to call from
-     * several threads; {@link #data()} keeps the file's layout (the GPU upload reads it). The copy takes as many
-     * bytes as the matrix and lives as long as this object.
+     * (Q4_0 on AVX-512: {@link Q4_0Packed}); results stay bitwise the same (a matrix whose values the packed
+     * kernels would not reproduce bit for bit, e.g. with an infinite scale, stays as it is). Idempotent and safe
+     * to call from several threads; {@link #data()} keeps the file's layout (the GPU upload reads it). The copy
+     * takes as many bytes as the matrix and lives as long as this object.
      */
     public void packForCpu(Parallel pool) {
         Rows current = cpu;
@@ -107,12 +108,17 @@ public final class WeightMatrix {
             long src = cpu.address();
             long dst = RawMemory.address(copy, 0, bytes);
             int chunk = Math.max(MIN_ROWS_PER_TASK, ceilDiv(rows, 8 * pool.threads()));
+            java.util.concurrent.atomic.AtomicBoolean exact = new java.util.concurrent.atomic.AtomicBoolean(true);
             pool.forEach(ceilDiv(rows, chunk), t -> {
                 for (int r = t * chunk; r < Math.min(rows, (t + 1) * chunk); r++) {
-                    packing.pack(src + r * rowBytes, dst + r * rowBytes, cols);
+                    if (!packing.pack(src + r * rowBytes, dst + r * rowBytes, cols)) {
+                        exact.set(false);
+                    }
                 }
             });
-            cpu = new Rows(packing, dst, copy);
+            if (exact.get()) {
+                cpu = new Rows(packing, dst, copy);
+            }
         }
     }
 

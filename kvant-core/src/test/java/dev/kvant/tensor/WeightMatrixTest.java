@@ -243,6 +243,65 @@ class WeightMatrixTest {
         }
     }
 
+    /**
+     * Q4_0 blocks whose scale is +0, -0, a subnormal, negative or huge decode through the packed table (i - 8)·d + 0
+     * to the file layout's fma(i, d, -8d) bit for bit (signed zeros included); a matrix with an infinite or NaN scale
+     * is left unpacked, where the two would differ.
+     */
+    @Test
+    void packedQ4_0TablesMatchTheFileLayoutForEveryFiniteScale() {
+        Random random = new Random(SEED ^ 43);
+        int rows = 8;
+        int cols = 256;
+        short[] special = {0x0000, (short) 0x8000, 0x0001, (short) 0x8001, 0x03ff, (short) 0xbc00, 0x7bff,
+                (short) 0xfbff};
+        try (Arena arena = Arena.ofConfined()) {
+            for (short odd : new short[] {0, 0x7c00, (short) 0xfc00, 0x7e00}) {
+                Fixture fx = fixture(GgmlType.Q4_0, rows, cols, random, arena);
+                WeightMatrix m = fx.matrix();
+                for (int r = 0; r < rows; r++) {
+                    for (int b = 0; b < cols / 32; b++) {
+                        short d = special[(r * 8 + b) % special.length];
+                        m.data().set(ValueLayout.JAVA_SHORT_UNALIGNED, r * m.rowBytes() + 18L * b, d);
+                    }
+                }
+                if (odd != 0) {
+                    m.data().set(ValueLayout.JAVA_SHORT_UNALIGNED, 3 * m.rowBytes() + 18L * 5, odd);
+                }
+                float[] x = Float64Reference.gaussian(random, cols, 1);
+                float[] unpacked = poisoned(rows);
+                float[] values = poisoned(rows * cols);
+                m.matvec(x, unpacked, two);
+                for (int r = 0; r < rows; r++) {
+                    m.dequantizeRow(r, values, r * cols);
+                }
+                m.packForCpu(two);
+                boolean expectPacked = Lanes.L == 16 && odd == 0;
+                String what = "scale 0x" + Integer.toHexString(odd & 0xffff) + " in row 3, seed " + SEED;
+                assertEquals(expectPacked, m.packedForCpu(), what);
+                float[] packed = poisoned(rows);
+                float[] packedValues = poisoned(rows * cols);
+                m.matvec(x, packed, two);
+                for (int r = 0; r < rows; r++) {
+                    m.dequantizeRow(r, packedValues, r * cols);
+                }
+                assertBitsEqualOrBothNaN(unpacked, packed, "matvec, " + what);
+                assertBitsEqualOrBothNaN(values, packedValues, "dequantizeRow, " + what);
+            }
+        }
+    }
+
+    private static void assertBitsEqualOrBothNaN(float[] expected, float[] actual, String what) {
+        for (int i = 0; i < expected.length; i++) {
+            if (Float.isNaN(expected[i])) {
+                assertTrue(Float.isNaN(actual[i]), what + ": element " + i + " should be NaN, is " + actual[i]);
+            } else {
+                assertEquals(Float.floatToRawIntBits(expected[i]), Float.floatToRawIntBits(actual[i]),
+                        what + ": element " + i + " (" + expected[i] + " vs " + actual[i] + ")");
+            }
+        }
+    }
+
     /** A packed copy larger than a huge page (the mapped buffer of {@link LargePages}) gives the unpacked bits. */
     @Test
     void aPackedCopyLargerThanAHugePageGivesTheUnpackedBits() {
