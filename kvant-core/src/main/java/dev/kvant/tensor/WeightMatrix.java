@@ -2,6 +2,7 @@ package dev.kvant.tensor;
 
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
+import java.util.concurrent.atomic.AtomicBoolean;
 
 /**
  * A 2-D weight tensor: {@code rows x cols}, row-major, each row {@code cols / blockSize} blocks of its format.
@@ -108,7 +109,7 @@ public final class WeightMatrix {
             long src = cpu.address();
             long dst = RawMemory.address(copy, 0, bytes);
             int chunk = Math.max(MIN_ROWS_PER_TASK, ceilDiv(rows, 8 * pool.threads()));
-            java.util.concurrent.atomic.AtomicBoolean exact = new java.util.concurrent.atomic.AtomicBoolean(true);
+            AtomicBoolean exact = new AtomicBoolean(true);
             pool.forEach(ceilDiv(rows, chunk), t -> {
                 for (int r = t * chunk; r < Math.min(rows, (t + 1) * chunk); r++) {
                     if (!packing.pack(src + r * rowBytes, dst + r * rowBytes, cols)) {

@@ -2,8 +2,8 @@ package dev.kvant.cuda.model;
 
 import dev.kvant.cuda.CudaContext;
 import dev.kvant.cuda.CudaDriver;
-import dev.kvant.cuda.CudaFunction;
 import dev.kvant.cuda.CudaEvent;
+import dev.kvant.cuda.CudaFunction;
 import dev.kvant.cuda.CudaGraph;
 import dev.kvant.cuda.CudaStream;
 import dev.kvant.cuda.DeviceBuffer;
@@ -49,43 +49,11 @@ public final class ModelGpuBench {
             System.out.println("| format | matrix | rows x cols | vectors | kernel | µs | GB/s | of copy |");
             System.out.println("| --- | --- | --- | ---: | --- | ---: | ---: | ---: |");
             try (ModelKernels k = new ModelKernels(context, cache)) {
+                // Q4_0 and Q8_0: one vector 8-bit with 4, 2 and 1 rows a warp, and floats; eight vectors 8-bit
+                int[][] planar = {{1, 1, 4}, {1, 1, 2}, {1, 1, 1}, {1, 0, 4}, {8, 1, 4}};
                 for (WeightLayout layout : new WeightLayout[] {WeightLayout.Q4_0, WeightLayout.Q8_0}) {
                     for (Shape s : shapes) {
-                        int nb = s.cols() / 32;
-                        long blocks = (long) s.rows() * nb;
-                        long bytes = blocks * (layout.planeQuantBytes() + 2);
-                        try (DeviceBuffer w = context.allocate(bytes);
-                             DeviceBuffer xf = context.allocate(4L * 8 * s.cols());
-                             DeviceBuffer xq = context.allocate(8L * s.cols());
-                             DeviceBuffer xs = context.allocate(8L * 8 * (s.cols() / 32));
-                             DeviceBuffer out = context.allocate(4L * 8 * s.rows())) {
-                            fillRandom(context, w, bytes);
-                            fillRandom(context, xf, 4L * 8 * s.cols());
-                            ModelKernels.Vectors x = new ModelKernels.Vectors(xf, xq, xs, s.cols());
-                            k.quantize(x, 8, stream);
-                            // small finite scales: every scale half is 0x1000 (about 6e-5)
-                            DeviceBuffer scales = w.slice(blocks * layout.planeQuantBytes(), blocks * 2);
-                            scales.fillBytes((byte) 0x10);
-                            DeviceMatrix m = new DeviceMatrix(layout, w, nb, blocks * layout.planeQuantBytes(),
-                                    s.rows(), s.cols());
-                            int outputs = s.mode() == ModelKernels.MV_SWIGLU ? s.rows() / 2 : s.rows();
-                            // one vector: 8-bit with 4, 2 and 1 rows a warp, floats; eight vectors: 8-bit
-                            int[][] variants = {{1, 1, 4}, {1, 1, 2}, {1, 1, 1}, {1, 0, 4}, {8, 1, 4}};
-                            for (int[] variant : variants) {
-                                int nvec = variant[0];
-                                boolean q8 = variant[1] == 1;
-                                int rows = variant[2];
-                                if (rows == 1 && s.mode() == ModelKernels.MV_SWIGLU) {
-                                    continue;
-                                }
-                                double us = time(context, stream, () -> k.matvec(q8, rows, m, outputs, x, nvec, out,
-                                        outputs, null, s.mode(), outputs, null, stream));
-                                double gbs = bytes / (us * 1e-6) / 1e9;
-                                System.out.printf(Locale.ROOT, "| %s | %s | %d x %d | %d | %s, %d rows a warp | %.1f | %.0f"
-                                                + " | %.0f%% |%n", layout.kernelSuffix, s.name(), s.rows(), s.cols(),
-                                        nvec, q8 ? "8-bit vectors" : "float vectors", rows, us, gbs, 100 * gbs / copy);
-                            }
-                        }
+                        timeShape(context, stream, k, layout, s, planar, copy);
                     }
                 }
                 // The other layouts: float vectors (and 8-bit ones where the layout has them), one vector and
@@ -98,38 +66,11 @@ public final class ModelGpuBench {
                                 + " bytes | | | |%n", layout.kernelSuffix, nvec, f.registers(),
                                 f.attribute(CudaDriver.FUNC_LOCAL_SIZE_BYTES));
                     }
+                    int[][] variants = layout.q8Vectors
+                            ? new int[][] {{1, 0, 4}, {8, 0, 4}, {1, 1, 0}, {8, 1, 4}}
+                            : new int[][] {{1, 0, 4}, {8, 0, 4}};
                     for (Shape s : shapes) {
-                        // GGUF's rows, or the planes (Q6_K: 208 bytes of quants a super-block, then the d plane)
-                        long rowBytes = WeightFormat.of(layout.type).bytesFor(s.cols());
-                        long bytes = rowBytes * s.rows();
-                        long superBlocks = (long) s.rows() * (s.cols() / 256);
-                        try (DeviceBuffer w = context.allocate(bytes);
-                             DeviceBuffer xf = context.allocate(4L * 8 * s.cols());
-                             DeviceBuffer xq = context.allocate(8L * s.cols());
-                             DeviceBuffer xs = context.allocate(8L * 8 * (s.cols() / 32));
-                             DeviceBuffer out = context.allocate(4L * 8 * s.rows())) {
-                            fillRandom(context, w, bytes);
-                            fillRandom(context, xf, 4L * 8 * s.cols());
-                            ModelKernels.Vectors x = new ModelKernels.Vectors(xf, xq, xs, s.cols());
-                            k.quantize(x, 8, stream);
-                            DeviceMatrix m = layout.planar
-                                    ? new DeviceMatrix(layout, w, s.cols() / 32, superBlocks * layout.planeQuantBytes(),
-                                            s.rows(), s.cols())
-                                    : new DeviceMatrix(layout, w, rowBytes, 0, s.rows(), s.cols());
-                            int outputs = s.mode() == ModelKernels.MV_SWIGLU ? s.rows() / 2 : s.rows();
-                            for (boolean q8 : layout.q8Vectors ? new boolean[] {false, true} : new boolean[] {false}) {
-                                for (int nvec : new int[] {1, 8}) {
-                                    int rows = q8 && nvec == 1 ? ModelKernels.rowsPerWarp(s.mode()) : 4;
-                                    double us = time(context, stream, () -> k.matvec(q8, rows, m, outputs, x, nvec,
-                                            out, outputs, null, s.mode(), outputs, null, stream));
-                                    double gbs = bytes / (us * 1e-6) / 1e9;
-                                    System.out.printf(Locale.ROOT, "| %s | %s | %d x %d | %d | %s, %d rows a warp"
-                                                    + " | %.1f | %.0f | %.0f%% |%n", layout.kernelSuffix, s.name(),
-                                            s.rows(), s.cols(), nvec, q8 ? "8-bit vectors" : "float vectors", rows,
-                                            us, gbs, 100 * gbs / copy);
-                                }
-                            }
-                        }
+                        timeShape(context, stream, k, layout, s, variants, copy);
                     }
                 }
                 try (DeviceBuffer x = context.allocate(4L * 14336);
@@ -150,6 +91,57 @@ public final class ModelGpuBench {
                 }
             }
             stream.close();
+        }
+    }
+
+    /**
+     * Times each variant {vectors, 8-bit (1) or float (0) vectors, rows a warp (0: the backend's choice)} of one
+     * layout's product on one shape, random weights (planar layouts: every scale half 0x1010, small and finite) and
+     * random vectors, and prints a row for each.
+     */
+    private static void timeShape(CudaContext context, CudaStream stream, ModelKernels k, WeightLayout layout,
+                                  Shape s, int[][] variants, double copy) {
+        long bytes;
+        long scales = 0;
+        long rowStride;
+        if (layout.planar) {
+            long blocks = (long) s.rows() * (s.cols() / layout.planeBlockValues());
+            scales = blocks * layout.planeQuantBytes();
+            bytes = scales + blocks * 2;
+            rowStride = s.cols() / 32;
+        } else {
+            rowStride = WeightFormat.of(layout.type).bytesFor(s.cols());
+            bytes = rowStride * s.rows();
+        }
+        try (DeviceBuffer w = context.allocate(bytes);
+             DeviceBuffer xf = context.allocate(4L * 8 * s.cols());
+             DeviceBuffer xq = context.allocate(8L * s.cols());
+             DeviceBuffer xs = context.allocate(8L * 8 * (s.cols() / 32));
+             DeviceBuffer out = context.allocate(4L * 8 * s.rows())) {
+            fillRandom(context, w, bytes);
+            fillRandom(context, xf, 4L * 8 * s.cols());
+            if (layout.planar) {
+                w.slice(scales, bytes - scales).fillBytes((byte) 0x10);
+            }
+            ModelKernels.Vectors x = new ModelKernels.Vectors(xf, xq, xs, s.cols());
+            k.quantize(x, 8, stream);
+            DeviceMatrix m = new DeviceMatrix(layout, w, rowStride, scales, s.rows(), s.cols());
+            int outputs = s.mode() == ModelKernels.MV_SWIGLU ? s.rows() / 2 : s.rows();
+            for (int[] variant : variants) {
+                int nvec = variant[0];
+                boolean q8 = variant[1] == 1;
+                int rows = variant[2] != 0 ? variant[2] : q8 && nvec == 1 ? ModelKernels.rowsPerWarp(s.mode()) : 4;
+                if (rows == 1 && s.mode() == ModelKernels.MV_SWIGLU) {
+                    continue;
+                }
+                double us = time(context, stream, () -> k.matvec(q8, rows, m, outputs, x, nvec, out, outputs, null,
+                        s.mode(), outputs, null, stream));
+                double gbs = bytes / (us * 1e-6) / 1e9;
+                System.out.printf(Locale.ROOT,
+                        "| %s | %s | %d x %d | %d | %s, %d rows a warp | %.1f | %.0f | %.0f%% |%n",
+                        layout.kernelSuffix, s.name(), s.rows(), s.cols(), nvec,
+                        q8 ? "8-bit vectors" : "float vectors", rows, us, gbs, 100 * gbs / copy);
+            }
         }
     }
 
