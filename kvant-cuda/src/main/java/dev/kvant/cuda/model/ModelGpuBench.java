@@ -49,9 +49,15 @@ public final class ModelGpuBench {
             System.out.println("| format | matrix | rows x cols | vectors | kernel | µs | GB/s | of copy |");
             System.out.println("| --- | --- | --- | ---: | --- | ---: | ---: | ---: |");
             try (ModelKernels k = new ModelKernels(context, cache)) {
-                // Q4_0 and Q8_0: one vector 8-bit with 4, 2 and 1 rows a warp, and floats; eight vectors 8-bit
-                int[][] planar = {{1, 1, 4}, {1, 1, 2}, {1, 1, 1}, {1, 0, 4}, {8, 1, 4}};
+                // Q4_0 and Q8_0: 8-bit on the tensor cores and with dp4a (the dp4a default rows a warp), one vector
+                // and eight; one vector of floats
+                int T = ModelKernels.TENSOR_TILE;
+                int[][] planar = {{1, 1, 0}, {1, 1, T}, {8, 1, T}, {1, 0, 4}};
                 for (WeightLayout layout : new WeightLayout[] {WeightLayout.Q4_0, WeightLayout.Q8_0}) {
+                    CudaFunction f = k.tensorProduct(layout);
+                    System.out.printf(Locale.ROOT, "| %s | (kernel) | | | tensor cores: %d registers, %d local bytes"
+                            + " | | | |%n", layout.kernelSuffix, f.registers(),
+                            f.attribute(CudaDriver.FUNC_LOCAL_SIZE_BYTES));
                     for (Shape s : shapes) {
                         timeShape(context, stream, k, layout, s, planar, copy);
                     }
@@ -66,8 +72,14 @@ public final class ModelGpuBench {
                                 + " bytes | | | |%n", layout.kernelSuffix, nvec, f.registers(),
                                 f.attribute(CudaDriver.FUNC_LOCAL_SIZE_BYTES));
                     }
+                    if (layout.q8Vectors) {
+                        CudaFunction f = k.tensorProduct(layout);
+                        System.out.printf(Locale.ROOT, "| %s | (kernel) | | | tensor cores: %d registers, %d local"
+                                + " bytes | | | |%n", layout.kernelSuffix, f.registers(),
+                                f.attribute(CudaDriver.FUNC_LOCAL_SIZE_BYTES));
+                    }
                     int[][] variants = layout.q8Vectors
-                            ? new int[][] {{1, 0, 4}, {8, 0, 4}, {1, 1, 0}, {8, 1, 4}}
+                            ? new int[][] {{1, 1, 0}, {1, 1, T}, {8, 1, T}, {1, 0, 4}, {8, 0, 4}}
                             : new int[][] {{1, 0, 4}, {8, 0, 4}};
                     for (Shape s : shapes) {
                         timeShape(context, stream, k, layout, s, variants, copy);
@@ -95,7 +107,8 @@ public final class ModelGpuBench {
     }
 
     /**
-     * Times each variant {vectors, 8-bit (1) or float (0) vectors, rows a warp (0: the backend's choice)} of one
+     * Times each variant {vectors, 8-bit (1) or float (0) vectors, rows a warp (16: the tensor cores;
+     * 0: dp4a's choice)} of one
      * layout's product on one shape, random weights (planar layouts: every scale half 0x1010, small and finite) and
      * random vectors, and prints a row for each.
      */
@@ -137,10 +150,11 @@ public final class ModelGpuBench {
                 double us = time(context, stream, () -> k.matvec(q8, rows, m, outputs, x, nvec, out, outputs, null,
                         s.mode(), outputs, null, stream));
                 double gbs = bytes / (us * 1e-6) / 1e9;
-                System.out.printf(Locale.ROOT,
-                        "| %s | %s | %d x %d | %d | %s, %d rows a warp | %.1f | %.0f | %.0f%% |%n",
-                        layout.kernelSuffix, s.name(), s.rows(), s.cols(), nvec,
-                        q8 ? "8-bit vectors" : "float vectors", rows, us, gbs, 100 * gbs / copy);
+                String kernel = !q8 ? "float vectors, " + rows + " rows a warp"
+                        : rows == ModelKernels.TENSOR_TILE ? "8-bit vectors, tensor cores"
+                        : "8-bit vectors, dp4a, " + rows + " rows a warp";
+                System.out.printf(Locale.ROOT, "| %s | %s | %d x %d | %d | %s | %.1f | %.0f | %.0f%% |%n",
+                        layout.kernelSuffix, s.name(), s.rows(), s.cols(), nvec, kernel, us, gbs, 100 * gbs / copy);
             }
         }
     }

@@ -22,16 +22,20 @@ final class ModelKernels implements AutoCloseable {
     static final int MV_WARPS = 4;
     /** Vectors one wide matrix-vector kernel takes (model.cu: the NV of kvant_mv8_*). */
     static final int MAX_VECTORS = 8;
+    /** Warps per block of the tensor-core 8-bit products, and the stages of each warp's ring (model.cu MT_*). */
+    static final int MT_WARPS = 4;
+    static final int MT_STAGES = 2;
+    /** The "rows a warp" that selects the tensor-core 8-bit products: a block's tile of 16 weight rows. */
+    static final int TENSOR_TILE = 16;
 
     static final KernelSource SOURCE = KernelSource.resource("model/model.cu");
 
     private final CudaModule module;
     private final Map<WeightLayout, CudaFunction> mv1 = new EnumMap<>(WeightLayout.class);
     private final Map<WeightLayout, CudaFunction> mv8 = new EnumMap<>(WeightLayout.class);
-    private final Map<WeightLayout, CudaFunction> mq1 = new EnumMap<>(WeightLayout.class);
-    private final Map<WeightLayout, CudaFunction> mq8 = new EnumMap<>(WeightLayout.class);
     private final Map<WeightLayout, CudaFunction> mq1r2 = new EnumMap<>(WeightLayout.class);
     private final Map<WeightLayout, CudaFunction> mq1r1 = new EnumMap<>(WeightLayout.class);
+    private final Map<WeightLayout, CudaFunction> mt = new EnumMap<>(WeightLayout.class);
     private final Map<WeightLayout, CudaFunction> embed = new EnumMap<>(WeightLayout.class);
     private final Map<WeightLayout, CudaFunction> dequant = new EnumMap<>(WeightLayout.class);
     private final CudaFunction rmsnorm;
@@ -50,10 +54,11 @@ final class ModelKernels implements AutoCloseable {
             mv8.put(l, module.function("kvant_mv8_" + l.kernelSuffix));
             embed.put(l, module.function("kvant_embed_" + l.kernelSuffix));
             if (l.q8Vectors) {
-                mq1.put(l, module.function("kvant_mq1_" + l.kernelSuffix));
-                mq8.put(l, module.function("kvant_mq8_" + l.kernelSuffix));
                 mq1r2.put(l, module.function("kvant_mq1r2_" + l.kernelSuffix));
                 mq1r1.put(l, module.function("kvant_mq1r1_" + l.kernelSuffix));
+                CudaFunction f = module.function("kvant_mt_" + l.kernelSuffix);
+                f.setMaxDynamicSharedMemory(mtSharedBytes(l));
+                mt.put(l, f);
             }
             dequant.put(l, module.function("kvant_dequant_" + l.kernelSuffix));
         }
@@ -89,11 +94,15 @@ final class ModelKernels implements AutoCloseable {
     /** As above with the path chosen: 8-bit vectors ({@link WeightLayout#q8Vectors} formats only) or floats. */
     void matvec(boolean q8, DeviceMatrix m, int outputs, Vectors x, int nvec, DeviceBuffer out, int outStride,
                 DeviceBuffer bias, int mode, int ffn, DeviceBuffer best, CudaStream stream) {
-        matvec(q8, q8 && nvec == 1 ? rowsPerWarp(mode) : 4, m, outputs, x, nvec, out, outStride, bias, mode, ffn,
-                best, stream);
+        matvec(q8, !q8 ? 4 : nvec == 1 ? rowsPerWarp(mode) : TENSOR_TILE, m, outputs, x, nvec, out, outStride, bias,
+                mode, ffn, best, stream);
     }
 
-    /** As above with the rows per warp chosen (1, 2 or 4; one-vector 8-bit products only, 4 otherwise). */
+    /**
+     * As above with the kernel chosen by its rows a warp: {@link #TENSOR_TILE} for the 8-bit products on the tensor
+     * cores (any number of vectors; the backend's choice for two or more), 1 or 2 for the one-vector dp4a products
+     * (2 with SwiGLU), 4 for float vectors. Either 8-bit kernel gives a vector the same bits.
+     */
     void matvec(boolean q8, int rowsPerWarp, DeviceMatrix m, int outputs, Vectors x, int nvec, DeviceBuffer out,
                 int outStride, DeviceBuffer bias, int mode, int ffn, DeviceBuffer best, CudaStream stream) {
         if (nvec < 1 || nvec > MAX_VECTORS) {
@@ -103,18 +112,24 @@ final class ModelKernels implements AutoCloseable {
             throw new IllegalArgumentException("vectors of " + x.width() + " for a matrix of " + m.cols()
                     + " columns");
         }
-        if (rowsPerWarp != 4 && (!q8 || nvec != 1 || rowsPerWarp < 1 || rowsPerWarp > 2
-                || (mode == MV_SWIGLU && rowsPerWarp < 2))) {
-            throw new IllegalArgumentException(rowsPerWarp + " rows a warp: 4, or 1-2 for one-vector 8-bit products"
-                    + " (2 with SwiGLU)");
+        Object b = bias == null ? 0L : (Object) bias;
+        if (q8 && rowsPerWarp == TENSOR_TILE) {
+            int perBlock = mode == MV_SWIGLU ? TENSOR_TILE / 2 : TENSOR_TILE;
+            mt.get(m.layout()).launch(Dim3.of((outputs + perBlock - 1) / perBlock), Dim3.of(MT_WARPS * 32),
+                    mtSharedBytes(m.layout()), stream, m.data(), m.rowStride(), m.scales(), outputs, m.cols(), x.q8(),
+                    x.q8Scales(), nvec, out, outStride, b, mode, ffn, orNull(best));
+            return;
+        }
+        if (q8 ? nvec != 1 || rowsPerWarp < 1 || rowsPerWarp > 2 || (mode == MV_SWIGLU && rowsPerWarp < 2)
+               : rowsPerWarp != 4) {
+            throw new IllegalArgumentException(rowsPerWarp + " rows a warp for " + nvec + " vectors: 8-bit products"
+                    + " take 16 (the tensor cores' tile), or 1-2 for one vector (2 with SwiGLU); floats 4");
         }
         int perWarp = mode == MV_SWIGLU ? rowsPerWarp / 2 : rowsPerWarp;
         int warps = (outputs + perWarp - 1) / perWarp;
         int blocks = (warps + MV_WARPS - 1) / MV_WARPS;
-        Object b = bias == null ? 0L : (Object) bias;
         if (q8) {
-            CudaFunction f = (nvec != 1 ? mq8 : rowsPerWarp == 4 ? mq1 : rowsPerWarp == 2 ? mq1r2 : mq1r1)
-                    .get(m.layout());
+            CudaFunction f = (rowsPerWarp == 2 ? mq1r2 : mq1r1).get(m.layout());
             f.launch(Dim3.of(blocks), Dim3.of(MV_WARPS * 32), 0, stream, m.data(), m.rowStride(), m.scales(),
                     outputs, m.cols(), x.q8(), x.q8Scales(), nvec, out, outStride, b, mode, ffn, orNull(best));
         } else {
@@ -122,6 +137,31 @@ final class ModelKernels implements AutoCloseable {
             f.launch(Dim3.of(blocks), Dim3.of(MV_WARPS * 32), 0, stream, m.data(), m.rowStride(), m.scales(),
                     outputs, m.cols(), x.floats(), x.width(), nvec, out, outStride, b, mode, ffn, orNull(best));
         }
+    }
+
+    /**
+     * Shared memory of a tensor-core product's block (model.cu MtGeom): per warp a group's 16 rows (at a padded
+     * stride), 8 vectors' 256 codes (272-byte stride), their 64 scale pairs and the rows' block scales.
+     */
+    static int mtSharedBytes(WeightLayout layout) {
+        int rowStride = switch (layout) {
+            case Q8_0 -> 272;
+            case Q4_0, Q4_K -> 144;
+            case Q5_K -> 176;
+            case Q6_K -> 208;
+            default -> throw new IllegalArgumentException(layout + " has no 8-bit products");
+        };
+        int scales = switch (layout) {
+            case Q8_0, Q4_0 -> 256;
+            case Q6_K -> 32;
+            default -> 0;
+        };
+        return MT_WARPS * MT_STAGES * (16 * rowStride + 8 * 272 + 64 * 8 + scales);
+    }
+
+    /** The tensor-core 8-bit product kernel of a layout (benchmarks read its attributes). */
+    CudaFunction tensorProduct(WeightLayout layout) {
+        return mt.get(layout);
     }
 
     /** The float-vector product kernel of a layout for one vector or several (benchmarks read its attributes). */

@@ -25,7 +25,7 @@ enum WeightLayout {
     final GgmlType type;
     /** Repacked into a quant plane and a scale plane. */
     final boolean planar;
-    /** Decode's products read the vectors' 8-bit form (model.cu kvant_mq*). */
+    /** Decode's products read the vectors' 8-bit form (model.cu kvant_mq1r*, and kvant_mt_* for batches). */
     final boolean q8Vectors;
 
     WeightLayout(int id, String kernelSuffix, GgmlType type, boolean planar, boolean q8Vectors) {

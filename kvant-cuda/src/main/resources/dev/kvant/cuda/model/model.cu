@@ -61,16 +61,22 @@ __device__ __forceinline__ u16 ld_u16(const u8* p) {
     return *(const u16*) p;
 }
 
+// Exact float of an integer |s| < 2^22 in two full-rate operations (an int-to-float conversion runs at a quarter of
+// the rate on sm_90, and the 8-bit products make one per term): s + 1.5·2^23 as float bits, less 1.5·2^23.
+__device__ __forceinline__ float small_int_float(int s) {
+    return __fsub_rn(__int_as_float(0x4B400000 + s), 12582912.f);
+}
+
 // ---- dequantizing: 8 consecutive weights (chunk c of the 32-weight sub-block s) of row `row`
 
 // K-quant scale and min of sub-block j (0..7) of a Q4_K/Q5_K super-block: six bits each, packed in 12 bytes.
 __device__ __forceinline__ void kq_scale_min(const u8* sc, int j, float& scale, float& min) {
     if (j < 4) {
-        scale = (float) (sc[j] & 63);
-        min = (float) (sc[j + 4] & 63);
+        scale = small_int_float(sc[j] & 63);
+        min = small_int_float(sc[j + 4] & 63);
     } else {
-        scale = (float) ((sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4));
-        min = (float) ((sc[j + 4] >> 4) | ((sc[j] >> 6) << 4));
+        scale = small_int_float((sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4));
+        min = small_int_float((sc[j + 4] >> 4) | ((sc[j] >> 6) << 4));
     }
 }
 
@@ -403,13 +409,32 @@ __device__ void matvec(const u8* __restrict__ W, i64 rowBytes, i64 scales, int o
 //   dot = (d·sc)·(dx·Σ q·qx) − (dmin·m)·(dx·Σ qx);
 // Q6_K (sub-block of 32, 6-bit q, value d·sc_h·(q − 32), a scale per half h):
 //   dot = d·(dx·Σ_h sc_h·(Σ q·qx − 32·Σ qx)), the integer sum exact.
-// Integer sums are exact and the float steps run in a fixed order: the same bits for one vector or eight.
-// Launch geometry and outputs as kvant_mv*.
+// One vector (kvant_mq1r*_): launch geometry and outputs as kvant_mv*, a warp taking 1 row (2 with SwiGLU).
+// Several vectors: kvant_mt_* below, on the tensor cores, which take each row's blocks in the same order and add the
+// same terms, rounded the same way (q8_add: explicit roundings, nothing left to contraction), so a vector gets the same bits
+// from either kernel: alone or in a batch.
 
 __device__ __forceinline__ int dp4a(int a, int b, int c) {
     int r;
     asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
     return r;
+}
+
+// acc plus one block's term, from the block's exact integer sum s, every rounding explicit (see above; an fma is
+// one rounding): Q8_0, Q6_K acc + dw·(dx·s); Q4_0 (s = Σ c·qx over the codes c = q + 8) acc + dw·(dx·s − 8·dy);
+// Q4_K, Q5_K (acc − mw·dy) + dw·(dx·s); Q6_K's s = Σ_h sc_h·Σ(q − 32)·qx. dw, mw: the block's weight scale and min;
+// dx, dy: the vector's d and d·Σq.
+template <int F>
+__device__ __forceinline__ float q8_add(float acc, float dw, float mw, float dx, float dy, int s) {
+    // |s| < 2^22 but for Q6_K, whose scaled sums reach 2^24 (a conversion, exact below 2^24)
+    float fs = F == W_Q6_K ? (float) s : small_int_float(s);
+    if constexpr (F == W_Q4_0) {
+        return __fmaf_rn(dw, __fmaf_rn(dx, fs, __fmul_rn(-8.f, dy)), acc);
+    } else if constexpr (F == W_Q4_K || F == W_Q5_K) {
+        return __fmaf_rn(dw, __fmul_rn(dx, fs), __fmaf_rn(-mw, dy, acc));
+    } else {
+        return __fmaf_rn(dw, __fmul_rn(dx, fs), acc);
+    }
 }
 
 template <int F, int NV, int R>
@@ -542,7 +567,7 @@ __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
                         }
                         // exact: |sc·(s − 32·sx)| < 2^7 · 2^6 · 2^7 · 16 per half
                         int isum = ks[i][0] * (s0 - 32 * sx0) + ks[i][1] * (s1 - 32 * sx1);
-                        acc[i][v] += dw[i] * (ds.x * (float) isum);
+                        acc[i][v] = q8_add<F>(acc[i][v], dw[i], 0.f, ds.x, 0.f, isum);
                         continue;
                     }
                     int sum = 0;
@@ -550,15 +575,7 @@ __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
                     for (int k = 0; k < 8; k++) {
                         sum = dp4a(wq[i][k], xw[k], sum);
                     }
-                    float dot;
-                    if constexpr (F == W_Q4_0) {
-                        dot = dw[i] * (ds.x * (float) sum - 8.f * ds.y);
-                    } else if constexpr (F == W_Q4_K || F == W_Q5_K) {
-                        dot = dw[i] * (ds.x * (float) sum) - mw[i] * ds.y;
-                    } else {
-                        dot = dw[i] * (ds.x * (float) sum);
-                    }
-                    acc[i][v] += dot;
+                    acc[i][v] = q8_add<F>(acc[i][v], dw[i], mw[i], ds.x, ds.y, sum);
                 }
             }
         }
@@ -567,12 +584,6 @@ __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
 }
 
 #define KVANT_Q8_KERNELS(NAME, F)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(MV_WARPS * 32) kvant_mq1_##NAME(                                 \
-            const u8* W, i64 nb, i64 scales, int outputs, int cols, const i8* xq, const float2* xds, int nvec,    \
-            float* out, int outStride, const float* bias, int mode, int ffn, unsigned long long* best) {          \
-        KVANT_GRID_ENTER();                                                                                       \
-        matvec_q8<F, 1, 4>(W, nb, scales, outputs, cols, xq, xds, nvec, out, outStride, bias, mode, ffn, best);  \
-    }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32) kvant_mq1r2_##NAME(                               \
             const u8* W, i64 nb, i64 scales, int outputs, int cols, const i8* xq, const float2* xds, int nvec,    \
             float* out, int outStride, const float* bias, int mode, int ffn, unsigned long long* best) {          \
@@ -584,12 +595,6 @@ __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
             float* out, int outStride, const float* bias, int mode, int ffn, unsigned long long* best) {          \
         KVANT_GRID_ENTER();                                                                                       \
         matvec_q8<F, 1, 1>(W, nb, scales, outputs, cols, xq, xds, nvec, out, outStride, bias, mode, ffn, best);  \
-    }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(MV_WARPS * 32) kvant_mq8_##NAME(                                 \
-            const u8* W, i64 nb, i64 scales, int outputs, int cols, const i8* xq, const float2* xds, int nvec,    \
-            float* out, int outStride, const float* bias, int mode, int ffn, unsigned long long* best) {          \
-        KVANT_GRID_ENTER();                                                                                       \
-        matvec_q8<F, 8, 4>(W, nb, scales, outputs, cols, xq, xds, nvec, out, outStride, bias, mode, ffn, best);  \
     }
 
 KVANT_Q8_KERNELS(q8_0, W_Q8_0)
@@ -597,6 +602,467 @@ KVANT_Q8_KERNELS(q4_0, W_Q4_0)
 KVANT_Q8_KERNELS(q4_k, W_Q4_K)
 KVANT_Q8_KERNELS(q5_k, W_Q5_K)
 KVANT_Q8_KERNELS(q6_k, W_Q6_K)
+
+// ---- the same products on the tensor cores, for 2 to 8 vectors: 16 weight rows × 8 vectors per integer mma
+//
+// A block of MT_WARPS warps takes a tile of 16 weight rows (MV_SWIGLU: 8 gate rows and their 8 up rows) and all its
+// columns; warp w takes the 256-column groups w, w + MT_WARPS, ... (Q4_0, Q8_0: 8 blocks; K-quants: a super-block).
+// A warp copies each group into its own ring of shared-memory stages with 16-byte cp.async (the 16 rows' bytes, the
+// vectors' codes through L1, which the blocks of a multiprocessor share, their scale pairs, the rows' scales), one
+// group in flight while it multiplies the one before: the mma fragments want 4 bytes of 8 different rows per load,
+// which straight from global memory cost 8 cache lines a load (measured: 25-60% of copy bandwidth); from shared
+// memory, with row strides that put the 8 rows in different banks, one wavefront.
+// Per 32-value block, one mma.m16n8k32 (s8 × s8 → s32; Q4_0 u8 × s8; Q6_K one m16n8k16 per 16-value half, each under
+// its own scale) gives the 16 × 8 exact integer sums of the block, the same integers dp4a gives the one-vector
+// kernel (Q6_K's codes are made signed first, q − 32, exact per byte, so Σ(q − 32)·qx is its s − 32·Σqx). Thread
+// (g = lane/4, t = lane%4) owns rows g and g + 8 against vectors 2t and 2t + 1: A's k-slots of that thread are
+// values 4t..4t+3 and 16+4t..16+4t+3 of the block, B's the same values of vector g.
+// Bits: with 8-block groups and 4 warps, warp w multiplies exactly the blocks lanes 8w..8w+7 of the one-vector
+// kernel take (block b goes to lane b mod 32); each thread keeps one running sum per such lane (acc[j]), adds the
+// blocks' terms in the same order through q8_add, and warp 0 adds the 32 sums in the one-vector kernel's butterfly
+// order. So every vector gets the bits it gets alone, whatever else is in the batch. Vectors past nvec (and blocks
+// past a row's end) are neither loaded nor written: their columns hold stale bytes that no written output reads.
+#define MT_WARPS 4    // with 8-block groups, warp w takes the blocks of lanes 8w..8w+7 of the one-vector kernel
+#define MT_STAGES 2  // groups a warp has in its ring: S − 1 in flight while it multiplies one
+#define MT_XSTRIDE 272  // a vector's 256 codes in shared memory, padded: rows g = 0..7 in different banks
+
+__device__ __forceinline__ void mma_k32(int (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+}
+
+// The same with A unsigned (Q4_0's codes 0..15).
+__device__ __forceinline__ void mma_k32_u8(int (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+}
+
+__device__ __forceinline__ void mma_k16(int (&d)[4], u32 a0, u32 a1, u32 b0) {
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0), "r"(0));
+}
+
+// Per byte c − k for bytes c in 0..127 and k <= 128 (no borrow crosses a byte): the signed codes of Q4_0 and Q6_K.
+__device__ __forceinline__ u32 sub_bytes(u32 c, u32 k4) {
+    return ((c | 0x80808080u) - k4) ^ 0x80808080u;
+}
+
+// Byte i (a constant after unrolling) of the 12 packed K-quant scale bytes s[0..2].
+__device__ __forceinline__ int kq_byte(const u32 (&s)[3], int i) {
+    return (int) ((s[i >> 2] >> (8 * (i & 3))) & 0xFF);
+}
+
+__device__ __forceinline__ void kq_scale_min_regs(const u32 (&s)[3], int j, float& scale, float& min) {
+    if (j < 4) {
+        scale = small_int_float(kq_byte(s, j) & 63);
+        min = small_int_float(kq_byte(s, j + 4) & 63);
+    } else {
+        scale = small_int_float((kq_byte(s, j + 4) & 0xF) | ((kq_byte(s, j - 4) >> 6) << 4));
+        min = small_int_float((kq_byte(s, j + 4) >> 4) | ((kq_byte(s, j) >> 6) << 4));
+    }
+}
+
+// A format's group in shared memory: RB bytes of a row's group (quant plane or GGUF row), RBP their stride there
+// (≡ 16, 48 or 80 mod 128 bytes: the 8 rows of a fragment load in different banks), SC the scale bytes a row's group
+// has in the scale plane (Q4_0, Q8_0: 8 block scales; Q6_K: the super-block's d).
+template <int F> struct MtGeom {
+    static constexpr int RB = F == W_Q8_0 ? 256 : F == W_Q4_0 ? 128 : F == W_Q4_K ? 144 : F == W_Q5_K ? 176 : 208;
+    static constexpr int RBP = F == W_Q8_0 ? 272 : F == W_Q4_0 ? 144 : RB;
+    static constexpr int SC = F == W_Q8_0 || F == W_Q4_0 ? 16 : F == W_Q6_K ? 2 : 0;
+    static constexpr int CHUNKS = RB / 16;                    // 16-byte chunks of a row's group
+    static constexpr int PER_LANE = (16 * CHUNKS + 31) / 32;  // of the 16 rows' chunks
+    static constexpr int W_BYTES = 16 * RBP;
+    static constexpr int X_BYTES = 8 * MT_XSTRIDE;
+    static constexpr int DS_BYTES = 64 * 8;
+    static constexpr int SC_BYTES = SC == 16 ? 256 : SC == 2 ? 32 : 0;
+    static constexpr int STAGE = W_BYTES + X_BYTES + DS_BYTES + SC_BYTES;
+};
+
+// Row i (0..15) of the block's tile: the weight row and whether its output exists.
+__device__ __forceinline__ int mt_row(int i, int o0, int outputs, int mode, int ffn) {
+    if (mode == MV_SWIGLU) {
+        int o = o0 + (i & 7);
+        return o < outputs ? (i < 8 ? o : ffn + o) : 0;
+    }
+    return o0 + i < outputs ? o0 + i : 0;
+}
+
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(smem)), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void cp_async16_ca(void* smem, const void* gmem) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(smem_u32(smem)), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_u32(smem)), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// What a lane copies of every group, worked out once: sources at group 0 (a group adds gr · RB bytes to the rows',
+// gr · 256 to the vectors', gr · 8 to the scales') and places in a stage; a source of -1 bytes into its row (at) is
+// none, and Q4_0/Q8_0 chunks and blocks past a row's end are skipped.
+template <int F> struct MtPlan {
+    const u8* w[MtGeom<F>::PER_LANE];
+    int wAt[MtGeom<F>::PER_LANE];  // the chunk's byte in the row's group (-1: no chunk)
+    int wTo[MtGeom<F>::PER_LANE];
+    const i8* x[4];
+    int xAt[4];                    // the chunk's column in the group (-1: no vector)
+    const float2* ds[2];
+    int dsAt[2];                   // the block in the group (-1: no vector)
+    const u8* sc;                  // lanes 0..15: the row's scales at group 0
+};
+
+template <int F>
+__device__ __forceinline__ void mt_plan(MtPlan<F>& p, const u8* __restrict__ W, i64 rowStride, i64 scales, int nb,
+                                        int cols, int o0, int outputs, int mode, int ffn,
+                                        const i8* __restrict__ xq, const float2* __restrict__ xds, int nvec,
+                                        int lane) {
+    using G = MtGeom<F>;
+#pragma unroll
+    for (int k = 0; k < G::PER_LANE; k++) {
+        int idx = k * 32 + lane;
+        int i = idx / G::CHUNKS, c = idx % G::CHUNKS;
+        p.wAt[k] = i < 16 ? c * 16 : -1;
+        p.wTo[k] = i * G::RBP + c * 16;
+        p.w[k] = W + (i64) mt_row(i & 15, o0, outputs, mode, ffn) * rowStride + c * 16;
+    }
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        int idx = k * 32 + lane;
+        int v = idx >> 4, c = idx & 15;
+        p.xAt[k] = v < nvec ? c * 16 : -1;
+        p.x[k] = xq + (i64) min(v, nvec - 1) * cols + c * 16;
+    }
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        int idx = k * 32 + lane;
+        int v = idx >> 3, j = idx & 7;
+        p.dsAt[k] = v < nvec ? j : -1;
+        p.ds[k] = xds + (i64) min(v, nvec - 1) * nb + j;
+    }
+    int row = mt_row(lane & 15, o0, outputs, mode, ffn);
+    p.sc = W + scales + (G::SC == 2 ? (i64) row * (nb >> 3) * 2 : (i64) row * nb * 2);
+}
+
+// Starts the copies of group gr into a stage: the 16 rows' bytes, the vectors' codes and scale pairs, the rows'
+// scales (copied at once where they are not 16-byte aligned: Q4_0/Q8_0 rows of a width not a multiple of 256, Q6_K).
+template <int F>
+__device__ __forceinline__ void mt_issue(u8* stage, const MtPlan<F>& p, i64 rowLen, int nb, int cols, int gr,
+                                         int lane) {
+    using G = MtGeom<F>;
+    i64 off = (i64) gr * G::RB;
+#pragma unroll
+    for (int k = 0; k < G::PER_LANE; k++) {
+        if (p.wAt[k] >= 0 && off + p.wAt[k] < rowLen) {
+            cp_async16(stage + p.wTo[k], p.w[k] + off);
+        }
+    }
+    u8* xs = stage + G::W_BYTES;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        if (p.xAt[k] >= 0 && gr * 256 + p.xAt[k] < cols) {
+            // through L1: the blocks on a multiprocessor read the same vectors (through L2 alone, eight vectors'
+            // codes were as many bytes as Q4_0's weights, and the eight-vector products a third slower)
+            cp_async16_ca(xs + ((k * 32 + lane) >> 4) * MT_XSTRIDE + p.xAt[k], p.x[k] + gr * 256);
+        }
+    }
+    float2* ds = (float2*) (xs + G::X_BYTES);
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        if (p.dsAt[k] >= 0 && gr * 8 + p.dsAt[k] < nb) {
+            cp_async8(ds + k * 32 + lane, p.ds[k] + gr * 8);
+        }
+    }
+    u8* sc = (u8*) ds + G::DS_BYTES;
+    if constexpr (G::SC == 16) {
+        if (lane < 16) {
+            const u8* q = p.sc + gr * 16;
+            if ((nb & 7) == 0) {
+                cp_async16(sc + lane * 16, q);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    if (gr * 8 + j < nb) {
+                        ((u16*) (sc + lane * 16))[j] = __ldg((const unsigned short*) (q + 2 * j));
+                    }
+                }
+            }
+        }
+    } else if constexpr (G::SC == 2) {
+        if (lane < 16) {
+            ((u16*) sc)[lane] = __ldg((const unsigned short*) (p.sc + gr * 2));
+        }
+    }
+}
+
+__device__ __forceinline__ u32 lds32(const u8* p) {
+    return *(const u32*) p;
+}
+
+// acc[j][i] += the products of block j of the staged group gr: i = 0, 1 row g against vectors 2t, 2t + 1; i = 2, 3
+// row g + 8 (acc[j] is the running sum that lane 8·warp + j keeps in the one-vector kernel).
+template <int F>
+__device__ __forceinline__ void mt_multiply(const u8* stage, int nb, int gr, int g, int t, float (&acc)[8][4]) {
+    using G = MtGeom<F>;
+    const u8* ra = stage + g * G::RBP;
+    const u8* rb = stage + (g + 8) * G::RBP;
+    const u8* xv = stage + G::W_BYTES + g * MT_XSTRIDE;
+    const float2* ds = (const float2*) (stage + G::W_BYTES + G::X_BYTES);
+    const float2* d0 = ds + (2 * t) * 8;
+    const float2* d1 = ds + (2 * t + 1) * 8;
+    const u8* sc = stage + G::W_BYTES + G::X_BYTES + G::DS_BYTES;
+    if constexpr (F == W_Q8_0 || F == W_Q4_0) {
+        const u16* sa = (const u16*) (sc + g * 16);
+        const u16* sb = (const u16*) (sc + (g + 8) * 16);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            if (gr * 8 + j < nb) {
+                u32 x0 = lds32(xv + j * 32 + t * 4), x1 = lds32(xv + j * 32 + 16 + t * 4);
+                int d[4];
+                if constexpr (F == W_Q8_0) {
+                    mma_k32(d, lds32(ra + j * 32 + t * 4), lds32(rb + j * 32 + t * 4),
+                            lds32(ra + j * 32 + 16 + t * 4), lds32(rb + j * 32 + 16 + t * 4), x0, x1);
+                } else {
+                    u32 wa = lds32(ra + j * 16 + t * 4), wb = lds32(rb + j * 16 + t * 4);
+                    mma_k32_u8(d, wa & 0x0F0F0F0Fu, wb & 0x0F0F0F0Fu, (wa >> 4) & 0x0F0F0F0Fu,
+                               (wb >> 4) & 0x0F0F0F0Fu, x0, x1);
+                }
+                float dwa = h2f(sa[j]), dwb = h2f(sb[j]);
+                float2 s0 = d0[j], s1 = d1[j];
+                acc[j][0] = q8_add<F>(acc[j][0], dwa, 0.f, s0.x, s0.y, d[0]);
+                acc[j][1] = q8_add<F>(acc[j][1], dwa, 0.f, s1.x, s1.y, d[1]);
+                acc[j][2] = q8_add<F>(acc[j][2], dwb, 0.f, s0.x, s0.y, d[2]);
+                acc[j][3] = q8_add<F>(acc[j][3], dwb, 0.f, s1.x, s1.y, d[3]);
+            }
+        }
+    } else if constexpr (F == W_Q4_K || F == W_Q5_K) {
+        constexpr int QS = F == W_Q4_K ? 16 : 48;
+        uint4 ha = *(const uint4*) ra, hb = *(const uint4*) rb;
+        u32 sa[3] = {ha.y, ha.z, ha.w}, sbk[3] = {hb.y, hb.z, hb.w};
+        float da = h2f((u16) (ha.x & 0xFFFF)), ma = h2f((u16) (ha.x >> 16));
+        float db = h2f((u16) (hb.x & 0xFFFF)), mb = h2f((u16) (hb.x >> 16));
+        u32 qha0 = 0, qha1 = 0, qhb0 = 0, qhb1 = 0;
+        if constexpr (F == W_Q5_K) {
+            qha0 = lds32(ra + 16 + t * 4);
+            qha1 = lds32(ra + 32 + t * 4);
+            qhb0 = lds32(rb + 16 + t * 4);
+            qhb1 = lds32(rb + 32 + t * 4);
+        }
+#pragma unroll
+        for (int p = 0; p < 4; p++) {
+            u32 la = lds32(ra + QS + p * 32 + t * 4), ha2 = lds32(ra + QS + p * 32 + 16 + t * 4);
+            u32 lb = lds32(rb + QS + p * 32 + t * 4), hb2 = lds32(rb + QS + p * 32 + 16 + t * 4);
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int j = 2 * p + e, shift = 4 * e;
+                u32 a0 = (la >> shift) & 0x0F0F0F0Fu, a2 = (ha2 >> shift) & 0x0F0F0F0Fu;
+                u32 a1 = (lb >> shift) & 0x0F0F0F0Fu, a3 = (hb2 >> shift) & 0x0F0F0F0Fu;
+                if constexpr (F == W_Q5_K) {
+                    a0 |= ((qha0 >> j) & 0x01010101u) << 4;
+                    a2 |= ((qha1 >> j) & 0x01010101u) << 4;
+                    a1 |= ((qhb0 >> j) & 0x01010101u) << 4;
+                    a3 |= ((qhb1 >> j) & 0x01010101u) << 4;
+                }
+                // as dp4a's kernel: dw = d·sc, mw = dmin·m
+                float sc0, mn0;
+                kq_scale_min_regs(sa, j, sc0, mn0);
+                float dwa = da * sc0, mwa = ma * mn0;
+                kq_scale_min_regs(sbk, j, sc0, mn0);
+                float dwb = db * sc0, mwb = mb * mn0;
+                u32 x0 = lds32(xv + j * 32 + t * 4), x1 = lds32(xv + j * 32 + 16 + t * 4);
+                float2 s0 = d0[j], s1 = d1[j];
+                int d[4];
+                mma_k32(d, a0, a1, a2, a3, x0, x1);
+                acc[j][0] = q8_add<F>(acc[j][0], dwa, mwa, s0.x, s0.y, d[0]);
+                acc[j][1] = q8_add<F>(acc[j][1], dwa, mwa, s1.x, s1.y, d[1]);
+                acc[j][2] = q8_add<F>(acc[j][2], dwb, mwb, s0.x, s0.y, d[2]);
+                acc[j][3] = q8_add<F>(acc[j][3], dwb, mwb, s1.x, s1.y, d[3]);
+            }
+        }
+    } else {  // W_Q6_K, planar super-blocks (see dq8): ql[128] qh[64] scales[16], d in the scale plane
+        uint4 ka = *(const uint4*) (ra + 192), kb = *(const uint4*) (rb + 192);
+        u32 ksa[4] = {ka.x, ka.y, ka.z, ka.w}, ksb[4] = {kb.x, kb.y, kb.z, kb.w};
+        float dwa = h2f(((const u16*) sc)[g]), dwb = h2f(((const u16*) sc)[g + 8]);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int h = j >> 2, quarter = j & 3;
+            int lowShift = quarter >= 2 ? 4 : 0, highShift = quarter * 2;
+            u32 a[2][2];  // [row][word]
+#pragma unroll
+            for (int w = 0; w < 2; w++) {
+                u32 la = lds32(ra + h * 64 + (quarter & 1) * 32 + w * 16 + t * 4);
+                u32 lb = lds32(rb + h * 64 + (quarter & 1) * 32 + w * 16 + t * 4);
+                u32 qa = lds32(ra + 128 + h * 32 + w * 16 + t * 4);
+                u32 qb = lds32(rb + 128 + h * 32 + w * 16 + t * 4);
+                a[0][w] = sub_bytes(((la >> lowShift) & 0x0F0F0F0Fu) | (((qa >> highShift) & 0x03030303u) << 4),
+                                    0x20202020u);
+                a[1][w] = sub_bytes(((lb >> lowShift) & 0x0F0F0F0Fu) | (((qb >> highShift) & 0x03030303u) << 4),
+                                    0x20202020u);
+            }
+            u32 x0 = lds32(xv + j * 32 + t * 4), x1 = lds32(xv + j * 32 + 16 + t * 4);
+            float dx0 = d0[j].x, dx1 = d1[j].x;
+            int e[4], f[4];
+            mma_k16(e, a[0][0], a[1][0], x0);
+            mma_k16(f, a[0][1], a[1][1], x1);
+            // the sub-block's two int8 scales: bytes 2j and 2j + 1 of the 16
+            int sa0 = (int) (signed char) ((ksa[j >> 1] >> (16 * (j & 1))) & 0xFF);
+            int sa1 = (int) (signed char) ((ksa[j >> 1] >> (16 * (j & 1) + 8)) & 0xFF);
+            int sb0 = (int) (signed char) ((ksb[j >> 1] >> (16 * (j & 1))) & 0xFF);
+            int sb1 = (int) (signed char) ((ksb[j >> 1] >> (16 * (j & 1) + 8)) & 0xFF);
+            acc[j][0] = q8_add<F>(acc[j][0], dwa, 0.f, dx0, 0.f, sa0 * e[0] + sa1 * f[0]);
+            acc[j][1] = q8_add<F>(acc[j][1], dwa, 0.f, dx1, 0.f, sa0 * e[1] + sa1 * f[1]);
+            acc[j][2] = q8_add<F>(acc[j][2], dwb, 0.f, dx0, 0.f, sb0 * e[2] + sb1 * f[2]);
+            acc[j][3] = q8_add<F>(acc[j][3], dwb, 0.f, dx1, 0.f, sb0 * e[3] + sb1 * f[3]);
+        }
+    }
+}
+
+template <int F, int NW, int S>
+__device__ void matvec_mt(const u8* __restrict__ W, i64 nb64, i64 scales, int outputs, int cols,
+                          const i8* __restrict__ xq, const float2* __restrict__ xds, int nvec, float* out,
+                          int outStride, const float* __restrict__ bias, int mode, int ffn,
+                          unsigned long long* __restrict__ best) {
+    using G = MtGeom<F>;
+    extern __shared__ __align__(16) u8 stages[];  // NW · S · G::STAGE bytes (ModelKernels.mtSharedBytes)
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int g = lane >> 2, t = lane & 3;
+    bool swiglu = mode == MV_SWIGLU;
+    int o0 = blockIdx.x * (swiglu ? 8 : 16);
+    int nb = cols / 32;
+    // the rows' bytes in the quant plane (Q4_0, Q8_0, Q6_K) or in GGUF's rows (Q4_K, Q5_K; nb64 = bytes a row)
+    i64 rowStride = F == W_Q8_0 ? (i64) nb * 32 : F == W_Q4_0 ? (i64) nb * 16 : F == W_Q6_K ? (i64) (nb >> 3) * 208
+                                                                                            : nb64;
+    i64 rowLen = F == W_Q4_K || F == W_Q5_K ? nb64 : rowStride;
+    u8* mine = stages + warp * S * G::STAGE;  // the warp's ring of S stages
+    float acc[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            acc[j][i] = 0.f;
+        }
+    }
+    int groups = (nb + 7) / 8;
+    int n = warp < groups ? (groups - warp + NW - 1) / NW : 0;  // the warp's groups: warp, warp + NW, ...
+    MtPlan<F> plan;
+    mt_plan<F>(plan, W, rowStride, scales, nb, cols, o0, outputs, mode, ffn, xq, xds, nvec, lane);
+#pragma unroll
+    for (int k = 0; k < S - 1; k++) {
+        if (k < n) {
+            mt_issue<F>(mine + k * G::STAGE, plan, rowLen, nb, cols, warp + k * NW, lane);
+        }
+        cp_async_commit();
+    }
+    for (int k = 0; k < n; k++) {
+        __syncwarp();  // every lane is done with the stage the next copies go to (read at k − 1)
+        int ahead = k + S - 1;
+        if (ahead < n) {
+            mt_issue<F>(mine + (ahead % S) * G::STAGE, plan, rowLen, nb, cols, warp + ahead * NW, lane);
+        }
+        cp_async_commit();
+        cp_async_wait<S - 1>();  // this lane's copies of group k have landed
+        __syncwarp();            // and every lane's
+        mt_multiply<F>(mine + (k % S) * G::STAGE, nb, warp + k * NW, g, t, acc);
+    }
+    // The 32 running sums p_L (L = 8·warp + j), each in its warp's ring (no copies are pending), added by warp 0 in
+    // the one-vector kernel's butterfly order: ((((p_L + p_L+16) + (p_L+8 + p_L+24)) + ...), L from 0.
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        *(float4*) (mine + (j * 32 + lane) * 16) = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+    }
+    __syncthreads();
+    if (warp != 0) {
+        return;
+    }
+    float b[8][4];  // b_j = (p_j + p_j+16) + (p_j+8 + p_j+24): warps 0 and 2, then 1 and 3
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        float4 p0 = *(const float4*) (stages + 0 * S * G::STAGE + (j * 32 + lane) * 16);
+        float4 p1 = *(const float4*) (stages + 1 * S * G::STAGE + (j * 32 + lane) * 16);
+        float4 p2 = *(const float4*) (stages + 2 * S * G::STAGE + (j * 32 + lane) * 16);
+        float4 p3 = *(const float4*) (stages + 3 * S * G::STAGE + (j * 32 + lane) * 16);
+        b[j][0] = __fadd_rn(__fadd_rn(p0.x, p2.x), __fadd_rn(p1.x, p3.x));
+        b[j][1] = __fadd_rn(__fadd_rn(p0.y, p2.y), __fadd_rn(p1.y, p3.y));
+        b[j][2] = __fadd_rn(__fadd_rn(p0.z, p2.z), __fadd_rn(p1.z, p3.z));
+        b[j][3] = __fadd_rn(__fadd_rn(p0.w, p2.w), __fadd_rn(p1.w, p3.w));
+    }
+    float sum[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float c0 = __fadd_rn(b[0][i], b[4][i]), c1 = __fadd_rn(b[1][i], b[5][i]);
+        float c2 = __fadd_rn(b[2][i], b[6][i]), c3 = __fadd_rn(b[3][i], b[7][i]);
+        sum[i] = __fadd_rn(__fadd_rn(c0, c2), __fadd_rn(c1, c3));
+    }
+    bool va = o0 + g < outputs, vb = swiglu ? va : o0 + g + 8 < outputs;
+#pragma unroll
+    for (int c = 0; c < 2; c++) {
+        int v = 2 * t + c;
+        if (v >= nvec) {
+            break;
+        }
+        float* o = out + (i64) v * outStride;
+        if (swiglu) {
+            if (va) {
+                float gate = sum[c], up = sum[2 + c];
+                o[o0 + g] = gate / (1.f + expf(-gate)) * up;
+            }
+            continue;
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int row = o0 + g + 8 * r;
+            if (r == 0 ? va : vb) {
+                float val = sum[2 * r + c];
+                if (bias != nullptr) {
+                    val += bias[row];
+                }
+                if (mode == MV_ADD) {
+                    o[row] += val;
+                } else {
+                    o[row] = val;
+                }
+                if (best != nullptr) {
+                    atomicMax(best + v, argmax_key(val, row));
+                }
+            }
+        }
+    }
+}
+
+#define KVANT_MT_KERNEL(NAME, F)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(MT_WARPS * 32) kvant_mt_##NAME(                                  \
+            const u8* W, i64 nb, i64 scales, int outputs, int cols, const i8* xq, const float2* xds, int nvec,    \
+            float* out, int outStride, const float* bias, int mode, int ffn, unsigned long long* best) {          \
+        KVANT_GRID_ENTER();                                                                                       \
+        matvec_mt<F, MT_WARPS, MT_STAGES>(W, nb, scales, outputs, cols, xq, xds, nvec, out, outStride, bias,     \
+                                          mode, ffn, best);                                                       \
+    }
+
+KVANT_MT_KERNEL(q8_0, W_Q8_0)
+KVANT_MT_KERNEL(q4_0, W_Q4_0)
+KVANT_MT_KERNEL(q4_k, W_Q4_K)
+KVANT_MT_KERNEL(q5_k, W_Q5_K)
+KVANT_MT_KERNEL(q6_k, W_Q6_K)
 
 // One warp quantizes one 32-value block of a vector: lane l holds value l.
 __device__ __forceinline__ void quantize_block(float v, i8* q, float2* ds) {

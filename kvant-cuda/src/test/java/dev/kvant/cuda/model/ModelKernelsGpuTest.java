@@ -1,0 +1,217 @@
+package dev.kvant.cuda.model;
+
+import dev.kvant.cuda.Cuda;
+import dev.kvant.cuda.CudaAvailability;
+import dev.kvant.cuda.CudaContext;
+import dev.kvant.cuda.CudaStream;
+import dev.kvant.cuda.DeviceBuffer;
+import dev.kvant.cuda.KernelCache;
+import dev.kvant.gguf.GgmlType;
+import dev.kvant.tensor.WeightFormat;
+import dev.kvant.tensor.WeightMatrix;
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.Assumptions;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.Tag;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.EnumSource;
+
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.util.SplittableRandom;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.fail;
+
+/**
+ * The decode products of model.cu one launch at a time against a float64 reference on the host: every quantized
+ * layout through the 8-bit vectors, on the tensor cores and with dp4a, for 1, 3 and 8 vectors, every output mode,
+ * row counts that leave a partial tile and widths that leave a partial group. The output starts poisoned (NaN), so
+ * every element a launch must write is checked and every other must still be poison. Each vector of every launch
+ * must also have, bit for bit, what the one-vector product gives it alone: batching never changes a sequence's
+ * output.
+ */
+@Tag("gpu")
+class ModelKernelsGpuTest {
+    private static CudaContext context;
+    private static KernelCache cache;
+    private static ModelKernels kernels;
+    private static CudaStream stream;
+
+    @BeforeAll
+    static void open() {
+        CudaAvailability a = Cuda.available();
+        Assumptions.assumeTrue(a.ok(), () -> "no CUDA GPU: " + a.reason());
+        context = CudaContext.open();
+        cache = KernelCache.open(context);
+        kernels = new ModelKernels(context, cache);
+        stream = context.createStream();
+    }
+
+    @AfterAll
+    static void close() {
+        if (context != null) {
+            stream.close();
+            kernels.close();
+            context.close();
+        }
+    }
+
+    @ParameterizedTest
+    @EnumSource(value = WeightLayout.class, names = {"Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"})
+    void eightBitProductsMatchAFloat64ReferenceAndGiveEachVectorTheSameBitsAloneOrInABatch(WeightLayout layout) {
+        long seed = new SplittableRandom().nextLong();
+        SplittableRandom random = new SplittableRandom(seed);
+        boolean superBlocks = layout == WeightLayout.Q4_K || layout == WeightLayout.Q5_K || layout == WeightLayout.Q6_K;
+        // a partial 16-row tile (and a partial 8-output SwiGLU tile); Q8_0/Q4_0: a partial 256-column group
+        int[] widths = superBlocks ? new int[] {256, 768} : new int[] {96, 352, 1024};
+        for (int cols : widths) {
+            int rows = 2 * 37;  // SwiGLU: 37 gate rows, then 37 up rows
+            WeightFormat format = WeightFormat.of(layout.type);
+            float[] values = new float[rows * cols];
+            for (int i = 0; i < values.length; i++) {
+                values[i] = (float) random.nextGaussian() * 0.05f;
+            }
+            try (Arena arena = Arena.ofConfined()) {
+                long rowBytes = format.bytesFor(cols);
+                MemorySegment data = arena.allocate(rowBytes * rows, 16);
+                for (int r = 0; r < rows; r++) {
+                    format.quantize(values, r * cols, cols, data, r * rowBytes);
+                }
+                WeightMatrix w = new WeightMatrix("w", format, data, rows, cols);
+                double[][] weights = new double[rows][cols];
+                float[] row = new float[cols];
+                for (int r = 0; r < rows; r++) {
+                    w.dequantizeRow(r, row, 0);
+                    for (int c = 0; c < cols; c++) {
+                        weights[r][c] = row[c];
+                    }
+                }
+                try (DeviceMatrix m = DeviceMatrix.upload(context, w)) {
+                    check(layout, m, weights, random, seed);
+                }
+            }
+        }
+    }
+
+    private static void check(WeightLayout layout, DeviceMatrix m, double[][] weights, SplittableRandom random,
+                              long seed) {
+        int rows = m.rows(), cols = m.cols(), nb = cols / 32;
+        int maxVectors = ModelKernels.MAX_VECTORS;
+        float[] x = new float[maxVectors * cols];
+        for (int i = 0; i < x.length; i++) {
+            x[i] = (float) random.nextGaussian();
+        }
+        float[] bias = new float[rows];
+        for (int i = 0; i < rows; i++) {
+            bias[i] = (float) random.nextGaussian();
+        }
+        try (DeviceBuffer xf = context.allocate(4L * x.length);
+             DeviceBuffer xq = context.allocate((long) maxVectors * cols);
+             DeviceBuffer xs = context.allocate(8L * maxVectors * nb);
+             DeviceBuffer out = context.allocate(4L * maxVectors * rows);
+             DeviceBuffer alone = context.allocate(4L * maxVectors * rows);
+             DeviceBuffer db = context.allocate(4L * rows)) {
+            xf.copyFromHost(MemorySegment.ofArray(x));
+            db.copyFromHost(MemorySegment.ofArray(bias));
+            ModelKernels.Vectors v = new ModelKernels.Vectors(xf, xq, xs, cols);
+            kernels.quantize(v, maxVectors, stream);
+            stream.synchronize();
+            // the reference multiplies the dequantized weights by the vectors' 8-bit form, as the kernels do
+            byte[] q = new byte[maxVectors * cols];
+            xq.copyToHost(MemorySegment.ofArray(q));
+            float[] ds = new float[2 * maxVectors * nb];
+            xs.copyToHost(MemorySegment.ofArray(ds));
+            double[][] xr = new double[maxVectors][cols];
+            for (int k = 0; k < maxVectors; k++) {
+                for (int c = 0; c < cols; c++) {
+                    xr[k][c] = (double) ds[2 * (k * nb + c / 32)] * q[k * cols + c];
+                }
+            }
+            // {vectors, rows a warp}: 0 is the backend's choice (one vector: dp4a), 16 the tensor cores
+            int t = ModelKernels.TENSOR_TILE;
+            int[][] launches = {{1, 0}, {1, t}, {3, t}, {8, t}, {8, 0}};
+            for (int mode : new int[] {ModelKernels.MV_STORE, ModelKernels.MV_ADD, ModelKernels.MV_SWIGLU}) {
+                int outputs = mode == ModelKernels.MV_SWIGLU ? rows / 2 : rows;
+                boolean withBias = mode == ModelKernels.MV_STORE;
+                for (int[] launch : launches) {
+                    int nvec = launch[0];
+                    String what = layout + " " + cols + " columns, mode " + mode + ", " + nvec + " vectors, "
+                            + (launch[1] == 0 ? "the backend's kernel" : "tensor cores " + launch[1]) + ", seed "
+                            + seed;
+                    float[] start = new float[maxVectors * rows];
+                    for (int i = 0; i < start.length; i++) {
+                        start[i] = mode == ModelKernels.MV_ADD ? (float) random.nextGaussian() : Float.NaN;
+                    }
+                    out.copyFromHost(MemorySegment.ofArray(start));
+                    if (launch[1] == 0) {
+                        kernels.matvec(true, m, outputs, v, nvec, out, outputs, withBias ? db : null, mode, outputs,
+                                null, stream);
+                    } else {
+                        kernels.matvec(true, launch[1], m, outputs, v, nvec, out, outputs, withBias ? db : null, mode,
+                                outputs, null, stream);
+                    }
+                    stream.synchronize();
+                    float[] got = new float[maxVectors * rows];
+                    out.copyToHost(MemorySegment.ofArray(got));
+                    for (int i = nvec * outputs; i < got.length; i++) {
+                        assertEquals(Float.floatToRawIntBits(start[i]), Float.floatToRawIntBits(got[i]),
+                                what + ": element " + i + " past the outputs was written");
+                    }
+                    for (int i = 0; i < nvec * outputs; i++) {
+                        int k = i / outputs, r = i % outputs;
+                        double expect;
+                        double scale;
+                        if (mode == ModelKernels.MV_SWIGLU) {
+                            double g = dot(weights[r], xr[k]), u = dot(weights[outputs + r], xr[k]);
+                            expect = g / (1 + Math.exp(-g)) * u;
+                            scale = (norm(weights[r], xr[k]) + 1e-3)
+                                    * (Math.abs(u) + norm(weights[outputs + r], xr[k]));
+                        } else {
+                            expect = dot(weights[r], xr[k]) + (withBias ? bias[r] : 0)
+                                    + (mode == ModelKernels.MV_ADD ? start[i] : 0);
+                            scale = norm(weights[r], xr[k]) + Math.abs(expect);
+                        }
+                        double err = Math.abs(got[i] - expect);
+                        if (!(err <= 1e-5 * scale + 1e-6)) {
+                            fail(what + ": out[" + k + "][" + r + "] = " + got[i] + ", float64 " + expect
+                                    + " (error " + err + ", scale " + scale + ")");
+                        }
+                    }
+                    if (mode == ModelKernels.MV_ADD) {
+                        continue;
+                    }
+                    // every vector of the launch has the bits the backend's one-vector product gives it alone
+                    for (int k = 0; k < nvec; k++) {
+                        alone.fillFloats(Float.NaN);
+                        kernels.matvec(true, m, outputs, v.from(k), 1, alone, outputs, withBias ? db : null, mode,
+                                outputs, null, stream);
+                        stream.synchronize();
+                        float[] one = new float[outputs];
+                        alone.slice(0, 4L * outputs).copyToHost(MemorySegment.ofArray(one));
+                        for (int r = 0; r < outputs; r++) {
+                            assertEquals(Float.floatToRawIntBits(one[r]), Float.floatToRawIntBits(got[k * outputs + r]),
+                                    what + ": out[" + k + "][" + r + "] differs from the vector's product alone");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    private static double dot(double[] w, double[] x) {
+        double s = 0;
+        for (int i = 0; i < w.length; i++) {
+            s += w[i] * x[i];
+        }
+        return s;
+    }
+
+    private static double norm(double[] w, double[] x) {
+        double s = 0;
+        for (int i = 0; i < w.length; i++) {
+            s += Math.abs(w[i] * x[i]);
+        }
+        return s;
+    }
+}
