@@ -34,6 +34,32 @@ public record KernelSource(String name, String code, boolean overlappable) {
             #endif
             """;
 
+    /**
+     * Prepended to kvant's own sources after {@link #GRID_ENTER}: the asynchronous global-to-shared copies (sm_80
+     * and later; functions a source does not call generate no code). {@code cp_async16} caches in L2 only,
+     * {@code cp_async16_ca} and {@code cp_async8} in L1 too; {@code cp_async_wait<N>} waits until at most N of the
+     * thread's committed groups are pending.
+     */
+    public static final String CP_ASYNC = """
+            __device__ __forceinline__ unsigned int smem_u32(const void* p) {
+                unsigned int a;
+                asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+                return a;
+            }
+            __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(smem)), "l"(gmem) : "memory");
+            }
+            __device__ __forceinline__ void cp_async16_ca(void* smem, const void* gmem) {
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(smem_u32(smem)), "l"(gmem) : "memory");
+            }
+            __device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_u32(smem)), "l"(gmem) : "memory");
+            }
+            __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+            template <int N>
+            __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+            """;
+
     /** A source whose launches never overlap (a test's kernel, a foreign one). */
     public KernelSource(String name, String code) {
         this(name, code, false);
@@ -46,11 +72,11 @@ public record KernelSource(String name, String code, boolean overlappable) {
     }
 
     /**
-     * One of kvant's compilation units: {@link #GRID_ENTER} and then {@code code}, whose kernels all open with
+     * One of kvant's compilation units: {@link #GRID_ENTER}, {@link #CP_ASYNC} and then {@code code}, whose kernels all open with
      * {@code KVANT_GRID_ENTER()} (a test checks every kernel file), so their launches may overlap.
      */
     public static KernelSource kvant(String name, String code) {
-        return new KernelSource(name, GRID_ENTER + "#line 1 \"" + name + "\"\n" + code, true);
+        return new KernelSource(name, GRID_ENTER + CP_ASYNC + "#line 1 \"" + name + "\"\n" + code, true);
     }
 
     /** Where kvant's kernels live on the class path. */

@@ -690,32 +690,7 @@ __device__ __forceinline__ int mt_row(int i, int o0, int outputs, int mode, int 
     return o0 + i < outputs ? o0 + i : 0;
 }
 
-__device__ __forceinline__ u32 smem_u32(const void* p) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(smem)), "l"(gmem) : "memory");
-}
-
-__device__ __forceinline__ void cp_async16_ca(void* smem, const void* gmem) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(smem_u32(smem)), "l"(gmem) : "memory");
-}
-
-__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_u32(smem)), "l"(gmem) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
+// (smem_u32 and the cp.async copies: KernelSource.CP_ASYNC, prepended to every kvant source)
 
 // What a lane copies of every group, worked out once: sources at group 0 (a group adds gr · RB bytes to the rows',
 // gr · 256 to the vectors', gr · 8 to the scales') and places in a stage; a source of -1 bytes into its row (at) is
