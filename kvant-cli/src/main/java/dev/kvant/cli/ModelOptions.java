@@ -5,6 +5,7 @@ import dev.kvant.backend.Backend;
 import dev.kvant.backend.CpuBackend;
 import dev.kvant.cuda.Cuda;
 import dev.kvant.cuda.CudaAvailability;
+import dev.kvant.cuda.CudaUnavailableException;
 import dev.kvant.cuda.model.CudaBackend;
 import dev.kvant.gguf.GgmlType;
 import dev.kvant.kv.KvFormat;
@@ -161,7 +162,19 @@ final class ModelOptions {
             case "auto" -> {
                 CudaAvailability cuda = Cuda.available();
                 // GPUs asked for by name are not silently replaced by the CPU
-                yield cuda.ok() || gpus != null ? openCuda(loaded, maxBatch) : new CpuBackend(loaded, pool);
+                if (gpus != null) {
+                    yield openCuda(loaded, maxBatch);
+                }
+                if (!cuda.ok()) {
+                    yield new CpuBackend(loaded, pool);
+                }
+                try {
+                    yield openCuda(loaded, maxBatch);
+                } catch (CudaUnavailableException e) {
+                    // a GPU too old for kvant's kernels: say so, and run on the CPU as auto promises
+                    System.err.println("kvant: " + e.getMessage() + " Running on the CPU.");
+                    yield new CpuBackend(loaded, pool);
+                }
             }
             default -> throw new IllegalArgumentException("--backend: unknown backend '" + backend
                     + "' (cpu, cuda, auto)");

@@ -8,6 +8,25 @@ public record ComputeCapability(int major, int minor) {
         }
     }
 
+    /** The oldest architecture kvant's own kernels run on: int8 and bf16 tensor-core mma, cp.async (Ampere). */
+    public static final ComputeCapability KVANT_MINIMUM = new ComputeCapability(8, 0);
+
+    public boolean atLeast(ComputeCapability other) {
+        return major > other.major || (major == other.major && minor >= other.minor);
+    }
+
+    /**
+     * Throws unless kvant's own kernels can run on a device of this capability, naming the device and what it
+     * lacks, before NVRTC would fail on the first tensor-core or cp.async instruction with a compile log.
+     */
+    public void requireKvantKernels(String device) {
+        if (!atLeast(KVANT_MINIMUM)) {
+            throw new CudaUnavailableException(device + " has compute capability " + this + "; kvant's CUDA kernels"
+                    + " need " + KVANT_MINIMUM + " or newer (Ampere, Ada, Hopper, Blackwell: int8 and bf16 tensor-core"
+                    + " products, asynchronous copies). Use --backend cpu.");
+        }
+    }
+
     /** The NVRTC/PTXAS name of the real architecture: {@code sm_90}. */
     public String arch() {
         return "sm_" + major + minor;

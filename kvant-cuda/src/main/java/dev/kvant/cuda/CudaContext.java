@@ -225,6 +225,9 @@ public final class CudaContext implements AutoCloseable {
 
     /** Compiles (or takes from the cache) {@code source} for this device's architecture and loads it. */
     public CudaModule loadModule(KernelCache cache, KernelSource source, Map<String, String> defines) {
+        if (source.overlappable()) {  // one of kvant's own sources
+            computeCapability.requireKvantKernels(toString());
+        }
         return CudaModule.load(this, source.name(), cache.cubin(source, computeCapability.arch(), defines),
                 source.overlappable());
     }

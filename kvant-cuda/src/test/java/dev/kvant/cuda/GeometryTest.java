@@ -3,6 +3,7 @@ package dev.kvant.cuda;
 import org.junit.jupiter.api.Test;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 
 /** The arithmetic of launches, pools and operand alignment: pure Java, checked without a GPU. */
@@ -56,5 +57,22 @@ class GeometryTest {
         assertEquals("sm_90", new ComputeCapability(9, 0).arch());
         assertEquals("sm_120", new ComputeCapability(12, 0).arch());
         assertEquals("8.9", new ComputeCapability(8, 9).toString());
+    }
+
+    @Test
+    void kvantKernelsNeedAmpereOrNewerAndSaySoByName() {
+        for (int[] ok : new int[][] {{8, 0}, {8, 6}, {8, 9}, {9, 0}, {10, 0}, {12, 0}}) {
+            new ComputeCapability(ok[0], ok[1]).requireKvantKernels("device");  // no exception
+        }
+        for (int[] old : new int[][] {{7, 5}, {7, 0}, {6, 1}}) {
+            CudaUnavailableException e = assertThrows(CudaUnavailableException.class,
+                    () -> new ComputeCapability(old[0], old[1]).requireKvantKernels("CUDA device 0 (Tesla T4)"));
+            assertTrue(e.getMessage().contains("CUDA device 0 (Tesla T4) has compute capability " + old[0] + "."
+                    + old[1]), e.getMessage());
+            assertTrue(e.getMessage().contains("8.0 or newer") && e.getMessage().contains("--backend cpu"),
+                    e.getMessage());
+        }
+        assertTrue(new ComputeCapability(9, 0).atLeast(new ComputeCapability(8, 9)));
+        assertTrue(!new ComputeCapability(8, 6).atLeast(new ComputeCapability(8, 9)));
     }
 }

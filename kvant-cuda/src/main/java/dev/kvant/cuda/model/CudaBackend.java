@@ -174,6 +174,7 @@ public final class CudaBackend implements Backend {
             for (int i = 0; i < devices.length; i++) {
                 CudaContext context = devices[i] < 0 ? CudaContext.open() : CudaContext.open(devices[i]);
                 contexts.add(context);
+                context.computeCapability().requireKvantKernels(context.toString());
                 long need = stageWeightBytes(model, from, from + split[i]) + HEADROOM;
                 long free = context.memoryInfo().free();
                 if (need > free) {
