@@ -140,8 +140,8 @@ final class ModelKernels implements AutoCloseable {
     }
 
     /**
-     * Shared memory of a tensor-core product's block (model.cu MtGeom): per warp and stage a group's 16 rows (at a padded
-     * stride), 8 vectors' 256 codes (272-byte stride), their 64 scale pairs and the rows' block scales.
+     * Shared memory of a tensor-core product's block (model.cu MtGeom): per warp and stage a group's 16 rows (at
+     * a padded stride), 8 vectors' 256 codes (272-byte stride), their 64 scale pairs and the rows' block scales.
      */
     static int mtSharedBytes(WeightLayout layout) {
         int rowStride = switch (layout) {
