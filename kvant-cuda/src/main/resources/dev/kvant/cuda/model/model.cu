@@ -645,7 +645,7 @@ __device__ __forceinline__ void mma_k16(int (&d)[4], u32 a0, u32 a1, u32 b0) {
         : "r"(a0), "r"(a1), "r"(b0), "r"(0));
 }
 
-// Per byte c − k for bytes c in 0..127 and k <= 128 (no borrow crosses a byte): the signed codes of Q4_0 and Q6_K.
+// Per byte c − k for bytes c in 0..127 and k <= 128 (no borrow crosses a byte): Q6_K's signed codes q − 32.
 __device__ __forceinline__ u32 sub_bytes(u32 c, u32 k4) {
     return ((c | 0x80808080u) - k4) ^ 0x80808080u;
 }
