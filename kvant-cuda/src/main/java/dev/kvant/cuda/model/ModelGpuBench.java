@@ -52,12 +52,16 @@ public final class ModelGpuBench {
                 // Q4_0 and Q8_0: 8-bit on the tensor cores and with dp4a (the dp4a default rows a warp), one vector
                 // and eight; one vector of floats
                 int T = ModelKernels.TENSOR_TILE;
-                int[][] planar = {{1, 1, 0}, {1, 1, T}, {8, 1, T}, {1, 0, 4}};
+                int[][] planar = {{1, 1, 0}, {1, 1, T}, {8, 1, T}, {1, 0, 4}, {8, 2, 0}, {32, 2, 0}};
                 for (WeightLayout layout : new WeightLayout[] {WeightLayout.Q4_0, WeightLayout.Q8_0}) {
                     CudaFunction f = k.tensorProduct(layout);
                     System.out.printf(Locale.ROOT, "| %s | (kernel) | | | tensor cores: %d registers, %d local bytes"
                             + " | | | |%n", layout.kernelSuffix, f.registers(),
                             f.attribute(CudaDriver.FUNC_LOCAL_SIZE_BYTES));
+                    CudaFunction h = k.halfProduct(layout);
+                    System.out.printf(Locale.ROOT, "| %s | (kernel) | | | dequantizing f16: %d registers, %d local"
+                            + " bytes | | | |%n", layout.kernelSuffix, h.registers(),
+                            h.attribute(CudaDriver.FUNC_LOCAL_SIZE_BYTES));
                     for (Shape s : shapes) {
                         timeShape(context, stream, k, layout, s, planar, copy);
                     }
@@ -77,9 +81,13 @@ public final class ModelGpuBench {
                         System.out.printf(Locale.ROOT, "| %s | (kernel) | | | tensor cores: %d registers, %d local"
                                 + " bytes | | | |%n", layout.kernelSuffix, f.registers(),
                                 f.attribute(CudaDriver.FUNC_LOCAL_SIZE_BYTES));
+                        CudaFunction h = k.halfProduct(layout);
+                        System.out.printf(Locale.ROOT, "| %s | (kernel) | | | dequantizing f16: %d registers, %d"
+                                + " local bytes | | | |%n", layout.kernelSuffix, h.registers(),
+                                h.attribute(CudaDriver.FUNC_LOCAL_SIZE_BYTES));
                     }
                     int[][] variants = layout.q8Vectors
-                            ? new int[][] {{1, 1, 0}, {1, 1, T}, {8, 1, T}, {1, 0, 4}, {8, 0, 4}}
+                            ? new int[][] {{1, 1, 0}, {1, 1, T}, {8, 1, T}, {1, 0, 4}, {8, 0, 4}, {8, 2, 0}, {32, 2, 0}}
                             : new int[][] {{1, 0, 4}, {8, 0, 4}};
                     for (Shape s : shapes) {
                         timeShape(context, stream, k, layout, s, variants, copy);
@@ -107,8 +115,8 @@ public final class ModelGpuBench {
     }
 
     /**
-     * Times each variant {vectors, 8-bit (1) or float (0) vectors, rows a warp (16: the tensor cores;
-     * 0: dp4a's choice)} of one
+     * Times each variant {vectors, 8-bit (1), float (0) or f16 (2: the dequantizing products, every row of the
+     * matrix, a prompt chunk's GEMM) vectors, rows a warp (16: the tensor cores; 0: dp4a's choice)} of one
      * layout's product on one shape, random weights (planar layouts: every scale half 0x1010, small and finite) and
      * random vectors, and prints a row for each.
      */
@@ -130,9 +138,13 @@ public final class ModelGpuBench {
              DeviceBuffer xf = context.allocate(4L * 8 * s.cols());
              DeviceBuffer xq = context.allocate(8L * s.cols());
              DeviceBuffer xs = context.allocate(8L * 8 * (s.cols() / 32));
-             DeviceBuffer out = context.allocate(4L * 8 * s.rows())) {
+             DeviceBuffer out = context.allocate(4L * ModelKernels.MH_VECTORS * s.rows());
+             DeviceBuffer xh = context.allocate(2L * ModelKernels.MH_VECTORS * s.cols());
+             DeviceBuffer partial = context.allocate(4L * ModelKernels.MH_MAX_SPLITS * ModelKernels.MH_VECTORS
+                     * s.rows())) {
             fillRandom(context, w, bytes);
             fillRandom(context, xf, 4L * 8 * s.cols());
+            fillRandom(context, xh, 2L * ModelKernels.MH_VECTORS * s.cols());
             if (layout.planar) {
                 w.slice(scales, bytes - scales).fillBytes((byte) 0x10);
             }
@@ -142,6 +154,15 @@ public final class ModelGpuBench {
             int outputs = s.mode() == ModelKernels.MV_SWIGLU ? s.rows() / 2 : s.rows();
             for (int[] variant : variants) {
                 int nvec = variant[0];
+                if (variant[1] == 2) {
+                    double us = time(context, stream, () -> k.matmulHalf(m, xh, nvec, out, s.rows(), false, partial,
+                            stream));
+                    double gbs = bytes / (us * 1e-6) / 1e9;
+                    System.out.printf(Locale.ROOT, "| %s | %s | %d x %d | %d | f16 vectors, dequantizing | %.1f | %.0f"
+                            + " | %.0f%% |%n", layout.kernelSuffix, s.name(), s.rows(), s.cols(), nvec, us, gbs,
+                            100 * gbs / copy);
+                    continue;
+                }
                 boolean q8 = variant[1] == 1;
                 int rows = variant[2] != 0 ? variant[2] : q8 && nvec == 1 ? ModelKernels.rowsPerWarp(s.mode()) : 4;
                 if (rows == 1 && s.mode() == ModelKernels.MV_SWIGLU) {

@@ -27,6 +27,13 @@ final class ModelKernels implements AutoCloseable {
     static final int MT_STAGES = 2;
     /** The "rows a warp" that selects the tensor-core 8-bit products: a block's tile of 16 weight rows. */
     static final int TENSOR_TILE = 16;
+    /** The dequantizing f16 products (model.cu MH_*): a block's rows and vectors, its warps and ring stages. */
+    static final int MH_ROWS = 64;
+    static final int MH_VECTORS = 32;
+    static final int MH_WARPS = 4;
+    static final int MH_STAGES = 2;
+    /** At most this many column splits of a dequantizing product (each adds a plane of partial sums). */
+    static final int MH_MAX_SPLITS = 8;
 
     static final KernelSource SOURCE = KernelSource.resource("model/model.cu");
 
@@ -36,6 +43,7 @@ final class ModelKernels implements AutoCloseable {
     private final Map<WeightLayout, CudaFunction> mq1r2 = new EnumMap<>(WeightLayout.class);
     private final Map<WeightLayout, CudaFunction> mq1r1 = new EnumMap<>(WeightLayout.class);
     private final Map<WeightLayout, CudaFunction> mt = new EnumMap<>(WeightLayout.class);
+    private final Map<WeightLayout, CudaFunction> mh = new EnumMap<>(WeightLayout.class);
     private final Map<WeightLayout, CudaFunction> embed = new EnumMap<>(WeightLayout.class);
     private final Map<WeightLayout, CudaFunction> dequant = new EnumMap<>(WeightLayout.class);
     private final CudaFunction rmsnorm;
@@ -45,6 +53,8 @@ final class ModelKernels implements AutoCloseable {
     private final CudaFunction toHalf;
     private final CudaFunction addBias;
     private final CudaFunction quantizeQ8;
+    private final CudaFunction mhReduce;
+    private final int multiprocessors;
     private final int blocksForStreams;
 
     ModelKernels(CudaContext context, KernelCache cache) {
@@ -59,6 +69,9 @@ final class ModelKernels implements AutoCloseable {
                 CudaFunction f = module.function("kvant_mt_" + l.kernelSuffix);
                 f.setMaxDynamicSharedMemory(mtSharedBytes(l));
                 mt.put(l, f);
+                CudaFunction h = module.function("kvant_mh_" + l.kernelSuffix);
+                h.setMaxDynamicSharedMemory(mhSharedBytes(l));
+                mh.put(l, h);
             }
             dequant.put(l, module.function("kvant_dequant_" + l.kernelSuffix));
         }
@@ -69,6 +82,8 @@ final class ModelKernels implements AutoCloseable {
         this.toHalf = module.function("kvant_to_half");
         this.addBias = module.function("kvant_add_bias");
         this.quantizeQ8 = module.function("kvant_quantize_q8");
+        this.mhReduce = module.function("kvant_mh_reduce");
+        this.multiprocessors = context.multiprocessors();
         this.blocksForStreams = context.multiprocessors() * 8;
     }
 
@@ -140,28 +155,84 @@ final class ModelKernels implements AutoCloseable {
     }
 
     /**
+     * out[v][r] (row stride outStride) = or += (accumulate) m[r] · xh[v] for v < n, xh f16 [n][m.cols()]: the
+     * dequantizing f16 products (model.cu kvant_mh_*, {@link WeightLayout#q8Vectors} formats), every weight decoded
+     * to the f16 value {@link #dequantize} gives it, the sums in f32 on the tensor cores. Where the matrix's rows give
+     * too few blocks to fill the GPU, its columns are split in up to {@link #MH_MAX_SPLITS} ranges whose sums go to
+     * {@code partial} (as many as fit in it) and are added in order by a second kernel.
+     */
+    void matmulHalf(DeviceMatrix m, DeviceBuffer xh, int n, DeviceBuffer out, int outStride, boolean accumulate,
+                    DeviceBuffer partial, CudaStream stream) {
+        if (!m.layout().q8Vectors) {
+            throw new IllegalArgumentException(m.layout() + " has no dequantizing f16 products");
+        }
+        if (n < 1) {
+            throw new IllegalArgumentException("product of " + n + " vectors");
+        }
+        int rows = m.rows();
+        int groups = (m.cols() / 32 + 7) / 8;
+        long blocks = (long) ((rows + MH_ROWS - 1) / MH_ROWS) * ((n + MH_VECTORS - 1) / MH_VECTORS);
+        long fit = partial == null ? 1 : partial.byteSize() / (4L * n * rows);
+        int splits = (int) Math.max(1, Math.min(Math.min(MH_MAX_SPLITS, fit),
+                Math.min(groups, (2L * multiprocessors + blocks - 1) / blocks)));
+        int perSplit = (groups + splits - 1) / splits;
+        splits = (groups + perSplit - 1) / perSplit;
+        int mode = accumulate ? MV_ADD : MV_STORE;
+        Object part = splits == 1 ? 0L : (Object) partial;
+        mh.get(m.layout()).launch(new Dim3((rows + MH_ROWS - 1) / MH_ROWS, (n + MH_VECTORS - 1) / MH_VECTORS, splits),
+                Dim3.of(MH_WARPS * 32), mhSharedBytes(m.layout()), stream, m.data(), m.rowStride(), m.scales(), rows,
+                m.cols(), xh, n, out, outStride, mode, part, perSplit);
+        if (splits > 1) {
+            long outputs = (long) n * rows;
+            mhReduce.launch(Dim3.of((int) ((outputs + 255) / 256)), Dim3.of(256), 0, stream, partial, splits, n, rows,
+                    out, outStride, mode);
+        }
+    }
+
+    /**
+     * Shared memory of a dequantizing f16 product's block (model.cu MhGeom): per stage each warp's 16 rows and
+     * their scales (as {@link #mtSharedBytes}) and the block's 32 vectors' 256 f16 at a 544-byte stride.
+     */
+    static int mhSharedBytes(WeightLayout layout) {
+        return MH_STAGES * (MH_WARPS * (16 * tensorRowStride(layout) + tensorScaleBytes(layout)) + MH_VECTORS * 544);
+    }
+
+    /**
      * Shared memory of a tensor-core product's block (model.cu MtGeom): per warp and stage a group's 16 rows (at
      * a padded stride), 8 vectors' 256 codes (272-byte stride), their 64 scale pairs and the rows' block scales.
      */
     static int mtSharedBytes(WeightLayout layout) {
-        int rowStride = switch (layout) {
+        return MT_WARPS * MT_STAGES * (16 * tensorRowStride(layout) + 8 * 272 + 64 * 8 + tensorScaleBytes(layout));
+    }
+
+    /** A row's 256-column group in shared memory: its bytes at a padded stride (model.cu MtGeom::RBP). */
+    private static int tensorRowStride(WeightLayout layout) {
+        return switch (layout) {
             case Q8_0 -> 272;
             case Q4_0, Q4_K -> 144;
             case Q5_K -> 176;
             case Q6_K -> 208;
             default -> throw new IllegalArgumentException(layout + " has no 8-bit products");
         };
-        int scales = switch (layout) {
+    }
+
+    /** The block scales of 16 rows' group in shared memory (model.cu MtGeom::SC_BYTES). */
+    private static int tensorScaleBytes(WeightLayout layout) {
+        return switch (layout) {
             case Q8_0, Q4_0 -> 256;
             case Q6_K -> 32;
             default -> 0;
         };
-        return MT_WARPS * MT_STAGES * (16 * rowStride + 8 * 272 + 64 * 8 + scales);
     }
 
     /** The tensor-core 8-bit product kernel of a layout (benchmarks read its attributes). */
     CudaFunction tensorProduct(WeightLayout layout) {
         return mt.get(layout);
+    }
+
+    /** The dequantizing f16 product kernel of a layout (benchmarks read its attributes). */
+    CudaFunction halfProduct(WeightLayout layout) {
+        return mh.get(layout);
     }
 
     /** The float-vector product kernel of a layout for one vector or several (benchmarks read its attributes). */

@@ -100,11 +100,30 @@ final class Projection implements AutoCloseable {
     }
 
     /**
-     * out f32 [n][rows] = xh (f16 [n][cols]) · Wᵀ, or out += that when accumulate; the weights go through
-     * {@code scratch} as f16 (rows x cols), dequantized part by part.
+     * Prompt chunks of at most this many tokens multiply the quantized weights directly ({@link
+     * ModelKernels#matmulHalf}: each weight decoded once per 32 tokens, read once from memory) instead of writing an
+     * f16 copy of every weight for cuBLASLt, which costs the same whatever the chunk (docs/BENCHMARKS.md, "Short
+     * prompt chunks"). The system property {@code kvant.cuda.fusedGemmTokens} overrides it (0: always cuBLASLt),
+     * for side-by-side measurements.
+     */
+    static final int FUSED_GEMM_TOKENS = Integer.getInteger("kvant.cuda.fusedGemmTokens", 64);
+
+    /**
+     * out f32 [n][rows] = xh (f16 [n][cols]) · Wᵀ, or out += that when accumulate. Short chunks of quantized weights
+     * go through {@link ModelKernels#matmulHalf} (its partial sums in {@code scratch}); the others through
+     * {@code scratch} as f16 (rows x cols), dequantized part by part, and cuBLASLt. Either way the weights' f16
+     * values are the same.
      */
     void gemm(ModelKernels k, CublasLt blas, DeviceBuffer xh, int n, DeviceBuffer out, boolean accumulate,
               DeviceBuffer scratch, CudaStream stream) {
+        if (n <= FUSED_GEMM_TOKENS && parts.stream().allMatch(m -> m.layout().q8Vectors)) {
+            for (int i = 0; i < parts.size(); i++) {
+                long off = 4L * offsets[i];
+                k.matmulHalf(parts.get(i), xh, n, out.slice(off, out.byteSize() - off), rows, accumulate, scratch,
+                        stream);
+            }
+            return;
+        }
         for (int i = 0; i < parts.size(); i++) {
             DeviceMatrix m = parts.get(i);
             long off = 2L * offsets[i] * cols;

@@ -146,7 +146,7 @@ __device__ __forceinline__ void dq8(const u8* __restrict__ W, i64 rowBytes, i64 
                 u32 hword = i < 4 ? qh.x : qh.y;
                 q |= ((hword >> (8 * (i & 3) + j)) & 1) << 4;
             }
-            w[i] = scale * (float) q - off;
+            w[i] = __fmaf_rn(scale, (float) q, -off);  // one rounding, as kvant_mh_* decodes it
         }
     } else {  // W_Q6_K, planar: per super-block ql[128] qh[64] scales[16] (int8) in the quant plane, d in the scales
         i64 nb = rowBytes;
@@ -725,14 +725,14 @@ __device__ __forceinline__ void mt_plan(MtPlan<F>& p, const u8* __restrict__ W, 
         int idx = k * 32 + lane;
         int v = idx >> 4, c = idx & 15;
         p.xAt[k] = v < nvec ? c * 16 : -1;
-        p.x[k] = xq + (i64) min(v, nvec - 1) * cols + c * 16;
+        p.x[k] = xq + (i64) max(min(v, nvec - 1), 0) * cols + c * 16;
     }
 #pragma unroll
     for (int k = 0; k < 2; k++) {
         int idx = k * 32 + lane;
         int v = idx >> 3, j = idx & 7;
         p.dsAt[k] = v < nvec ? j : -1;
-        p.ds[k] = xds + (i64) min(v, nvec - 1) * nb + j;
+        p.ds[k] = xds + (i64) max(min(v, nvec - 1), 0) * nb + j;
     }
     int row = mt_row(lane & 15, o0, outputs, mode, ffn);
     p.sc = W + scales + (G::SC == 2 ? (i64) row * (nb >> 3) * 2 : (i64) row * nb * 2);
@@ -740,7 +740,9 @@ __device__ __forceinline__ void mt_plan(MtPlan<F>& p, const u8* __restrict__ W, 
 
 // Starts the copies of group gr into a stage: the 16 rows' bytes, the vectors' codes and scale pairs, the rows'
 // scales (copied at once where they are not 16-byte aligned: Q4_0/Q8_0 rows of a width not a multiple of 256, Q6_K).
-template <int F>
+// X: with the vectors' codes and scale pairs (the tensor-core products); without them (kvant_mh_*, whose f16
+// vectors the block stages itself) the rows' scales follow the rows' bytes at once.
+template <int F, bool X>
 __device__ __forceinline__ void mt_issue(u8* stage, const MtPlan<F>& p, i64 rowLen, int nb, int cols, int gr,
                                          int lane) {
     using G = MtGeom<F>;
@@ -754,7 +756,7 @@ __device__ __forceinline__ void mt_issue(u8* stage, const MtPlan<F>& p, i64 rowL
     u8* xs = stage + G::W_BYTES;
 #pragma unroll
     for (int k = 0; k < 4; k++) {
-        if (p.xAt[k] >= 0 && gr * 256 + p.xAt[k] < cols) {
+        if (X && p.xAt[k] >= 0 && gr * 256 + p.xAt[k] < cols) {
             // through L1: the blocks on a multiprocessor read the same vectors (through L2 alone, eight vectors'
             // codes were as many bytes as Q4_0's weights, and the eight-vector products a third slower)
             cp_async16_ca(xs + ((k * 32 + lane) >> 4) * MT_XSTRIDE + p.xAt[k], p.x[k] + gr * 256);
@@ -763,11 +765,11 @@ __device__ __forceinline__ void mt_issue(u8* stage, const MtPlan<F>& p, i64 rowL
     float2* ds = (float2*) (xs + G::X_BYTES);
 #pragma unroll
     for (int k = 0; k < 2; k++) {
-        if (p.dsAt[k] >= 0 && gr * 8 + p.dsAt[k] < nb) {
+        if (X && p.dsAt[k] >= 0 && gr * 8 + p.dsAt[k] < nb) {
             cp_async8(ds + k * 32 + lane, p.ds[k] + gr * 8);
         }
     }
-    u8* sc = (u8*) ds + G::DS_BYTES;
+    u8* sc = X ? (u8*) ds + G::DS_BYTES : stage + G::W_BYTES;
     if constexpr (G::SC == 16) {
         if (lane < 16) {
             const u8* q = p.sc + gr * 16;
@@ -943,7 +945,7 @@ __device__ void matvec_mt(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
 #pragma unroll
     for (int k = 0; k < S - 1; k++) {
         if (k < n) {
-            mt_issue<F>(mine + k * G::STAGE, plan, rowLen, nb, cols, warp + k * NW, lane);
+            mt_issue<F, true>(mine + k * G::STAGE, plan, rowLen, nb, cols, warp + k * NW, lane);
         }
         cp_async_commit();
     }
@@ -951,7 +953,7 @@ __device__ void matvec_mt(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
         __syncwarp();  // every lane is done with the stage the next copies go to (read at k − 1)
         int ahead = k + S - 1;
         if (ahead < n) {
-            mt_issue<F>(mine + (ahead % S) * G::STAGE, plan, rowLen, nb, cols, warp + ahead * NW, lane);
+            mt_issue<F, true>(mine + (ahead % S) * G::STAGE, plan, rowLen, nb, cols, warp + ahead * NW, lane);
         }
         cp_async_commit();
         cp_async_wait<S - 1>();  // this lane's copies of group k have landed
@@ -1038,6 +1040,242 @@ KVANT_MT_KERNEL(q4_0, W_Q4_0)
 KVANT_MT_KERNEL(q4_k, W_Q4_K)
 KVANT_MT_KERNEL(q5_k, W_Q5_K)
 KVANT_MT_KERNEL(q6_k, W_Q6_K)
+
+// ---- weight matrix × a few f16 vectors, the weights dequantized on the fly (prompt chunks of a few tokens)
+//
+// A prompt chunk of n <= a few dozen tokens through dequant-to-f16 + cuBLASLt writes and reads an f16 copy of every
+// weight; through the 8-bit products it pays a float rescale per 32-weight block, output and vector. Here every
+// weight is decoded once per block of vectors, to the f16 value kvant_dequant_* gives it (dq8's formula, one
+// rounding), and multiplied on the tensor cores (m16n8k16, f16 in, f32 sums) against the vectors' f16 form (the
+// operand the GEMM path reads).
+// grid:   (ceil(rows / 64), ceil(nvec / 32), splits); block of MH_WARPS = 4 warps.
+// warp:   16 weight rows (64·bx + 16·warp ..), the block's 32 vectors (32·by ..) as four n8 tiles, over the groups of
+//         256 columns of split z: [z·per, min(groups, (z + 1)·per)), all warps on the same group: each copies its
+//         rows' bytes (mt_issue, as the tensor-core products), the block the vectors' 256 values, into a ring of
+//         MH_STAGES stages.
+// k:      a 16-column step gives thread t columns 4t..4t+3 in the A slots 2t, 2t+1, 2t+8, 2t+9 and the vectors'
+//         same columns in the same B slots (a permutation of k, the same for both operands).
+// order:  each output is one running f32 sum over its split's groups in order (the mma's own accumulation);
+//         splits == 1 writes (MV_STORE) or adds (MV_ADD) it to out, more splits write partial[z][v][row] (rows
+//         `outputs` apart) for kvant_mh_reduce, which adds them in split order. Fixed either way.
+#define MH_WARPS 4
+#define MH_VECTORS 32
+#define MH_STAGES 2
+#define MH_XSTRIDE 544  // a vector's 256 f16 in shared memory, padded: the 8-byte B loads of a half-warp conflict-free
+
+template <int F> struct MhGeom {
+    static constexpr int WARP = MtGeom<F>::W_BYTES + MtGeom<F>::SC_BYTES;  // a warp's rows and their scales
+    static constexpr int X = MH_VECTORS * MH_XSTRIDE;
+    static constexpr int STAGE = MH_WARPS * WARP + X;
+};
+
+__device__ __forceinline__ void mma_f16(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Byte i of w (0..255) as a float plus 2^23, in one byte permute (its bits under 0x4B000000).
+__device__ __forceinline__ float byte_float(u32 w, int i) {
+    return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440 | i));
+}
+
+// The f16 pair of values (scale · (code − zero) − off) of bytes 2p, 2p + 1 of the codes word u (each 0..255), as
+// dq8 computes them: the code exact, one product (and the offset through one fma where the format has one).
+template <int F>
+__device__ __forceinline__ u32 mh_pair(u32 u, int p, float zero, float scale, float off) {
+    float q0 = __fsub_rn(byte_float(u, 2 * p), zero), q1 = __fsub_rn(byte_float(u, 2 * p + 1), zero);
+    if constexpr (F == W_Q4_K || F == W_Q5_K) {
+        return pack_h2(__fmaf_rn(scale, q0, -off), __fmaf_rn(scale, q1, -off));
+    } else {
+        return pack_h2(__fmul_rn(scale, q0), __fmul_rn(scale, q1));
+    }
+}
+
+// The A fragment of the 16-column step h (0, 1) of block j of the staged group: rows g (a0, a2) and g + 8 (a1, a3),
+// columns j·32 + h·16 + 4t .. + 3 (see k above).
+template <int F>
+__device__ __forceinline__ void mh_fragment(const u8* rows, int g, int t, int j, int h, u32 (&a)[4]) {
+    using G = MtGeom<F>;
+    const u8* sc = rows + G::W_BYTES;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const u8* row = rows + (g + 8 * r) * G::RBP;
+        u32 u;
+        float zero, scale, off = 0.f;
+        if constexpr (F == W_Q8_0) {
+            u = lds32(row + j * 32 + h * 16 + t * 4) ^ 0x80808080u;  // q + 128
+            zero = 8388736.f;
+            scale = h2f(((const u16*) (sc + (g + 8 * r) * 16))[j]);
+        } else if constexpr (F == W_Q4_0) {
+            u = (lds32(row + j * 16 + t * 4) >> (4 * h)) & 0x0F0F0F0Fu;  // q + 8
+            zero = 8388616.f;
+            scale = h2f(((const u16*) (sc + (g + 8 * r) * 16))[j]);
+        } else if constexpr (F == W_Q4_K || F == W_Q5_K) {
+            constexpr int QS = F == W_Q4_K ? 16 : 48;
+            uint4 head = *(const uint4*) row;
+            u32 s[3] = {head.y, head.z, head.w};
+            float m;
+            kq_scale_min_regs(s, j, scale, m);
+            scale = h2f((u16) (head.x & 0xFFFF)) * scale;
+            off = h2f((u16) (head.x >> 16)) * m;
+            u = (lds32(row + QS + (j >> 1) * 32 + h * 16 + t * 4) >> (4 * (j & 1))) & 0x0F0F0F0Fu;
+            if constexpr (F == W_Q5_K) {
+                u |= ((lds32(row + 16 + h * 16 + t * 4) >> j) & 0x01010101u) << 4;
+            }
+            zero = 8388608.f;
+        } else {  // W_Q6_K (see dq8)
+            int half = j >> 2, quarter = j & 3;
+            u32 lo = lds32(row + half * 64 + (quarter & 1) * 32 + h * 16 + t * 4);
+            u32 hi = lds32(row + 128 + half * 32 + h * 16 + t * 4);
+            u = ((lo >> (quarter >= 2 ? 4 : 0)) & 0x0F0F0F0Fu) | (((hi >> (quarter * 2)) & 0x03030303u) << 4);
+            zero = 8388640.f;  // q − 32
+            float d = h2f(((const u16*) sc)[g + 8 * r]);
+            scale = d * (float) (signed char) row[192 + half * 8 + quarter * 2 + h];
+        }
+        a[r] = mh_pair<F>(u, 0, zero, scale, off);
+        a[2 + r] = mh_pair<F>(u, 1, zero, scale, off);
+    }
+}
+
+// Starts the copies of group gr into a stage: each warp its 16 rows' bytes and scales, the block the nv vectors'
+// 256 f16 (those past nv, and columns past the row's end, are not copied: their products are never used).
+template <int F>
+__device__ __forceinline__ void mh_issue(u8* stage, const MtPlan<F>& plan, i64 rowLen, int nb, int cols, int gr,
+                                         const u16* __restrict__ xv, int nv, int tid) {
+    using H = MhGeom<F>;
+    mt_issue<F, false>(stage + (tid >> 5) * H::WARP, plan, rowLen, nb, cols, gr, tid & 31);
+    u8* xs = stage + MH_WARPS * H::WARP;
+#pragma unroll
+    for (int k = 0; k < MH_VECTORS * 32 / (MH_WARPS * 32); k++) {
+        int c = k * MH_WARPS * 32 + tid;
+        int v = c >> 5, part = c & 31;
+        if (v < nv && gr * 256 + part * 8 < cols) {
+            cp_async16(xs + v * MH_XSTRIDE + part * 16, xv + (i64) v * cols + gr * 256 + part * 8);
+        }
+    }
+}
+
+template <int F>
+__device__ void matvec_mh(const u8* __restrict__ W, i64 nb64, i64 scales, int outputs, int cols,
+                          const u16* __restrict__ xh, int nvec, float* __restrict__ out, int outStride, int mode,
+                          float* __restrict__ partial, int perSplit) {
+    using G = MtGeom<F>;
+    using H = MhGeom<F>;
+    extern __shared__ __align__(16) u8 stages[];  // MH_STAGES · H::STAGE bytes (ModelKernels.mhSharedBytes)
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int g = lane >> 2, t = lane & 3;
+    int o0 = blockIdx.x * 64 + warp * 16;
+    int v0 = blockIdx.y * MH_VECTORS;
+    int nv = min(MH_VECTORS, nvec - v0);
+    int nb = cols / 32, groups = (nb + 7) / 8;
+    int first = blockIdx.z * perSplit, n = max(0, min(groups, first + perSplit) - first);
+    i64 rowStride = F == W_Q8_0 ? (i64) nb * 32 : F == W_Q4_0 ? (i64) nb * 16 : F == W_Q6_K ? (i64) (nb >> 3) * 208
+                                                                                            : nb64;
+    i64 rowLen = F == W_Q4_K || F == W_Q5_K ? nb64 : rowStride;
+    MtPlan<F> plan;
+    mt_plan<F>(plan, W, rowStride, scales, nb, cols, o0, outputs, MV_STORE, 0, nullptr, nullptr, 0, lane);
+    const u16* xv = xh + (i64) v0 * cols;
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            acc[i][e] = 0.f;
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < MH_STAGES - 1; k++) {
+        if (k < n) {
+            mh_issue<F>(stages + k * H::STAGE, plan, rowLen, nb, cols, first + k, xv, nv, tid);
+        }
+        cp_async_commit();
+    }
+    for (int k = 0; k < n; k++) {
+        __syncthreads();  // every thread is done with the stage the next copies go to (read at k − 1)
+        int ahead = k + MH_STAGES - 1;
+        if (ahead < n) {
+            mh_issue<F>(stages + (ahead % MH_STAGES) * H::STAGE, plan, rowLen, nb, cols, first + ahead, xv, nv, tid);
+        }
+        cp_async_commit();
+        cp_async_wait<MH_STAGES - 1>();  // this thread's copies of group k have landed
+        __syncthreads();                 // and every thread's
+        const u8* stage = stages + (k % MH_STAGES) * H::STAGE;
+        const u8* rows = stage + warp * H::WARP;
+        const u8* xs = stage + MH_WARPS * H::WARP + g * MH_XSTRIDE + t * 8;
+        int gr = first + k;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            if (gr * 8 + j >= nb) {
+                break;
+            }
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                u32 a[4];
+                mh_fragment<F>(rows, g, t, j, h, a);
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    if (i * 8 < nv) {
+                        uint2 b = *(const uint2*) (xs + i * 8 * MH_XSTRIDE + (j * 32 + h * 16) * 2);
+                        mma_f16(acc[i], a[0], a[1], a[2], a[3], b.x, b.y);
+                    }
+                }
+            }
+        }
+    }
+    // acc[i]: rows g (0, 1) and g + 8 (2, 3) against vectors 8i + 2t (0, 2) and 8i + 2t + 1 (1, 3)
+    bool direct = gridDim.z == 1;
+    float* dst = direct ? out : partial + (i64) blockIdx.z * nvec * outputs;
+    i64 stride = direct ? outStride : outputs;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int v = i * 8 + 2 * t + (e & 1), row = o0 + g + 8 * (e >> 1);
+            if (v < nv && row < outputs) {
+                float* o = dst + (i64) (v0 + v) * stride + row;
+                if (direct && mode == MV_ADD) {
+                    *o += acc[i][e];
+                } else {
+                    *o = acc[i][e];
+                }
+            }
+        }
+    }
+}
+
+#define KVANT_MH_KERNEL(NAME, F)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(MH_WARPS * 32) kvant_mh_##NAME(                                  \
+            const u8* W, i64 nb, i64 scales, int outputs, int cols, const u16* xh, int nvec, float* out,          \
+            int outStride, int mode, float* partial, int perSplit) {                                              \
+        KVANT_GRID_ENTER();                                                                                       \
+        matvec_mh<F>(W, nb, scales, outputs, cols, xh, nvec, out, outStride, mode, partial, perSplit);            \
+    }
+
+KVANT_MH_KERNEL(q8_0, W_Q8_0)
+KVANT_MH_KERNEL(q4_0, W_Q4_0)
+KVANT_MH_KERNEL(q4_k, W_Q4_K)
+KVANT_MH_KERNEL(q5_k, W_Q5_K)
+KVANT_MH_KERNEL(q6_k, W_Q6_K)
+
+// out[v][row] (stride outStride) = or += Σ_z partial[z][v][row], z in order, for v < nvec, row < outputs; one
+// thread an output.
+extern "C" __global__ void kvant_mh_reduce(const float* __restrict__ partial, int splits, int nvec, int outputs,
+                                           float* __restrict__ out, int outStride, int mode) {
+    KVANT_GRID_ENTER();
+    i64 i = (i64) blockIdx.x * blockDim.x + threadIdx.x, plane = (i64) nvec * outputs;
+    if (i >= plane) {
+        return;
+    }
+    float s = partial[i];
+    for (int z = 1; z < splits; z++) {
+        s = __fadd_rn(s, partial[z * plane + i]);
+    }
+    int v = (int) (i / outputs), row = (int) (i - (i64) v * outputs);
+    float* o = out + (i64) v * outStride + row;
+    *o = mode == MV_ADD ? __fadd_rn(*o, s) : s;
+}
 
 // One warp quantizes one 32-value block of a vector: lane l holds value l.
 __device__ __forceinline__ void quantize_block(float v, i8* q, float2* ds) {

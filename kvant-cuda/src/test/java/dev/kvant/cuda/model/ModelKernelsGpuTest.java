@@ -199,6 +199,111 @@ class ModelKernelsGpuTest {
         }
     }
 
+    /**
+     * The dequantizing f16 products (prompt chunks): against float64 sums of the f16 weights kvant_dequant_* writes
+     * (the cuBLASLt path's operand) times the f16 vectors, for 1 to 45 vectors (two blocks of 32), row counts that
+     * leave a partial 64-row block, widths that leave a partial group and widths that split the columns (with the
+     * partial-sum buffer; without it, one range). Stores leave the row stride's gap poisoned; adds add; two runs give
+     * the same bits.
+     */
+    @ParameterizedTest
+    @EnumSource(value = WeightLayout.class, names = {"Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"})
+    void dequantizingHalfProductsMatchTheirF16WeightsInFloat64(WeightLayout layout) {
+        long seed = new SplittableRandom().nextLong();
+        SplittableRandom random = new SplittableRandom(seed);
+        boolean superBlocks = layout == WeightLayout.Q4_K || layout == WeightLayout.Q5_K || layout == WeightLayout.Q6_K;
+        int[] widths = superBlocks ? new int[] {256, 2304} : new int[] {96, 352, 2080};
+        int rows = 200;
+        for (int cols : widths) {
+            WeightFormat format = WeightFormat.of(layout.type);
+            float[] values = new float[rows * cols];
+            for (int i = 0; i < values.length; i++) {
+                values[i] = (float) random.nextGaussian() * 0.05f;
+            }
+            try (Arena arena = Arena.ofConfined()) {
+                long rowBytes = format.bytesFor(cols);
+                MemorySegment data = arena.allocate(rowBytes * rows, 16);
+                for (int r = 0; r < rows; r++) {
+                    format.quantize(values, r * cols, cols, data, r * rowBytes);
+                }
+                try (DeviceMatrix m = DeviceMatrix.upload(context, new WeightMatrix("w", format, data, rows, cols))) {
+                    checkHalf(layout, m, random, seed);
+                }
+            }
+        }
+    }
+
+    private static void checkHalf(WeightLayout layout, DeviceMatrix m, SplittableRandom random, long seed) {
+        int rows = m.rows(), cols = m.cols(), maxVectors = 45, stride = rows + 3;
+        short[] xh = new short[maxVectors * cols];
+        double[][] x = new double[maxVectors][cols];
+        for (int k = 0; k < maxVectors; k++) {
+            for (int c = 0; c < cols; c++) {
+                xh[k * cols + c] = Float.floatToFloat16((float) random.nextGaussian());
+                x[k][c] = Float.float16ToFloat(xh[k * cols + c]);
+            }
+        }
+        try (DeviceBuffer wh = context.allocate(2L * rows * cols);
+             DeviceBuffer xd = context.allocate(2L * xh.length);
+             DeviceBuffer out = context.allocate(4L * maxVectors * stride);
+             DeviceBuffer partial = context.allocate(4L * ModelKernels.MH_MAX_SPLITS * maxVectors * rows)) {
+            kernels.dequantize(m, wh, stream);
+            stream.synchronize();
+            short[] w16 = new short[rows * cols];
+            wh.copyToHost(MemorySegment.ofArray(w16));
+            double[][] w = new double[rows][cols];
+            for (int r = 0; r < rows; r++) {
+                for (int c = 0; c < cols; c++) {
+                    w[r][c] = Float.float16ToFloat(w16[r * cols + c]);
+                }
+            }
+            xd.copyFromHost(MemorySegment.ofArray(xh));
+            for (int n : new int[] {1, 5, 32, 45}) {
+                for (boolean accumulate : new boolean[] {false, true}) {
+                    for (DeviceBuffer p : new DeviceBuffer[] {partial, null}) {
+                        String what = layout + " " + rows + " x " + cols + ", " + n + " vectors, "
+                                + (accumulate ? "adding" : "storing") + (p == null ? ", one column range" : "")
+                                + ", seed " + seed;
+                        float[] start = new float[maxVectors * stride];
+                        for (int i = 0; i < start.length; i++) {
+                            start[i] = accumulate ? (float) random.nextGaussian() : Float.NaN;
+                        }
+                        float[] got = new float[start.length];
+                        for (int run = 0; run < 2; run++) {
+                            out.copyFromHost(MemorySegment.ofArray(start));
+                            kernels.matmulHalf(m, xd, n, out, stride, accumulate, p, stream);
+                            stream.synchronize();
+                            float[] again = new float[start.length];
+                            out.copyToHost(MemorySegment.ofArray(again));
+                            if (run == 1) {
+                                for (int i = 0; i < got.length; i++) {
+                                    assertEquals(Float.floatToRawIntBits(got[i]), Float.floatToRawIntBits(again[i]),
+                                            what + ": element " + i + " differs between two runs");
+                                }
+                            }
+                            got = again;
+                        }
+                        for (int i = 0; i < got.length; i++) {
+                            int k = i / stride, r = i % stride;
+                            if (k >= n || r >= rows) {
+                                assertEquals(Float.floatToRawIntBits(start[i]), Float.floatToRawIntBits(got[i]),
+                                        what + ": element " + i + " past the outputs was written");
+                                continue;
+                            }
+                            double expect = dot(w[r], x[k]) + (accumulate ? start[i] : 0);
+                            double scale = norm(w[r], x[k]) + Math.abs(expect);
+                            double err = Math.abs(got[i] - expect);
+                            if (!(err <= 1e-5 * scale + 1e-6)) {
+                                fail(what + ": out[" + k + "][" + r + "] = " + got[i] + ", float64 " + expect
+                                        + " (error " + err + ", scale " + scale + ")");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     private static double dot(double[] w, double[] x) {
         double s = 0;
         for (int i = 0; i < w.length; i++) {

@@ -30,6 +30,11 @@ class ModelSourceTest {
         // the tensor-core kernel adds its sums in the one-vector kernel's order only with 4 warps of 8-block groups
         assertEquals(4, ModelKernels.MT_WARPS);
         assertEquals(272, define("MT_XSTRIDE"), "a vector's codes in a stage (ModelKernels.mtSharedBytes)");
+        assertEquals(ModelKernels.MH_WARPS, define("MH_WARPS"), "warps a block of the dequantizing f16 products");
+        assertEquals(ModelKernels.MH_VECTORS, define("MH_VECTORS"), "vectors a block of them");
+        assertEquals(ModelKernels.MH_STAGES, define("MH_STAGES"), "stages of their ring");
+        assertEquals(ModelKernels.MH_ROWS, 16 * ModelKernels.MH_WARPS, "16 rows a warp");
+        assertEquals(544, define("MH_XSTRIDE"), "a vector's f16 in a stage (ModelKernels.mhSharedBytes)");
     }
 
     @Test
@@ -39,9 +44,11 @@ class ModelSourceTest {
             if (l.q8Vectors) {
                 assertTrue(CODE.contains("KVANT_Q8_KERNELS(" + l.kernelSuffix + ", "), l + ": dp4a products");
                 assertTrue(CODE.contains("KVANT_MT_KERNEL(" + l.kernelSuffix + ", "), l + ": tensor-core products");
+                assertTrue(CODE.contains("KVANT_MH_KERNEL(" + l.kernelSuffix + ", "), l + ": dequantizing products");
             }
         }
-        for (String macro : new String[] {"kvant_mq1r1_##NAME", "kvant_mq1r2_##NAME", "kvant_mt_##NAME",
+        assertTrue(CODE.contains("kvant_mh_reduce("), "the dequantizing products' split sums");
+        for (String macro : new String[] {"kvant_mq1r1_##NAME", "kvant_mq1r2_##NAME", "kvant_mt_##NAME", "kvant_mh_##NAME",
                 "kvant_mv1_##NAME", "kvant_mv8_##NAME", "kvant_embed_##NAME", "kvant_dequant_##NAME"}) {
             assertTrue(CODE.contains(macro), macro);
         }
@@ -55,12 +62,16 @@ class ModelSourceTest {
         assertEquals(4 * 2 * (16 * 144 + 8 * 272 + 512), ModelKernels.mtSharedBytes(WeightLayout.Q4_K));
         assertEquals(4 * 2 * (16 * 176 + 8 * 272 + 512), ModelKernels.mtSharedBytes(WeightLayout.Q5_K));
         assertEquals(4 * 2 * (16 * 208 + 8 * 272 + 512 + 32), ModelKernels.mtSharedBytes(WeightLayout.Q6_K));
+        // the dequantizing products: per stage 4 warps' rows and scales, 32 vectors of 544 bytes
+        assertEquals(2 * (4 * (16 * 272 + 256) + 32 * 544), ModelKernels.mhSharedBytes(WeightLayout.Q8_0));
+        assertEquals(2 * (4 * (16 * 208 + 32) + 32 * 544), ModelKernels.mhSharedBytes(WeightLayout.Q6_K));
         Matcher m = Pattern.compile("RBP = F == W_Q8_0 \\? 272 : F == W_Q4_0 \\? 144 : RB;").matcher(CODE);
         assertTrue(m.find(), "MtGeom's padded strides are the ones mtSharedBytes counts");
         // the largest block asks for less than the 227 KB a block may opt in to on sm_90
         for (WeightLayout l : WeightLayout.values()) {
             if (l.q8Vectors) {
                 assertTrue(ModelKernels.mtSharedBytes(l) <= 227 * 1024, l.toString());
+                assertTrue(ModelKernels.mhSharedBytes(l) <= 227 * 1024, l.toString());
             }
         }
     }
