@@ -23,6 +23,7 @@ import org.junit.jupiter.api.Tag;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.params.ParameterizedTest;
 import org.junit.jupiter.params.provider.Arguments;
+import org.junit.jupiter.params.provider.EnumSource;
 import org.junit.jupiter.params.provider.MethodSource;
 
 import java.util.Arrays;
@@ -126,10 +127,11 @@ class CudaBackendGpuTest {
     }
 
     /**
-     * A 100-token prompt in chunks of 64 (tensor-core GEMMs, f16 operands) and four decode steps (f32 matrix-vector
-     * kernels) give the CPU's logits: NMSE below 1e-4 for prefill rows, 1e-5 for decode steps (whose attention reads
-     * the K/V rows the prefill wrote, so they inherit its f16 rounding; measured about 1e-6), 1e-3 for decode with
-     * quantized weights, whose products read 8-bit vectors.
+     * A 100-token prompt in chunks of 64 (tensor-core GEMMs, f16 operands; for quantized weights chunks of at most
+     * {@link Projection#FUSED_GEMM_TOKENS} tokens, so the dequantizing products) and four decode steps (f32
+     * matrix-vector kernels) give the CPU's logits: NMSE below 1e-4 for prefill rows, 1e-5 for decode steps (whose
+     * attention reads the K/V rows the prefill wrote, so they inherit its f16 rounding; measured about 1e-6), 1e-3 for
+     * decode with quantized weights, whose products read 8-bit vectors.
      */
     @ParameterizedTest(name = "{0} {1}")
     @MethodSource("shapesAndFormats")
@@ -138,6 +140,20 @@ class CudaBackendGpuTest {
         boolean q8Vectors = type != GgmlType.F32 && type != GgmlType.F16 && type != GgmlType.BF16;
         try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.parse(shape), type, seed)) {
             matchCpu(model, shape + " " + type, seed, 100, 4, q8Vectors ? 1e-3 : 1e-5);
+        }
+    }
+
+    /**
+     * Quantized weights, the prompt in one chunk of 100 tokens: past {@link Projection#FUSED_GEMM_TOKENS}, so the
+     * weights go to f16 for cuBLASLt (the test above takes the dequantizing products); the CPU's logits as above.
+     */
+    @ParameterizedTest
+    @EnumSource(value = GgmlType.class, names = {"Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"})
+    void quantizedWeightsInLongChunksMatchTheCpuBackend(GgmlType type) {
+        long seed = new SplittableRandom().nextLong();
+        assertTrue(100 > Projection.FUSED_GEMM_TOKENS, "the chunk must be past the dequantizing products");
+        try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.parse("tiny"), type, seed)) {
+            matchCpu(model, "tiny " + type + " one chunk of 100", seed, 100, 4, F16, F16, 1e-4, 1e-3, 128);
         }
     }
 
@@ -152,8 +168,14 @@ class CudaBackendGpuTest {
 
     private static void matchCpu(LlamaModel model, String what, long seed, int promptTokens, int decodeSteps,
                                  KvFormat kFormat, KvFormat vFormat, double prefillBound, double decodeBound) {
+        matchCpu(model, what, seed, promptTokens, decodeSteps, kFormat, vFormat, prefillBound, decodeBound, 64);
+    }
+
+    private static void matchCpu(LlamaModel model, String what, long seed, int promptTokens, int decodeSteps,
+                                 KvFormat kFormat, KvFormat vFormat, double prefillBound, double decodeBound,
+                                 int maxPrefill) {
         SplittableRandom r = new SplittableRandom(seed);
-        try (CudaBackend gpu = CudaBackend.open(model, new CudaBackend.Options(4, 64, 0))) {
+        try (CudaBackend gpu = CudaBackend.open(model, new CudaBackend.Options(4, maxPrefill, 0))) {
             CpuBackend cpu = new CpuBackend(model, pool);
             int vocab = model.config().vocabSize();
             int[] prompt = r.ints(promptTokens, 0, vocab).toArray();
