@@ -108,14 +108,13 @@ final class DeviceWeights implements AutoCloseable {
         return n;
     }
 
-    /** Widest f16 copy a prefill GEMM needs of one layer projection: rows x cols halves. */
-    long largestProjectionHalves() {
+    /** The scratch a prefill chunk of up to maxTokens needs: Projection.gemmScratchBytes, the most of any layer's. */
+    long gemmScratchBytes(int maxTokens) {
         long max = 0;
         for (Layer l : layers) {
-            max = Math.max(max, (long) l.qkv().rows() * l.qkv().cols());
-            max = Math.max(max, (long) l.wo().rows() * l.wo().cols());
-            max = Math.max(max, (long) l.gateUp().rows() * l.gateUp().cols());
-            max = Math.max(max, (long) l.down().rows() * l.down().cols());
+            for (Projection p : new Projection[] {l.qkv(), l.wo(), l.gateUp(), l.down()}) {
+                max = Math.max(max, p.gemmScratchBytes(maxTokens));
+            }
         }
         return max;
     }

@@ -110,9 +110,9 @@ final class Projection implements AutoCloseable {
 
     /**
      * out f32 [n][rows] = xh (f16 [n][cols]) · Wᵀ, or out += that when accumulate. Short chunks of quantized weights
-     * go through {@link ModelKernels#matmulHalf} (its partial sums in {@code scratch}); the others through
-     * {@code scratch} as f16 (rows x cols), dequantized part by part, and cuBLASLt. Either way the weights' f16
-     * values are the same.
+     * go through {@link ModelKernels#matmulHalf} (its partial sums in {@code scratch}); F16 weights go to cuBLASLt
+     * as they are; the others through {@code scratch} as f16 (rows x cols), dequantized part by part. Either way
+     * the weights' f16 values are the same.
      */
     void gemm(ModelKernels k, CublasLt blas, DeviceBuffer xh, int n, DeviceBuffer out, boolean accumulate,
               DeviceBuffer scratch, CudaStream stream) {
@@ -124,12 +124,33 @@ final class Projection implements AutoCloseable {
             }
             return;
         }
+        if (single() && only().layout() == WeightLayout.F16) {
+            // already the GEMM's operand, rows of f16 one after another: no copy
+            blas.gemm(xh, only().data(), out, n, rows, cols, CudaDataType.F16, CudaDataType.F32, accumulate, stream);
+            return;
+        }
         for (int i = 0; i < parts.size(); i++) {
             DeviceMatrix m = parts.get(i);
             long off = 2L * offsets[i] * cols;
             k.dequantize(m, scratch.slice(off, 2L * m.rows() * cols), stream);
         }
         blas.gemm(xh, scratch, out, n, rows, cols, CudaDataType.F16, CudaDataType.F32, accumulate, stream);
+    }
+
+    /**
+     * The scratch {@link #gemm} needs for chunks of up to maxTokens: none for F16 weights, the partial sums of the
+     * dequantizing products for short chunks of 8-bit formats, else an f16 copy of the weights (rows x cols).
+     */
+    long gemmScratchBytes(int maxTokens) {
+        if (single() && only().layout() == WeightLayout.F16) {
+            return 0;
+        }
+        long copy = 2L * rows * cols;
+        if (!parts.stream().allMatch(m -> m.layout().q8Vectors)) {
+            return copy;
+        }
+        long partial = 4L * ModelKernels.MH_MAX_SPLITS * Math.min(maxTokens, FUSED_GEMM_TOKENS) * rows;
+        return maxTokens <= FUSED_GEMM_TOKENS ? partial : Math.max(partial, copy);
     }
 
     @Override

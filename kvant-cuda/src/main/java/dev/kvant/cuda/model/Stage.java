@@ -109,7 +109,7 @@ final class Stage implements AutoCloseable {
             this.xh = bytes(2L * maxPrefill * c.dim());
             this.ah = bytes(2L * maxPrefill * attnDim);
             this.gh = bytes(2L * maxPrefill * c.ffnDim());
-            this.wScratch = bytes(2L * w.largestProjectionHalves());
+            this.wScratch = bytes(Math.max(16, w.gemmScratchBytes(maxPrefill)));
             this.angles = bytes(8L * rowsMax * Math.max(1, c.rope().ropeDim() / 2));
             this.staging = own(context.allocatePinned(8L * rowsMax));
             this.idsHost = own(context.allocatePinned(8L * logitRows));
