@@ -32,6 +32,8 @@ final class ModelKernels implements AutoCloseable {
     static final int MH_VECTORS = 32;
     static final int MH_WARPS = 4;
     static final int MH_STAGES = 2;
+    /** Bytes of one vector's 256 f16 in a dequantizing product's stage, padded (model.cu MH_XSTRIDE). */
+    static final int MH_XSTRIDE = 544;
     /** At most this many column splits of a dequantizing product (each adds a plane of partial sums). */
     static final int MH_MAX_SPLITS = 8;
 
@@ -191,10 +193,11 @@ final class ModelKernels implements AutoCloseable {
 
     /**
      * Shared memory of a dequantizing f16 product's block (model.cu MhGeom): per stage each warp's 16 rows and
-     * their scales (as {@link #mtSharedBytes}) and the block's 32 vectors' 256 f16 at a 544-byte stride.
+     * their scales (as {@link #mtSharedBytes}) and the block's 32 vectors' 256 f16 at {@link #MH_XSTRIDE} bytes.
      */
     static int mhSharedBytes(WeightLayout layout) {
-        return MH_STAGES * (MH_WARPS * (16 * tensorRowStride(layout) + tensorScaleBytes(layout)) + MH_VECTORS * 544);
+        return MH_STAGES * (MH_WARPS * (16 * tensorRowStride(layout) + tensorScaleBytes(layout))
+                + MH_VECTORS * MH_XSTRIDE);
     }
 
     /**

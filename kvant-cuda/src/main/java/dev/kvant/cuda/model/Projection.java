@@ -101,7 +101,7 @@ final class Projection implements AutoCloseable {
 
     /**
      * Prompt chunks of at most this many tokens multiply the quantized weights directly ({@link
-     * ModelKernels#matmulHalf}: each weight decoded once per 32 tokens, read once from memory) instead of writing an
+     * ModelKernels#matmulHalf}: each weight read from memory and decoded once per 32 tokens) instead of writing an
      * f16 copy of every weight for cuBLASLt, which costs the same whatever the chunk (docs/BENCHMARKS.md, "Short
      * prompt chunks"). The system property {@code kvant.cuda.fusedGemmTokens} overrides it (0: always cuBLASLt),
      * for side-by-side measurements.

@@ -1048,7 +1048,9 @@ KVANT_MT_KERNEL(q6_k, W_Q6_K)
 // weight is decoded once per block of vectors, to the f16 value kvant_dequant_* gives it (dq8's formula, one
 // rounding), and multiplied on the tensor cores (m16n8k16, f16 in, f32 sums) against the vectors' f16 form (the
 // operand the GEMM path reads).
-// grid:   (ceil(rows / 64), ceil(nvec / 32), splits); block of MH_WARPS = 4 warps.
+// grid:   (ceil(rows / 64), ceil(nvec / 32), splits); block of MH_WARPS = 4 warps (64 = 16 · MH_WARPS rows).
+// shared: MH_STAGES stages of MhGeom::STAGE bytes: each warp's 16 rows at MtGeom's padded stride and their scales,
+//         then the block's 32 vectors at MH_XSTRIDE (ModelKernels.mhSharedBytes).
 // warp:   16 weight rows (64·bx + 16·warp ..), the block's 32 vectors (32·by ..) as four n8 tiles, over the groups of
 //         256 columns of split z: [z·per, min(groups, (z + 1)·per)), all warps on the same group: each copies its
 //         rows' bytes (mt_issue, as the tensor-core products), the block the vectors' 256 values, into a ring of
@@ -1166,7 +1168,7 @@ __device__ void matvec_mh(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
     extern __shared__ __align__(16) u8 stages[];  // MH_STAGES · H::STAGE bytes (ModelKernels.mhSharedBytes)
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int g = lane >> 2, t = lane & 3;
-    int o0 = blockIdx.x * 64 + warp * 16;
+    int o0 = (blockIdx.x * MH_WARPS + warp) * 16;
     int v0 = blockIdx.y * MH_VECTORS;
     int nv = min(MH_VECTORS, nvec - v0);
     int nb = cols / 32, groups = (nb + 7) / 8;
@@ -1259,8 +1261,8 @@ KVANT_MH_KERNEL(q4_k, W_Q4_K)
 KVANT_MH_KERNEL(q5_k, W_Q5_K)
 KVANT_MH_KERNEL(q6_k, W_Q6_K)
 
-// out[v][row] (stride outStride) = or += Σ_z partial[z][v][row], z in order, for v < nvec, row < outputs; one
-// thread an output.
+// out[v][row] (stride outStride) = or += Σ_z partial[z][v][row], z in order, for v < nvec, row < outputs.
+// grid: ceil(nvec · outputs / 256) blocks of 256 threads, one thread an output.
 extern "C" __global__ void kvant_mh_reduce(const float* __restrict__ partial, int splits, int nvec, int outputs,
                                            float* __restrict__ out, int outStride, int mode) {
     KVANT_GRID_ENTER();

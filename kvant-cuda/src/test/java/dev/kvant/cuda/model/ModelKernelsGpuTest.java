@@ -212,7 +212,7 @@ class ModelKernelsGpuTest {
         long seed = new SplittableRandom().nextLong();
         SplittableRandom random = new SplittableRandom(seed);
         boolean superBlocks = layout == WeightLayout.Q4_K || layout == WeightLayout.Q5_K || layout == WeightLayout.Q6_K;
-        int[] widths = superBlocks ? new int[] {256, 2304} : new int[] {96, 352, 2080};
+        int[] widths = superBlocks ? new int[] {256, 2304} : new int[] {96, 352, 512, 2080};
         int rows = 200;
         for (int cols : widths) {
             WeightFormat format = WeightFormat.of(layout.type);
@@ -226,14 +226,20 @@ class ModelKernelsGpuTest {
                 for (int r = 0; r < rows; r++) {
                     format.quantize(values, r * cols, cols, data, r * rowBytes);
                 }
-                try (DeviceMatrix m = DeviceMatrix.upload(context, new WeightMatrix("w", format, data, rows, cols))) {
-                    checkHalf(layout, m, random, seed);
+                WeightMatrix w = new WeightMatrix("w", format, data, rows, cols);
+                float[][] cpu = new float[rows][cols];
+                for (int r = 0; r < rows; r++) {
+                    w.dequantizeRow(r, cpu[r], 0);
+                }
+                try (DeviceMatrix m = DeviceMatrix.upload(context, w)) {
+                    checkHalf(layout, m, cpu, random, seed);
                 }
             }
         }
     }
 
-    private static void checkHalf(WeightLayout layout, DeviceMatrix m, SplittableRandom random, long seed) {
+    private static void checkHalf(WeightLayout layout, DeviceMatrix m, float[][] cpu, SplittableRandom random,
+                                  long seed) {
         int rows = m.rows(), cols = m.cols(), maxVectors = 45, stride = rows + 3;
         short[] xh = new short[maxVectors * cols];
         double[][] x = new double[maxVectors][cols];
@@ -255,6 +261,35 @@ class ModelKernelsGpuTest {
             for (int r = 0; r < rows; r++) {
                 for (int c = 0; c < cols; c++) {
                     w[r][c] = Float.float16ToFloat(w16[r * cols + c]);
+                    // the f16 weights are the format's values (the CPU's dequantization) to within an f16 rounding
+                    double bound = Math.abs(cpu[r][c]) * 0x1p-10 + 0x1p-24;
+                    if (!(Math.abs(w[r][c] - cpu[r][c]) <= bound)) {
+                        fail(layout + " " + rows + " x " + cols + ": kvant_dequant_* gives w[" + r + "][" + c + "] = "
+                                + w[r][c] + ", the CPU " + cpu[r][c]);
+                    }
+                }
+            }
+            // one-hot vectors: each output is exactly one f16 weight, so the products decode every weight they read
+            // to the very value kvant_dequant_* wrote (every other term adds a zero)
+            short[] hot = new short[ModelKernels.MH_VECTORS * cols];
+            int[] at = new int[ModelKernels.MH_VECTORS];
+            for (int k = 0; k < at.length; k++) {
+                at[k] = (int) ((k * 97L + 31) % cols);
+                hot[k * cols + at[k]] = Float.floatToFloat16(1f);
+            }
+            xd.copyFromHost(MemorySegment.ofArray(hot));
+            out.fillFloats(Float.NaN);
+            kernels.matmulHalf(m, xd, at.length, out, stride, false, partial, stream);
+            stream.synchronize();
+            float[] exact = new float[maxVectors * stride];
+            out.copyToHost(MemorySegment.ofArray(exact));
+            for (int k = 0; k < at.length; k++) {
+                for (int r = 0; r < rows; r++) {
+                    float expect = Float.float16ToFloat(w16[r * cols + at[k]]);
+                    if (exact[k * stride + r] != expect) {
+                        fail(layout + " " + rows + " x " + cols + ": one-hot column " + at[k] + " gives row " + r + " "
+                                + exact[k * stride + r] + ", its f16 weight is " + expect + " (seed " + seed + ")");
+                    }
                 }
             }
             xd.copyFromHost(MemorySegment.ofArray(xh));

@@ -34,7 +34,9 @@ class ModelSourceTest {
         assertEquals(ModelKernels.MH_VECTORS, define("MH_VECTORS"), "vectors a block of them");
         assertEquals(ModelKernels.MH_STAGES, define("MH_STAGES"), "stages of their ring");
         assertEquals(ModelKernels.MH_ROWS, 16 * ModelKernels.MH_WARPS, "16 rows a warp");
-        assertEquals(544, define("MH_XSTRIDE"), "a vector's f16 in a stage (ModelKernels.mhSharedBytes)");
+        assertEquals(ModelKernels.MH_XSTRIDE, define("MH_XSTRIDE"), "a vector's f16 in a stage (mhSharedBytes)");
+        assertTrue(CODE.contains("int o0 = (blockIdx.x * MH_WARPS + warp) * 16;"),
+                "a dequantizing block's rows are 16 a warp (ModelKernels.MH_ROWS)");
     }
 
     @Test
