@@ -20,7 +20,8 @@ final class Projection implements AutoCloseable {
     private final int rows;
     private final int cols;
 
-    private Projection(List<DeviceMatrix> parts) {
+    /** The parts as uploaded, side by side in this order (tests build them without a device). */
+    Projection(List<DeviceMatrix> parts) {
         this.parts = parts;
         this.offsets = new int[parts.size()];
         int r = 0;
@@ -108,6 +109,16 @@ final class Projection implements AutoCloseable {
      */
     static final int FUSED_GEMM_TOKENS = Integer.getInteger("kvant.cuda.fusedGemmTokens", 64);
 
+    /** A chunk of n tokens goes through the dequantizing products: at most {@link #FUSED_GEMM_TOKENS}, 8-bit parts. */
+    boolean fused(int n) {
+        return n <= FUSED_GEMM_TOKENS && parts.stream().allMatch(m -> m.layout().q8Vectors);
+    }
+
+    /** The weights are the GEMM's f16 operand as uploaded: one F16 matrix, rows of halves one after another. */
+    boolean inPlace() {
+        return single() && only().layout() == WeightLayout.F16;
+    }
+
     /**
      * out f32 [n][rows] = xh (f16 [n][cols]) · Wᵀ, or out += that when accumulate. Short chunks of quantized weights
      * go through {@link ModelKernels#matmulHalf} (its partial sums in {@code scratch}); F16 weights go to cuBLASLt
@@ -116,7 +127,7 @@ final class Projection implements AutoCloseable {
      */
     void gemm(ModelKernels k, CublasLt blas, DeviceBuffer xh, int n, DeviceBuffer out, boolean accumulate,
               DeviceBuffer scratch, CudaStream stream) {
-        if (n <= FUSED_GEMM_TOKENS && parts.stream().allMatch(m -> m.layout().q8Vectors)) {
+        if (fused(n)) {
             for (int i = 0; i < parts.size(); i++) {
                 long off = 4L * offsets[i];
                 k.matmulHalf(parts.get(i), xh, n, out.slice(off, out.byteSize() - off), rows, accumulate, scratch,
@@ -124,8 +135,7 @@ final class Projection implements AutoCloseable {
             }
             return;
         }
-        if (single() && only().layout() == WeightLayout.F16) {
-            // already the GEMM's operand, rows of f16 one after another: no copy
+        if (inPlace()) {
             blas.gemm(xh, only().data(), out, n, rows, cols, CudaDataType.F16, CudaDataType.F32, accumulate, stream);
             return;
         }
@@ -139,14 +149,15 @@ final class Projection implements AutoCloseable {
 
     /**
      * The scratch {@link #gemm} needs for chunks of up to maxTokens: none for F16 weights, the partial sums of the
-     * dequantizing products for short chunks of 8-bit formats, else an f16 copy of the weights (rows x cols).
+     * dequantizing products for short chunks of 8-bit formats (up to {@link ModelKernels#MH_MAX_SPLITS} column
+     * ranges of the chunk's tokens), else an f16 copy of the weights (rows x cols).
      */
     long gemmScratchBytes(int maxTokens) {
-        if (single() && only().layout() == WeightLayout.F16) {
+        if (inPlace()) {
             return 0;
         }
         long copy = 2L * rows * cols;
-        if (!parts.stream().allMatch(m -> m.layout().q8Vectors)) {
+        if (!fused(1)) {
             return copy;
         }
         long partial = 4L * ModelKernels.MH_MAX_SPLITS * Math.min(maxTokens, FUSED_GEMM_TOKENS) * rows;
