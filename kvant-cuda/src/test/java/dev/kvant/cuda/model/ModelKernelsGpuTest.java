@@ -67,18 +67,8 @@ class ModelKernelsGpuTest {
         int[] widths = superBlocks ? new int[] {256, 768} : new int[] {96, 352, 1024};
         for (int cols : widths) {
             int rows = 2 * 37;  // SwiGLU: 37 gate rows, then 37 up rows
-            WeightFormat format = WeightFormat.of(layout.type);
-            float[] values = new float[rows * cols];
-            for (int i = 0; i < values.length; i++) {
-                values[i] = (float) random.nextGaussian() * 0.05f;
-            }
             try (Arena arena = Arena.ofConfined()) {
-                long rowBytes = format.bytesFor(cols);
-                MemorySegment data = arena.allocate(rowBytes * rows, 16);
-                for (int r = 0; r < rows; r++) {
-                    format.quantize(values, r * cols, cols, data, r * rowBytes);
-                }
-                WeightMatrix w = new WeightMatrix("w", format, data, rows, cols);
+                WeightMatrix w = randomMatrix(layout, rows, cols, random, arena);
                 double[][] weights = new double[rows][cols];
                 float[] row = new float[cols];
                 for (int r = 0; r < rows; r++) {
@@ -92,6 +82,22 @@ class ModelKernelsGpuTest {
                 }
             }
         }
+    }
+
+    /** rows x cols weights drawn from N(0, 0.05²), quantized to the layout's GGUF format in the arena. */
+    private static WeightMatrix randomMatrix(WeightLayout layout, int rows, int cols, SplittableRandom random,
+                                             Arena arena) {
+        WeightFormat format = WeightFormat.of(layout.type);
+        float[] values = new float[rows * cols];
+        for (int i = 0; i < values.length; i++) {
+            values[i] = (float) random.nextGaussian() * 0.05f;
+        }
+        long rowBytes = format.bytesFor(cols);
+        MemorySegment data = arena.allocate(rowBytes * rows, 16);
+        for (int r = 0; r < rows; r++) {
+            format.quantize(values, r * cols, cols, data, r * rowBytes);
+        }
+        return new WeightMatrix("w", format, data, rows, cols);
     }
 
     private static void check(WeightLayout layout, DeviceMatrix m, double[][] weights, SplittableRandom random,
@@ -215,18 +221,8 @@ class ModelKernelsGpuTest {
         int[] widths = superBlocks ? new int[] {256, 2304} : new int[] {96, 352, 512, 2080};
         int rows = 200;
         for (int cols : widths) {
-            WeightFormat format = WeightFormat.of(layout.type);
-            float[] values = new float[rows * cols];
-            for (int i = 0; i < values.length; i++) {
-                values[i] = (float) random.nextGaussian() * 0.05f;
-            }
             try (Arena arena = Arena.ofConfined()) {
-                long rowBytes = format.bytesFor(cols);
-                MemorySegment data = arena.allocate(rowBytes * rows, 16);
-                for (int r = 0; r < rows; r++) {
-                    format.quantize(values, r * cols, cols, data, r * rowBytes);
-                }
-                WeightMatrix w = new WeightMatrix("w", format, data, rows, cols);
+                WeightMatrix w = randomMatrix(layout, rows, cols, random, arena);
                 float[][] cpu = new float[rows][cols];
                 for (int r = 0; r < rows; r++) {
                     w.dequantizeRow(r, cpu[r], 0);
