@@ -62,6 +62,11 @@ final class Projection implements AutoCloseable {
         return cols;
     }
 
+    /** The stacked matrices side by side: one per run of a format. */
+    int parts() {
+        return parts.size();
+    }
+
     /** One stacked matrix: a single launch serves every output. */
     boolean single() {
         return parts.size() == 1;

@@ -13,6 +13,7 @@ import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.Assumptions;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Tag;
+import org.junit.jupiter.api.Test;
 import org.junit.jupiter.params.ParameterizedTest;
 import org.junit.jupiter.params.provider.EnumSource;
 
@@ -21,6 +22,7 @@ import java.lang.foreign.MemorySegment;
 import java.util.SplittableRandom;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
 import static org.junit.jupiter.api.Assertions.fail;
 
 /**
@@ -79,6 +81,68 @@ class ModelKernelsGpuTest {
                 }
                 try (DeviceMatrix m = DeviceMatrix.upload(context, w)) {
                     check(layout, m, weights, random, seed);
+                }
+            }
+        }
+    }
+
+    /**
+     * A projection of two 8-bit formats side by side (Q4_K_M's usual q|k|v: q and k in Q4_K, v in Q6_K) takes the
+     * dequantizing products part by part: each part's outputs land at its row offset of the shared output rows, and
+     * the partial-sum buffer serves both. Against float64 sums of the CPU's dequantized weights (to within their
+     * f16 rounding), 1, 20 and 45 tokens, NaN-poisoned output.
+     */
+    @Test
+    void mixedFormatPartsTakeTheDequantizingProductsPartByPart() {
+        long seed = new SplittableRandom().nextLong();
+        SplittableRandom random = new SplittableRandom(seed);
+        int cols = 512, rowsA = 96, rowsB = 40, rows = rowsA + rowsB, maxVectors = 45;
+        try (Arena arena = Arena.ofConfined()) {
+            WeightMatrix a = randomMatrix(WeightLayout.Q4_K, rowsA, cols, random, arena);
+            WeightMatrix b = randomMatrix(WeightLayout.Q6_K, rowsB, cols, random, arena);
+            double[][] w = new double[rows][cols];
+            float[] row = new float[cols];
+            for (int r = 0; r < rows; r++) {
+                (r < rowsA ? a : b).dequantizeRow(r < rowsA ? r : r - rowsA, row, 0);
+                for (int c = 0; c < cols; c++) {
+                    w[r][c] = row[c];
+                }
+            }
+            short[] xh = new short[maxVectors * cols];
+            double[][] x = new double[maxVectors][cols];
+            for (int k = 0; k < maxVectors; k++) {
+                for (int c = 0; c < cols; c++) {
+                    xh[k * cols + c] = Float.floatToFloat16((float) random.nextGaussian());
+                    x[k][c] = Float.float16ToFloat(xh[k * cols + c]);
+                }
+            }
+            try (Projection p = Projection.upload(context, a, b);
+                 DeviceBuffer xd = context.allocate(2L * xh.length);
+                 DeviceBuffer out = context.allocate(4L * maxVectors * rows);
+                 DeviceBuffer partial = context.allocate(p.gemmScratchBytes(maxVectors))) {
+                assertEquals(2, p.parts(), "two formats, two parts");
+                xd.copyFromHost(MemorySegment.ofArray(xh));
+                for (int n : new int[] {1, 20, maxVectors}) {
+                    assertTrue(p.fused(n));
+                    out.fillFloats(Float.NaN);
+                    p.gemm(kernels, null, xd, n, out, false, partial, stream);
+                    stream.synchronize();
+                    float[] got = new float[maxVectors * rows];
+                    out.copyToHost(MemorySegment.ofArray(got));
+                    for (int i = 0; i < got.length; i++) {
+                        int k = i / rows, r = i % rows;
+                        if (k >= n) {
+                            assertEquals(Float.floatToRawIntBits(Float.NaN), Float.floatToRawIntBits(got[i]),
+                                    n + " tokens: element " + i + " past the outputs was written (seed " + seed + ")");
+                            continue;
+                        }
+                        double expect = dot(w[r], x[k]);
+                        double err = Math.abs(got[i] - expect);
+                        if (!(err <= 1e-3 * norm(w[r], x[k]) + 1e-6)) {
+                            fail(n + " tokens: out[" + k + "][" + r + "] (" + (r < rowsA ? "Q4_K" : "Q6_K")
+                                    + " part) = " + got[i] + ", float64 " + expect + " (seed " + seed + ")");
+                        }
+                    }
                 }
             }
         }
