@@ -54,14 +54,8 @@ public final class ModelGpuBench {
                 int T = ModelKernels.TENSOR_TILE;
                 int[][] planar = {{1, 1, 0}, {1, 1, T}, {8, 1, T}, {1, 0, 4}, {8, 2, 0}, {32, 2, 0}};
                 for (WeightLayout layout : new WeightLayout[] {WeightLayout.Q4_0, WeightLayout.Q8_0}) {
-                    CudaFunction f = k.tensorProduct(layout);
-                    System.out.printf(Locale.ROOT, "| %s | (kernel) | | | tensor cores: %d registers, %d local bytes"
-                            + " | | | |%n", layout.kernelSuffix, f.registers(),
-                            f.attribute(CudaDriver.FUNC_LOCAL_SIZE_BYTES));
-                    CudaFunction h = k.halfProduct(layout);
-                    System.out.printf(Locale.ROOT, "| %s | (kernel) | | | dequantizing f16: %d registers, %d local"
-                            + " bytes | | | |%n", layout.kernelSuffix, h.registers(),
-                            h.attribute(CudaDriver.FUNC_LOCAL_SIZE_BYTES));
+                    kernelRow(layout, "", "tensor cores", k.tensorProduct(layout));
+                    kernelRow(layout, "", "dequantizing f16", k.halfProduct(layout));
                     for (Shape s : shapes) {
                         timeShape(context, stream, k, layout, s, planar, copy);
                     }
@@ -71,20 +65,11 @@ public final class ModelGpuBench {
                 for (WeightLayout layout : new WeightLayout[] {WeightLayout.F16, WeightLayout.BF16, WeightLayout.Q4_K,
                         WeightLayout.Q5_K, WeightLayout.Q6_K}) {
                     for (int nvec : new int[] {1, 8}) {
-                        CudaFunction f = k.floatProduct(layout, nvec);
-                        System.out.printf(Locale.ROOT, "| %s | (kernel) | | %d | float vectors: %d registers, %d local"
-                                + " bytes | | | |%n", layout.kernelSuffix, nvec, f.registers(),
-                                f.attribute(CudaDriver.FUNC_LOCAL_SIZE_BYTES));
+                        kernelRow(layout, Integer.toString(nvec), "float vectors", k.floatProduct(layout, nvec));
                     }
                     if (layout.q8Vectors) {
-                        CudaFunction f = k.tensorProduct(layout);
-                        System.out.printf(Locale.ROOT, "| %s | (kernel) | | | tensor cores: %d registers, %d local"
-                                + " bytes | | | |%n", layout.kernelSuffix, f.registers(),
-                                f.attribute(CudaDriver.FUNC_LOCAL_SIZE_BYTES));
-                        CudaFunction h = k.halfProduct(layout);
-                        System.out.printf(Locale.ROOT, "| %s | (kernel) | | | dequantizing f16: %d registers, %d"
-                                + " local bytes | | | |%n", layout.kernelSuffix, h.registers(),
-                                h.attribute(CudaDriver.FUNC_LOCAL_SIZE_BYTES));
+                        kernelRow(layout, "", "tensor cores", k.tensorProduct(layout));
+                        kernelRow(layout, "", "dequantizing f16", k.halfProduct(layout));
                     }
                     int[][] variants = layout.q8Vectors
                             ? new int[][] {{1, 1, 0}, {1, 1, T}, {8, 1, T}, {1, 0, 4}, {8, 0, 4}, {8, 2, 0}, {32, 2, 0}}
@@ -112,6 +97,12 @@ public final class ModelGpuBench {
             }
             stream.close();
         }
+    }
+
+    /** A table row with a kernel's registers and local (spilled) bytes per thread. */
+    private static void kernelRow(WeightLayout layout, String vectors, String what, CudaFunction f) {
+        System.out.printf(Locale.ROOT, "| %s | (kernel) | | %s | %s: %d registers, %d local bytes | | | |%n",
+                layout.kernelSuffix, vectors, what, f.registers(), f.attribute(CudaDriver.FUNC_LOCAL_SIZE_BYTES));
     }
 
     /**

@@ -86,7 +86,7 @@ final class ModelKernels implements AutoCloseable {
         this.quantizeQ8 = module.function("kvant_quantize_q8");
         this.mhReduce = module.function("kvant_mh_reduce");
         this.multiprocessors = context.multiprocessors();
-        this.blocksForStreams = context.multiprocessors() * 8;
+        this.blocksForStreams = multiprocessors * 8;
     }
 
     /**

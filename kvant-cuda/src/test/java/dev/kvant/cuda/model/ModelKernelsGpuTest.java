@@ -64,7 +64,7 @@ class ModelKernelsGpuTest {
     void eightBitProductsMatchAFloat64ReferenceAndGiveEachVectorTheSameBitsAloneOrInABatch(WeightLayout layout) {
         long seed = new SplittableRandom().nextLong();
         SplittableRandom random = new SplittableRandom(seed);
-        boolean superBlocks = layout == WeightLayout.Q4_K || layout == WeightLayout.Q5_K || layout == WeightLayout.Q6_K;
+        boolean superBlocks = superBlocks(layout);
         // a partial 16-row tile (and a partial 8-output SwiGLU tile); Q8_0/Q4_0: a partial 256-column group
         int[] widths = superBlocks ? new int[] {256, 768} : new int[] {96, 352, 1024};
         for (int cols : widths) {
@@ -108,14 +108,8 @@ class ModelKernelsGpuTest {
                     w[r][c] = row[c];
                 }
             }
-            short[] xh = new short[maxVectors * cols];
             double[][] x = new double[maxVectors][cols];
-            for (int k = 0; k < maxVectors; k++) {
-                for (int c = 0; c < cols; c++) {
-                    xh[k * cols + c] = Float.floatToFloat16((float) random.nextGaussian());
-                    x[k][c] = Float.float16ToFloat(xh[k * cols + c]);
-                }
-            }
+            short[] xh = randomHalves(x, random);
             try (Projection p = Projection.upload(context, a, b);
                  DeviceBuffer xd = context.allocate(2L * xh.length);
                  DeviceBuffer out = context.allocate(4L * maxVectors * rows);
@@ -146,6 +140,24 @@ class ModelKernelsGpuTest {
                 }
             }
         }
+    }
+
+    /** x.length vectors of standard normal f16 values, row after row; x gets their values. */
+    private static short[] randomHalves(double[][] x, SplittableRandom random) {
+        int cols = x[0].length;
+        short[] h = new short[x.length * cols];
+        for (int k = 0; k < x.length; k++) {
+            for (int c = 0; c < cols; c++) {
+                h[k * cols + c] = Float.floatToFloat16((float) random.nextGaussian());
+                x[k][c] = Float.float16ToFloat(h[k * cols + c]);
+            }
+        }
+        return h;
+    }
+
+    /** K-quant layouts: rows in 256-value super-blocks, so widths are multiples of 256. */
+    private static boolean superBlocks(WeightLayout layout) {
+        return layout == WeightLayout.Q4_K || layout == WeightLayout.Q5_K || layout == WeightLayout.Q6_K;
     }
 
     /** rows x cols weights drawn from N(0, 0.05²), quantized to the layout's GGUF format in the arena. */
@@ -281,7 +293,7 @@ class ModelKernelsGpuTest {
     void dequantizingHalfProductsMatchTheirF16WeightsInFloat64(WeightLayout layout) {
         long seed = new SplittableRandom().nextLong();
         SplittableRandom random = new SplittableRandom(seed);
-        boolean superBlocks = layout == WeightLayout.Q4_K || layout == WeightLayout.Q5_K || layout == WeightLayout.Q6_K;
+        boolean superBlocks = superBlocks(layout);
         int[] widths = superBlocks ? new int[] {256, 2304} : new int[] {96, 352, 512, 2080};
         int rows = 200;
         for (int cols : widths) {
@@ -301,14 +313,8 @@ class ModelKernelsGpuTest {
     private static void checkHalf(WeightLayout layout, DeviceMatrix m, float[][] cpu, SplittableRandom random,
                                   long seed) {
         int rows = m.rows(), cols = m.cols(), maxVectors = 45, stride = rows + 3;
-        short[] xh = new short[maxVectors * cols];
         double[][] x = new double[maxVectors][cols];
-        for (int k = 0; k < maxVectors; k++) {
-            for (int c = 0; c < cols; c++) {
-                xh[k * cols + c] = Float.floatToFloat16((float) random.nextGaussian());
-                x[k][c] = Float.float16ToFloat(xh[k * cols + c]);
-            }
-        }
+        short[] xh = randomHalves(x, random);
         try (DeviceBuffer wh = context.allocate(2L * rows * cols);
              DeviceBuffer xd = context.allocate(2L * xh.length);
              DeviceBuffer out = context.allocate(4L * maxVectors * stride);
