@@ -9,7 +9,9 @@ import dev.kvant.cuda.Dim3;
 import dev.kvant.cuda.KernelCache;
 import dev.kvant.cuda.KernelSource;
 import dev.kvant.cuda.Owned;
+import dev.kvant.kv.KvFormat;
 import dev.kvant.kv.PageMeanFormat;
+import dev.kvant.kv.TurboFormat;
 import dev.kvant.select.SelectionConfig;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
@@ -32,6 +34,12 @@ import java.lang.foreign.ValueLayout;
 public final class CudaAttention implements AutoCloseable {
     /** Threads of the merge and unrotate kernels (attention.cu MERGE_THREADS). */
     static final int MERGE_THREADS = 1024;
+    /**
+     * Writes of at most this many rows (K or V) with a turbo format take one block a row and one warp a gain
+     * (kvant_kv_write_gains): a decode step's few rows then try their gains side by side instead of one after the
+     * other. Longer writes keep one warp a row, which does no work twice.
+     */
+    static final int GAIN_WRITER_ROWS = 256;
     /** Query rows (query x head in group) of one prefill block (attention.cu PRE_ROWS). */
     static final int PREFILL_ROWS = 128;
 
@@ -42,6 +50,7 @@ public final class CudaAttention implements AutoCloseable {
     private final float sparseThreshold;
     private final CudaModule module;
     private final CudaFunction writeKv;
+    private final CudaFunction writeGains;
     private final CudaFunction pageMeans;
     private final CudaFunction decode;
     private final CudaFunction prefill;
@@ -73,6 +82,7 @@ public final class CudaAttention implements AutoCloseable {
         KernelSource source = AttentionSource.source(shape);
         this.module = context.loadModule(cache, source, AttentionSource.defines(shape));
         this.writeKv = module.function("kvant_kv_write_kv");
+        this.writeGains = module.function("kvant_kv_write_gains");
         this.pageMeans = module.function("kvant_kv_page_means");
         // launched plain: overlapped, it ran 14% slower with turbo3 at 32K tokens (plainLaunches)
         this.decode = module.function("kvant_attn_decode").plainLaunches();
@@ -162,8 +172,19 @@ public final class CudaAttention implements AutoCloseable {
             pageMeans.launch(new Dim3(tokens, shape.kvHeads(), 1), Dim3.of(32), 0, stream, k, tokens,
                     shape.kvHeads(), slots, prevPages, kv.kPool(layer), shape.pageTokens(), kv.kPageBytes());
         }
-        writeKv.launch(new Dim3((rows + 3) / 4, 2, 1), Dim3.of(128), 0, stream, k, v, rows, shape.kvHeads(), slots,
-                kv.kPool(layer), kv.vPool(layer), shape.pageTokens(), kv.kPageBytes(), kv.vPageBytes());
+        if ((triesGains(shape.kFormat()) || triesGains(shape.vFormat())) && rows <= GAIN_WRITER_ROWS) {
+            writeGains.launch(new Dim3(rows, 2, 1), Dim3.of(32 * TurboFormat.gains().length), 0, stream, k, v, rows,
+                    shape.kvHeads(), slots, kv.kPool(layer), kv.vPool(layer), shape.pageTokens(), kv.kPageBytes(),
+                    kv.vPageBytes());
+        } else {
+            writeKv.launch(new Dim3((rows + 3) / 4, 2, 1), Dim3.of(128), 0, stream, k, v, rows, shape.kvHeads(),
+                    slots, kv.kPool(layer), kv.vPool(layer), shape.pageTokens(), kv.kPageBytes(), kv.vPageBytes());
+        }
+    }
+
+    /** Whether rows of format f are encoded by trying the turbo gains (TurboFormat.gains), centered or not. */
+    private static boolean triesGains(KvFormat f) {
+        return f instanceof TurboFormat || f instanceof PageMeanFormat pm && pm.base() instanceof TurboFormat;
     }
 
     /** One query per sequence: {@code seqs} sequences of the batch, each query at position length - 1. */

@@ -222,31 +222,52 @@ __device__ __forceinline__ void key_bias_step(float (&d)[4], const u32 (&a)[4], 
 
 // The rows of a warp's query tile: QROWS rows starting at row0 of a kv head's rows (row = query * G + head in
 // group), rotated into the K format's domain (the CPU's rotation), scaled by qscale, in the K tile's column order.
+// load_q reads them (lane l holds dimensions 32j + l; rows past nq * G read as 0), store_q rotates all QROWS rows
+// side by side and writes them as f16/bf16 (the first validRows; +0 for the others); decode issues the loads first
+// so that their latency passes while it starts its copies and builds its tables.
 template <int QROWS>
-__device__ __forceinline__ void prepare_q(u8* qs, const float* __restrict__ q, int seq, int nq, int heads, int G,
-                                          int kvHead, int row0, float qscale, int lane) {
+__device__ __forceinline__ void load_q(float (&x)[QROWS][DK / 32], const float* __restrict__ q, int seq, int nq,
+                                       int heads, int G, int kvHead, int row0, int lane) {
+#pragma unroll
     for (int r = 0; r < QROWS; r++) {
         const int row = row0 + r;
-        const bool valid = row < nq * G;
-        float x[DK / 32];
-        if (valid) {
+        if (row < nq * G) {
             const int qi = row / G, hq = kvHead * G + (row - qi * G);
             const float* src = q + (((i64) seq * nq + qi) * heads + hq) * DK;
 #pragma unroll
-            for (int j = 0; j < DK / 32; j++) x[j] = src[32 * j + lane];
-            if constexpr (fmt_rotated(KF)) wht_row<DK>(x, lane, false);
+            for (int j = 0; j < DK / 32; j++) x[r][j] = src[32 * j + lane];
         } else {
 #pragma unroll
-            for (int j = 0; j < DK / 32; j++) x[j] = 0.f;
+            for (int j = 0; j < DK / 32; j++) x[r][j] = 0.f;
         }
+    }
+}
+
+template <int QROWS>
+__device__ __forceinline__ void store_q(u8* qs, float (&x)[QROWS][DK / 32], int validRows, float qscale,
+                                        int lane) {
+#pragma unroll
+    for (int r = 0; r < QROWS; r++) {
+        if constexpr (fmt_rotated(KF)) wht_row<DK>(x[r], lane, false);
 #pragma unroll
         for (int j = 0; j < DK / 32; j++) {
             const int col = perm_inv<KF, DK>(32 * j + lane);
-            const float v = x[j] * qscale;
+            const float v = r < validRows ? x[r][j] * qscale : 0.f;
             *(u16*) (qs + r * (2 * DK + 16) + col * 2) = K_BF16 ? f2bf(v) : f2h(v);
         }
     }
     __syncwarp();
+}
+
+// As load_q then store_q, one row at a time (prefill: 16 rows a warp, whose registers the tile loop needs).
+template <int QROWS>
+__device__ __forceinline__ void prepare_q(u8* qs, const float* __restrict__ q, int seq, int nq, int heads, int G,
+                                          int kvHead, int row0, float qscale, int lane) {
+    for (int r = 0; r < QROWS; r++) {
+        float x[1][DK / 32];
+        load_q<1>(x, q, seq, nq, heads, G, kvHead, row0 + r, lane);
+        store_q<1>(qs + r * (2 * DK + 16), x, nq * G - (row0 + r), qscale, lane);
+    }
 }
 
 __device__ __forceinline__ void build_luts(u8* smem, int lutK, int lutV, int tid, int nthreads) {
@@ -349,6 +370,8 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
     const u32* lutV = (const u32*) (smem + (VF == KF ? LY::OFF_LUTK : LY::OFF_LUTV));
 
     const int ntiles = t1 > t0 ? (t1 - t0 + TT - 1) / TT : 0;
+    float qx[8][DK / 32];
+    load_q<8>(qx, q, seq, nq, heads, G, kh, row0, lane);
     const StageLoader<LY, HBD, TT, HBD * 32> loader(threadIdx.x);
     {
         int pages[NST - 1];
@@ -365,7 +388,7 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
     }
     int pageNext = loader.page(table, t0 + (NST - 1) * TT, t1, pos(t0 + (NST - 1) * TT), pageTokens);
     build_luts(smem, LY::OFF_LUTK, LY::OFF_LUTV, threadIdx.x, blockDim.x);
-    prepare_q<8>(qs, q, seq, nq, heads, G, kh, row0, qscale, lane);
+    store_q<8>(qs, qx, nRows - row0, qscale, lane);
 
     // Q^T as B fragments: b0/b1 of k-step ks = dims 16ks + 2c.. / +8.., row g.
     u32 qf[DK / 16][2];
@@ -852,13 +875,24 @@ constexpr int MERGE_MAX_SPLITS = 4096;
 
 // The inverse rotation of one row held in shared memory (DV floats), by the first DV threads; every thread of the
 // block must call it. dev.kvant.kv.Rotation's inverse: pre-signs D2, butterflies 1..N/2, then D1 * fl(1/sqrt(N)).
+// Butterflies within a warp (distances 1..16) are shuffles, the others go through the row; each value is the same
+// sum or difference either way.
 __device__ __forceinline__ void unrotate_row(float* row, int d) {
     constexpr int N = rot_block(DV);
     constexpr int NI = N == 128 ? 1 : 0;
     const int i = d % N;
-    if (d < DV && ((kv_rot_sign[NI][1][i >> 5] >> (i & 31)) & 1u)) row[d] = -row[d];
+    if (d < DV) {   // whole warps: DV % 32 == 0
+        float v = row[d];
+        if ((kv_rot_sign[NI][1][i >> 5] >> (i & 31)) & 1u) v = -v;
+#pragma unroll
+        for (int h = 1; h < 32; h <<= 1) {
+            const float b = __shfl_xor_sync(FULL_MASK, v, h);
+            v = (i & h) ? b - v : v + b;
+        }
+        row[d] = v;
+    }
     __syncthreads();
-    for (int h = 1; h < N; h <<= 1) {
+    for (int h = 32; h < N; h <<= 1) {
         float a = 0.f, b = 0.f;
         if (d < DV) {
             a = row[d];

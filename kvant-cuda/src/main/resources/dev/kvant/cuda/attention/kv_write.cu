@@ -83,6 +83,86 @@ __device__ __forceinline__ void encode_q4_block(float x, u8* blk, int lane) {
     if (lane < 16) blk[2 + lane] = (u8) (code | (upper << 4));
 }
 
+// ---- turbo encoding in three steps, shared by the one-warp-a-row writer (encode_row: the gains one after the
+// other) and the one-block-a-row writer (write_row_gains: one gain a warp): the same operations on the same values,
+// so both give the CPU's bytes.
+
+// Lane l < 2^BITS: centroid l of the format's codebook (read with a shuffle by code).
+template <int FMT, int N>
+__device__ __forceinline__ float turbo_centroid(int lane) {
+    constexpr int BITS = fmt_bits(FMT);
+    return lane < (1 << BITS) ? kv_centroid[BITS - 2][N == 128 ? 1 : 0][lane] : 0.f;
+}
+
+// Rotates one block of N values (y[j] = element 32j + lane) into the format's domain, subtracts the page mean (mean:
+// the block's N fp16 values, or null) and returns the block's norm s.
+template <int N>
+__device__ __forceinline__ float turbo_rotate(float* y, const u16* mean, int lane) {
+    constexpr int R = N / 32;
+    wht_block<N>(y, lane, false);
+    if (mean != nullptr) {
+#pragma unroll
+        for (int j = 0; j < R; j++) y[j] = __fsub_rn(y[j], h2f(mean[32 * j + lane]));
+    }
+    return __fsqrt_rn(lane_order_sum_sq<N>(y, lane));
+}
+
+// Gain a of TurboFormat.GAINS: the nearest-centroid codes of y * inv under that gain's boundaries (code[j] for
+// element 32j + lane), their squared norm cc, and the cosine between the decoded codes and y (returned).
+template <int FMT, int N>
+__device__ __forceinline__ float turbo_try_gain(const float* y, float inv, int a, float cent, int lane,
+                                                int (&code)[N / 32], float& cc) {
+    constexpr int R = N / 32;
+    constexpr int BITS = fmt_bits(FMT);
+    constexpr int NI = N == 128 ? 1 : 0;
+    float c[R];
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        const float u = __fmul_rn(y[j], inv);
+        code[j] = 0;
+#pragma unroll
+        for (int i = 0; i < (1 << BITS) - 1; i++) code[j] += u > kv_boundary[BITS - 2][NI][a][i] ? 1 : 0;
+        c[j] = __shfl_sync(FULL_MASK, cent, code[j]);
+    }
+    cc = lane_order_sum_sq<N>(c, lane);
+    return __fdiv_rn(lane_order_sum_prod<N>(c, y, lane), __fsqrt_rn(cc));
+}
+
+// Writes one block: the corrected norm s / sqrt(cc) and the codes packed in the format's bit planes (codes: N bytes
+// of shared memory of this warp, staged so that a lane can assemble its bytes from any elements).
+template <int FMT, int N>
+__device__ __forceinline__ void turbo_pack(const int (&code)[N / 32], float s, float cc, u8* codes, u8* blk,
+                                           int lane) {
+    constexpr int R = N / 32;
+    constexpr int BITS = fmt_bits(FMT);
+    constexpr int CODE_BYTES = N * BITS / 8;
+#pragma unroll
+    for (int j = 0; j < R; j++) codes[32 * j + lane] = (u8) code[j];
+    const float g = __fdiv_rn(s, __fsqrt_rn(cc));
+    __syncwarp();
+    if (lane == 0) *(u16*) blk = to_half_clamped(g);
+    for (int k = lane; k < CODE_BYTES; k += 32) {
+        u32 byte = 0;
+        if constexpr (BITS == 4) {
+            byte = codes[k] | (codes[k + N / 2] << 4);
+        } else if constexpr (BITS == 2) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) byte |= (u32) codes[k + q * (N / 4)] << (2 * q);
+        } else {
+            if (k < N / 4) {
+#pragma unroll
+                for (int q = 0; q < 4; q++) byte |= ((u32) codes[k + q * (N / 4)] & 3u) << (2 * q);
+            } else {
+                const int kk = k - N / 4;
+#pragma unroll
+                for (int q = 0; q < 8; q++) byte |= (((u32) codes[kk + q * (N / 8)] >> 2) & 1u) << q;
+            }
+        }
+        blk[2 + k] = (u8) byte;
+    }
+    __syncwarp();
+}
+
 // mean: null, or the row's page mean (D fp16 values of the format's domain, KMEAN), subtracted from the domain row
 // before it is quantized, as KvSequence does before KvFormat.encodeDomainRows.
 template <int FMT, int D>
@@ -143,36 +223,19 @@ __device__ void encode_row(const float* src, u8* dst, u8* codes, int lane, const
     } else {
         constexpr int N = rot_block(D);
         constexpr int R = N / 32;
-        constexpr int BITS = fmt_bits(FMT);
-        constexpr int NI = N == 128 ? 1 : 0;
-        constexpr int CODE_BYTES = N * BITS / 8;
-        const float cent = lane < (1 << BITS) ? kv_centroid[BITS - 2][NI][lane] : 0.f;
+        const float cent = turbo_centroid<FMT, N>(lane);
 #pragma unroll
         for (int b = 0; b < D / N; b++) {
             float* y = x + b * R;
-            wht_block<N>(y, lane, false);
-            if (mean != nullptr) {
-#pragma unroll
-                for (int j = 0; j < R; j++) y[j] = __fsub_rn(y[j], h2f(mean[32 * (b * R + j) + lane]));
-            }
-            const float s = __fsqrt_rn(lane_order_sum_sq<N>(y, lane));
+            const float s = turbo_rotate<N>(y, mean != nullptr ? mean + b * N : nullptr, lane);
             const float inv = s > 0.f ? __fdiv_rn(1.f, s) : 0.f;
             // the gain whose nearest-centroid codes point closest to y (TurboFormat.encodeBlock): the first best
             float best = 0.f, bestCc = 0.f;
             int bestCode[R];
             for (int a = 0; a < KV_GAINS; a++) {
-                float c[R];
                 int code[R];
-#pragma unroll
-                for (int j = 0; j < R; j++) {
-                    const float u = __fmul_rn(y[j], inv);
-                    code[j] = 0;
-#pragma unroll
-                    for (int i = 0; i < (1 << BITS) - 1; i++) code[j] += u > kv_boundary[BITS - 2][NI][a][i] ? 1 : 0;
-                    c[j] = __shfl_sync(FULL_MASK, cent, code[j]);
-                }
-                const float cc = lane_order_sum_sq<N>(c, lane);
-                const float cosine = __fdiv_rn(lane_order_sum_prod<N>(c, y, lane), __fsqrt_rn(cc));
+                float cc;
+                const float cosine = turbo_try_gain<FMT, N>(y, inv, a, cent, lane, code, cc);
                 if (a == 0 || cosine > best) {
                     best = cosine;
                     bestCc = cc;
@@ -180,32 +243,7 @@ __device__ void encode_row(const float* src, u8* dst, u8* codes, int lane, const
                     for (int j = 0; j < R; j++) bestCode[j] = code[j];
                 }
             }
-#pragma unroll
-            for (int j = 0; j < R; j++) codes[32 * j + lane] = (u8) bestCode[j];
-            const float g = __fdiv_rn(s, __fsqrt_rn(bestCc));
-            __syncwarp();
-            u8* blk = dst + b * (2 + CODE_BYTES);
-            if (lane == 0) *(u16*) blk = to_half_clamped(g);
-            for (int k = lane; k < CODE_BYTES; k += 32) {
-                u32 byte = 0;
-                if constexpr (BITS == 4) {
-                    byte = codes[k] | (codes[k + N / 2] << 4);
-                } else if constexpr (BITS == 2) {
-#pragma unroll
-                    for (int q = 0; q < 4; q++) byte |= (u32) codes[k + q * (N / 4)] << (2 * q);
-                } else {
-                    if (k < N / 4) {
-#pragma unroll
-                        for (int q = 0; q < 4; q++) byte |= ((u32) codes[k + q * (N / 4)] & 3u) << (2 * q);
-                    } else {
-                        const int kk = k - N / 4;
-#pragma unroll
-                        for (int q = 0; q < 8; q++) byte |= (((u32) codes[kk + q * (N / 8)] >> 2) & 1u) << q;
-                    }
-                }
-                blk[2 + k] = (u8) byte;
-            }
-            __syncwarp();
+            turbo_pack<FMT, N>(bestCode, s, bestCc, codes, dst + b * (2 + N * fmt_bits(FMT) / 8), lane);
         }
     }
 }
@@ -237,6 +275,64 @@ extern "C" __global__ void __launch_bounds__(128) kvant_kv_write_kv(const float*
         write_rows<KF, DK, KMEAN>(k, rows, kvHeads, slots, kPool, pageTokens, kPageBytes);
     } else {
         write_rows<VF, DV, false>(v, rows, kvHeads, slots, vPool, pageTokens, vPageBytes);
+    }
+}
+
+// One row a block of KV_GAINS warps (short writes: a decode step's few rows would leave the one-warp writer's nine
+// gains one after the other on a handful of warps): every warp rotates the row and tries its own gain; the first
+// best gain in TurboFormat.GAINS order (as encode_row picks it) is packed by the warp that tried it. Formats
+// without gains are written by warp 0 as encode_row does.
+template <int FMT, int D, bool MEAN>
+__device__ __forceinline__ void write_row_gains(const float* __restrict__ src, int kvHeads,
+                                                const int* __restrict__ slots, u8* __restrict__ pool, int pageTokens,
+                                                i64 pageBytes) {
+    __shared__ u8 codes[D];
+    __shared__ float cosines[KV_GAINS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = blockIdx.x;
+    const int token = row / kvHeads, head = row % kvHeads;
+    const int slot = slots[token];
+    if (slot < 0) return;
+    const int page = slot / pageTokens, inPage = slot % pageTokens;
+    constexpr i64 RB = fmt_row_bytes(FMT, D);
+    u8* dst = pool + (i64) page * pageBytes + ((i64) inPage * kvHeads + head) * RB;
+    const u16* mean = MEAN ? key_mean(pool, page, pageBytes, pageTokens, kvHeads, head) : nullptr;
+    if constexpr (!fmt_turbo(FMT)) {
+        if (warp == 0) encode_row<FMT, D>(src + (i64) row * D, dst, codes, lane, mean);
+    } else {
+        constexpr int N = rot_block(D);
+        constexpr int R = N / 32;
+        float x[D / 32];
+        load_row<D>(src + (i64) row * D, x, lane);
+        const float cent = turbo_centroid<FMT, N>(lane);
+#pragma unroll
+        for (int b = 0; b < D / N; b++) {
+            float* y = x + b * R;
+            const float s = turbo_rotate<N>(y, mean != nullptr ? mean + b * N : nullptr, lane);
+            const float inv = s > 0.f ? __fdiv_rn(1.f, s) : 0.f;
+            int code[R];
+            float cc;
+            const float cosine = turbo_try_gain<FMT, N>(y, inv, warp, cent, lane, code, cc);
+            if (lane == 0) cosines[warp] = cosine;
+            __syncthreads();
+            int best = 0;
+            for (int a = 1; a < KV_GAINS; a++)
+                if (cosines[a] > cosines[best]) best = a;
+            if (warp == best) turbo_pack<FMT, N>(code, s, cc, codes, dst + b * (2 + N * fmt_bits(FMT) / 8), lane);
+            __syncthreads();
+        }
+    }
+}
+
+// kvant_kv_write_gains: as kvant_kv_write_kv, one row a block; grid (rows, 2), block KV_GAINS * 32 threads.
+extern "C" __global__ void __launch_bounds__(KV_GAINS * 32) kvant_kv_write_gains(const float* __restrict__ k,
+        const float* __restrict__ v, int rows, int kvHeads, const int* __restrict__ slots, u8* __restrict__ kPool,
+        u8* __restrict__ vPool, int pageTokens, i64 kPageBytes, i64 vPageBytes) {
+    KVANT_GRID_ENTER();
+    if (blockIdx.y == 0) {
+        write_row_gains<KF, DK, KMEAN>(k, kvHeads, slots, kPool, pageTokens, kPageBytes);
+    } else {
+        write_row_gains<VF, DV, false>(v, kvHeads, slots, vPool, pageTokens, vPageBytes);
     }
 }
 

@@ -2,6 +2,7 @@ package dev.kvant.cuda.attention;
 
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
 import static org.junit.jupiter.api.Assertions.fail;
 
 import dev.kvant.cuda.CudaContext;
@@ -42,7 +43,7 @@ class KvWriteGpuTest {
      * Two sequences with interleaved pages (37 and 21 tokens, rows from 1e-3 to 1e3 in scale, some with outlier
      * channels) plus one token whose slot is -1, written by the CPU into a host cache and by the device into a
      * poisoned device cache: every written row must be byte-identical, pages nobody wrote must keep their poison,
-     * and a second device run must give the same bytes.
+     * and a second device run, writing the rows a few tokens at a time (the short writes' kernel), the same bytes.
      */
     @ParameterizedTest(name = "{0} head {1}")
     @MethodSource("formatsAndHeadSizes")
@@ -55,6 +56,8 @@ class KvWriteGpuTest {
         KvGeometry g = new KvGeometry(1, KV_HEADS, d, d);
         int[] lens = {37, 21};
         int tokens = lens[0] + lens[1];
+        assertTrue(5 * KV_HEADS <= CudaAttention.GAIN_WRITER_ROWS
+                && (tokens + 1) * KV_HEADS > CudaAttention.GAIN_WRITER_ROWS, "the two runs take the two writers");
         float[] k = rows(r, tokens + 1, d);
         float[] v = rows(r, tokens + 1, d);
         try (KvCache host = new KvCache(g, f, f, PAGE_TOKENS, PAGES)) {
@@ -83,7 +86,17 @@ class KvWriteGpuTest {
                      DeviceBuffer sd = AttentionGpuFixture.upload(context, slots)) {
                     dev.kPool(0).fillBytes((byte) 0xA5);
                     dev.vPool(0).fillBytes((byte) 0xA5);
-                    attention.quantizeRows(dev, 0, kd, vd, sd, tokens + 1, context.defaultStream());
+                    if (run == 0) {   // one write of all rows: one warp a row
+                        attention.quantizeRows(dev, 0, kd, vd, sd, tokens + 1, context.defaultStream());
+                    } else {          // writes of up to 5 tokens, as decode steps make them: one block a row
+                        for (int t = 0; t <= tokens; t += 5) {
+                            int n = Math.min(5, tokens + 1 - t);
+                            long kOff = 4L * t * KV_HEADS * d;
+                            attention.quantizeRows(dev, 0, kd.slice(kOff, 4L * n * KV_HEADS * d),
+                                    vd.slice(kOff, 4L * n * KV_HEADS * d), sd.slice(4L * t, 4L * n), n,
+                                    context.defaultStream());
+                        }
+                    }
                     context.synchronize();
                     byte[] kBytes = AttentionGpuFixture.downloadBytes(dev.kPool(0));
                     byte[] vBytes = AttentionGpuFixture.downloadBytes(dev.vPool(0));
@@ -97,8 +110,10 @@ class KvWriteGpuTest {
                     if (first == null) {
                         first = new byte[][] {kBytes, vBytes};
                     } else {
-                        assertArrayEquals(first[0], kBytes, "K bytes differ between two runs; seed " + seed);
-                        assertArrayEquals(first[1], vBytes, "V bytes differ between two runs; seed " + seed);
+                        assertArrayEquals(first[0], kBytes, "K bytes differ between one write and short writes; seed "
+                                + seed);
+                        assertArrayEquals(first[1], vBytes, "V bytes differ between one write and short writes; seed "
+                                + seed);
                     }
                 }
             }
