@@ -170,17 +170,27 @@ struct StageLoader {
     }
 };
 
-// Dequantizes the TT x D tile of one kv head (hl within the block) from a raw stage into tile (stride TS).
-template <int FMT, int D, int TT, int SLOT, int TS>
+// Dequantizes the TT x D tile of one kv head (hl within the block) from a raw stage into tile (stride TS), by NT
+// threads (gtid = 0..NT-1). Thread gtid always takes group gtid % G of its rows (NT is a multiple of G = D / 8), so
+// what locates a group in a row is worked out once, and its TT * G / NT rows are unrolled: their loads overlap.
+template <int FMT, int D, int TT, int SLOT, int TS, int NT>
 __device__ __forceinline__ void dequant_tile(u8* tile, const u8* raw, const u8* offs, int isV, int hl, int valid,
-                                             const u32* lut, int gtid, int gthreads, int lane) {
+                                             const u32* lut, int gtid, int lane) {
     constexpr int RB = fmt_row_bytes(FMT, D);
     constexpr int G = D / 8;
-    for (int i = gtid; i < TT * G; i += gthreads) {
-        const int t = i / G, grp = i - t * G;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (t < valid) v = dq_group<FMT, D>(raw + t * SLOT + offs[t * 2 + isV] + hl * RB, grp, lut, lane);
-        *(uint4*) (tile + t * TS + grp * 16) = v;
+    static_assert(NT % G == 0 && (TT * G) % NT == 0, "a tile's groups are whole rounds of the threads");
+    constexpr int TSTEP = NT / G;
+    const int grp = gtid & (G - 1), t0 = gtid / G;
+    const u8* src = raw + hl * RB;
+    u8* dst = tile + grp * 16;
+#pragma unroll
+    for (int k = 0; k < TT * G / NT; k++) {
+        const int t = t0 + k * TSTEP;
+        // decoded whether valid or not (the slot and its offset are in the stage either way), then selected: no
+        // branch between the rows, so their loads overlap
+        uint4 v = dq_group<FMT, D>(src + t * SLOT + offs[t * 2 + isV], grp, lut, lane);
+        if (t >= valid) v = make_uint4(0, 0, 0, 0);
+        *(uint4*) (dst + t * TS) = v;
     }
 }
 
@@ -442,7 +452,7 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
             kt = rawK + warp * RBK;
             kstride = LY::SLOTK;
         } else {
-            dequant_tile<KF, DK, TT, LY::SLOTK, LY::TS>(tile, rawK, offs, 0, warp, valid, lutK, lane, 32, lane);
+            dequant_tile<KF, DK, TT, LY::SLOTK, LY::TS, 32>(tile, rawK, offs, 0, warp, valid, lutK, lane, lane);
             __syncwarp();
             kt = tile;
             kstride = LY::TS;
@@ -519,7 +529,7 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
             vstride = LY::SLOTV;
         } else {
             __syncwarp();
-            dequant_tile<VF, DV, TT, LY::SLOTV, LY::TS>(tile, rawV, offs, 1, warp, valid, lutV, lane, 32, lane);
+            dequant_tile<VF, DV, TT, LY::SLOTV, LY::TS, 32>(tile, rawV, offs, 1, warp, valid, lutV, lane, lane);
             __syncwarp();
             vt = tile;
             vstride = LY::TS;
@@ -706,8 +716,8 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
             kt = rawK;
             kstride = LY::SLOTK;
         } else {
-            dequant_tile<KF, DK, TT, LY::SLOTK, LY::TS>(tile, rawK, offs, 0, 0, valid, lutK, threadIdx.x,
-                                                        blockDim.x, lane);
+            dequant_tile<KF, DK, TT, LY::SLOTK, LY::TS, PRE_WARPS * 32>(tile, rawK, offs, 0, 0, valid, lutK,
+                                                                        threadIdx.x, lane);
             __syncthreads();
             kt = tile;
             kstride = LY::TS;
@@ -814,8 +824,8 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
             vstride = LY::SLOTV;
         } else {
             __syncthreads();
-            dequant_tile<VF, DV, TT, LY::SLOTV, LY::TS>(tile, rawV, offs, 1, 0, valid, lutV, threadIdx.x,
-                                                        blockDim.x, lane);
+            dequant_tile<VF, DV, TT, LY::SLOTV, LY::TS, PRE_WARPS * 32>(tile, rawV, offs, 1, 0, valid, lutV,
+                                                                        threadIdx.x, lane);
             __syncthreads();
             vt = tile;
             vstride = LY::TS;
