@@ -27,6 +27,10 @@ constexpr int RBV = fmt_row_bytes(VF, DV);
 constexpr bool K_DIRECT = fmt_direct(KF);
 constexpr bool V_DIRECT = fmt_direct(VF);
 constexpr bool K_BF16 = KF == F_BF16;
+// Decode with a turbo format of one block a row: the tile holds the rows' bare centroids and the row's norm is
+// applied to its scores (K) or to its probabilities (V) instead, one multiplication a token rather than one a value.
+constexpr bool K_FOLD = fmt_turbo(KF) && DK == rot_block(DK);
+constexpr bool V_FOLD = fmt_turbo(VF) && DV == rot_block(DV);
 constexpr bool V_BF16 = VF == F_BF16;
 #define NEG_INF (-__int_as_float(0x7f800000))
 
@@ -170,10 +174,15 @@ struct StageLoader {
     }
 };
 
+// The corrected norm of a turbo row of one block (its first two bytes, fp16).
+__device__ __forceinline__ float row_norm(const u8* row) {
+    return h2f((u16) ld_u16(row));
+}
+
 // Dequantizes the TT x D tile of one kv head (hl within the block) from a raw stage into tile (stride TS), by NT
-// threads (gtid = 0..NT-1). Thread gtid always takes group gtid % G of its rows (NT is a multiple of G = D / 8), so
+// threads (gtid = 0..NT-1); !NORM: turbo rows without their norms (see K_FOLD). Thread gtid always takes group gtid % G of its rows (NT is a multiple of G = D / 8), so
 // what locates a group in a row is worked out once, and its TT * G / NT rows are unrolled: their loads overlap.
-template <int FMT, int D, int TT, int SLOT, int TS, int NT>
+template <int FMT, int D, int TT, int SLOT, int TS, int NT, bool NORM = true>
 __device__ __forceinline__ void dequant_tile(u8* tile, const u8* raw, const u8* offs, int isV, int hl, int valid,
                                              const u32* lut, int gtid, int lane) {
     constexpr int RB = fmt_row_bytes(FMT, D);
@@ -181,16 +190,27 @@ __device__ __forceinline__ void dequant_tile(u8* tile, const u8* raw, const u8* 
     static_assert(NT % G == 0 && (TT * G) % NT == 0, "a tile's groups are whole rounds of the threads");
     constexpr int TSTEP = NT / G;
     const int grp = gtid & (G - 1), t0 = gtid / G;
-    const u8* src = raw + hl * RB;
     u8* dst = tile + grp * 16;
+    if constexpr (fmt_turbo(FMT)) {
+        const u32 src = smem_u32(raw + hl * RB), ofs = smem_u32(offs + isV), table = smem_u32(lut + lane);
 #pragma unroll
-    for (int k = 0; k < TT * G / NT; k++) {
-        const int t = t0 + k * TSTEP;
-        // decoded whether valid or not (the slot and its offset are in the stage either way), then selected: no
-        // branch between the rows, so their loads overlap
-        uint4 v = dq_group<FMT, D>(src + t * SLOT + offs[t * 2 + isV], grp, lut, lane);
-        if (t >= valid) v = make_uint4(0, 0, 0, 0);
-        *(uint4*) (dst + t * TS) = v;
+        for (int k = 0; k < TT * G / NT; k++) {
+            const int t = t0 + k * TSTEP;
+            // decoded whether valid or not (the slot and its offset are in the stage either way), then selected: no
+            // branch between the rows, so their loads overlap
+            uint4 v = dq_turbo<FMT, D, NORM>(src + t * SLOT + lds_u8(ofs + t * 2), grp, table);
+            if (t >= valid) v = make_uint4(0, 0, 0, 0);
+            *(uint4*) (dst + t * TS) = v;
+        }
+    } else {
+        const u8* src = raw + hl * RB;
+#pragma unroll
+        for (int k = 0; k < TT * G / NT; k++) {
+            const int t = t0 + k * TSTEP;
+            uint4 v = dq_group<FMT, D>(src + t * SLOT + offs[t * 2 + isV], grp, lut, lane);
+            if (t >= valid) v = make_uint4(0, 0, 0, 0);
+            *(uint4*) (dst + t * TS) = v;
+        }
     }
 }
 
@@ -304,6 +324,8 @@ __device__ __forceinline__ void build_luts(u8* smem, int lutK, int lutV, int tid
 //         tensor cores through movmatrix; O^T = V^T P^T accumulates DV/16 m-tiles x 4 f32 per lane. Sparse V: a
 //         probability below sparseThreshold (relative to the running row max) is dropped from the V sum (kept in
 //         the denominator), and a 16-token block with none left skips its V dequantization and mma.
+//         Turbo rows of one block (K_FOLD, V_FOLD) enter the tile as bare centroid pairs; a K row's norm scales
+//         its scores after the mma, a V row's norm its probabilities before they become f16.
 // exact:  deterministic (fixed tile order, fixed split boundaries); not bitwise equal to the CPU's f32 attention
 //         (f16 operands); tests bound the NMSE against a float64 reference.
 // ================================================================================================================
@@ -452,7 +474,8 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
             kt = rawK + warp * RBK;
             kstride = LY::SLOTK;
         } else {
-            dequant_tile<KF, DK, TT, LY::SLOTK, LY::TS, 32>(tile, rawK, offs, 0, warp, valid, lutK, lane, lane);
+            dequant_tile<KF, DK, TT, LY::SLOTK, LY::TS, 32, !K_FOLD>(tile, rawK, offs, 0, warp, valid, lutK, lane,
+                                                                     lane);
             __syncwarp();
             kt = tile;
             kstride = LY::TS;
@@ -466,6 +489,14 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
                 ldsm_x4(r, a + ks * 32);
                 mma16816<K_BF16>(s, r[0], r[1], r[2], r[3], qf[ks][0], qf[ks][1]);
             }
+        }
+        if constexpr (K_FOLD) {   // the norms of tokens g and g + 8 (a token past the tile's end is masked below)
+            const float n0 = row_norm(rawK + g * LY::SLOTK + offs[g * 2] + warp * RBK);
+            const float n1 = row_norm(rawK + (g + 8) * LY::SLOTK + offs[(g + 8) * 2] + warp * RBK);
+            s[0] *= n0;
+            s[1] *= n0;
+            s[2] *= n1;
+            s[3] *= n1;
         }
         if constexpr (KMEAN) {
             // tokens g and g + 8: the tile's 8-token halves, each in one page (pages hold multiples of 8 tokens)
@@ -518,8 +549,18 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
         }
         const bool need = __any_sync(FULL_MASK, p[0] != 0.f || p[1] != 0.f || p[2] != 0.f || p[3] != 0.f);
         if (!need) continue;
-        const u32 b0 = movm_t(pack2<V_BF16>(p[0], p[1]));
-        const u32 b1 = movm_t(pack2<V_BF16>(p[2], p[3]));
+        float pv[4] = {p[0], p[1], p[2], p[3]};
+        if constexpr (V_FOLD) {   // tokens g and g + 8 weighted by their V rows' norms (0 past the tile's end)
+            const float n0 = g < valid ? row_norm(rawV + g * LY::SLOTV + offs[g * 2 + 1] + warp * RBV) : 0.f;
+            const float n1 = g + 8 < valid ? row_norm(rawV + (g + 8) * LY::SLOTV + offs[(g + 8) * 2 + 1] + warp * RBV)
+                                           : 0.f;
+            pv[0] *= n0;
+            pv[1] *= n0;
+            pv[2] *= n1;
+            pv[3] *= n1;
+        }
+        const u32 b0 = movm_t(pack2<V_BF16>(pv[0], pv[1]));
+        const u32 b1 = movm_t(pack2<V_BF16>(pv[2], pv[3]));
 
         // ---- O^T += V^T P^T
         const u8* vt;
@@ -529,7 +570,8 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
             vstride = LY::SLOTV;
         } else {
             __syncwarp();
-            dequant_tile<VF, DV, TT, LY::SLOTV, LY::TS, 32>(tile, rawV, offs, 1, warp, valid, lutV, lane, lane);
+            dequant_tile<VF, DV, TT, LY::SLOTV, LY::TS, 32, !V_FOLD>(tile, rawV, offs, 1, warp, valid, lutV, lane,
+                                                                     lane);
             __syncwarp();
             vt = tile;
             vstride = LY::TS;

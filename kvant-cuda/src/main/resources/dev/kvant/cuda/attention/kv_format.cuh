@@ -236,7 +236,75 @@ __device__ __forceinline__ u32 q4pair_to_h2(u32 w, u32 d2) {
     return hmul2(hsub2(t, 0x64086408u), d2);
 }
 
-template <int FMT, int D>
+// ---- 32-bit shared-memory addresses (smem_u32, with cp.async): rows of the raw stages are read through these so
+// that locating a value costs 32-bit adds. Raw-stage loads are volatile (a stage's address holds new rows every few tiles: they must stay
+// after the barrier that publishes them); pair-table loads are not (the table never changes after it is built).
+__device__ __forceinline__ u32 lds_u8(u32 a) {
+    u32 v;
+    asm volatile("ld.shared.u8 %0, [%1];" : "=r"(v) : "r"(a));
+    return v;
+}
+__device__ __forceinline__ u32 lds_u16(u32 a) {
+    u32 v;
+    asm volatile("ld.shared.u16 %0, [%1];" : "=r"(v) : "r"(a));
+    return v;
+}
+__device__ __forceinline__ u32 lds_table(u32 a) {
+    u32 v;
+    asm("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(a));
+    return v;
+}
+
+// Group grp of a turbo row at shared address row (see dq_group); lut: the lane's copy of the pair table (entry e at
+// lut + 128 e). NORM = false: the bare centroid pairs, without the block's norm (the caller applies it).
+template <int FMT, int D, bool NORM>
+__device__ __forceinline__ uint4 dq_turbo(u32 row, int grp, u32 lut) {
+    constexpr int N = rot_block(D);
+    constexpr int BITS = fmt_bits(FMT);
+    constexpr int GPB = N / 8;
+    const u32 blk = row + (grp / GPB) * (2 + N * BITS / 8);
+    const int gl = grp % GPB;
+    const u32 g = NORM ? lds_u16(blk) : 0u;
+    const u32 g2 = g | (g << 16);
+    auto pair = [&](u32 e) -> u32 {
+        const u32 v = lds_table(lut + (e << 7));
+        return NORM ? hmul2(v, g2) : v;
+    };
+    const u32 codes = blk + 2;
+    uint4 r;
+    if constexpr (FMT == F_TURBO4) {
+        const u32 w = lds_u16(codes + 4 * gl) | (lds_u16(codes + 4 * gl + 2) << 16);
+        r.x = pair(w & 255u);
+        r.y = pair((w >> 8) & 255u);
+        r.z = pair((w >> 16) & 255u);
+        r.w = pair(w >> 24);
+    } else if constexpr (FMT == F_TURBO2) {
+        const u32 w = lds_u16(codes + 2 * gl);
+        r.x = pair(w & 15u);
+        r.y = pair((w >> 4) & 15u);
+        r.z = pair((w >> 8) & 15u);
+        r.w = pair((w >> 12) & 15u);
+    } else {
+        // Low plane bytes beta0 = 2gl, beta1 = 2gl+1 hold the low bits of dims beta + q*N/4 (q = 0..3); their
+        // high bits are bits s + 2q of high-plane bytes beta mod N/8 (s = beta div N/8, the same for both).
+        constexpr int P1 = N / 8;
+        const int beta0 = 2 * gl;
+        const int s = beta0 / P1;
+        const u32 lo = lds_u16(codes + 2 * gl);
+        const u32 hi = lds_u16(codes + N / 4 + beta0 % P1);
+        const u32 x0 = (hi >> s) & 0x55u;
+        const u32 x1 = (hi >> (8 + s)) & 0x55u;
+        const u32 lo0 = lo & 255u, lo1 = lo >> 8;
+        r.x = pair((lo0 & 15u) | ((x0 & 5u) << 4));
+        r.y = pair((lo0 >> 4) | (x0 & 0x50u));
+        r.z = pair((lo1 & 15u) | ((x1 & 5u) << 4));
+        r.w = pair((lo1 >> 4) | (x1 & 0x50u));
+    }
+    return r;
+}
+
+// NORM = false (turbo only): the bare centroid pairs, without the block's norm (the caller applies it).
+template <int FMT, int D, bool NORM = true>
 __device__ __forceinline__ uint4 dq_group(const u8* row, int grp, const u32* lut, int lane) {
     uint4 r;
     if constexpr (FMT == F_F16 || FMT == F_BF16) {
@@ -268,43 +336,7 @@ __device__ __forceinline__ uint4 dq_group(const u8* row, int grp, const u32* lut
         r.z = q4pair_to_h2((ld_u16(p + 4) >> sh) & 0x0F0Fu, d2);
         r.w = q4pair_to_h2((ld_u16(p + 6) >> sh) & 0x0F0Fu, d2);
     } else {
-        constexpr int N = rot_block(D);
-        constexpr int BITS = fmt_bits(FMT);
-        constexpr int GPB = N / 8;
-        const u8* blk = row + (grp / GPB) * (2 + N * BITS / 8);
-        const int gl = grp % GPB;
-        const u32 g = ld_u16(blk);
-        const u32 g2 = g | (g << 16);
-        const u8* codes = blk + 2;
-        const u32* lt = lut + lane;
-        if constexpr (FMT == F_TURBO4) {
-            const u32 w = ld_u32_a2(codes + 4 * gl);
-            r.x = hmul2(lt[(w & 255u) << 5], g2);
-            r.y = hmul2(lt[((w >> 8) & 255u) << 5], g2);
-            r.z = hmul2(lt[((w >> 16) & 255u) << 5], g2);
-            r.w = hmul2(lt[(w >> 24) << 5], g2);
-        } else if constexpr (FMT == F_TURBO2) {
-            const u32 w = ld_u16(codes + 2 * gl);
-            r.x = hmul2(lt[(w & 15u) << 5], g2);
-            r.y = hmul2(lt[((w >> 4) & 15u) << 5], g2);
-            r.z = hmul2(lt[((w >> 8) & 15u) << 5], g2);
-            r.w = hmul2(lt[((w >> 12) & 15u) << 5], g2);
-        } else {
-            // Low plane bytes beta0 = 2gl, beta1 = 2gl+1 hold the low bits of dims beta + q*N/4 (q = 0..3); their
-            // high bits are bits s + 2q of high-plane bytes beta mod N/8 (s = beta div N/8, the same for both).
-            constexpr int P1 = N / 8;
-            const int beta0 = 2 * gl;
-            const int s = beta0 / P1;
-            const u32 lo = ld_u16(codes + 2 * gl);
-            const u32 hi = ld_u16(codes + N / 4 + beta0 % P1);
-            const u32 x0 = (hi >> s) & 0x55u;
-            const u32 x1 = (hi >> (8 + s)) & 0x55u;
-            const u32 lo0 = lo & 255u, lo1 = lo >> 8;
-            r.x = hmul2(lt[((lo0 & 15u) | ((x0 & 5u) << 4)) << 5], g2);
-            r.y = hmul2(lt[((lo0 >> 4) | (x0 & 0x50u)) << 5], g2);
-            r.z = hmul2(lt[((lo1 & 15u) | ((x1 & 5u) << 4)) << 5], g2);
-            r.w = hmul2(lt[((lo1 >> 4) | (x1 & 0x50u)) << 5], g2);
-        }
+        r = dq_turbo<FMT, D, NORM>(smem_u32(row), grp, smem_u32(lut + lane));
     }
     return r;
 }
