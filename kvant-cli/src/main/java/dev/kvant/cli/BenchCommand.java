@@ -5,6 +5,7 @@ import dev.kvant.cuda.model.CudaBackend;
 import dev.kvant.engine.Benchmark;
 import dev.kvant.engine.Session;
 import dev.kvant.kv.KvFormat;
+import dev.kvant.kv.KvLayerFormats;
 import dev.kvant.model.LlamaModel;
 import dev.kvant.tensor.Parallel;
 import picocli.CommandLine.Command;
@@ -77,11 +78,11 @@ final class BenchCommand implements Runnable {
     static String limitsTable(CudaBackend cuda, CudaBackend.Limits limits, List<Benchmark.Row> rows,
                               Benchmark.Settings s) {
         StringBuilder sb = new StringBuilder();
-        long kvPerToken = Session.kvBytesPerToken(cuda.model().config(), s.kFormat(), s.vFormat());
+        long kvPerToken = Session.kvBytesPerToken(cuda.model().config(), s.kv());
         sb.append(String.format(Locale.ROOT, "%ndevice %s: copy %.0f GB/s (read + written), bf16 GEMM %.0f TFLOP/s; "
-                        + "weights %.3f GB read per token, KV %s/%s %d bytes per cached token%n%n", cuda.deviceName(),
-                limits.copyGBps(), limits.bf16Tflops(), cuda.weightBytesPerToken() / 1e9, s.kFormat().name(),
-                s.vFormat().name(), kvPerToken));
+                        + "weights %.3f GB read per token, KV %s %d bytes per cached token%n%n", cuda.deviceName(),
+                limits.copyGBps(), limits.bf16Tflops(), cuda.weightBytesPerToken() / 1e9, s.kv().name(),
+                kvPerToken));
         sb.append("| kv | test | depth | t/s | limit t/s | of limit |\n| --- | --- | ---: | ---: | ---: | ---: |\n");
         for (Benchmark.Row r : rows) {
             double limit;
@@ -144,13 +145,14 @@ final class BenchCommand implements Runnable {
                             + " (use --backend cpu)");
                 }
             }
-            List<KvFormat[]> pairs = new ArrayList<>();
+            // each --kv format (or --ctk/--ctv), with the layers --ctk-layer/--ctv-layer give formats of their own
+            List<KvLayerFormats> pairs = new ArrayList<>();
             if (kvList != null) {
                 for (String f : kvList) {
-                    pairs.add(new KvFormat[] {KvFormat.parse(f), KvFormat.parse(f)});
+                    pairs.add(opts.withLayers(KvLayerFormats.of(KvFormat.parse(f), KvFormat.parse(f))));
                 }
             } else {
-                pairs.add(new KvFormat[] {opts.kFormat(), opts.vFormat()});
+                pairs.add(opts.kvFormats());
             }
             CudaBackend.Limits limits = null;
             if (backend instanceof CudaBackend cuda) {
@@ -159,9 +161,9 @@ final class BenchCommand implements Runnable {
             }
             List<Benchmark.Row> rows = new ArrayList<>();
             StringBuilder ratios = new StringBuilder();
-            for (KvFormat[] pair : pairs) {
-                Benchmark.Settings s = new Benchmark.Settings(prompt, gen, depth, reps, opts.threads, pair[0],
-                        pair[1], opts.prefillChunk(backend), randomDepth, sequences);
+            for (KvLayerFormats pair : pairs) {
+                Benchmark.Settings s = new Benchmark.Settings(prompt, gen, depth, reps, opts.threads, pair,
+                        opts.prefillChunk(backend), randomDepth, sequences);
                 List<Benchmark.Row> some = Benchmark.run(backend, s, progress::update);
                 rows.addAll(some);
                 if (limits != null) {

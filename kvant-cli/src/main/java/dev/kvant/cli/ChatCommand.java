@@ -60,8 +60,8 @@ final class ChatCommand implements Runnable {
         try (LlamaModel model = opts.load();
              Parallel pool = new Parallel(opts.threads);
              Backend backend = opts.openBackend(model, pool);
-             Session session = new Session(backend, opts.contextLength(model, ctx, 4096), opts.kFormat(),
-                     opts.vFormat(), opts.prefillChunk(backend))) {
+             Session session = new Session(backend, opts.contextLength(model, ctx, 4096), opts.kvFormats(),
+                     opts.prefillChunk(backend))) {
             Tokenizer tok = model.tokenizer();
             ChatTemplate tpl = ChatTemplate.detect(model.chatTemplate(), template);
             Sampler sampler = new Sampler(sampling.config());

@@ -9,6 +9,7 @@ import dev.kvant.cuda.CudaUnavailableException;
 import dev.kvant.cuda.model.CudaBackend;
 import dev.kvant.gguf.GgmlType;
 import dev.kvant.kv.KvFormat;
+import dev.kvant.kv.KvLayerFormats;
 import dev.kvant.model.LlamaModel;
 import dev.kvant.model.SyntheticModel;
 import dev.kvant.tensor.Parallel;
@@ -35,6 +36,16 @@ final class ModelOptions {
     @Option(names = {"--ctv"}, paramLabel = "FORMAT", defaultValue = "f16",
             description = "KV cache format for values (same names as --ctk)")
     String ctv;
+
+    @Option(names = {"--ctk-layer"}, paramLabel = "L=FORMAT",
+            description = "K format of layer L in place of --ctk (repeatable); L counts from 0, or from the end when "
+                    + "negative (-1: the last layer), which carries most of a compressed cache's loss: "
+                    + "--ctk turbo3 --ctk-layer -1=q8_0 (CPU backend)")
+    java.util.List<String> ctkLayers = new java.util.ArrayList<>();
+
+    @Option(names = {"--ctv-layer"}, paramLabel = "L=FORMAT",
+            description = "V format of layer L in place of --ctv (repeatable; L as for --ctk-layer)")
+    java.util.List<String> ctvLayers = new java.util.ArrayList<>();
 
     @Option(names = {"--prefill-chunk"}, paramLabel = "N",
             description = "prompt tokens per forward pass (default " + CPU_PREFILL_CHUNK + " on the CPU, "
@@ -85,12 +96,11 @@ final class ModelOptions {
             return ctxOption != null ? ctxOption : dflt;
         }
         long bytes = parseSize(kvMem);
-        int fits = dev.kvant.engine.Session.contextForBudget(model.config(), kFormat(), vFormat(), model.selection(),
-                bytes);
+        int fits = dev.kvant.engine.Session.contextForBudget(model.config(), kvFormats(), model.selection(), bytes);
         int ctx = ctxOption != null ? Math.min(ctxOption, fits) : fits;
-        System.err.printf(java.util.Locale.ROOT, "KV cache %s/%s: %d bytes/token%s, budget %s holds %d tokens;"
-                        + " context %d%n", ctk, ctv,
-                dev.kvant.engine.Session.kvBytesPerToken(model.config(), kFormat(), vFormat()),
+        System.err.printf(java.util.Locale.ROOT, "KV cache %s: %d bytes/token%s, budget %s holds %d tokens;"
+                        + " context %d%n", kvFormats().name(),
+                dev.kvant.engine.Session.kvBytesPerToken(model.config(), kvFormats()),
                 model.selection() == null ? "" : " + " + dev.kvant.engine.Session.summaryBytesPerToken(model.config(),
                         kFormat(), model.selection()) + " of key summaries", kvMem, fits, ctx);
         return ctx;
@@ -133,6 +143,40 @@ final class ModelOptions {
 
     KvFormat vFormat() {
         return KvFormat.parse(ctv);
+    }
+
+    /** --ctk and --ctv for every layer, with the layers --ctk-layer and --ctv-layer give formats of their own. */
+    KvLayerFormats kvFormats() {
+        return withLayers(KvLayerFormats.of(kFormat(), vFormat()));
+    }
+
+    /** The --ctk-layer and --ctv-layer formats on top of base. */
+    KvLayerFormats withLayers(KvLayerFormats base) {
+        KvLayerFormats f = base;
+        for (String spec : ctkLayers) {
+            f = f.withK(layerOf("--ctk-layer", spec), KvFormat.parse(formatOf(spec)));
+        }
+        for (String spec : ctvLayers) {
+            f = f.withV(layerOf("--ctv-layer", spec), KvFormat.parse(formatOf(spec)));
+        }
+        return f;
+    }
+
+    private static int layerOf(String option, String spec) {
+        int eq = spec.indexOf('=');
+        try {
+            if (eq <= 0 || eq == spec.length() - 1) {
+                throw new NumberFormatException();
+            }
+            return Integer.parseInt(spec.substring(0, eq).strip());
+        } catch (NumberFormatException e) {
+            throw new IllegalArgumentException(option + ": '" + spec + "' is not LAYER=FORMAT (e.g. -1=q8_0: the last"
+                    + " layer in q8_0)");
+        }
+    }
+
+    private static String formatOf(String spec) {
+        return spec.substring(spec.indexOf('=') + 1).strip();
     }
 
     /**
@@ -190,8 +234,8 @@ final class ModelOptions {
         long kvBytes = 0;
         if (kvMem != null) {
             kvBytes = parseSize(kvMem);
-            kvTokens = dev.kvant.engine.Session.contextForBudget(loaded.config(), kFormat(), vFormat(),
-                    loaded.selection(), kvBytes);
+            kvTokens = dev.kvant.engine.Session.contextForBudget(loaded.config(), kvFormats(), loaded.selection(),
+                    kvBytes);
         }
         int[] split = null;
         if (!"auto".equalsIgnoreCase(layerSplit.strip())) {

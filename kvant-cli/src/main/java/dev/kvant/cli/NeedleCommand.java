@@ -109,8 +109,7 @@ final class NeedleCommand implements Runnable {
                 longest = Math.max(longest, tok.encode(p.prompt(), true, p.chat()).length);
             }
             int ctx = longest + maxNew;
-            try (Session session = new Session(backend, ctx, opts.kFormat(), opts.vFormat(),
-                    opts.prefillChunk(backend))) {
+            try (Session session = new Session(backend, ctx, opts.kvFormats(), opts.prefillChunk(backend))) {
                 int[] done = {0, 0};
                 long t0 = System.nanoTime();
                 NeedleEval.Result r = NeedleEval.run(session, tok, list, maxNew, o -> {
@@ -129,8 +128,8 @@ final class NeedleCommand implements Runnable {
                 if (json) {
                     System.out.println(r.toJson());
                 } else {
-                    System.out.printf(Locale.ROOT, "model %s, kv %s/%s, %s, %d probes, %.0f s%n%n", model.name(),
-                            opts.ctk, opts.ctv, selectOpts.describe(), list.size(), (System.nanoTime() - t0) / 1e9);
+                    System.out.printf(Locale.ROOT, "model %s, kv %s, %s, %d probes, %.0f s%n%n", model.name(),
+                            opts.kvFormats().name(), selectOpts.describe(), list.size(), (System.nanoTime() - t0) / 1e9);
                     System.out.print(r.table());
                 }
             }

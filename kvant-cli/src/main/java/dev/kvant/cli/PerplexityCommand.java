@@ -55,8 +55,7 @@ final class PerplexityCommand implements Runnable {
              Parallel pool = new Parallel(opts.threads);
              var dump = selectOpts.apply(model);
              Backend backend = opts.openBackend(model, pool);
-             Session session = new Session(backend, ctx, opts.kFormat(), opts.vFormat(),
-                     opts.prefillChunk(backend))) {
+             Session session = new Session(backend, ctx, opts.kvFormats(), opts.prefillChunk(backend))) {
             if (selectOpts.dump != null && !backend.name().equals("cpu")) {
                 throw new IllegalArgumentException("--dump-selection records the CPU backend's selections only"
                         + " (use --backend cpu)");
@@ -77,8 +76,8 @@ final class PerplexityCommand implements Runnable {
                 System.out.println(r.toJson());
             } else {
                 System.out.printf(Locale.ROOT,
-                        "model %s, kv %s/%s, %s, %d tokens, ctx %d, %d chunks, %d tokens scored, %.1f s%n",
-                        model.name(), opts.ctk, opts.ctv, selectOpts.describe(), tokens.length, r.ctx(), r.chunks(), r.tokensScored(),
+                        "model %s, kv %s, %s, %d tokens, ctx %d, %d chunks, %d tokens scored, %.1f s%n",
+                        model.name(), opts.kvFormats().name(), selectOpts.describe(), tokens.length, r.ctx(), r.chunks(), r.tokensScored(),
                         r.seconds());
                 System.out.printf(Locale.ROOT, "PPL = %.4f +/- %.5f%n", r.ppl(), r.pplError());
             }

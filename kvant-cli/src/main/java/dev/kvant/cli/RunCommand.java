@@ -49,8 +49,8 @@ final class RunCommand implements Runnable {
         try (LlamaModel model = opts.load();
              Parallel pool = new Parallel(opts.threads);
              Backend backend = opts.openBackend(model, pool);
-             Session session = new Session(backend, opts.contextLength(model, ctx, 4096), opts.kFormat(),
-                     opts.vFormat(), opts.prefillChunk(backend))) {
+             Session session = new Session(backend, opts.contextLength(model, ctx, 4096), opts.kvFormats(),
+                     opts.prefillChunk(backend))) {
             int[] tokens = model.tokenizer().encode(prompt, true, special);
             Generator.Stats st = Generator.generate(session, model.tokenizer(), tokens, nPredict,
                     new Sampler(sampling.config()), piece -> {

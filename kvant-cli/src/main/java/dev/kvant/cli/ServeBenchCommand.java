@@ -107,11 +107,12 @@ final class ServeBenchCommand implements Runnable {
              var dump = selectOpts.apply(model);
              Backend backend = opts.openBackend(model, threads, Math.min(parallel, ModelOptions.MAX_DEVICE_BATCH))) {
             String name = synthetic != null ? "synthetic " + synthetic + " " + weights : opts.model.getFileName().toString();
-            ServeBench.Setup setup = new ServeBench.Setup(backend, TextCodec.of(model, null), opts.kFormat(),
-                    opts.vFormat(), ctx, opts.prefillChunk(backend), name, pipeline);
-            System.out.printf(Locale.ROOT, "# kvant bench-serve --mode %s: %s, backend %s, %d threads, K %s V %s,"
+            ServeBench.Setup setup = new ServeBench.Setup(backend, TextCodec.of(model, null), opts.kvFormats(), ctx,
+                    opts.prefillChunk(backend), name, pipeline);
+            System.out.printf(Locale.ROOT, "# kvant bench-serve --mode %s: %s, backend %s, %d threads, KV %s,"
                             + " context %d, prefill chunk %d, decode steps in flight %d, seed %d, %s, nproc %d%n",
-                    mode, name, backend.name(), backend.threads(), opts.ctk, opts.ctv, ctx, opts.prefillChunk(backend),
+                    mode, name, backend.name(), backend.threads(), opts.kvFormats().name(), ctx,
+                    opts.prefillChunk(backend),
                     pipeline > 0 ? Math.min(pipeline, backend.pipelineDepth()) : backend.pipelineDepth(), s, LocalDate.now(),
                     Runtime.getRuntime().availableProcessors());
             switch (mode) {

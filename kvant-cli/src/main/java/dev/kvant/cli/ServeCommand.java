@@ -115,8 +115,8 @@ final class ServeCommand implements Runnable {
             int context;
             int poolTokens;
             if (opts.kvMem != null) {
-                poolTokens = Session.contextForBudget(model.config(), opts.kFormat(), opts.vFormat(),
-                        model.selection(), ModelOptions.parseSize(opts.kvMem));
+                poolTokens = Session.contextForBudget(model.config(), opts.kvFormats(), model.selection(),
+                        ModelOptions.parseSize(opts.kvMem));
                 context = Math.min(ctx != null ? ctx : Math.min(4096, poolTokens), poolTokens);
             } else {
                 context = ctx != null ? ctx : 4096;
@@ -125,7 +125,7 @@ final class ServeCommand implements Runnable {
             String name = alias != null ? alias : synthetic != null ? "synthetic-" + synthetic
                     : stripGguf(opts.model.getFileName());
             ServerConfig config = new ServerConfig(host, port, apiKey, name, 32L << 20, Duration.ofSeconds(1));
-            try (SequencePool pool = backend.newSequencePool(poolTokens, opts.kFormat(), opts.vFormat());
+            try (SequencePool pool = backend.newSequencePool(poolTokens, opts.kvFormats());
                  Engine engine = new Engine(backend, pool,
                          new EngineConfig(parallel, context, opts.prefillChunk(backend), maxQueue, !noPrefixCache,
                                  pipeline))) {
@@ -145,9 +145,9 @@ final class ServeCommand implements Runnable {
                 Runtime.getRuntime().addShutdownHook(hook);
                 System.err.printf(Locale.ROOT, "kvant serve: %s on http://%s:%d/v1 (backend %s, %d threads,"
                                 + " parallel %d, decode steps in flight %d, context %d, KV pool %d pages of %d tokens,"
-                                + " K %s, V %s%s)%n", name, host, server.port(), backend.name(), backend.threads(),
-                        parallel, engine.pipelineDepth(), context, pool.totalPages(), pool.pageTokens(), opts.ctk,
-                        opts.ctv, apiKey != null ? ", API key required" : "");
+                                + " KV %s%s)%n", name, host, server.port(), backend.name(), backend.threads(),
+                        parallel, engine.pipelineDepth(), context, pool.totalPages(), pool.pageTokens(),
+                        opts.kvFormats().name(), apiKey != null ? ", API key required" : "");
                 stop.await();
                 System.err.println("kvant serve: shutting down (in-flight requests get " + grace + " s)");
                 boolean clean = server.shutdown(Duration.ofSeconds(grace));

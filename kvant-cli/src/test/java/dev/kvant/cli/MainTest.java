@@ -104,6 +104,22 @@ class MainTest {
     }
 
     @Test
+    void layersTakeFormatsOfTheirOwn() {
+        Run r = run("bench", "--synthetic", "tiny", "-p", "8", "-n", "2", "-r", "1", "--backend", "cpu", "--ctk",
+                "turbo3", "--ctv", "turbo3", "--ctk-layer", "-1=q8_0", "--ctv-layer", "-1=q8_0");
+        assertEquals(0, r.code(), r.err());
+        assertTrue(r.out().contains("turbo3/turbo3, layer -1: q8_0/q8_0") && r.out().contains("| tg2 |"), r.out());
+        Run outside = run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--backend", "cpu",
+                "--ctk-layer", "99=q8_0");
+        assertEquals(1, outside.code());
+        assertTrue(outside.err().contains("layer 99") && outside.err().contains("layers"), outside.err());
+        Run malformed = run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--backend", "cpu",
+                "--ctk-layer", "last:q8_0");
+        assertEquals(1, malformed.code());
+        assertTrue(malformed.err().contains("LAYER=FORMAT"), malformed.err());
+    }
+
+    @Test
     void unknownKvFormatIsAClearError() {
         Run r = run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--ctk", "q3_x");
         assertEquals(1, r.code());

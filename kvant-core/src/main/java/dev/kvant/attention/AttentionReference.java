@@ -38,8 +38,8 @@ public final class AttentionReference {
     public static double[] attend(KvSequence seq, int layer, float[] q, int n, int start, int heads, float scale,
                                   AttentionOptions opts, Selection sel) {
         KvCache cache = seq.cache();
-        KvFormat kf = cache.kFormat();
-        KvFormat vf = cache.vFormat();
+        KvFormat kf = cache.kFormat(layer);
+        KvFormat vf = cache.vFormat(layer);
         int kvHeads = cache.geometry().kvHeads();
         int dK = cache.geometry().headDimK();
         int dV = cache.geometry().headDimV();

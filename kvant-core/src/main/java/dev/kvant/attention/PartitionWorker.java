@@ -199,7 +199,7 @@ final class PartitionWorker {
             int page = c.seq.page(lp);
             if (meanPage[g] != page) {
                 // the mean as a tile of one row (and three zero rows), scored like any key row
-                MemorySegment.copy(c.kPool, Lanes.LE_SHORT, page * c.kPageBytes + c.seq.cache().kMeanOffset(g),
+                MemorySegment.copy(c.kPool, Lanes.LE_SHORT, page * c.kPageBytes + c.seq.cache().kMeanOffset(c.layer, g),
                         meanHalves, 0, c.dimK);
                 for (int d = 0; d < c.dimK; d++) {
                     meanTile[d] = Float.float16ToFloat(meanHalves[d]);

@@ -1,6 +1,7 @@
 package dev.kvant.backend;
 
 import dev.kvant.kv.KvFormat;
+import dev.kvant.kv.KvLayerFormats;
 import dev.kvant.model.LlamaModel;
 
 /**
@@ -20,11 +21,17 @@ public interface Backend extends AutoCloseable {
     int threads();
 
     /**
-     * A new empty sequence with room for contextLength tokens, its keys stored as kFormat and its values as vFormat.
+     * A new empty sequence with room for contextLength tokens, its keys and values stored in each layer's formats.
      *
-     * @throws IllegalArgumentException when the backend cannot hold that context (says how much it can)
+     * @throws IllegalArgumentException when the backend cannot hold that context (says how much it can), or keeps
+     *                                  no cache in those formats (says which it keeps)
      */
-    BackendSequence newSequence(int contextLength, KvFormat kFormat, KvFormat vFormat);
+    BackendSequence newSequence(int contextLength, KvLayerFormats formats);
+
+    /** As {@link #newSequence(int, KvLayerFormats)} with keys stored as kFormat and values as vFormat in every layer. */
+    default BackendSequence newSequence(int contextLength, KvFormat kFormat, KvFormat vFormat) {
+        return newSequence(contextLength, KvLayerFormats.of(kFormat, vFormat));
+    }
 
     /**
      * One decode step for several sequences together: tokens[i] is appended to seqs[i] and the logits after it are
@@ -81,9 +88,14 @@ public interface Backend extends AutoCloseable {
      *
      * @throws UnsupportedOperationException on a backend that has no shared pool yet
      */
-    default SequencePool newSequencePool(int tokens, KvFormat kFormat, KvFormat vFormat) {
+    default SequencePool newSequencePool(int tokens, KvLayerFormats formats) {
         throw new UnsupportedOperationException("the " + name() + " backend cannot share one KV page pool between"
                 + " sequences yet (kvant serve needs that); use --backend cpu");
+    }
+
+    /** As {@link #newSequencePool(int, KvLayerFormats)} with one K and one V format in every layer. */
+    default SequencePool newSequencePool(int tokens, KvFormat kFormat, KvFormat vFormat) {
+        return newSequencePool(tokens, KvLayerFormats.of(kFormat, vFormat));
     }
 
     @Override

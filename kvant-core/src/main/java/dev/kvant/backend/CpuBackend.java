@@ -3,6 +3,7 @@ package dev.kvant.backend;
 import dev.kvant.engine.ContextFullException;
 import dev.kvant.kv.KvCache;
 import dev.kvant.kv.KvFormat;
+import dev.kvant.kv.KvLayerFormats;
 import dev.kvant.kv.KvGeometry;
 import dev.kvant.kv.KvSequence;
 import dev.kvant.model.LlamaModel;
@@ -56,20 +57,25 @@ public final class CpuBackend implements Backend {
     }
 
     @Override
-    public Sequence newSequence(int contextLength, KvFormat kFormat, KvFormat vFormat) {
+    public Sequence newSequence(int contextLength, KvLayerFormats formats) {
         if (contextLength <= 0) {
             throw new IllegalArgumentException("context length must be positive, got " + contextLength);
         }
-        KvCache cache = KvCache.forTokens(geometry(model.config()), kFormat, vFormat, PAGE_TOKENS, contextLength);
+        KvCache cache = KvCache.forTokens(geometry(model.config()), formats, PAGE_TOKENS, contextLength);
         return new Sequence(cache, cache.newSequence(), contextLength, true);
     }
 
     @Override
-    public SharedPool newSequencePool(int tokens, KvFormat kFormat, KvFormat vFormat) {
+    public Sequence newSequence(int contextLength, KvFormat kFormat, KvFormat vFormat) {
+        return newSequence(contextLength, KvLayerFormats.of(kFormat, vFormat));
+    }
+
+    @Override
+    public SharedPool newSequencePool(int tokens, KvLayerFormats formats) {
         if (tokens <= 0) {
             throw new IllegalArgumentException("a KV pool needs room for at least one token, got " + tokens);
         }
-        return new SharedPool(KvCache.forTokens(geometry(model.config()), kFormat, vFormat, PAGE_TOKENS, tokens));
+        return new SharedPool(KvCache.forTokens(geometry(model.config()), formats, PAGE_TOKENS, tokens));
     }
 
     @Override

@@ -5,6 +5,7 @@ import dev.kvant.backend.BackendSequence;
 import dev.kvant.backend.CpuBackend;
 import dev.kvant.backend.SequencePool;
 import dev.kvant.kv.KvFormat;
+import dev.kvant.kv.KvLayerFormats;
 import dev.kvant.model.LlamaModel;
 import dev.kvant.tensor.Parallel;
 
@@ -45,12 +46,18 @@ public final class Benchmark {
      * @param sequences   sequences a generation test decodes together ({@link Backend#decodeBatchGreedy}, each at
      *                    the same depth; its t/s counts the tokens of all of them): test {@code tgN xS}
      */
-    public record Settings(int[] promptSizes, int[] genSizes, int[] depths, int reps, int threads, KvFormat kFormat,
-                           KvFormat vFormat, int prefillChunk, boolean randomDepth, int sequences) {
+    public record Settings(int[] promptSizes, int[] genSizes, int[] depths, int reps, int threads, KvLayerFormats kv,
+                           int prefillChunk, boolean randomDepth, int sequences) {
         public Settings {
             if (sequences < 1) {
                 throw new IllegalArgumentException("a generation test of " + sequences + " sequences");
             }
+        }
+
+        public Settings(int[] promptSizes, int[] genSizes, int[] depths, int reps, int threads, KvFormat kFormat,
+                        KvFormat vFormat, int prefillChunk, boolean randomDepth, int sequences) {
+            this(promptSizes, genSizes, depths, reps, threads, KvLayerFormats.of(kFormat, vFormat), prefillChunk,
+                    randomDepth, sequences);
         }
 
         public Settings(int[] promptSizes, int[] genSizes, int[] depths, int reps, int threads, KvFormat kFormat,
@@ -61,6 +68,16 @@ public final class Benchmark {
         public Settings(int[] promptSizes, int[] genSizes, int[] depths, int reps, int threads, KvFormat kFormat,
                         KvFormat vFormat, int prefillChunk) {
             this(promptSizes, genSizes, depths, reps, threads, kFormat, vFormat, prefillChunk, false);
+        }
+
+        /** The K format of the layers without one of their own. */
+        public KvFormat kFormat() {
+            return kv.k();
+        }
+
+        /** The V format of the layers without one of their own. */
+        public KvFormat vFormat() {
+            return kv.v();
         }
     }
 
@@ -113,14 +130,14 @@ public final class Benchmark {
             maxTest = Math.max(maxTest, g);
         }
         int ctx = maxDepth + maxTest;
-        String kv = s.kFormat().name() + "/" + s.vFormat().name();
+        String kv = s.kv().name();
         Session[] others = new Session[s.sequences() - 1];
         // several sequences share one pool with room for all of them
         int perSequence = (ctx + Session.PAGE_TOKENS - 1) / Session.PAGE_TOKENS * Session.PAGE_TOKENS;
         SequencePool shared = others.length == 0 ? null
-                : backend.newSequencePool(s.sequences() * perSequence, s.kFormat(), s.vFormat());
+                : backend.newSequencePool(s.sequences() * perSequence, s.kv());
         try (shared; Session session = shared == null
-                ? new Session(backend, ctx, s.kFormat(), s.vFormat(), s.prefillChunk())
+                ? new Session(backend, ctx, s.kv(), s.prefillChunk())
                 : new Session(backend, shared.newSequence(ctx), ctx, s.prefillChunk())) {
             try {
                 for (int i = 0; i < others.length; i++) {

@@ -5,6 +5,7 @@ import dev.kvant.backend.BackendSequence;
 import dev.kvant.backend.CpuBackend;
 import dev.kvant.kv.KvCache;
 import dev.kvant.kv.KvFormat;
+import dev.kvant.kv.KvLayerFormats;
 import dev.kvant.kv.KvSequence;
 import dev.kvant.model.LlamaModel;
 import dev.kvant.model.ModelConfig;
@@ -27,8 +28,12 @@ public final class Session implements AutoCloseable {
     private final float[] logits;
 
     public Session(Backend backend, int contextLength, KvFormat kFormat, KvFormat vFormat, int prefillChunk) {
-        this(backend, newSequence(backend, contextLength, kFormat, vFormat, prefillChunk), contextLength,
-                prefillChunk);
+        this(backend, contextLength, KvLayerFormats.of(kFormat, vFormat), prefillChunk);
+    }
+
+    /** A session whose cache keeps each layer's keys and values in that layer's formats. */
+    public Session(Backend backend, int contextLength, KvLayerFormats formats, int prefillChunk) {
+        this(backend, newSequence(backend, contextLength, formats, prefillChunk), contextLength, prefillChunk);
     }
 
     /**
@@ -44,10 +49,10 @@ public final class Session implements AutoCloseable {
         this.logits = new float[backend.model().config().vocabSize()];
     }
 
-    private static BackendSequence newSequence(Backend backend, int contextLength, KvFormat kFormat,
-                                               KvFormat vFormat, int prefillChunk) {
+    private static BackendSequence newSequence(Backend backend, int contextLength, KvLayerFormats formats,
+                                               int prefillChunk) {
         check(contextLength, prefillChunk);
-        return backend.newSequence(contextLength, kFormat, vFormat);
+        return backend.newSequence(contextLength, formats);
     }
 
     private static void check(int contextLength, int prefillChunk) {
@@ -91,7 +96,12 @@ public final class Session implements AutoCloseable {
 
     /** Bytes of KV cache one token takes for a model and a pair of formats. */
     public static long kvBytesPerToken(ModelConfig c, KvFormat kFormat, KvFormat vFormat) {
-        return KvCache.bytesPerToken(CpuBackend.geometry(c), kFormat, vFormat);
+        return kvBytesPerToken(c, KvLayerFormats.of(kFormat, vFormat));
+    }
+
+    /** Bytes of KV cache one token takes for a model, each layer in its formats. */
+    public static long kvBytesPerToken(ModelConfig c, KvLayerFormats formats) {
+        return KvCache.bytesPerToken(CpuBackend.geometry(c), formats);
     }
 
     /**
@@ -111,19 +121,21 @@ public final class Session implements AutoCloseable {
 
     /** The context (in whole pages) that a KV memory budget holds for a model and a pair of formats. */
     public static int contextForBudget(ModelConfig c, KvFormat kFormat, KvFormat vFormat, long bytes) {
-        return contextForBudget(c, kFormat, vFormat, null, bytes);
+        return contextForBudget(c, KvLayerFormats.of(kFormat, vFormat), null, bytes);
     }
 
-    /** As above, the budget also holding the key summaries of a selection (null: none). */
-    public static int contextForBudget(ModelConfig c, KvFormat kFormat, KvFormat vFormat, SelectionConfig selection,
+    /**
+     * As above, each layer in its formats, the budget also holding the key summaries of a selection (null: none;
+     * summaries are kept at the size of the layers' common key domain).
+     */
+    public static int contextForBudget(ModelConfig c, KvLayerFormats formats, SelectionConfig selection,
                                        long bytes) {
-        long perPage = (kvBytesPerToken(c, kFormat, vFormat) + summaryBytesPerToken(c, kFormat, selection))
+        long perPage = (kvBytesPerToken(c, formats) + summaryBytesPerToken(c, formats.k(), selection))
                 * PAGE_TOKENS;
         long pages = bytes / perPage;
         if (pages < 1) {
             throw new IllegalArgumentException("a KV budget of " + bytes + " bytes holds less than one page of "
-                    + PAGE_TOKENS + " tokens (" + perPage + " bytes with K " + kFormat.name() + ", V "
-                    + vFormat.name() + ")");
+                    + PAGE_TOKENS + " tokens (" + perPage + " bytes with " + formats.name() + ")");
         }
         return (int) Math.min(pages * PAGE_TOKENS, Integer.MAX_VALUE - PAGE_TOKENS);
     }

@@ -19,79 +19,112 @@ public final class KvCache implements AutoCloseable {
     private static final ValueLayout.OfShort LE_HALF = ValueLayout.JAVA_SHORT_UNALIGNED.withOrder(
             java.nio.ByteOrder.LITTLE_ENDIAN);
     private final KvGeometry geometry;
-    private final KvFormat kFormat;
-    private final KvFormat vFormat;
+    private final KvLayerFormats formats;
     private final int pageTokens;
-    private final long kRowBytes;
-    private final long vRowBytes;
-    private final long kPageBytes;
-    private final long vPageBytes;
-    /** Where a K page's means start (its rows' bytes); meaningful with {@link #keyMeans()}. */
-    private final long kMeansOffset;
-    private final boolean keyMeans;
+    // per layer (a layer may have formats of its own: KvLayerFormats)
+    private final KvFormat[] kFormats;
+    private final KvFormat[] vFormats;
+    private final long[] kRowBytes;
+    private final long[] vRowBytes;
+    private final long[] kPageBytes;
+    private final long[] vPageBytes;
+    /** Where a K page's means start (its rows' bytes); meaningful where {@link #keyMeans(int)}. */
+    private final long[] kMeansOffset;
+    private final boolean uniform;
     private final Arena arena;
     private final MemorySegment[] kPools;
     private final MemorySegment[] vPools;
     final PageAllocator allocator;
 
     public KvCache(KvGeometry g, KvFormat k, KvFormat v, int pageTokens, int pages) {
+        this(g, KvLayerFormats.of(k, v), pageTokens, pages);
+    }
+
+    public KvCache(KvGeometry g, KvLayerFormats f, int pageTokens, int pages) {
         if (pageTokens <= 0) {
             throw new IllegalArgumentException("KV cache pages must hold at least one token, got pageTokens=" + pageTokens);
         }
         if (pages <= 0) {
             throw new IllegalArgumentException("KV cache needs at least one page, got " + pages);
         }
+        f.check(g.layers());
         this.geometry = g;
-        this.kFormat = k;
-        this.vFormat = v;
+        this.formats = f;
         this.pageTokens = pageTokens;
-        this.kRowBytes = k.rowBytes(g.headDimK());
-        this.vRowBytes = v.rowBytes(g.headDimV());
-        if (v instanceof PageMeanFormat) {
-            throw new IllegalArgumentException("V cache format " + v.name() + ": only keys are centered on their "
-                    + "page's mean (values have no common part worth the bytes); use " + PageMeanFormat.rows(v).name());
+        int layers = g.layers();
+        this.kFormats = new KvFormat[layers];
+        this.vFormats = new KvFormat[layers];
+        this.kRowBytes = new long[layers];
+        this.vRowBytes = new long[layers];
+        this.kPageBytes = new long[layers];
+        this.vPageBytes = new long[layers];
+        this.kMeansOffset = new long[layers];
+        boolean same = true;
+        for (int l = 0; l < layers; l++) {
+            KvFormat k = f.k(l, layers);
+            KvFormat v = f.v(l, layers);
+            if (v instanceof PageMeanFormat) {
+                throw new IllegalArgumentException("V cache format " + v.name() + ": only keys are centered on their "
+                        + "page's mean (values have no common part worth the bytes); use "
+                        + PageMeanFormat.rows(v).name());
+            }
+            kFormats[l] = k;
+            vFormats[l] = v;
+            kRowBytes[l] = k.rowBytes(g.headDimK());
+            vRowBytes[l] = v.rowBytes(g.headDimV());
+            kMeansOffset[l] = Math.multiplyExact((long) pageTokens * g.kvHeads(), kRowBytes[l]);
+            kPageBytes[l] = kPageBytes(g, k, pageTokens);
+            vPageBytes[l] = Math.multiplyExact((long) pageTokens * g.kvHeads(), vRowBytes[l]);
+            same &= k.equals(kFormats[0]) && v.equals(vFormats[0]);
         }
-        this.keyMeans = k instanceof PageMeanFormat;
-        this.kMeansOffset = Math.multiplyExact((long) pageTokens * g.kvHeads(), kRowBytes);
-        this.kPageBytes = kPageBytes(g, k, pageTokens);
-        this.vPageBytes = Math.multiplyExact((long) pageTokens * g.kvHeads(), vRowBytes);
+        this.uniform = same;
         this.allocator = new PageAllocator(pages);
         this.arena = Arena.ofShared();
-        this.kPools = new MemorySegment[g.layers()];
-        this.vPools = new MemorySegment[g.layers()];
+        this.kPools = new MemorySegment[layers];
+        this.vPools = new MemorySegment[layers];
         try {
-            for (int l = 0; l < g.layers(); l++) {
-                kPools[l] = arena.allocate(Math.multiplyExact(kPageBytes, (long) pages), 64);
-                vPools[l] = arena.allocate(Math.multiplyExact(vPageBytes, (long) pages), 64);
+            for (int l = 0; l < layers; l++) {
+                kPools[l] = arena.allocate(Math.multiplyExact(kPageBytes[l], (long) pages), 64);
+                vPools[l] = arena.allocate(Math.multiplyExact(vPageBytes[l], (long) pages), 64);
             }
         } catch (OutOfMemoryError | ArithmeticException e) {
             arena.close();
             throw new IllegalArgumentException("KV cache of " + pages + " pages × " + pageTokens + " tokens × "
-                    + bytesPerToken(g, k, v) + " bytes per token does not fit in memory", e);
+                    + bytesPerToken(g, f) + " bytes per token does not fit in memory", e);
         }
     }
 
     /** A cache with room for at least this many tokens (summed over all sequences). */
     public static KvCache forTokens(KvGeometry g, KvFormat k, KvFormat v, int pageTokens, int tokens) {
+        return forTokens(g, KvLayerFormats.of(k, v), pageTokens, tokens);
+    }
+
+    /** A cache with room for at least this many tokens (summed over all sequences). */
+    public static KvCache forTokens(KvGeometry g, KvLayerFormats f, int pageTokens, int tokens) {
         if (tokens <= 0 || pageTokens <= 0) {
             throw new IllegalArgumentException("KV cache needs positive tokens and pageTokens, got tokens=" + tokens
                     + " pageTokens=" + pageTokens);
         }
-        return new KvCache(g, k, v, pageTokens, (tokens + pageTokens - 1) / pageTokens);
+        return new KvCache(g, f, pageTokens, (tokens + pageTokens - 1) / pageTokens);
     }
 
     /** The largest cache whose pools (all layers, K and V) fit in this many bytes. */
     public static KvCache forBudget(KvGeometry g, KvFormat k, KvFormat v, int pageTokens, long bytes) {
+        return forBudget(g, KvLayerFormats.of(k, v), pageTokens, bytes);
+    }
+
+    /** The largest cache whose pools (all layers, K and V) fit in this many bytes. */
+    public static KvCache forBudget(KvGeometry g, KvLayerFormats f, int pageTokens, long bytes) {
         if (pageTokens <= 0) {
             throw new IllegalArgumentException("KV cache pages must hold at least one token, got pageTokens=" + pageTokens);
         }
-        long pageBytes = pageBytes(g, k, v, pageTokens);
+        long pageBytes = pageBytes(g, f, pageTokens);
         long pages = bytes / pageBytes;
         if (pages < 1) {
             throw new IllegalArgumentException("a KV cache budget of " + bytes + " bytes holds no page: one page of "
-                    + pageTokens + " tokens takes " + pageBytes + " bytes with K " + k.name() + " and V " + v.name());
+                    + pageTokens + " tokens takes " + pageBytes + " bytes with " + f.name());
         }
-        return new KvCache(g, k, v, pageTokens, (int) Math.min(pages, Integer.MAX_VALUE));
+        return new KvCache(g, f, pageTokens, (int) Math.min(pages, Integer.MAX_VALUE));
     }
 
     /**
@@ -99,15 +132,37 @@ public final class KvCache implements AutoCloseable {
      * page (rounded up) with a {@link PageMeanFormat} K format.
      */
     public static long bytesPerToken(KvGeometry g, KvFormat k, KvFormat v) {
-        long rows = (long) g.layers() * g.kvHeads() * (k.rowBytes(g.headDimK()) + v.rowBytes(g.headDimV()));
-        return rows + (k instanceof PageMeanFormat ? (g.layers() * meanBytes(g, k) + 63) / 64 : 0);
+        return bytesPerToken(g, KvLayerFormats.of(k, v));
+    }
+
+    /** As {@link #bytesPerToken(KvGeometry, KvFormat, KvFormat)}, summed over the layers' own formats. */
+    public static long bytesPerToken(KvGeometry g, KvLayerFormats f) {
+        f.check(g.layers());
+        long rows = 0;
+        long means = 0;
+        for (int l = 0; l < g.layers(); l++) {
+            KvFormat k = f.k(l, g.layers());
+            rows += (long) g.kvHeads() * (k.rowBytes(g.headDimK()) + f.v(l, g.layers()).rowBytes(g.headDimV()));
+            means += k instanceof PageMeanFormat ? meanBytes(g, k) : 0;
+        }
+        return rows + (means + 63) / 64;
     }
 
     /** Bytes of one page id in all layers' K and V pools. */
     public static long pageBytes(KvGeometry g, KvFormat k, KvFormat v, int pageTokens) {
-        long rows = Math.multiplyExact((long) g.layers() * g.kvHeads() * (k.rowBytes(g.headDimK())
-                + v.rowBytes(g.headDimV())), (long) pageTokens);
-        return rows + (k instanceof PageMeanFormat ? g.layers() * meanBytes(g, k) : 0);
+        return pageBytes(g, KvLayerFormats.of(k, v), pageTokens);
+    }
+
+    /** Bytes of one page id in all layers' K and V pools, each layer in its own formats. */
+    public static long pageBytes(KvGeometry g, KvLayerFormats f, int pageTokens) {
+        f.check(g.layers());
+        long bytes = 0;
+        for (int l = 0; l < g.layers(); l++) {
+            KvFormat v = f.v(l, g.layers());
+            bytes = Math.addExact(bytes, Math.addExact(kPageBytes(g, f.k(l, g.layers()), pageTokens),
+                    Math.multiplyExact((long) pageTokens * g.kvHeads(), v.rowBytes(g.headDimV()))));
+        }
+        return bytes;
     }
 
     /** Bytes of one K page of one layer: its rows, then the key means with a {@link PageMeanFormat}. */
@@ -122,7 +177,7 @@ public final class KvCache implements AutoCloseable {
     }
 
     public long bytesPerToken() {
-        return bytesPerToken(geometry, kFormat, vFormat);
+        return bytesPerToken(geometry, formats);
     }
 
     public int capacityTokens() {
@@ -147,12 +202,41 @@ public final class KvCache implements AutoCloseable {
         return geometry;
     }
 
-    public KvFormat kFormat() {
-        return kFormat;
+    /** The formats of this cache's layers. */
+    public KvLayerFormats formats() {
+        return formats;
     }
 
+    /** Whether every layer has the same K format and the same V format. */
+    public boolean uniform() {
+        return uniform;
+    }
+
+    /** The K format of every layer; for a cache whose layers differ, {@link #kFormat(int)}. */
+    public KvFormat kFormat() {
+        requireUniform("K format");
+        return kFormats[0];
+    }
+
+    /** The V format of every layer; for a cache whose layers differ, {@link #vFormat(int)}. */
     public KvFormat vFormat() {
-        return vFormat;
+        requireUniform("V format");
+        return vFormats[0];
+    }
+
+    public KvFormat kFormat(int layer) {
+        return kFormats[layer];
+    }
+
+    public KvFormat vFormat(int layer) {
+        return vFormats[layer];
+    }
+
+    private void requireUniform(String what) {
+        if (!uniform) {
+            throw new IllegalStateException("the layers of this cache differ in format (" + formats.name()
+                    + "): the " + what + " of a layer is asked per layer");
+        }
     }
 
     public KvSequence newSequence() {
@@ -170,18 +254,18 @@ public final class KvCache implements AutoCloseable {
         return parent.fork(prefixTokens);
     }
 
-    /** The raw K page of a layer: pageTokens × kvHeads rows of kFormat().rowBytes(headDimK), [token][head]. */
+    /** The raw K page of a layer: pageTokens × kvHeads rows of kFormat(layer).rowBytes(headDimK), [token][head]. */
     public MemorySegment kPage(int layer, int page) {
         checkPage(page);
-        return kPools[layer].asSlice(page * kPageBytes, kPageBytes);
+        return kPools[layer].asSlice(page * kPageBytes[layer], kPageBytes[layer]);
     }
 
     public MemorySegment vPage(int layer, int page) {
         checkPage(page);
-        return vPools[layer].asSlice(page * vPageBytes, vPageBytes);
+        return vPools[layer].asSlice(page * vPageBytes[layer], vPageBytes[layer]);
     }
 
-    /** The whole K pool of a layer: page p starts at {@code p × kPageBytes()}. */
+    /** The whole K pool of a layer: page p starts at {@code p × kPageBytes(layer)}. */
     public MemorySegment kPool(int layer) {
         return kPools[layer];
     }
@@ -190,38 +274,88 @@ public final class KvCache implements AutoCloseable {
         return vPools[layer];
     }
 
+    /** Bytes of a K page of every layer; for a cache whose layers differ, {@link #kPageBytes(int)}. */
     public long kPageBytes() {
-        return kPageBytes;
+        requireUniform("K page size");
+        return kPageBytes[0];
     }
 
+    /** Bytes of a V page of every layer; for a cache whose layers differ, {@link #vPageBytes(int)}. */
     public long vPageBytes() {
-        return vPageBytes;
+        requireUniform("V page size");
+        return vPageBytes[0];
     }
 
-    /** Byte offset of a K row inside its page. */
+    public long kPageBytes(int layer) {
+        return kPageBytes[layer];
+    }
+
+    public long vPageBytes(int layer) {
+        return vPageBytes[layer];
+    }
+
+    /** Byte offset of a K row of a layer inside its page. */
+    public long kRowOffset(int layer, int tokenInPage, int head) {
+        return ((long) tokenInPage * geometry.kvHeads() + head) * kRowBytes[layer];
+    }
+
+    public long vRowOffset(int layer, int tokenInPage, int head) {
+        return ((long) tokenInPage * geometry.kvHeads() + head) * vRowBytes[layer];
+    }
+
+    /** Byte offset of a K row inside its page, every layer; for a cache whose layers differ, per layer. */
     public long kRowOffset(int tokenInPage, int head) {
-        return ((long) tokenInPage * geometry.kvHeads() + head) * kRowBytes;
+        return ((long) tokenInPage * geometry.kvHeads() + head) * kRowBytes();
     }
 
     public long vRowOffset(int tokenInPage, int head) {
-        return ((long) tokenInPage * geometry.kvHeads() + head) * vRowBytes;
+        return ((long) tokenInPage * geometry.kvHeads() + head) * vRowBytes();
     }
 
+    /** Bytes of a K row of every layer; for a cache whose layers differ, {@link #kRowBytes(int)}. */
     public long kRowBytes() {
-        return kRowBytes;
+        requireUniform("K row size");
+        return kRowBytes[0];
     }
 
-    /** True when K rows are centered on their page's mean ({@link PageMeanFormat}). */
+    /** Bytes of a V row of every layer; for a cache whose layers differ, {@link #vRowBytes(int)}. */
+    public long vRowBytes() {
+        requireUniform("V row size");
+        return vRowBytes[0];
+    }
+
+    public long kRowBytes(int layer) {
+        return kRowBytes[layer];
+    }
+
+    public long vRowBytes(int layer) {
+        return vRowBytes[layer];
+    }
+
+    /** True when every layer's K rows are centered on their page's mean; per layer: {@link #keyMeans(int)}. */
     public boolean keyMeans() {
-        return keyMeans;
+        requireUniform("K format");
+        return keyMeans(0);
     }
 
-    /** Byte offset, inside a K page, of one kv head's mean (domainDim halves); with {@link #keyMeans()} only. */
-    public long kMeanOffset(int head) {
-        if (!keyMeans) {
-            throw new IllegalStateException("K format " + kFormat.name() + " keeps no page means");
+    /** True when a layer's K rows are centered on their page's mean ({@link PageMeanFormat}). */
+    public boolean keyMeans(int layer) {
+        return kFormats[layer] instanceof PageMeanFormat;
+    }
+
+    /** Byte offset, inside a K page of the layer, of one kv head's mean (domainDim halves); with keyMeans(layer). */
+    public long kMeanOffset(int layer, int head) {
+        if (!keyMeans(layer)) {
+            throw new IllegalStateException("K format " + kFormats[layer].name() + " of layer " + layer
+                    + " keeps no page means");
         }
-        return kMeansOffset + 2L * head * kFormat.domainDim(geometry.headDimK());
+        return kMeansOffset[layer] + 2L * head * kFormats[layer].domainDim(geometry.headDimK());
+    }
+
+    /** As {@link #kMeanOffset(int, int)} for a cache whose layers share their K format. */
+    public long kMeanOffset(int head) {
+        requireUniform("K format");
+        return kMeanOffset(0, head);
     }
 
     /**
@@ -229,8 +363,8 @@ public final class KvCache implements AutoCloseable {
      * like the rows of a rotated format), so that it adds to a decoded row.
      */
     public void keyMean(int layer, int page, int head, float[] dst, int off) {
-        long at = page * kPageBytes + kMeanOffset(head);
-        int dim = kFormat.domainDim(geometry.headDimK());
+        long at = page * kPageBytes[layer] + kMeanOffset(layer, head);
+        int dim = kFormats[layer].domainDim(geometry.headDimK());
         for (int i = 0; i < dim; i++) {
             dst[off + i] = Float.float16ToFloat(kPools[layer].get(LE_HALF, at + 2L * i));
         }
@@ -238,15 +372,11 @@ public final class KvCache implements AutoCloseable {
 
     /** Sets one kv head's key mean of a page from {@code src[off, off + domainDim)}, rounding each to a half. */
     void setKeyMean(int layer, int page, int head, float[] src, int off) {
-        long at = page * kPageBytes + kMeanOffset(head);
-        int dim = kFormat.domainDim(geometry.headDimK());
+        long at = page * kPageBytes[layer] + kMeanOffset(layer, head);
+        int dim = kFormats[layer].domainDim(geometry.headDimK());
         for (int i = 0; i < dim; i++) {
             kPools[layer].set(LE_HALF, at + 2L * i, Float.floatToFloat16(src[off + i]));
         }
-    }
-
-    public long vRowBytes() {
-        return vRowBytes;
     }
 
     /** Frees the pools; every sequence of this cache is unusable afterwards. */
@@ -263,15 +393,17 @@ public final class KvCache implements AutoCloseable {
 
     /** Copies the first tokens rows (and the key means) of every layer's K and V page from one page id to another. */
     void copyPage(int from, int to, int tokens) {
-        long kBytes = (long) tokens * geometry.kvHeads() * kRowBytes;
-        long vBytes = (long) tokens * geometry.kvHeads() * vRowBytes;
         for (int l = 0; l < geometry.layers(); l++) {
-            MemorySegment.copy(kPools[l], from * kPageBytes, kPools[l], to * kPageBytes, kBytes);
-            if (keyMeans) {
-                MemorySegment.copy(kPools[l], from * kPageBytes + kMeansOffset, kPools[l], to * kPageBytes
-                        + kMeansOffset, kPageBytes - kMeansOffset);
+            long kBytes = (long) tokens * geometry.kvHeads() * kRowBytes[l];
+            long vBytes = (long) tokens * geometry.kvHeads() * vRowBytes[l];
+            long kp = kPageBytes[l];
+            long vp = vPageBytes[l];
+            MemorySegment.copy(kPools[l], from * kp, kPools[l], to * kp, kBytes);
+            if (keyMeans(l)) {
+                MemorySegment.copy(kPools[l], from * kp + kMeansOffset[l], kPools[l], to * kp + kMeansOffset[l],
+                        kp - kMeansOffset[l]);
             }
-            MemorySegment.copy(vPools[l], from * vPageBytes, vPools[l], to * vPageBytes, vBytes);
+            MemorySegment.copy(vPools[l], from * vp, vPools[l], to * vp, vBytes);
         }
     }
 
@@ -283,7 +415,7 @@ public final class KvCache implements AutoCloseable {
 
     @Override
     public String toString() {
-        return "KvCache[" + geometry + ", K " + kFormat.name() + ", V " + vFormat.name() + ", " + allocator.total()
+        return "KvCache[" + geometry + ", " + formats.name() + ", " + allocator.total()
                 + " pages × " + pageTokens + " tokens, " + bytesPerToken() + " bytes/token]";
     }
 }

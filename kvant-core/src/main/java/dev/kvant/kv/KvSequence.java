@@ -96,24 +96,24 @@ public final class KvSequence implements AutoCloseable {
         synchronized (allocator) {
             prepare(end, pos);
         }
-        KvFormat kf = cache.kFormat();
-        KvFormat vf = cache.vFormat();
+        KvFormat kf = cache.kFormat(layer);
+        KvFormat vf = cache.vFormat(layer);
         int before = layerLength[layer];
         for (int t = pos; t < end; ) {
             int page = table[t / pageTokens];
             int inPage = t % pageTokens;
             int span = Math.min(end - t, pageTokens - inPage);
             int done = t - pos;
-            if (cache.keyMeans()) {
+            if (cache.keyMeans(layer)) {
                 kf.encodeDomainRows(centered(layer, t / pageTokens, before, k, kOff + done * kRow, span), 0,
                         span * g.kvHeads(), g.headDimK(), cache.kPool(layer),
-                        page * cache.kPageBytes() + cache.kRowOffset(inPage, 0), cache.kRowBytes());
+                        page * cache.kPageBytes(layer) + cache.kRowOffset(layer, inPage, 0), cache.kRowBytes(layer));
             } else {
                 kf.encodeRows(k, kOff + done * kRow, span * g.kvHeads(), g.headDimK(), cache.kPool(layer),
-                        page * cache.kPageBytes() + cache.kRowOffset(inPage, 0), cache.kRowBytes());
+                        page * cache.kPageBytes(layer) + cache.kRowOffset(layer, inPage, 0), cache.kRowBytes(layer));
             }
             vf.encodeRows(v, vOff + done * vRow, span * g.kvHeads(), g.headDimV(), cache.vPool(layer),
-                    page * cache.vPageBytes() + cache.vRowOffset(inPage, 0), cache.vRowBytes());
+                    page * cache.vPageBytes(layer) + cache.vRowOffset(layer, inPage, 0), cache.vRowBytes(layer));
             t += span;
         }
         length = Math.max(length, end);
@@ -131,7 +131,7 @@ public final class KvSequence implements AutoCloseable {
      */
     private float[] centered(int layer, int lp, int before, float[] k, int kAt, int span) {
         KvGeometry g = cache.geometry();
-        KvFormat kf = cache.kFormat();
+        KvFormat kf = cache.kFormat(layer);
         int d = g.headDimK();
         int dom = kf.domainDim(d);
         int heads = g.kvHeads();
@@ -175,7 +175,7 @@ public final class KvSequence implements AutoCloseable {
      */
     private void pageMean(int layer, int lp, boolean atStart, int span, float[] mean) {
         KvGeometry g = cache.geometry();
-        KvFormat kf = cache.kFormat();
+        KvFormat kf = cache.kFormat(layer);
         int d = g.headDimK();
         int dom = kf.domainDim(d);
         int heads = g.kvHeads();
@@ -197,7 +197,8 @@ public final class KvSequence implements AutoCloseable {
             float[] prevMean = new float[dom];
             for (int h = 0; h < heads; h++) {
                 for (int t = 0; t < pageTokens; t++) {
-                    kf.decode(cache.kPool(layer), prev * cache.kPageBytes() + cache.kRowOffset(t, h), d, row, 0);
+                    kf.decode(cache.kPool(layer), prev * cache.kPageBytes(layer) + cache.kRowOffset(layer, t, h), d,
+                            row, 0);
                     for (int i = 0; i < dom; i++) {
                         mean[h * dom + i] += row[i];
                     }
@@ -304,17 +305,17 @@ public final class KvSequence implements AutoCloseable {
     }
 
     /**
-     * Dequantizes the K row of one head at pos into {@code dst[off, off+kFormat.domainDim(headDimK))}, its page's
+     * Dequantizes the K row of one head at pos into {@code dst[off, off+kFormat(layer).domainDim(headDimK))}, its page's
      * mean added back with a {@link PageMeanFormat}.
      */
     public void decodeK(int layer, int pos, int head, float[] dst, int off) {
         checkRead(layer, pos, head);
         int page = table[pos / pageTokens];
         int d = cache.geometry().headDimK();
-        cache.kFormat().decode(cache.kPool(layer), page * cache.kPageBytes() + cache.kRowOffset(pos % pageTokens, head),
-                d, dst, off);
-        if (cache.keyMeans()) {
-            int dom = cache.kFormat().domainDim(d);
+        cache.kFormat(layer).decode(cache.kPool(layer),
+                page * cache.kPageBytes(layer) + cache.kRowOffset(layer, pos % pageTokens, head), d, dst, off);
+        if (cache.keyMeans(layer)) {
+            int dom = cache.kFormat(layer).domainDim(d);
             if (domainMean.length < dom) {
                 domainMean = new float[dom];
             }
@@ -328,7 +329,8 @@ public final class KvSequence implements AutoCloseable {
     public void decodeV(int layer, int pos, int head, float[] dst, int off) {
         checkRead(layer, pos, head);
         int page = table[pos / pageTokens];
-        cache.vFormat().decode(cache.vPool(layer), page * cache.vPageBytes() + cache.vRowOffset(pos % pageTokens, head),
+        cache.vFormat(layer).decode(cache.vPool(layer),
+                page * cache.vPageBytes(layer) + cache.vRowOffset(layer, pos % pageTokens, head),
                 cache.geometry().headDimV(), dst, off);
     }
 

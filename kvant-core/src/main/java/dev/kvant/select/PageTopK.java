@@ -63,7 +63,7 @@ public final class PageTopK {
         }
         int kvHeads = ks.kvHeads();
         out.reset(b, kvHeads, start, n);
-        Prepared p = prepared(seq, q, n, heads, ks.dim());
+        Prepared p = prepared(seq, layer, q, n, heads, ks.dim());
         int tasks = out.queryBlocks() * kvHeads;
         boolean[] full = new boolean[tasks];
         if (tasks == 1) {
@@ -82,8 +82,8 @@ public final class PageTopK {
     private record Prepared(float[] pos, float[] neg, int dim, int group) {
     }
 
-    private Prepared prepared(KvSequence seq, float[] q, int n, int heads, int dim) {
-        KvFormat kf = seq.cache().kFormat();
+    private Prepared prepared(KvSequence seq, int layer, float[] q, int n, int heads, int dim) {
+        KvFormat kf = seq.cache().kFormat(layer);
         int headDim = seq.cache().geometry().headDimK();
         int kvHeads = seq.cache().geometry().kvHeads();
         float[] pos = new float[n * heads * dim];

@@ -156,8 +156,8 @@ class EngineTest {
 
         /** A pool whose sequences report any use while a step of theirs is in flight. */
         @Override
-        public SequencePool newSequencePool(int tokens, KvFormat k, KvFormat v) {
-            SequencePool p = inner.newSequencePool(tokens, k, v);
+        public SequencePool newSequencePool(int tokens, dev.kvant.kv.KvLayerFormats formats) {
+            SequencePool p = inner.newSequencePool(tokens, formats);
             return new SequencePool() {
                 @Override public int pageTokens() { return p.pageTokens(); }
                 @Override public int totalPages() { return p.totalPages(); }

@@ -3,7 +3,7 @@ package dev.kvant.engine;
 import dev.kvant.backend.Backend;
 import dev.kvant.backend.BackendSequence;
 import dev.kvant.backend.SequencePool;
-import dev.kvant.kv.KvFormat;
+import dev.kvant.kv.KvLayerFormats;
 import dev.kvant.model.LlamaModel;
 
 /**
@@ -34,8 +34,8 @@ class ForwardingBackend implements Backend {
     }
 
     @Override
-    public BackendSequence newSequence(int contextLength, KvFormat kFormat, KvFormat vFormat) {
-        return inner.newSequence(contextLength, kFormat, vFormat);
+    public BackendSequence newSequence(int contextLength, KvLayerFormats formats) {
+        return inner.newSequence(contextLength, formats);
     }
 
     @Override
@@ -44,8 +44,8 @@ class ForwardingBackend implements Backend {
     }
 
     @Override
-    public SequencePool newSequencePool(int tokens, KvFormat kFormat, KvFormat vFormat) {
-        return inner.newSequencePool(tokens, kFormat, vFormat);
+    public SequencePool newSequencePool(int tokens, KvLayerFormats formats) {
+        return inner.newSequencePool(tokens, formats);
     }
 
     @Override

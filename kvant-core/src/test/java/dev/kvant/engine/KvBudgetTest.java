@@ -27,7 +27,7 @@ class KvBudgetTest {
         assertEquals(0, Session.summaryBytesPerToken(LLAMA3_8B, TURBO3, null));
         long budget = 8L << 30;
         int dense = Session.contextForBudget(LLAMA3_8B, TURBO3, TURBO3, budget);
-        int selected = Session.contextForBudget(LLAMA3_8B, TURBO3, TURBO3, oneRound, budget);
+        int selected = Session.contextForBudget(LLAMA3_8B, dev.kvant.kv.KvLayerFormats.of(TURBO3, TURBO3), oneRound, budget);
         assertTrue(selected < dense, selected + " vs " + dense);
         assertTrue((long) selected * 32 * (800 + 512) <= budget, "the summaries fit in the budget too");
         assertEquals(0, selected % Session.PAGE_TOKENS);

@@ -8,6 +8,7 @@ import dev.kvant.engine.Engine;
 import dev.kvant.engine.EngineConfig;
 import dev.kvant.engine.EngineStats;
 import dev.kvant.kv.KvFormat;
+import dev.kvant.kv.KvLayerFormats;
 import dev.kvant.tokenizer.ChatMessage;
 
 import java.net.URI;
@@ -36,8 +37,14 @@ public final class ServeBench {
     }
 
     /** The model side shared by every run: backend, text codec, KV formats, per-sequence context, prefill chunk. */
-    public record Setup(Backend backend, TextCodec codec, KvFormat kFormat, KvFormat vFormat, int contextLength,
-                        int prefillChunk, String modelId, int pipeline) {
+    public record Setup(Backend backend, TextCodec codec, KvLayerFormats kv, int contextLength, int prefillChunk,
+                        String modelId, int pipeline) {
+
+        /** One K and one V format in every layer. */
+        public Setup(Backend backend, TextCodec codec, KvFormat kFormat, KvFormat vFormat, int contextLength,
+                     int prefillChunk, String modelId, int pipeline) {
+            this(backend, codec, KvLayerFormats.of(kFormat, vFormat), contextLength, prefillChunk, modelId, pipeline);
+        }
 
         /** With the backend's pipeline depth ({@link EngineConfig#pipeline}). */
         public Setup(Backend backend, TextCodec codec, KvFormat kFormat, KvFormat vFormat, int contextLength,
@@ -56,7 +63,7 @@ public final class ServeBench {
         public Instance(Setup s, int parallel, int maxQueue, boolean prefixCache) {
             int pageTokens = dev.kvant.backend.CpuBackend.PAGE_TOKENS;
             int perSequence = (s.contextLength() + pageTokens - 1) / pageTokens * pageTokens;
-            this.pool = s.backend().newSequencePool(parallel * perSequence, s.kFormat(), s.vFormat());
+            this.pool = s.backend().newSequencePool(parallel * perSequence, s.kv());
             this.engine = new Engine(s.backend(), pool,
                     new EngineConfig(parallel, s.contextLength(), s.prefillChunk(), maxQueue, prefixCache,
                             s.pipeline()));

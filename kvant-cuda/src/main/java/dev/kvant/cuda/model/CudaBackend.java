@@ -16,6 +16,7 @@ import dev.kvant.cuda.KernelSource;
 import dev.kvant.cuda.PinnedBuffer;
 import dev.kvant.engine.ContextFullException;
 import dev.kvant.kv.KvFormat;
+import dev.kvant.kv.KvLayerFormats;
 import dev.kvant.model.LlamaModel;
 import dev.kvant.model.ModelConfig;
 
@@ -365,6 +366,28 @@ public final class CudaBackend implements Backend {
             throw new IllegalArgumentException("the CUDA attention kernels have no logit soft-cap yet");
         }
         return model.attentionOptions().sparseV();
+    }
+
+    @Override
+    public Sequence newSequence(int contextLength, KvLayerFormats formats) {
+        return newSequence(contextLength, uniform(formats).k(), formats.v());
+    }
+
+    @Override
+    public SequencePool newSequencePool(int tokens, KvLayerFormats formats) {
+        return newSequencePool(tokens, uniform(formats).k(), formats.v());
+    }
+
+    /**
+     * The formats, when every layer has the same pair: the device caches and their attention modules (compiled per
+     * format pair) keep one pair for all layers.
+     */
+    static KvLayerFormats uniform(KvLayerFormats formats) {
+        if (!formats.uniform()) {
+            throw new IllegalArgumentException("the cuda backend keeps one K and one V format in every layer;"
+                    + " layers of their own (" + formats.name() + ", --ctk-layer/--ctv-layer) run on --backend cpu");
+        }
+        return formats;
     }
 
     @Override
