@@ -109,6 +109,12 @@ class MainTest {
                 "turbo3", "--ctv", "turbo3", "--ctk-layer", "-1=q8_0", "--ctv-layer", "-1=q8_0");
         assertEquals(0, r.code(), r.err());
         assertTrue(r.out().contains("turbo3/turbo3, layer -1: q8_0/q8_0") && r.out().contains("| tg2 |"), r.out());
+        // through a block selection too: each layer's summaries and queries in its own K domain
+        Run selected = run("bench", "--synthetic", "tiny", "-p", "300", "-n", "2", "-r", "1", "--backend", "cpu",
+                "--ctk", "turbo3", "--ctk-layer", "0=q8_0", "--select", "topk", "--select-budget", "128",
+                "--select-dense-layers", "0");
+        assertEquals(0, selected.code(), selected.err());
+        assertTrue(selected.out().contains("turbo3/f16, layer 0: q8_0/f16"), selected.out());
         Run outside = run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--backend", "cpu",
                 "--ctk-layer", "99=q8_0");
         assertEquals(1, outside.code());
