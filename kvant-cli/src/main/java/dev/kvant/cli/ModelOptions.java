@@ -102,7 +102,8 @@ final class ModelOptions {
                         + " context %d%n", kvFormats().name(),
                 dev.kvant.engine.Session.kvBytesPerToken(model.config(), kvFormats()),
                 model.selection() == null ? "" : " + " + dev.kvant.engine.Session.summaryBytesPerToken(model.config(),
-                        kFormat(), model.selection()) + " of key summaries", kvMem, fits, ctx);
+                        kvFormats().keyDomainDim(model.config().headDimK(), model.config().layers()),
+                        model.selection()) + " of key summaries", kvMem, fits, ctx);
         return ctx;
     }
 

@@ -61,8 +61,16 @@ public final class CpuBackend implements Backend {
         if (contextLength <= 0) {
             throw new IllegalArgumentException("context length must be positive, got " + contextLength);
         }
+        checkSelection(formats);
         KvCache cache = KvCache.forTokens(geometry(model.config()), formats, PAGE_TOKENS, contextLength);
         return new Sequence(cache, cache.newSequence(), contextLength, true);
+    }
+
+    /** With a selection, the key summaries need one key size in every layer: refused now rather than mid-request. */
+    private void checkSelection(KvLayerFormats formats) {
+        if (model.selection() != null) {
+            formats.keyDomainDim(model.config().headDimK(), model.config().layers());
+        }
     }
 
     @Override
@@ -75,6 +83,7 @@ public final class CpuBackend implements Backend {
         if (tokens <= 0) {
             throw new IllegalArgumentException("a KV pool needs room for at least one token, got " + tokens);
         }
+        checkSelection(formats);
         return new SharedPool(KvCache.forTokens(geometry(model.config()), formats, PAGE_TOKENS, tokens));
     }
 

@@ -110,10 +110,15 @@ public final class Session implements AutoCloseable {
      * the GPU keeps one per page).
      */
     public static long summaryBytesPerToken(ModelConfig c, KvFormat kFormat, SelectionConfig s) {
+        return summaryBytesPerToken(c, kFormat.domainDim(c.headDimK()), s);
+    }
+
+    /** As above, for keys of keyDim values a head in every layer ({@link KvLayerFormats#keyDomainDim}). */
+    public static long summaryBytesPerToken(ModelConfig c, int keyDim, SelectionConfig s) {
         if (s == null) {
             return 0;
         }
-        double vector = (double) c.kvHeads() * 2 * kFormat.domainDim(c.headDimK()) * 4;
+        double vector = (double) c.kvHeads() * 2 * keyDim * 4;
         double perToken = vector / s.blockTokens()
                 + (s.coarseTokens() == 0 ? 0 : vector / Math.min(PAGE_TOKENS, s.coarseTokens()));
         return (long) Math.ceil(perToken * c.layers());
@@ -130,8 +135,9 @@ public final class Session implements AutoCloseable {
      */
     public static int contextForBudget(ModelConfig c, KvLayerFormats formats, SelectionConfig selection,
                                        long bytes) {
-        long perPage = (kvBytesPerToken(c, formats) + summaryBytesPerToken(c, formats.k(), selection))
-                * PAGE_TOKENS;
+        long summaries = selection == null ? 0 : summaryBytesPerToken(c, formats.keyDomainDim(c.headDimK(),
+                c.layers()), selection);
+        long perPage = (kvBytesPerToken(c, formats) + summaries) * PAGE_TOKENS;
         long pages = bytes / perPage;
         if (pages < 1) {
             throw new IllegalArgumentException("a KV budget of " + bytes + " bytes holds less than one page of "

@@ -52,14 +52,7 @@ public final class KeySummaries {
         this.blockTokens = blockTokens;
         this.kvHeads = cache.geometry().kvHeads();
         this.headDimK = cache.geometry().headDimK();
-        this.dim = cache.kFormat(0).domainDim(headDimK);
-        for (int l = 1; l < cache.geometry().layers(); l++) {
-            if (cache.kFormat(l).domainDim(headDimK) != dim) {
-                throw new IllegalArgumentException("key summaries need one key size in every layer; K formats "
-                        + cache.kFormat(0).name() + " and " + cache.kFormat(l).name() + " hold heads of "
-                        + headDimK + " as " + dim + " and " + cache.kFormat(l).domainDim(headDimK) + " values");
-            }
-        }
+        this.dim = cache.formats().keyDomainDim(headDimK, cache.geometry().layers());
         this.data = new float[cache.geometry().layers()][0];
         this.row = new float[dim];
         this.coarse = new float[coarseTokens == 0 ? 0 : cache.geometry().layers()][0];

@@ -30,7 +30,8 @@ public final class KvCache implements AutoCloseable {
     private final long[] vPageBytes;
     /** Where a K page's means start (its rows' bytes); meaningful where {@link #keyMeans(int)}. */
     private final long[] kMeansOffset;
-    private final boolean uniform;
+    private final boolean kUniform;
+    private final boolean vUniform;
     private final Arena arena;
     private final MemorySegment[] kPools;
     private final MemorySegment[] vPools;
@@ -59,7 +60,8 @@ public final class KvCache implements AutoCloseable {
         this.kPageBytes = new long[layers];
         this.vPageBytes = new long[layers];
         this.kMeansOffset = new long[layers];
-        boolean same = true;
+        boolean kSame = true;
+        boolean vSame = true;
         for (int l = 0; l < layers; l++) {
             KvFormat k = f.k(l, layers);
             KvFormat v = f.v(l, layers);
@@ -75,9 +77,11 @@ public final class KvCache implements AutoCloseable {
             kMeansOffset[l] = Math.multiplyExact((long) pageTokens * g.kvHeads(), kRowBytes[l]);
             kPageBytes[l] = kPageBytes(g, k, pageTokens);
             vPageBytes[l] = Math.multiplyExact((long) pageTokens * g.kvHeads(), vRowBytes[l]);
-            same &= k.equals(kFormats[0]) && v.equals(vFormats[0]);
+            kSame &= k.equals(kFormats[0]);
+            vSame &= v.equals(vFormats[0]);
         }
-        this.uniform = same;
+        this.kUniform = kSame;
+        this.vUniform = vSame;
         this.allocator = new PageAllocator(pages);
         this.arena = Arena.ofShared();
         this.kPools = new MemorySegment[layers];
@@ -209,18 +213,18 @@ public final class KvCache implements AutoCloseable {
 
     /** Whether every layer has the same K format and the same V format. */
     public boolean uniform() {
-        return uniform;
+        return kUniform && vUniform;
     }
 
     /** The K format of every layer; for a cache whose layers differ, {@link #kFormat(int)}. */
     public KvFormat kFormat() {
-        requireUniform("K format");
+        requireUniform(kUniform, "K format");
         return kFormats[0];
     }
 
     /** The V format of every layer; for a cache whose layers differ, {@link #vFormat(int)}. */
     public KvFormat vFormat() {
-        requireUniform("V format");
+        requireUniform(vUniform, "V format");
         return vFormats[0];
     }
 
@@ -232,7 +236,7 @@ public final class KvCache implements AutoCloseable {
         return vFormats[layer];
     }
 
-    private void requireUniform(String what) {
+    private void requireUniform(boolean uniform, String what) {
         if (!uniform) {
             throw new IllegalStateException("the layers of this cache differ in format (" + formats.name()
                     + "): the " + what + " of a layer is asked per layer");
@@ -276,13 +280,13 @@ public final class KvCache implements AutoCloseable {
 
     /** Bytes of a K page of every layer; for a cache whose layers differ, {@link #kPageBytes(int)}. */
     public long kPageBytes() {
-        requireUniform("K page size");
+        requireUniform(kUniform, "K page size");
         return kPageBytes[0];
     }
 
     /** Bytes of a V page of every layer; for a cache whose layers differ, {@link #vPageBytes(int)}. */
     public long vPageBytes() {
-        requireUniform("V page size");
+        requireUniform(vUniform, "V page size");
         return vPageBytes[0];
     }
 
@@ -314,13 +318,13 @@ public final class KvCache implements AutoCloseable {
 
     /** Bytes of a K row of every layer; for a cache whose layers differ, {@link #kRowBytes(int)}. */
     public long kRowBytes() {
-        requireUniform("K row size");
+        requireUniform(kUniform, "K row size");
         return kRowBytes[0];
     }
 
     /** Bytes of a V row of every layer; for a cache whose layers differ, {@link #vRowBytes(int)}. */
     public long vRowBytes() {
-        requireUniform("V row size");
+        requireUniform(vUniform, "V row size");
         return vRowBytes[0];
     }
 
@@ -334,7 +338,7 @@ public final class KvCache implements AutoCloseable {
 
     /** True when every layer's K rows are centered on their page's mean; per layer: {@link #keyMeans(int)}. */
     public boolean keyMeans() {
-        requireUniform("K format");
+        requireUniform(kUniform, "K format");
         return keyMeans(0);
     }
 
@@ -354,7 +358,7 @@ public final class KvCache implements AutoCloseable {
 
     /** As {@link #kMeanOffset(int, int)} for a cache whose layers share their K format. */
     public long kMeanOffset(int head) {
-        requireUniform("K format");
+        requireUniform(kUniform, "K format");
         return kMeanOffset(0, head);
     }
 

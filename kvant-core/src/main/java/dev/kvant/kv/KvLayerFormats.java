@@ -26,18 +26,34 @@ public record KvLayerFormats(KvFormat k, KvFormat v, Map<Integer, KvFormat> kLay
         return new KvLayerFormats(k, v, Map.of(), Map.of());
     }
 
-    /** These formats with layer's K rows in f ({@code layer} < 0 counts from the end). */
+    /**
+     * These formats with layer's K rows in f ({@code layer} < 0 counts from the end).
+     *
+     * @throws IllegalArgumentException when that layer already has another K format of its own
+     */
     public KvLayerFormats withK(int layer, KvFormat f) {
-        Map<Integer, KvFormat> m = new TreeMap<>(kLayers);
-        m.put(layer, f);
-        return new KvLayerFormats(k, v, m, vLayers);
+        return new KvLayerFormats(k, v, with("K", kLayers, layer, f), vLayers);
     }
 
-    /** These formats with layer's V rows in f ({@code layer} < 0 counts from the end). */
+    /**
+     * These formats with layer's V rows in f ({@code layer} < 0 counts from the end).
+     *
+     * @throws IllegalArgumentException when that layer already has another V format of its own
+     */
     public KvLayerFormats withV(int layer, KvFormat f) {
-        Map<Integer, KvFormat> m = new TreeMap<>(vLayers);
+        return new KvLayerFormats(k, v, kLayers, with("V", vLayers, layer, f));
+    }
+
+    private static Map<Integer, KvFormat> with(String what, Map<Integer, KvFormat> layerFormats, int layer,
+                                               KvFormat f) {
+        KvFormat before = layerFormats.get(layer);
+        if (before != null && !before.equals(f)) {
+            throw new IllegalArgumentException(what + " formats " + before.name() + " and " + f.name()
+                    + " both given for layer " + layer);
+        }
+        Map<Integer, KvFormat> m = new TreeMap<>(layerFormats);
         m.put(layer, f);
-        return new KvLayerFormats(k, v, kLayers, m);
+        return m;
     }
 
     /** The K format of layer (0 <= layer < layers). */
@@ -50,9 +66,36 @@ public record KvLayerFormats(KvFormat k, KvFormat v, Map<Integer, KvFormat> kLay
         return pick(vLayers, v, layer, layers);
     }
 
-    /** Whether every layer has the same K format and the same V format, whatever the depth. */
-    public boolean uniform() {
-        return kLayers.values().stream().allMatch(k::equals) && vLayers.values().stream().allMatch(v::equals);
+    /** Whether every layer of a model of {@code layers} layers has the same K format and the same V format. */
+    public boolean uniform(int layers) {
+        check(layers);
+        for (int l = 1; l < layers; l++) {
+            if (!k(l, layers).equals(k(0, layers)) || !v(l, layers).equals(v(0, layers))) {
+                return false;
+            }
+        }
+        return true;
+    }
+
+    /**
+     * The number of values a head of {@code headDimK} takes in the K domain of every layer (key summaries keep one
+     * size for all layers).
+     *
+     * @throws IllegalArgumentException when two layers' K formats hold such a head in different sizes (a rotated
+     *                                  format pads a head that is no multiple of 64)
+     */
+    public int keyDomainDim(int headDimK, int layers) {
+        check(layers);
+        int dim = k(0, layers).domainDim(headDimK);
+        for (int l = 1; l < layers; l++) {
+            KvFormat f = k(l, layers);
+            if (f.domainDim(headDimK) != dim) {
+                throw new IllegalArgumentException("key summaries (--select) need one key size in every layer; K "
+                        + "formats " + k(0, layers).name() + " and " + f.name() + " hold heads of " + headDimK
+                        + " as " + dim + " and " + f.domainDim(headDimK) + " values");
+            }
+        }
+        return dim;
     }
 
     /**

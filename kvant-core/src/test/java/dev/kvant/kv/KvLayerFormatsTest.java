@@ -32,8 +32,10 @@ class KvLayerFormatsTest {
         // the same setting on a deeper model names its last layer
         assertSame(Q8_0, f.k(31, 32));
         assertSame(TURBO3, f.k(2, 32));
-        assertFalse(f.uniform());
-        assertTrue(KvLayerFormats.of(TURBO3, TURBO3).withK(-1, TURBO3).uniform());
+        assertFalse(f.uniform(3));
+        assertTrue(KvLayerFormats.of(TURBO3, TURBO3).withK(-1, TURBO3).uniform(3));
+        // every layer given the same format of its own: one pair after all
+        assertTrue(KvLayerFormats.of(TURBO3, TURBO3).withK(0, Q8_0).withK(1, Q8_0).uniform(2));
         assertEquals("turbo3/turbo3, layer -1: q8_0/turbo3, layer 0: turbo3/f16", f.name());
     }
 
@@ -46,8 +48,16 @@ class KvLayerFormatsTest {
         e = assertThrows(IllegalArgumentException.class,
                 () -> KvLayerFormats.of(TURBO3, TURBO3).withK(2, Q8_0).withK(-1, F16).check(3));
         assertTrue(e.getMessage().contains("layer 2"), e.getMessage());
-        // the same format twice is no conflict
+        // the same format twice is no conflict; two for one index are
         KvLayerFormats.of(TURBO3, TURBO3).withK(2, Q8_0).withK(-1, Q8_0).check(3);
+        KvLayerFormats.of(TURBO3, TURBO3).withK(1, Q8_0).withK(1, Q8_0);
+        assertThrows(IllegalArgumentException.class, () -> KvLayerFormats.of(TURBO3, TURBO3).withV(1, Q8_0)
+                .withV(1, F16));
+        // key summaries keep one key size: a rotated format pads a head of 96 to 128, q8_0 does not
+        KvLayerFormats padded = KvLayerFormats.of(TURBO3, TURBO3).withK(-1, Q8_0);
+        assertEquals(128, padded.keyDomainDim(128, 3));
+        e = assertThrows(IllegalArgumentException.class, () -> padded.keyDomainDim(96, 3));
+        assertTrue(e.getMessage().contains("--select"), e.getMessage());
         assertThrows(IllegalArgumentException.class,
                 () -> new KvCache(G, KvLayerFormats.of(TURBO3, TURBO3).withV(1, TURBO3_MEAN), 16, 4));
     }
@@ -79,24 +89,51 @@ class KvLayerFormatsTest {
                 s.writeRows(l, 0, n, k, 0, v, 0);
             }
             KvSequence fork = s.fork(37);   // shares two pages, copies the one it ends in
+            // the parent writes on inside its first page: a copy on write, page by page in every layer's sizes
+            float[] k2 = rows(r, 5);
+            float[] v2 = rows(r, 5);
+            for (int l = 0; l < 3; l++) {
+                s.writeRows(l, 20, 5, k2, 0, v2, 0);
+            }
             for (int l = 0; l < 3; l++) {
                 try (KvCache alone = new KvCache(G, f.k(l, 3), f.v(l, 3), 16, 8)) {
                     KvSequence a = alone.newSequence();
                     a.writeRows(l, 0, n, k, 0, v, 0);
+                    KvSequence rewritten = alone.newSequence();
+                    rewritten.writeRows(l, 0, n, k, 0, v, 0);
+                    rewritten.writeRows(l, 20, 5, k2, 0, v2, 0);
                     float[] want = new float[128];
                     float[] got = new float[128];
                     for (int pos = 0; pos < n; pos++) {
                         for (int h = 0; h < 2; h++) {
+                            if (pos >= 20 && pos < 25) {   // the parent's new rows
+                                rewritten.decodeK(l, pos, h, want, 0);
+                                s.decodeK(l, pos, h, got, 0);
+                                assertArrayEquals(want, got, "rewritten K, layer " + l + " at " + pos + "; seed "
+                                        + seed);
+                                rewritten.decodeV(l, pos, h, want, 0);
+                                s.decodeV(l, pos, h, got, 0);
+                                assertArrayEquals(want, got, "rewritten V, layer " + l + " at " + pos + "; seed "
+                                        + seed);
+                            }
                             a.decodeK(l, pos, h, want, 0);
-                            s.decodeK(l, pos, h, got, 0);
-                            assertArrayEquals(want, got, "layer " + l + " K at " + pos + "; seed " + seed);
                             if (pos < 37) {
                                 fork.decodeK(l, pos, h, got, 0);
                                 assertArrayEquals(want, got, "fork, layer " + l + " K at " + pos + "; seed " + seed);
                             }
+                            if (pos < 20 || pos >= 25) {
+                                s.decodeK(l, pos, h, got, 0);
+                                assertArrayEquals(want, got, "layer " + l + " K at " + pos + "; seed " + seed);
+                            }
                             a.decodeV(l, pos, h, want, 0);
-                            s.decodeV(l, pos, h, got, 0);
-                            assertArrayEquals(want, got, "layer " + l + " V at " + pos + "; seed " + seed);
+                            if (pos < 37) {
+                                fork.decodeV(l, pos, h, got, 0);
+                                assertArrayEquals(want, got, "fork, layer " + l + " V at " + pos + "; seed " + seed);
+                            }
+                            if (pos < 20 || pos >= 25) {
+                                s.decodeV(l, pos, h, got, 0);
+                                assertArrayEquals(want, got, "layer " + l + " V at " + pos + "; seed " + seed);
+                            }
                         }
                     }
                 }
@@ -107,7 +144,7 @@ class KvLayerFormatsTest {
     /** CPU attention over a layer of a mixed cache gives the bits it gives over a cache of that layer's formats. */
     @Test
     void attentionReadsEachLayerInItsFormats() {
-        KvLayerFormats f = KvLayerFormats.of(TURBO3, TURBO3).withK(-1, Q8_0).withV(1, F16);
+        KvLayerFormats f = KvLayerFormats.of(TURBO3, TURBO3).withK(-1, Q8_0).withV(1, F16).withK(1, TURBO3_MEAN);
         long seed = new SplittableRandom().nextLong();
         SplittableRandom r = new SplittableRandom(seed);
         int n = 300;
@@ -135,6 +172,50 @@ class KvLayerFormatsTest {
                         CpuAttention.attend(s, l, q, m, n - m, heads, 0.088f, got, pool);
                         assertArrayEquals(want, got, m + " queries, layer " + l + " (" + f.k(l, 3).name() + "/"
                                 + f.v(l, 3).name() + "); seed " + seed);
+                    }
+                }
+            }
+        }
+    }
+
+    /** A block selection over a layer of a mixed cache chooses what it chooses over a cache of that layer's formats. */
+    @Test
+    void selectionScoresEachLayerInItsKeyDomain() {
+        KvLayerFormats f = KvLayerFormats.of(TURBO3, TURBO3).withK(0, Q8_0).withK(1, TURBO3_MEAN);
+        long seed = new SplittableRandom().nextLong();
+        SplittableRandom r = new SplittableRandom(seed);
+        int n = 2000;
+        int heads = 8;
+        float[] k = rows(r, n);
+        float[] v = rows(r, n);
+        float[] q = new float[heads * 128];
+        for (int i = 0; i < q.length; i++) {
+            q[i] = (float) r.nextGaussian() + (i % 128 == 5 ? 3f : 0f);
+        }
+        dev.kvant.select.SelectionConfig config = new dev.kvant.select.SelectionConfig(256, 16, 16, 32, 0);
+        try (Parallel pool = new Parallel(2); KvCache mixed = new KvCache(G, f, 16, 160)) {
+            KvSequence s = mixed.newSequence();
+            s.enableKeySummaries(16);
+            for (int l = 0; l < 3; l++) {
+                s.writeRows(l, 0, n, k, 0, v, 0);
+            }
+            for (int l = 0; l < 3; l++) {
+                try (KvCache alone = new KvCache(G, f.k(l, 3), f.v(l, 3), 16, 160)) {
+                    KvSequence a = alone.newSequence();
+                    a.enableKeySummaries(16);
+                    for (int m = 0; m < 3; m++) {
+                        a.writeRows(m, 0, n, k, 0, v, 0);
+                    }
+                    dev.kvant.select.Selection want = new dev.kvant.select.Selection();
+                    dev.kvant.select.Selection got = new dev.kvant.select.Selection();
+                    new dev.kvant.select.PageTopK(config).select(a, l, q, 1, n - 1, heads, want, pool);
+                    new dev.kvant.select.PageTopK(config).select(s, l, q, 1, n - 1, heads, got, pool);
+                    for (int g = 0; g < 2; g++) {
+                        assertTrue(want.count(0, g) < n / 16, "the budget leaves blocks out");
+                        assertArrayEquals(Arrays.copyOfRange(want.blocks(), want.offset(0, g), want.offset(0, g)
+                                        + want.count(0, g)),
+                                Arrays.copyOfRange(got.blocks(), got.offset(0, g), got.offset(0, g) + got.count(0, g)),
+                                "layer " + l + " (" + f.k(l, 3).name() + "), kv head " + g + "; seed " + seed);
                     }
                 }
             }

@@ -370,24 +370,26 @@ public final class CudaBackend implements Backend {
 
     @Override
     public Sequence newSequence(int contextLength, KvLayerFormats formats) {
-        return newSequence(contextLength, uniform(formats).k(), formats.v());
+        KvFormat[] pair = onePair(formats, model.config().layers());
+        return newSequence(contextLength, pair[0], pair[1]);
     }
 
     @Override
     public SequencePool newSequencePool(int tokens, KvLayerFormats formats) {
-        return newSequencePool(tokens, uniform(formats).k(), formats.v());
+        KvFormat[] pair = onePair(formats, model.config().layers());
+        return newSequencePool(tokens, pair[0], pair[1]);
     }
 
     /**
-     * The formats, when every layer has the same pair: the device caches and their attention modules (compiled per
-     * format pair) keep one pair for all layers.
+     * The K and V format of every layer of a model of {@code layers} layers, when all layers have the same pair: the
+     * device caches and their attention modules (compiled per format pair) keep one pair for all layers.
      */
-    static KvLayerFormats uniform(KvLayerFormats formats) {
-        if (!formats.uniform()) {
+    static KvFormat[] onePair(KvLayerFormats formats, int layers) {
+        if (!formats.uniform(layers)) {
             throw new IllegalArgumentException("the cuda backend keeps one K and one V format in every layer;"
                     + " layers of their own (" + formats.name() + ", --ctk-layer/--ctv-layer) run on --backend cpu");
         }
-        return formats;
+        return new KvFormat[] {formats.k(0, layers), formats.v(0, layers)};
     }
 
     @Override

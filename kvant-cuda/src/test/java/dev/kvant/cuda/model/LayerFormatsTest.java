@@ -14,10 +14,18 @@ class LayerFormatsTest {
     void layersOfTheirOwnAreRefusedWithTheWayOut() {
         KvFormat turbo3 = KvFormat.parse("turbo3");
         KvLayerFormats mixed = KvLayerFormats.of(turbo3, turbo3).withK(-1, KvFormat.parse("q8_0"));
-        IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> CudaBackend.uniform(mixed));
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                () -> CudaBackend.onePair(mixed, 4));
         assertTrue(e.getMessage().contains("--backend cpu") && e.getMessage().contains("layer -1: q8_0/turbo3"),
                 e.getMessage());
-        KvLayerFormats same = KvLayerFormats.of(turbo3, turbo3).withK(-1, turbo3);
-        assertSame(same, CudaBackend.uniform(same));
+        // overrides that name the base format, or give every layer the same one, leave one pair
+        KvFormat q8 = KvFormat.parse("q8_0");
+        assertSame(turbo3, CudaBackend.onePair(KvLayerFormats.of(turbo3, turbo3).withK(-1, turbo3), 4)[0]);
+        KvFormat[] all = CudaBackend.onePair(KvLayerFormats.of(turbo3, turbo3).withK(0, q8).withK(-1, q8), 2);
+        assertSame(q8, all[0]);
+        assertSame(turbo3, all[1]);
+        // a layer the model does not have is refused as on the CPU
+        assertThrows(IllegalArgumentException.class,
+                () -> CudaBackend.onePair(KvLayerFormats.of(turbo3, turbo3).withK(99, turbo3), 4));
     }
 }
