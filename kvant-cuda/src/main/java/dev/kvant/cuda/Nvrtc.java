@@ -39,7 +39,8 @@ public final class Nvrtc implements KernelCompiler {
 
     private final NativeLibrary library;
     private final MethodHandle nvrtcVersion, nvrtcCreateProgram, nvrtcCompileProgram, nvrtcGetProgramLogSize,
-            nvrtcGetProgramLog, nvrtcGetCUBINSize, nvrtcGetCUBIN, nvrtcDestroyProgram, nvrtcGetErrorString;
+            nvrtcGetProgramLog, nvrtcGetCUBINSize, nvrtcGetCUBIN, nvrtcGetPTXSize, nvrtcGetPTX, nvrtcDestroyProgram,
+            nvrtcGetErrorString;
     private final int major;
     private final int minor;
 
@@ -52,6 +53,8 @@ public final class Nvrtc implements KernelCompiler {
         nvrtcGetProgramLog = bind("nvrtcGetProgramLog", ADDRESS, ADDRESS);
         nvrtcGetCUBINSize = bind("nvrtcGetCUBINSize", ADDRESS, ADDRESS);
         nvrtcGetCUBIN = bind("nvrtcGetCUBIN", ADDRESS, ADDRESS);
+        nvrtcGetPTXSize = bind("nvrtcGetPTXSize", ADDRESS, ADDRESS);
+        nvrtcGetPTX = bind("nvrtcGetPTX", ADDRESS, ADDRESS);
         nvrtcDestroyProgram = bind("nvrtcDestroyProgram", ADDRESS);
         nvrtcGetErrorString = library.function("nvrtcGetErrorString", FunctionDescriptor.of(ADDRESS, JAVA_INT));
         try (Arena a = Arena.ofConfined()) {
@@ -128,6 +131,25 @@ public final class Nvrtc implements KernelCompiler {
      */
     @Override
     public byte[] compile(KernelSource source, List<String> options) {
+        return build(source, options, false);
+    }
+
+    /**
+     * Compiles {@code source} to PTX text, for reading what the compiler made of a kernel on a machine without a GPU
+     * ({@code AttentionPtx}); never loaded: kvant runs cubins only.
+     *
+     * @param options must name a virtual architecture ({@code --gpu-architecture=compute_90})
+     */
+    public String ptx(KernelSource source, List<String> options) {
+        byte[] text = build(source, options, true);
+        int end = 0;
+        while (end < text.length && text[end] != 0) {
+            end++;
+        }
+        return new String(text, 0, end, java.nio.charset.StandardCharsets.UTF_8);
+    }
+
+    private byte[] build(KernelSource source, List<String> options, boolean ptx) {
         try (Arena a = Arena.ofConfined()) {
             MemorySegment programBox = a.allocate(ADDRESS);
             check((int) nvrtcCreateProgram.invokeExact(programBox, a.allocateFrom(source.code()),
@@ -144,6 +166,12 @@ public final class Nvrtc implements KernelCompiler {
                     throw new KernelCompileException(source.name(), options, rc, errorName(rc), log(a, program));
                 }
                 MemorySegment size = a.allocate(JAVA_LONG);
+                if (ptx) {
+                    check((int) nvrtcGetPTXSize.invokeExact(program, size), "nvrtcGetPTXSize(" + source.name() + ")");
+                    MemorySegment text = a.allocate(Math.max(1, size.get(JAVA_LONG, 0)));
+                    check((int) nvrtcGetPTX.invokeExact(program, text), "nvrtcGetPTX(" + source.name() + ")");
+                    return text.toArray(JAVA_BYTE);
+                }
                 check((int) nvrtcGetCUBINSize.invokeExact(program, size), "nvrtcGetCUBINSize(" + source.name() + ")");
                 long bytes = size.get(JAVA_LONG, 0);
                 if (bytes <= 0 || bytes > Integer.MAX_VALUE) {
