@@ -211,11 +211,6 @@ public final class KvCache implements AutoCloseable {
         return formats;
     }
 
-    /** Whether every layer has the same K format and the same V format. */
-    public boolean uniform() {
-        return kUniform && vUniform;
-    }
-
     /** The K format of every layer; for a cache whose layers differ, {@link #kFormat(int)}. */
     public KvFormat kFormat() {
         requireUniform(kUniform, "K format");

@@ -106,38 +106,30 @@ class KvLayerFormatsTest {
                     float[] got = new float[128];
                     for (int pos = 0; pos < n; pos++) {
                         for (int h = 0; h < 2; h++) {
-                            if (pos >= 20 && pos < 25) {   // the parent's new rows
-                                rewritten.decodeK(l, pos, h, want, 0);
-                                s.decodeK(l, pos, h, got, 0);
-                                assertArrayEquals(want, got, "rewritten K, layer " + l + " at " + pos + "; seed "
-                                        + seed);
-                                rewritten.decodeV(l, pos, h, want, 0);
-                                s.decodeV(l, pos, h, got, 0);
-                                assertArrayEquals(want, got, "rewritten V, layer " + l + " at " + pos + "; seed "
-                                        + seed);
-                            }
-                            a.decodeK(l, pos, h, want, 0);
-                            if (pos < 37) {
-                                fork.decodeK(l, pos, h, got, 0);
-                                assertArrayEquals(want, got, "fork, layer " + l + " K at " + pos + "; seed " + seed);
-                            }
-                            if (pos < 20 || pos >= 25) {
-                                s.decodeK(l, pos, h, got, 0);
-                                assertArrayEquals(want, got, "layer " + l + " K at " + pos + "; seed " + seed);
-                            }
-                            a.decodeV(l, pos, h, want, 0);
-                            if (pos < 37) {
-                                fork.decodeV(l, pos, h, got, 0);
-                                assertArrayEquals(want, got, "fork, layer " + l + " V at " + pos + "; seed " + seed);
-                            }
-                            if (pos < 20 || pos >= 25) {
-                                s.decodeV(l, pos, h, got, 0);
-                                assertArrayEquals(want, got, "layer " + l + " V at " + pos + "; seed " + seed);
+                            for (boolean isV : new boolean[] {false, true}) {
+                                String what = (isV ? "V" : "K") + ", layer " + l + " at " + pos + "; seed " + seed;
+                                // the parent: the first rows, then its own at 20..24 (copied on write)
+                                decode(rewritten, isV, l, pos, h, want);
+                                decode(s, isV, l, pos, h, got);
+                                assertArrayEquals(want, got, "parent " + what);
+                                if (pos < 37) {   // the fork: the first rows throughout
+                                    decode(a, isV, l, pos, h, want);
+                                    decode(fork, isV, l, pos, h, got);
+                                    assertArrayEquals(want, got, "fork " + what);
+                                }
                             }
                         }
                     }
                 }
             }
+        }
+    }
+
+    private static void decode(KvSequence s, boolean isV, int layer, int pos, int head, float[] dst) {
+        if (isV) {
+            s.decodeV(layer, pos, head, dst, 0);
+        } else {
+            s.decodeK(layer, pos, head, dst, 0);
         }
     }
 
