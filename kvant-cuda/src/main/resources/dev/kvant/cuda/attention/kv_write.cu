@@ -248,6 +248,19 @@ __device__ void encode_row(const float* src, u8* dst, u8* codes, int lane, const
     }
 }
 
+// Where row (token row / kvHeads, kv head row % kvHeads) goes: its bytes in the pool, and with MEAN its page's key
+// mean (else null). Null when the token's slot is negative (a padded batch: nothing is written).
+template <int FMT, int D, bool MEAN>
+__device__ __forceinline__ u8* row_dest(int row, int kvHeads, const int* __restrict__ slots, u8* __restrict__ pool,
+                                        int pageTokens, i64 pageBytes, const u16** mean) {
+    const int token = row / kvHeads, head = row % kvHeads;
+    const int slot = slots[token];
+    if (slot < 0) return nullptr;
+    const int page = slot / pageTokens, inPage = slot % pageTokens;
+    *mean = MEAN ? key_mean(pool, page, pageBytes, pageTokens, kvHeads, head) : nullptr;
+    return pool + (i64) page * pageBytes + ((i64) inPage * kvHeads + head) * fmt_row_bytes(FMT, D);
+}
+
 template <int FMT, int D, bool MEAN>
 __device__ __forceinline__ void write_rows(const float* __restrict__ src, int rows, int kvHeads,
                                            const int* __restrict__ slots, u8* __restrict__ pool, int pageTokens,
@@ -256,13 +269,9 @@ __device__ __forceinline__ void write_rows(const float* __restrict__ src, int ro
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.x * 4 + warp;
     if (row >= rows) return;
-    const int token = row / kvHeads, head = row % kvHeads;
-    const int slot = slots[token];
-    if (slot < 0) return;
-    const int page = slot / pageTokens, inPage = slot % pageTokens;
-    constexpr i64 RB = fmt_row_bytes(FMT, D);
-    u8* dst = pool + (i64) page * pageBytes + ((i64) inPage * kvHeads + head) * RB;
-    const u16* mean = MEAN ? key_mean(pool, page, pageBytes, pageTokens, kvHeads, head) : nullptr;
+    const u16* mean;
+    u8* dst = row_dest<FMT, D, MEAN>(row, kvHeads, slots, pool, pageTokens, pageBytes, &mean);
+    if (dst == nullptr) return;
     encode_row<FMT, D>(src + (i64) row * D, dst, codes[warp], lane, mean);
 }
 
@@ -290,13 +299,9 @@ __device__ __forceinline__ void write_row_gains(const float* __restrict__ src, i
     __shared__ float cosines[KV_GAINS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.x;
-    const int token = row / kvHeads, head = row % kvHeads;
-    const int slot = slots[token];
-    if (slot < 0) return;
-    const int page = slot / pageTokens, inPage = slot % pageTokens;
-    constexpr i64 RB = fmt_row_bytes(FMT, D);
-    u8* dst = pool + (i64) page * pageBytes + ((i64) inPage * kvHeads + head) * RB;
-    const u16* mean = MEAN ? key_mean(pool, page, pageBytes, pageTokens, kvHeads, head) : nullptr;
+    const u16* mean;
+    u8* dst = row_dest<FMT, D, MEAN>(row, kvHeads, slots, pool, pageTokens, pageBytes, &mean);
+    if (dst == nullptr) return;   // the whole block: no barrier is left waiting
     if constexpr (!fmt_turbo(FMT)) {
         if (warp == 0) encode_row<FMT, D>(src + (i64) row * D, dst, codes, lane, mean);
     } else {
