@@ -40,7 +40,7 @@ final class ModelOptions {
     @Option(names = {"--ctk-layer"}, paramLabel = "L=FORMAT",
             description = "K format of layer L in place of --ctk (repeatable); L counts from 0, or from the end when "
                     + "negative (-1: the last layer), which carries most of a compressed cache's loss: --ctk "
-                    + "turbo3+mean --ctv turbo3 --ctk-layer -1=turbo4+mean --ctv-layer -1=turbo4 (CPU backend)")
+                    + "turbo3+mean --ctv turbo3 --ctk-layer -1=turbo4+mean --ctv-layer -1=turbo4")
     java.util.List<String> ctkLayers = new java.util.ArrayList<>();
 
     @Option(names = {"--ctv-layer"}, paramLabel = "L=FORMAT",

@@ -155,7 +155,7 @@ public final class CudaAttention implements AutoCloseable {
      */
     public void quantizeRows(CudaKvCache kv, int layer, DeviceBuffer k, DeviceBuffer v, DeviceBuffer slots,
                              DeviceBuffer prevPages, int tokens, CudaStream stream) {
-        kv.checkShape(shape);
+        kv.checkShape(shape, layer);
         if (tokens <= 0) {
             return;
         }
@@ -170,15 +170,15 @@ public final class CudaAttention implements AutoCloseable {
             }
             requireBytes("prevPages", prevPages, 4L * tokens);
             pageMeans.launch(new Dim3(tokens, shape.kvHeads(), 1), Dim3.of(32), 0, stream, k, tokens,
-                    shape.kvHeads(), slots, prevPages, kv.kPool(layer), shape.pageTokens(), kv.kPageBytes());
+                    shape.kvHeads(), slots, prevPages, kv.kPool(layer), shape.pageTokens(), kv.kPageBytes(layer));
         }
         if ((triesGains(shape.kFormat()) || triesGains(shape.vFormat())) && rows <= GAIN_WRITER_ROWS) {
             writeGains.launch(new Dim3(rows, 2, 1), Dim3.of(32 * TurboFormat.gains().length), 0, stream, k, v, rows,
-                    shape.kvHeads(), slots, kv.kPool(layer), kv.vPool(layer), shape.pageTokens(), kv.kPageBytes(),
-                    kv.vPageBytes());
+                    shape.kvHeads(), slots, kv.kPool(layer), kv.vPool(layer), shape.pageTokens(), kv.kPageBytes(layer),
+                    kv.vPageBytes(layer));
         } else {
             writeKv.launch(new Dim3((rows + 3) / 4, 2, 1), Dim3.of(128), 0, stream, k, v, rows, shape.kvHeads(),
-                    slots, kv.kPool(layer), kv.vPool(layer), shape.pageTokens(), kv.kPageBytes(), kv.vPageBytes());
+                    slots, kv.kPool(layer), kv.vPool(layer), shape.pageTokens(), kv.kPageBytes(layer), kv.vPageBytes(layer));
         }
     }
 
@@ -213,7 +213,7 @@ public final class CudaAttention implements AutoCloseable {
 
     private void decodeMulti(CudaKvCache kv, int layer, DeviceBuffer q, DeviceBatch batch, int seqs, int queries,
                              DeviceBuffer out, DeviceBuffer outQ8, DeviceBuffer outQ8Scales, CudaStream stream) {
-        kv.checkShape(shape);
+        kv.checkShape(shape, layer);
         if (seqs < 1 || seqs > plan.maxSeqs() || seqs > batch.maxSeqs()) {
             throw new IllegalArgumentException("decode of " + seqs + " sequences; the plan takes " + plan.maxSeqs()
                     + " and the batch holds " + batch.maxSeqs());
@@ -230,7 +230,7 @@ public final class CudaAttention implements AutoCloseable {
         Dim3 grid = new Dim3(maxSplits, shape.kvHeads() / decodeHeads * rowTiles, seqs);
         decode.launch(grid, Dim3.of(decodeThreads), decodeShared, stream, q, kv.kPool(layer), kv.vPool(layer),
                 batch.tables(), batch.tableStride(), batch.lengths(), partials, maxSums, shape.kvHeads(),
-                shape.group(), queries, shape.pageTokens(), kv.kPageBytes(), kv.vPageBytes(), plan.splitTokens(),
+                shape.group(), queries, shape.pageTokens(), kv.kPageBytes(layer), kv.vPageBytes(layer), plan.splitTokens(),
                 maxSplits, qscale(), sparseThreshold);
         if (outQ8 != null) {
             requireBytes("8-bit output", outQ8, rows * shape.headDimV());
@@ -271,10 +271,10 @@ public final class CudaAttention implements AutoCloseable {
      */
     public void summarize(CudaKvCache kv, int layer, DeviceBatch batch, int seqs, int written, CudaStream stream) {
         Selector sl = selector();
-        sl.checkCache(kv);
+        sl.checkCache(kv, layer);
         sl.summarize.launch(new Dim3(written / sl.blockTokens + 2, shape.kvHeads(), seqs), Dim3.of(shape.headDimK()),
                 0, stream, kv.kPool(layer), kv.keySummaries(layer), batch.tables(), batch.tableStride(),
-                batch.lengths(), 0, written, shape.kvHeads(), shape.pageTokens(), kv.kPageBytes(), sl.shift,
+                batch.lengths(), 0, written, shape.kvHeads(), shape.pageTokens(), kv.kPageBytes(layer), sl.shift,
                 kv.summarySlotsPerPage());
         if (sl.coarse) {
             sl.summarizeCoarse.launch(new Dim3(written / sl.config.coarseTokens() + 2, shape.kvHeads(), seqs),
@@ -288,10 +288,10 @@ public final class CudaAttention implements AutoCloseable {
     public void summarize(CudaKvCache kv, int layer, DeviceBatch batch, int seq, int length, int written,
                           CudaStream stream) {
         Selector sl = selector();
-        sl.checkCache(kv);
+        sl.checkCache(kv, layer);
         sl.summarize.launch(new Dim3(written / sl.blockTokens + 2, shape.kvHeads(), 1), Dim3.of(shape.headDimK()),
                 0, stream, kv.kPool(layer), kv.keySummaries(layer), batch.table(seq), batch.tableStride(), 0L,
-                length, written, shape.kvHeads(), shape.pageTokens(), kv.kPageBytes(), sl.shift,
+                length, written, shape.kvHeads(), shape.pageTokens(), kv.kPageBytes(layer), sl.shift,
                 kv.summarySlotsPerPage());
         if (sl.coarse) {
             sl.summarizeCoarse.launch(new Dim3(written / sl.config.coarseTokens() + 2, shape.kvHeads(), 1),
@@ -309,7 +309,7 @@ public final class CudaAttention implements AutoCloseable {
     public void select(CudaKvCache kv, int layer, DeviceBuffer q, DeviceBatch batch, int seqs, int queries,
                        CudaStream stream) {
         Selector sl = selector();
-        sl.checkCache(kv);
+        sl.checkCache(kv, layer);
         checkDecode(batch, seqs, queries);
         requireBytes("queries", q, (long) seqs * queries * shape.heads() * shape.headDimK() * 4);
         sl.select(kv, layer, q, batch.tables(), batch.tableStride(), batch.lengths(), 0, seqs, queries,
@@ -324,7 +324,7 @@ public final class CudaAttention implements AutoCloseable {
     public void decodeSelected(CudaKvCache kv, int layer, DeviceBuffer q, DeviceBatch batch, int seqs, int queries,
                                DeviceBuffer out, DeviceBuffer outQ8, DeviceBuffer outQ8Scales, CudaStream stream) {
         Selector sl = selector();
-        kv.checkShape(shape);
+        kv.checkShape(shape, layer);
         checkDecode(batch, seqs, queries);
         long rows = (long) seqs * queries * shape.heads();
         requireBytes("queries", q, rows * shape.headDimK() * 4);
@@ -349,7 +349,7 @@ public final class CudaAttention implements AutoCloseable {
     public void prefillSelected(CudaKvCache kv, int layer, DeviceBuffer q, DeviceBatch batch, int seq, int start,
                                 int n, DeviceBuffer out, CudaStream stream) {
         Selector sl = selector();
-        sl.checkCache(kv);
+        sl.checkCache(kv, layer);
         if (n < 1 || n > plan.maxPrefill() || start < 0 || start + n > plan.maxTokens()) {
             throw new IllegalArgumentException("prefill of " + n + " queries at " + start + "; the plan takes 1.."
                     + plan.maxPrefill() + " queries within " + plan.maxTokens() + " tokens");
@@ -627,8 +627,8 @@ public final class CudaAttention implements AutoCloseable {
             return prefillScratch;
         }
 
-        void checkCache(CudaKvCache kv) {
-            kv.checkShape(shape);
+        void checkCache(CudaKvCache kv, int layer) {
+            kv.checkShape(shape, layer);
             if (kv.summaryBlockTokens() != blockTokens || kv.summaryCoarseTokens() != config.coarseTokens()) {
                 throw new IllegalArgumentException("selection over blocks of " + blockTokens + " tokens (coarse "
                         + config.coarseTokens() + ") needs the cache's key summaries for those sizes"
@@ -679,7 +679,7 @@ public final class CudaAttention implements AutoCloseable {
             decode.launch(new Dim3(sc.maxSplits, shape.kvHeads() * rowTiles, seqs), Dim3.of(decodeThreads),
                     decodeShared, stream, q, kv.kPool(layer), kv.vPool(layer), tables, tableStride, lens,
                     sc.partials, sc.maxSums, shape.kvHeads(), shape.group(), queries, shape.pageTokens(),
-                    kv.kPageBytes(), kv.vPageBytes(), sc.splitTokens, sc.maxSplits, qscale(), sparseThreshold,
+                    kv.kPageBytes(layer), kv.vPageBytes(layer), sc.splitTokens, sc.maxSplits, qscale(), sparseThreshold,
                     sc.lists, sc.counts, listStride, shift);
             merge.launch(new Dim3(queries * shape.heads(), seqs, 1), Dim3.of(MERGE_THREADS), 0, stream, sc.partials,
                     sc.maxSums, out, lens, -1, queries, shape.heads(), sc.maxSplits, sc.splitTokens,
@@ -705,7 +705,7 @@ public final class CudaAttention implements AutoCloseable {
      */
     public void prefill(CudaKvCache kv, int layer, DeviceBuffer q, DeviceBatch batch, int seq, int start, int n,
                         DeviceBuffer out, CudaStream stream) {
-        kv.checkShape(shape);
+        kv.checkShape(shape, layer);
         if (n < 1 || n > plan.maxPrefill() || start < 0) {
             throw new IllegalArgumentException("prefill of " + n + " queries at " + start + "; the plan takes 1.."
                     + plan.maxPrefill() + " queries");
@@ -716,7 +716,7 @@ public final class CudaAttention implements AutoCloseable {
         int rowBlocks = (n * shape.group() + PREFILL_ROWS - 1) / PREFILL_ROWS;
         prefill.launch(new Dim3(1, shape.kvHeads() * rowBlocks, 1), Dim3.of(prefillThreads), prefillShared, stream, q,
                 kv.kPool(layer), kv.vPool(layer), batch.table(seq), start, n, out, shape.kvHeads(), shape.group(),
-                shape.pageTokens(), kv.kPageBytes(), kv.vPageBytes(), qscale(), sparseThreshold);
+                shape.pageTokens(), kv.kPageBytes(layer), kv.vPageBytes(layer), qscale(), sparseThreshold);
         if (shape.vFormat().rotated()) {
             int perBlock = MERGE_THREADS / shape.headDimV();
             unrotate.launch(Dim3.of((int) ((rows + perBlock - 1) / perBlock)), Dim3.of(MERGE_THREADS), 0, stream, out,

@@ -5,6 +5,7 @@ import dev.kvant.cuda.DeviceBuffer;
 import dev.kvant.kv.KvCache;
 import dev.kvant.kv.KvFormat;
 import dev.kvant.kv.KvGeometry;
+import dev.kvant.kv.KvLayerFormats;
 import java.lang.foreign.MemorySegment;
 import java.util.Objects;
 
@@ -20,14 +21,14 @@ import java.util.Objects;
 public final class CudaKvCache implements AutoCloseable {
     private final CudaContext context;
     private final KvGeometry geometry;
-    private final KvFormat kFormat;
-    private final KvFormat vFormat;
+    private final KvLayerFormats formats;
     private final int pageTokens;
     private final int pages;
-    private final long kRowBytes;
-    private final long vRowBytes;
-    private final long kPageBytes;
-    private final long vPageBytes;
+    // per layer, as KvCache keeps them (a layer may have formats of its own)
+    private final KvFormat[] kFormats;
+    private final KvFormat[] vFormats;
+    private final long[] kPageBytes;
+    private final long[] vPageBytes;
     private final DeviceBuffer[] kPools;
     private final DeviceBuffer[] vPools;
     /** Per layer the key summaries of every page (select.cu's layout), or null before enableKeySummaries. */
@@ -37,27 +38,34 @@ public final class CudaKvCache implements AutoCloseable {
     private DeviceBuffer[] coarse;
     private int coarseTokens;
 
-    private CudaKvCache(CudaContext context, KvGeometry g, KvFormat k, KvFormat v, int pageTokens, int pages) {
+    private CudaKvCache(CudaContext context, KvGeometry g, KvLayerFormats f, int pageTokens, int pages) {
         if (pageTokens <= 0 || pages <= 0) {
             throw new IllegalArgumentException("device KV cache needs positive pageTokens and pages, got "
                     + pageTokens + " and " + pages);
         }
+        f.check(g.layers());
         this.context = context;
         this.geometry = g;
-        this.kFormat = k;
-        this.vFormat = v;
+        this.formats = f;
         this.pageTokens = pageTokens;
         this.pages = pages;
-        this.kRowBytes = k.rowBytes(g.headDimK());
-        this.vRowBytes = v.rowBytes(g.headDimV());
-        this.kPageBytes = KvCache.kPageBytes(g, k, pageTokens);   // the host layout, key means included
-        this.vPageBytes = Math.multiplyExact((long) pageTokens * g.kvHeads(), vRowBytes);
-        this.kPools = new DeviceBuffer[g.layers()];
-        this.vPools = new DeviceBuffer[g.layers()];
+        int layers = g.layers();
+        this.kFormats = new KvFormat[layers];
+        this.vFormats = new KvFormat[layers];
+        this.kPageBytes = new long[layers];
+        this.vPageBytes = new long[layers];
+        for (int l = 0; l < layers; l++) {
+            kFormats[l] = f.k(l, layers);
+            vFormats[l] = f.v(l, layers);
+            kPageBytes[l] = KvCache.kPageBytes(g, kFormats[l], pageTokens);   // the host layout, key means included
+            vPageBytes[l] = Math.multiplyExact((long) pageTokens * g.kvHeads(), vFormats[l].rowBytes(g.headDimV()));
+        }
+        this.kPools = new DeviceBuffer[layers];
+        this.vPools = new DeviceBuffer[layers];
         try {
-            for (int l = 0; l < g.layers(); l++) {
-                kPools[l] = context.allocate(Math.multiplyExact(kPageBytes, (long) pages));
-                vPools[l] = context.allocate(Math.multiplyExact(vPageBytes, (long) pages));
+            for (int l = 0; l < layers; l++) {
+                kPools[l] = context.allocate(Math.multiplyExact(kPageBytes[l], (long) pages));
+                vPools[l] = context.allocate(Math.multiplyExact(vPageBytes[l], (long) pages));
             }
         } catch (RuntimeException e) {
             close();
@@ -68,21 +76,31 @@ public final class CudaKvCache implements AutoCloseable {
     /** A device cache of {@code pages} pages (contents undefined until written). */
     public static CudaKvCache allocate(CudaContext context, KvGeometry g, KvFormat k, KvFormat v, int pageTokens,
                                        int pages) {
-        return new CudaKvCache(context, g, k, v, pageTokens, pages);
+        return new CudaKvCache(context, g, KvLayerFormats.of(k, v), pageTokens, pages);
+    }
+
+    /** A device cache of {@code pages} pages, each layer's in its formats (contents undefined until written). */
+    public static CudaKvCache allocate(CudaContext context, KvGeometry g, KvLayerFormats f, int pageTokens,
+                                       int pages) {
+        return new CudaKvCache(context, g, f, pageTokens, pages);
     }
 
     /** A device cache with the host cache's shape and a copy of its bytes. */
     public static CudaKvCache mirror(CudaContext context, KvCache host) {
-        CudaKvCache device = new CudaKvCache(context, host.geometry(), host.kFormat(), host.vFormat(),
-                host.pageTokens(), host.totalPages());
+        CudaKvCache device = new CudaKvCache(context, host.geometry(), host.formats(), host.pageTokens(),
+                host.totalPages());
         device.upload(host);
         return device;
     }
 
     /** Copies every pool of the host cache (same geometry, formats and page count) to the device. */
     public void upload(KvCache host) {
-        if (!host.geometry().equals(geometry) || !host.kFormat().equals(kFormat) || !host.vFormat().equals(vFormat)
-                || host.pageTokens() != pageTokens || host.totalPages() != pages) {
+        boolean same = host.geometry().equals(geometry) && host.pageTokens() == pageTokens
+                && host.totalPages() == pages;
+        for (int l = 0; same && l < geometry.layers(); l++) {
+            same = host.kFormat(l).equals(kFormats[l]) && host.vFormat(l).equals(vFormats[l]);
+        }
+        if (!same) {
             throw new IllegalArgumentException("host cache " + host + " does not have the layout of " + this);
         }
         for (int l = 0; l < geometry.layers(); l++) {
@@ -133,8 +151,11 @@ public final class CudaKvCache implements AutoCloseable {
             }
             closeSummaries();
         }
-        if (kFormat.domainDim(geometry.headDimK()) != geometry.headDimK()) {
-            throw new IllegalArgumentException("key summaries on the device need a K domain of headDimK values");
+        for (KvFormat k : kFormats) {
+            if (k.domainDim(geometry.headDimK()) != geometry.headDimK()) {
+                throw new IllegalArgumentException("key summaries on the device need a K domain of headDimK values"
+                        + " (K format " + k.name() + ")");
+            }
         }
         summaryBlockTokens = blockTokens;
         this.coarseTokens = coarseTokens;
@@ -228,8 +249,10 @@ public final class CudaKvCache implements AutoCloseable {
     /** Queues the copy of page {@code from}'s K, V and summary bytes (all layers) onto page {@code to}. */
     public void copyPage(int from, int to, dev.kvant.cuda.CudaStream stream) {
         for (int l = 0; l < geometry.layers(); l++) {
-            kPools[l].copyFromAsync(kPools[l], from * kPageBytes, to * kPageBytes, kPageBytes, stream);
-            vPools[l].copyFromAsync(vPools[l], from * vPageBytes, to * vPageBytes, vPageBytes, stream);
+            long kb = kPageBytes[l];
+            long vb = vPageBytes[l];
+            kPools[l].copyFromAsync(kPools[l], from * kb, to * kb, kb, stream);
+            vPools[l].copyFromAsync(vPools[l], from * vb, to * vb, vb, stream);
             if (summaries != null) {
                 long sb = fineBytes();
                 summaries[l].copyFromAsync(summaries[l], from * sb, to * sb, sb, stream);
@@ -253,12 +276,17 @@ public final class CudaKvCache implements AutoCloseable {
         return geometry;
     }
 
-    public KvFormat kFormat() {
-        return kFormat;
+    /** The formats of this cache's layers. */
+    public KvLayerFormats formats() {
+        return formats;
     }
 
-    public KvFormat vFormat() {
-        return vFormat;
+    public KvFormat kFormat(int layer) {
+        return kFormats[layer];
+    }
+
+    public KvFormat vFormat(int layer) {
+        return vFormats[layer];
     }
 
     public int pageTokens() {
@@ -269,32 +297,37 @@ public final class CudaKvCache implements AutoCloseable {
         return pages;
     }
 
-    public long kRowBytes() {
-        return kRowBytes;
+    public long kRowBytes(int layer) {
+        return kFormats[layer].rowBytes(geometry.headDimK());
     }
 
-    public long vRowBytes() {
-        return vRowBytes;
+    public long vRowBytes(int layer) {
+        return vFormats[layer].rowBytes(geometry.headDimV());
     }
 
-    public long kPageBytes() {
-        return kPageBytes;
+    public long kPageBytes(int layer) {
+        return kPageBytes[layer];
     }
 
-    public long vPageBytes() {
-        return vPageBytes;
+    public long vPageBytes(int layer) {
+        return vPageBytes[layer];
     }
 
     /** Device bytes of all pools. */
     public long byteSize() {
-        return (kPageBytes + vPageBytes) * pages * geometry.layers();
+        long bytes = 0;
+        for (int l = 0; l < geometry.layers(); l++) {
+            bytes += (kPageBytes[l] + vPageBytes[l]) * pages;
+        }
+        return bytes;
     }
 
-    /** Whether attention of this shape can run over this cache. */
-    void checkShape(AttentionShape shape) {
-        if (!shape.geometry().equals(geometry) || !shape.kFormat().equals(kFormat) || !shape.vFormat().equals(vFormat)
-                || shape.pageTokens() != pageTokens) {
-            throw new IllegalArgumentException("attention compiled for " + shape + " cannot read " + this);
+    /** Whether attention of this shape can run over a layer of this cache. */
+    void checkShape(AttentionShape shape, int layer) {
+        if (!shape.geometry().equals(geometry) || !shape.kFormat().equals(kFormats[layer])
+                || !shape.vFormat().equals(vFormats[layer]) || shape.pageTokens() != pageTokens) {
+            throw new IllegalArgumentException("attention compiled for " + shape + " cannot read layer " + layer
+                    + " of " + this);
         }
     }
 
@@ -315,7 +348,7 @@ public final class CudaKvCache implements AutoCloseable {
 
     @Override
     public String toString() {
-        return "CudaKvCache[" + geometry + ", K " + kFormat.name() + ", V " + vFormat.name() + ", " + pages
+        return "CudaKvCache[" + geometry + ", " + formats.name() + ", " + pages
                 + " pages x " + pageTokens + " tokens, " + (byteSize() >> 20) + " MiB]";
     }
 }

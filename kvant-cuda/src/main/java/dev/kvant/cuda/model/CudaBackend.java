@@ -369,42 +369,28 @@ public final class CudaBackend implements Backend {
     }
 
     @Override
-    public Sequence newSequence(int contextLength, KvLayerFormats formats) {
-        KvFormat[] pair = onePair(formats, model.config().layers());
-        return newSequence(contextLength, pair[0], pair[1]);
-    }
-
-    @Override
-    public SequencePool newSequencePool(int tokens, KvLayerFormats formats) {
-        KvFormat[] pair = onePair(formats, model.config().layers());
-        return newSequencePool(tokens, pair[0], pair[1]);
+    public Sequence newSequence(int contextLength, KvFormat kFormat, KvFormat vFormat) {
+        return newSequence(contextLength, KvLayerFormats.of(kFormat, vFormat));
     }
 
     /**
-     * The K and V format of every layer of a model of {@code layers} layers, when all layers have the same pair: the
-     * device caches and their attention modules (compiled per format pair) keep one pair for all layers.
+     * A sequence of the pool of these formats (made on first use). Layers of their own get their own attention
+     * modules: one per distinct format pair.
      */
-    static KvFormat[] onePair(KvLayerFormats formats, int layers) {
-        if (!formats.uniform(layers)) {
-            throw new IllegalArgumentException("the cuda backend keeps one K and one V format in every layer;"
-                    + " layers of their own (" + formats.name() + ", --ctk-layer/--ctv-layer) run on --backend cpu");
-        }
-        return new KvFormat[] {formats.k(0, layers), formats.v(0, layers)};
-    }
-
     @Override
-    public Sequence newSequence(int contextLength, KvFormat kFormat, KvFormat vFormat) {
+    public Sequence newSequence(int contextLength, KvLayerFormats formats) {
         checkOpen();
         if (contextLength <= 0) {
             throw new IllegalArgumentException("context length must be positive, got " + contextLength);
         }
-        String key = kFormat.name() + "/" + vFormat.name();
+        formats.check(c.layers());
+        String key = formats.name();
         KvPool pool = pools.get(key);
         if (pool == null) {
             // maxBatch whole contexts, each a whole number of pages
             long perSequence = (long) (contextLength + PAGE_TOKENS - 1) / PAGE_TOKENS * PAGE_TOKENS;
             long tokens = options.kvTokens() > 0 ? options.kvTokens() : perSequence * options.maxBatch();
-            pool = new KvPool(stages, c, kFormat, vFormat, PAGE_TOKENS, tokens, contextLength, options.maxBatch(),
+            pool = new KvPool(stages, c, formats, PAGE_TOKENS, tokens, contextLength, options.maxBatch(),
                     options.maxPrefill(), HEADROOM, sparseV(), model.selection());
             pools.put(key, pool);
         }
@@ -619,11 +605,16 @@ public final class CudaBackend implements Backend {
 
     @Override
     public SequencePool newSequencePool(int tokens, KvFormat kFormat, KvFormat vFormat) {
+        return newSequencePool(tokens, KvLayerFormats.of(kFormat, vFormat));
+    }
+
+    @Override
+    public SequencePool newSequencePool(int tokens, KvLayerFormats formats) {
         checkOpen();
         if (tokens <= 0) {
             throw new IllegalArgumentException("a KV pool of " + tokens + " tokens");
         }
-        KvPool pool = new KvPool(stages, c, kFormat, vFormat, PAGE_TOKENS, tokens, tokens, options.maxBatch(),
+        KvPool pool = new KvPool(stages, c, formats, PAGE_TOKENS, tokens, tokens, options.maxBatch(),
                 options.maxPrefill(), HEADROOM, sparseV(), model.selection());
         return new SharedPool(pool);
     }

@@ -9,29 +9,36 @@ import dev.kvant.cuda.attention.CudaAttention;
 import dev.kvant.cuda.attention.CudaKvCache;
 import dev.kvant.cuda.attention.DeviceBatch;
 import dev.kvant.kv.KvCacheFullException;
-import dev.kvant.kv.KvFormat;
 import dev.kvant.kv.KvGeometry;
+import dev.kvant.kv.KvLayerFormats;
 import dev.kvant.model.ModelConfig;
 import dev.kvant.select.SelectionConfig;
 
 import java.util.ArrayList;
+import java.util.HashMap;
 import java.util.List;
+import java.util.Map;
 import java.util.Locale;
 
 /**
- * The device KV cache of one pair of K/V formats: one page numbering (a free stack with reference counts: shared
+ * The device KV cache of one set of K/V formats (a pair for all layers, or layers of their own): one page numbering (a free stack with reference counts: shared
  * prefix pages, copy on write) over a {@link Part} on each stage — that stage's layers' pages, the attention
  * kernels compiled for them, the device batch its launches read, and the decode graphs captured over it (one per
  * batch size). A page id means the same tokens on every stage.
  */
 final class KvPool implements AutoCloseable {
 
-    /** One stage's share: the pages of its layers. */
-    record Part(Stage stage, CudaKvCache cache, CudaAttention attention, DeviceBatch batch, CudaGraph[] graphs) {
+    /**
+     * One stage's share: the pages of its layers, and per local layer the attention kernels of its format pair
+     * (one compiled module per distinct pair).
+     */
+    record Part(Stage stage, CudaKvCache cache, CudaAttention[] attentions, DeviceBatch batch, CudaGraph[] graphs) {
+        CudaAttention attention(int layer) {
+            return attentions[layer];
+        }
     }
 
-    private final KvFormat kFormat;
-    private final KvFormat vFormat;
+    private final KvLayerFormats formats;
     private final int maxContext;
     private final SelectionConfig selection;
     private final List<Part> parts = new ArrayList<>();
@@ -44,11 +51,11 @@ final class KvPool implements AutoCloseable {
      * @param selection query-aware selection of the decode steps (null: dense): every page then carries key
      *                  summaries, and each stage's attention the selection kernels
      */
-    KvPool(Stage[] stages, ModelConfig c, KvFormat kFormat, KvFormat vFormat, int pageTokens, long tokens,
+    KvPool(Stage[] stages, ModelConfig c, KvLayerFormats formats, int pageTokens, long tokens,
            int maxContext, int maxBatch, int maxPrefill, long headroom, float sparseV, SelectionConfig selection) {
-        this.kFormat = kFormat;
+        formats.check(c.layers());
+        this.formats = formats;
         this.selection = selection;
-        this.vFormat = vFormat;
         this.maxContext = maxContext;
         long pages = Math.max((tokens + pageTokens - 1) / pageTokens, (maxContext + pageTokens - 1) / pageTokens);
         if (pages > Integer.MAX_VALUE / 2) {
@@ -56,45 +63,61 @@ final class KvPool implements AutoCloseable {
         }
         try {
             for (Stage s : stages) {
-                KvGeometry geometry = new KvGeometry(s.layerCount(), c.kvHeads(), c.headDimK(), c.headDimV());
-                AttentionShape shape = new AttentionShape(geometry, c.heads(), kFormat, vFormat, pageTokens);
-                long pageBytes = (shape.kPageBytes() + shape.vPageBytes()
-                        + (selection == null ? 0 : CudaKvCache.summaryPageBytes(geometry, pageTokens,
-                        selection.blockTokens(), selection.coarseTokens()))) * s.layerCount();
+                int layers = s.layerCount();
+                KvGeometry geometry = new KvGeometry(layers, c.kvHeads(), c.headDimK(), c.headDimV());
+                KvLayerFormats local = stageFormats(formats, s.from, layers, c.layers());
+                AttentionShape[] shapes = new AttentionShape[layers];
+                long pageBytes = 0;
+                for (int l = 0; l < layers; l++) {
+                    shapes[l] = new AttentionShape(geometry, c.heads(), local.k(l, layers), local.v(l, layers),
+                            pageTokens);
+                    pageBytes += shapes[l].kPageBytes() + shapes[l].vPageBytes()
+                            + (selection == null ? 0 : CudaKvCache.summaryPageBytes(geometry, pageTokens,
+                            selection.blockTokens(), selection.coarseTokens()));
+                }
                 long free = s.context.memoryInfo().free() - headroom;
                 if (pages * pageBytes > free) {
                     throw new IllegalArgumentException(String.format(Locale.ROOT,
-                            "a %s/%s KV cache of %d tokens needs %.2f GiB on %s (layers %d..%d); %.2f GiB are free "
+                            "a %s KV cache of %d tokens needs %.2f GiB on %s (layers %d..%d); %.2f GiB are free "
                                     + "after the weights (%d tokens fit; lower -c or --kv-mem, or split the layers "
-                                    + "over more GPUs)", kFormat.name(), vFormat.name(), pages * pageTokens,
+                                    + "over more GPUs)", formats.name(), pages * pageTokens,
                             pages * pageBytes / 1073741824.0, s.context.deviceName(), s.from, s.to - 1,
                             free / 1073741824.0, Math.max(0, free / pageBytes) * pageTokens));
                 }
-                CudaKvCache cache = CudaKvCache.allocate(s.context, geometry, kFormat, vFormat, pageTokens,
-                        (int) pages);
-                CudaAttention attention = null;
+                CudaKvCache cache = CudaKvCache.allocate(s.context, geometry, local, pageTokens, (int) pages);
+                CudaAttention[] attentions = new CudaAttention[layers];
+                Map<AttentionShape, CudaAttention> byShape = new HashMap<>();
                 DeviceBatch batch = null;
                 try {
-                    attention = CudaAttention.create(s.context, KernelCache.open(s.context), shape,
-                            AttentionPlan.of(maxBatch, 1, maxContext, maxPrefill),
-                            (float) (1.0 / Math.sqrt(c.headDimK())), sparseV);
+                    for (int l = 0; l < layers; l++) {
+                        CudaAttention a = byShape.get(shapes[l]);
+                        if (a == null) {
+                            a = CudaAttention.create(s.context, KernelCache.open(s.context), shapes[l],
+                                    AttentionPlan.of(maxBatch, 1, maxContext, maxPrefill),
+                                    (float) (1.0 / Math.sqrt(c.headDimK())), sparseV);
+                            byShape.put(shapes[l], a);
+                            if (selection != null) {
+                                a.enableSelection(selection, 0);
+                            }
+                        }
+                        attentions[l] = a;
+                    }
                     batch = DeviceBatch.allocate(s.context, Math.max(1, maxBatch),
                             (maxContext + pageTokens - 1) / pageTokens);
                     if (selection != null) {
                         cache.enableKeySummaries(selection.blockTokens(), selection.coarseTokens());
-                        attention.enableSelection(selection, 0);
                     }
                 } catch (RuntimeException e) {
                     if (batch != null) {
                         batch.close();
                     }
-                    if (attention != null) {
-                        attention.close();
+                    for (CudaAttention a : byShape.values()) {
+                        a.close();
                     }
                     cache.close();
                     throw e;
                 }
-                parts.add(new Part(s, cache, attention, batch, new CudaGraph[maxBatch + 1]));
+                parts.add(new Part(s, cache, attentions, batch, new CudaGraph[maxBatch + 1]));
             }
         } catch (RuntimeException e) {
             close();
@@ -107,6 +130,18 @@ final class KvPool implements AutoCloseable {
             this.free[i] = pageCount - 1 - i;  // pages are handed out lowest first
         }
         this.freeCount = pageCount;
+    }
+
+    /**
+     * The formats of a stage's layers, numbered from 0: those of the model's layers from .. from+layers-1 (a
+     * negative index of the model's formats counts from the model's end, not the stage's).
+     */
+    static KvLayerFormats stageFormats(KvLayerFormats formats, int from, int layers, int modelLayers) {
+        KvLayerFormats local = KvLayerFormats.of(formats.k(from, modelLayers), formats.v(from, modelLayers));
+        for (int l = 0; l < layers; l++) {
+            local = local.withK(l, formats.k(from + l, modelLayers)).withV(l, formats.v(from + l, modelLayers));
+        }
+        return local;
     }
 
     int maxContext() {
@@ -136,7 +171,7 @@ final class KvPool implements AutoCloseable {
      */
     synchronized void checkFree(int more, int held, int tokens, int pageTokens) {
         if (more > freeCount) {
-            throw new KvCacheFullException("the " + kFormat.name() + "/" + vFormat.name() + " device KV cache has "
+            throw new KvCacheFullException("the " + formats.name() + " device KV cache has "
                     + freeCount + " of " + free.length + " pages free, a sequence of " + tokens + " tokens needs "
                     + more + " more; finish or close sequences, or give the cache more memory (--kv-mem)",
                     tokens, (held + freeCount) * pageTokens);
@@ -189,7 +224,9 @@ final class KvPool implements AutoCloseable {
                 }
             }
             p.batch().close();
-            p.attention().close();
+            for (CudaAttention a : new java.util.LinkedHashSet<>(java.util.Arrays.asList(p.attentions()))) {
+                a.close();
+            }
             p.cache().close();
         }
         parts.clear();

@@ -163,19 +163,19 @@ final class Stage implements AutoCloseable {
             k.rmsnorm(x, L.attnNorm(), xb, n, dim, eps, stream);
             L.qkv().matvec(k, xb, n, qkv, qkvDim, L.qkvBias(), ModelKernels.MV_STORE, stream);
             k.ropeSplit(rope(kv, n, positions, 0, L, 1), stream);
-            kv.attention().quantizeRows(kv.cache(), l, kRows, vRows, slots, prevPages, n, stream);
+            kv.attention(l).quantizeRows(kv.cache(), l, kRows, vRows, slots, prevPages, n, stream);
             // the merge writes the 8-bit operand of the o product too when that product reads one
             DeviceBuffer outQ8 = L.wo().readsQ8() ? attn.q8() : null;
             DeviceBuffer outQ8Scales = L.wo().readsQ8() ? attn.q8Scales() : null;
             if (selected(kv, l)) {
-                kv.attention().summarize(kv.cache(), l, kv.batch(), n, 1, stream);
-                kv.attention().select(kv.cache(), l, q, kv.batch(), n, 1, stream);
-                kv.attention().decodeSelected(kv.cache(), l, q, kv.batch(), n, 1, attn.floats(), outQ8, outQ8Scales,
+                kv.attention(l).summarize(kv.cache(), l, kv.batch(), n, 1, stream);
+                kv.attention(l).select(kv.cache(), l, q, kv.batch(), n, 1, stream);
+                kv.attention(l).decodeSelected(kv.cache(), l, q, kv.batch(), n, 1, attn.floats(), outQ8, outQ8Scales,
                         stream);
             } else if (outQ8 != null) {
-                kv.attention().decode(kv.cache(), l, q, kv.batch(), n, attn.floats(), outQ8, outQ8Scales, stream);
+                kv.attention(l).decode(kv.cache(), l, q, kv.batch(), n, attn.floats(), outQ8, outQ8Scales, stream);
             } else {
-                kv.attention().decode(kv.cache(), l, q, kv.batch(), n, attn.floats(), stream);
+                kv.attention(l).decode(kv.cache(), l, q, kv.batch(), n, attn.floats(), stream);
             }
             L.wo().matvec(k, attn, n, x, dim, null, ModelKernels.MV_ADD, stream);
             k.rmsnorm(x, L.ffnNorm(), xb, n, dim, eps, stream);
@@ -219,12 +219,12 @@ final class Stage implements AutoCloseable {
                 k.addBias(qkv, L.qkvBias(), qkvDim, n, stream);
             }
             k.ropeSplit(rope(kv, n, null, start, L, 0), stream);
-            kv.attention().quantizeRows(kv.cache(), l, kRows, vRows, slots, prevPages, n, stream);
+            kv.attention(l).quantizeRows(kv.cache(), l, kRows, vRows, slots, prevPages, n, stream);
             if (selected(kv, l)) {
-                kv.attention().summarize(kv.cache(), l, kv.batch(), 0, start + n, n, stream);
-                kv.attention().prefillSelected(kv.cache(), l, q, kv.batch(), 0, start, n, attn.floats(), stream);
+                kv.attention(l).summarize(kv.cache(), l, kv.batch(), 0, start + n, n, stream);
+                kv.attention(l).prefillSelected(kv.cache(), l, q, kv.batch(), 0, start, n, attn.floats(), stream);
             } else {
-                kv.attention().prefill(kv.cache(), l, q, kv.batch(), 0, start, n, attn.floats(), stream);
+                kv.attention(l).prefill(kv.cache(), l, q, kv.batch(), 0, start, n, attn.floats(), stream);
             }
             k.toHalf(attn.floats(), ah, (long) n * attnDim, stream);
             L.wo().gemm(k, blas, ah, n, x, true, wScratch, stream);
@@ -250,11 +250,11 @@ final class Stage implements AutoCloseable {
      */
     void fillRandom(KvPool.Part kv, int length, int n, long seed, int chunk) {
         for (int l = 0; l < layerCount(); l++) {
-            kv.attention().fillNormal(kRows, (long) n * c.kvDimK(), fillSeed(seed, chunk, from + l, 0), 1f, stream);
-            kv.attention().fillNormal(vRows, (long) n * c.kvDimV(), fillSeed(seed, chunk, from + l, 1), 1f, stream);
-            kv.attention().quantizeRows(kv.cache(), l, kRows, vRows, slots, prevPages, n, stream);
+            kv.attention(l).fillNormal(kRows, (long) n * c.kvDimK(), fillSeed(seed, chunk, from + l, 0), 1f, stream);
+            kv.attention(l).fillNormal(vRows, (long) n * c.kvDimV(), fillSeed(seed, chunk, from + l, 1), 1f, stream);
+            kv.attention(l).quantizeRows(kv.cache(), l, kRows, vRows, slots, prevPages, n, stream);
             if (selected(kv, l)) {
-                kv.attention().summarize(kv.cache(), l, kv.batch(), 0, length, n, stream);
+                kv.attention(l).summarize(kv.cache(), l, kv.batch(), 0, length, n, stream);
             }
         }
     }
@@ -269,7 +269,7 @@ final class Stage implements AutoCloseable {
 
     /** Whether local layer l attends through the pool's selection (past its dense first layers). */
     private boolean selected(KvPool.Part kv, int l) {
-        return kv.attention().selection() != null && from + l >= kv.attention().selection().denseLayers();
+        return kv.attention(l).selection() != null && from + l >= kv.attention(l).selection().denseLayers();
     }
 
     /** Logits of rows [r, r+m) of the normalized rows a prefill left in xb (m <= MAX_VECTORS). */

@@ -10,6 +10,7 @@ import dev.kvant.engine.ContextFullException;
 import dev.kvant.gguf.GgmlType;
 import dev.kvant.kv.KvCacheFullException;
 import dev.kvant.kv.KvFormat;
+import dev.kvant.kv.KvLayerFormats;
 import dev.kvant.kv.PageMeanFormat;
 import dev.kvant.model.LlamaModel;
 import dev.kvant.model.SyntheticModel;
@@ -174,13 +175,19 @@ class CudaBackendGpuTest {
     private static void matchCpu(LlamaModel model, String what, long seed, int promptTokens, int decodeSteps,
                                  KvFormat kFormat, KvFormat vFormat, double prefillBound, double decodeBound,
                                  int maxPrefill) {
+        matchCpu(model, what, seed, promptTokens, decodeSteps, KvLayerFormats.of(kFormat, vFormat), prefillBound,
+                decodeBound, maxPrefill);
+    }
+
+    private static void matchCpu(LlamaModel model, String what, long seed, int promptTokens, int decodeSteps,
+                                 KvLayerFormats formats, double prefillBound, double decodeBound, int maxPrefill) {
         SplittableRandom r = new SplittableRandom(seed);
         try (CudaBackend gpu = CudaBackend.open(model, new CudaBackend.Options(4, maxPrefill, 0))) {
             CpuBackend cpu = new CpuBackend(model, pool);
             int vocab = model.config().vocabSize();
             int[] prompt = r.ints(promptTokens, 0, vocab).toArray();
-            try (BackendSequence g = gpu.newSequence(256, kFormat, vFormat);
-                 BackendSequence c = cpu.newSequence(256, kFormat, vFormat)) {
+            try (BackendSequence g = gpu.newSequence(256, formats);
+                 BackendSequence c = cpu.newSequence(256, formats)) {
                 float[] gl = poisoned(prompt.length * vocab);
                 float[] cl = new float[prompt.length * vocab];
                 g.forward(prompt, 0, prompt.length, true, gl);
@@ -215,6 +222,23 @@ class CudaBackendGpuTest {
         try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.parse("tiny"), GgmlType.F16, seed)) {
             matchCpu(model, "tiny F16 turbo3+mean/turbo3", seed, 100, 40, KvFormat.parse("turbo3+mean"),
                     KvFormat.parse("turbo3"), 5e-2, 5e-2);
+        }
+    }
+
+    /**
+     * Layers of their own (--ctk-layer/--ctv-layer): the tiny model's first layer in q8_0/f16, its last in
+     * turbo3+mean/q8_0, the others turbo3/turbo3 — three attention modules over one page numbering — follow the CPU
+     * as closely as the centered keys alone do (the bounds of centeredKeysFollowTheCpu).
+     */
+    @Test
+    void layersOfTheirOwnFollowTheCpu() {
+        long seed = Long.getLong("kvant.test.seed", new SplittableRandom().nextLong());
+        KvFormat turbo3 = KvFormat.parse("turbo3");
+        KvFormat q8 = KvFormat.parse("q8_0");
+        KvLayerFormats formats = KvLayerFormats.of(turbo3, turbo3).withK(0, q8).withV(0, F16)
+                .withK(-1, KvFormat.parse("turbo3+mean")).withV(-1, q8);
+        try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.parse("tiny"), GgmlType.F16, seed)) {
+            matchCpu(model, "tiny F16 " + formats.name(), seed, 100, 40, formats, 5e-2, 5e-2, 64);
         }
     }
 
@@ -261,7 +285,7 @@ class CudaBackendGpuTest {
                             for (int h = 0; h < kvHeads; h++) {
                                 float[] want = new float[dom];
                                 host.keyMean(l, c.kv().page(lp), h, want, 0);
-                                long at = gs.page(lp) * part.cache().kPageBytes() + host.kMeanOffset(h);
+                                long at = gs.page(lp) * part.cache().kPageBytes(l) + host.kMeanOffset(h);
                                 double num = 0, meanEnergy = 0;
                                 for (int i = 0; i < dom; i++) {
                                     float got = Float.float16ToFloat(dev.get(java.lang.foreign.ValueLayout
