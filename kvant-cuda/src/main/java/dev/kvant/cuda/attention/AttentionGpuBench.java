@@ -168,7 +168,7 @@ public final class AttentionGpuBench {
                             decodeRows.add(String.format(Locale.ROOT, "| %s | %d | %d | %.1f | %.0f | %.0f%% |",
                                     f.name(), len, b, us, gbps, 100 * gbps / copy));
                             System.out.printf(Locale.ROOT, "decode %s L=%d B=%d split=%d: %.1f µs, %.0f GB/s%n",
-                                    f.name(), len, b, attention.plan().splitFor(len), us, gbps);
+                                    f.name(), len, b, attention.decodeSplit(len), us, gbps);
                         }
                     }
                 }

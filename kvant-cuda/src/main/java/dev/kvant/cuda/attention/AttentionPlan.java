@@ -8,10 +8,10 @@ package dev.kvant.cuda.attention;
  * @param maxQueries     queries per sequence in one decode launch (1 for plain decode, up to 8)
  * @param maxTokens      cached tokens of the longest sequence a decode may see
  * @param splitTokens    the smallest decode split (a multiple of 16): a sequence of len tokens is cut into splits of
- *                       {@link #splitFor}(len) tokens, the smallest power-of-two multiple of this that makes at most
- *                       {@link #maxSplits()} splits. A function of the plan and the length, not of the device, so
- *                       results do not depend on the GPU's size; and a short sequence in a plan for long ones is
- *                       still cut into many splits
+ *                       {@link #splitFor}(len, maxSplits) tokens, the fewest whole 16-token tiles, at least this
+ *                       many tokens, that make at most {@link #maxSplits(int)} splits. A function of the plan, the
+ *                       length and the kernel's layout, not of the device, so results do not depend on the GPU's
+ *                       size; and a short sequence in a plan for long ones is still cut into many splits
  * @param maxPrefill     queries in one prefill launch (0: no prefill; prefill needs no scratch, this only bounds n)
  */
 public record AttentionPlan(int maxSeqs, int maxQueries, int maxTokens, int splitTokens, int maxPrefill) {
@@ -31,8 +31,14 @@ public record AttentionPlan(int maxSeqs, int maxQueries, int maxTokens, int spli
         }
     }
 
-    /** Splits a decode aims at: with the H200's 132 SMs and two decode blocks per SM, one wave. */
-    public static final int TARGET_SPLITS = 256;
+    /**
+     * Splits a decode aims at for each decode block an SM holds (its layout's shared memory allows one or two): with
+     * the H200's 132 SMs, one sequence's splits then fill the GPU in one wave. A constant rather than the device's
+     * SM count, so results do not depend on the GPU's size.
+     */
+    public static final int SPLITS_PER_BLOCK = 128;
+    /** The most splits a decode launch takes (two decode blocks an SM); the scratch is sized for it. */
+    public static final int TARGET_SPLITS = 2 * SPLITS_PER_BLOCK;
     /** The smallest split of {@link #of}. */
     public static final int MIN_SPLIT = 32;
 
@@ -42,20 +48,27 @@ public record AttentionPlan(int maxSeqs, int maxQueries, int maxTokens, int spli
     }
 
     /**
-     * The decode grid's x extent: {@value #TARGET_SPLITS} splits (so one sequence's splits fill the GPU in one
-     * wave, and the partials, heads x (dV + 2) floats per split, about 17 KB for llama3-8b, stay small next to the
-     * cache bytes a split reads), fewer when the plan's tokens need fewer.
+     * The scratch's splits: {@value #TARGET_SPLITS} (so the partials, heads x (dV + 2) floats per split, about 17 KB
+     * for llama3-8b, stay small next to the cache bytes a split reads), fewer when the plan's tokens need fewer.
      */
     public int maxSplits() {
-        return (int) Math.min(TARGET_SPLITS, ((long) maxTokens + splitTokens - 1) / splitTokens);
+        return maxSplits(2);
     }
 
-    /** The split of a decode over len tokens (attention.cu split_for): see {@code splitTokens}. */
-    public int splitFor(int len) {
-        int s = splitTokens;
-        while ((len + s - 1) / s > maxSplits()) {
-            s <<= 1;
+    /**
+     * The decode grid's x extent for a decode kernel of {@code blocksPerSm} blocks an SM (1 or 2): {@value
+     * #SPLITS_PER_BLOCK} splits a block, fewer when the plan's tokens need fewer.
+     */
+    public int maxSplits(int blocksPerSm) {
+        if (blocksPerSm < 1 || blocksPerSm > 2) {
+            throw new IllegalArgumentException("decode blocks an SM are 1 or 2, got " + blocksPerSm);
         }
-        return s;
+        return (int) Math.min((long) SPLITS_PER_BLOCK * blocksPerSm, ((long) maxTokens + splitTokens - 1) / splitTokens);
+    }
+
+    /** The split of a decode over len tokens in at most {@code maxSplits} splits (attention.cu split_for). */
+    public int splitFor(int len, int maxSplits) {
+        int tiles = ((len + maxSplits - 1) / maxSplits + 15) / 16;
+        return Math.max(splitTokens, 16 * tiles);
     }
 }

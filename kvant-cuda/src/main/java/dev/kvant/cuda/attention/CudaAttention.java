@@ -62,6 +62,8 @@ public final class CudaAttention implements AutoCloseable {
     private final int prefillShared;
     private final int prefillThreads;
     private final int decodeStages;
+    /** The dense decode grid's splits: the plan's for as many decode blocks an SM as the layout allows. */
+    private final int decodeSplits;
     private final int prefillStages;
     private final int decodeHeads;
     private final DeviceBuffer partials;
@@ -97,6 +99,7 @@ public final class CudaAttention implements AutoCloseable {
         this.prefillShared = info[3];
         this.prefillThreads = info[4];
         this.prefillStages = info[5];
+        this.decodeSplits = plan.maxSplits(info[8]);
         if (info[6] != shape.kRowBytes() || info[7] != shape.vRowBytes()) {
             throw new IllegalStateException("module " + source.name() + " computes rows of " + info[6] + "/" + info[7]
                     + " bytes, the formats say " + shape.kRowBytes() + "/" + shape.vRowBytes());
@@ -129,10 +132,10 @@ public final class CudaAttention implements AutoCloseable {
     }
 
     private static int[] info(CudaContext context, CudaModule module) {
-        try (DeviceBuffer out = context.allocate(8 * 4); Arena arena = Arena.ofConfined()) {
+        try (DeviceBuffer out = context.allocate(9 * 4); Arena arena = Arena.ofConfined()) {
             CudaStream stream = context.defaultStream();
             module.function("kvant_attn_info").launch(Dim3.of(1), Dim3.of(1), 0, stream, out);
-            MemorySegment host = arena.allocate(8 * 4);
+            MemorySegment host = arena.allocate(9 * 4);
             out.copyToHost(host);
             return host.toArray(ValueLayout.JAVA_INT);
         }
@@ -226,7 +229,7 @@ public final class CudaAttention implements AutoCloseable {
         requireBytes("queries", q, rows * shape.headDimK() * 4);
         requireBytes("output", out, rows * shape.headDimV() * 4);
         int rowTiles = (queries * shape.group() + 7) / 8;
-        int maxSplits = plan.maxSplits();
+        int maxSplits = decodeSplits;
         Dim3 grid = new Dim3(maxSplits, shape.kvHeads() / decodeHeads * rowTiles, seqs);
         decode.launch(grid, Dim3.of(decodeThreads), decodeShared, stream, q, kv.kPool(layer), kv.vPool(layer),
                 batch.tables(), batch.tableStride(), batch.lengths(), partials, maxSums, shape.kvHeads(),
@@ -749,6 +752,11 @@ public final class CudaAttention implements AutoCloseable {
 
     public AttentionPlan plan() {
         return plan;
+    }
+
+    /** The split a dense decode over {@code len} cached tokens uses. */
+    public int decodeSplit(int len) {
+        return plan.splitFor(len, decodeSplits);
     }
 
     /** Kv heads one decode block serves (one warp each). */

@@ -330,17 +330,20 @@ __device__ __forceinline__ void build_luts(u8* smem, int lutK, int lutV, int tid
 //         (f16 operands); tests bound the NMSE against a float64 reference.
 // ================================================================================================================
 
-// The split of a dense decode over len tokens: the smallest power-of-two multiple of minSplit that makes at most
-// maxSplits splits (AttentionPlan#splitFor). A function of the length alone, so the same sequence gives the same
-// bits; a plan for long contexts still cuts a short sequence into many splits.
+// The split of a dense decode over len tokens: the fewest whole 16-token tiles, at least minSplit tokens, that make
+// at most maxSplits splits (AttentionPlan#splitFor). A function of the length and the launch alone, so the same
+// sequence gives the same bits; a plan for long contexts still cuts a short sequence into many splits. (Splits of
+// power-of-two multiples of minSplit left half the blocks idle just past each power of two: at 32K + 1 tokens, 129
+// splits of 256 instead of 228 of 144.)
 __device__ __forceinline__ int split_for(int len, int minSplit, int maxSplits) {
-    int s = minSplit;
-    while ((len + s - 1) / s > maxSplits) s <<= 1;
-    return s;
+    const int s = (((len + maxSplits - 1) / maxSplits) + 15) & ~15;
+    return imax(minSplit, s);
 }
 
 constexpr int DEC_TT = 16;
 using DecLayout = Layout<HBD, HBD, DEC_TT, 8, true>;
+// Decode blocks an SM: two when their shared memory fits twice (the launch bound asks the registers for it).
+constexpr int DEC_BLOCKS = (DV <= 128 && DecLayout::TOTAL <= 110 * 1024) ? 2 : 1;
 
 // Selected decode (kvant_attn_decode_sel, HBD = 1): the block reads the tokens of its kv head's selection list
 // instead of [0, len): list sel[(seq * kvHeads + kvHead) * selStride + i] (i < selCounts[...]) holds ascending
@@ -611,7 +614,7 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
     }
 }
 
-extern "C" __global__ void __launch_bounds__(HBD * 32, (DV <= 128 && DecLayout::TOTAL <= 110 * 1024) ? 2 : 1)
+extern "C" __global__ void __launch_bounds__(HBD * 32, DEC_BLOCKS)
 kvant_attn_decode(const float* __restrict__ q, const u8* __restrict__ kpool, const u8* __restrict__ vpool,
                   const int* __restrict__ tables, int tableStride, const int* __restrict__ lens,
                   float* __restrict__ opart, float2* __restrict__ ml, int kvHeads, int G, int nq, int pageTokens,
@@ -623,7 +626,7 @@ kvant_attn_decode(const float* __restrict__ q, const u8* __restrict__ kpool, con
 }
 
 #if HBD == 1
-extern "C" __global__ void __launch_bounds__(32, (DV <= 128 && DecLayout::TOTAL <= 110 * 1024) ? 2 : 1)
+extern "C" __global__ void __launch_bounds__(32, DEC_BLOCKS)
 kvant_attn_decode_sel(const float* __restrict__ q, const u8* __restrict__ kpool, const u8* __restrict__ vpool,
                       const int* __restrict__ tables, int tableStride, const int* __restrict__ lens,
                       float* __restrict__ opart, float2* __restrict__ ml, int kvHeads, int G, int nq, int pageTokens,
@@ -1085,7 +1088,7 @@ extern "C" __global__ void __launch_bounds__(MERGE_THREADS) kvant_attn_unrotate(
 
 // kvant_attn_info — the launch geometry the host needs, from the one place it is defined:
 // out = {decode shared bytes, decode threads, decode stages, prefill shared bytes, prefill threads, prefill stages,
-//        K row bytes, V row bytes}. One thread.
+//        K row bytes, V row bytes, decode blocks an SM}. One thread.
 extern "C" __global__ void kvant_attn_info(int* out) {
     KVANT_GRID_ENTER();
     out[0] = DecLayout::TOTAL;
@@ -1096,4 +1099,5 @@ extern "C" __global__ void kvant_attn_info(int* out) {
     out[5] = PreLayout::NST;
     out[6] = RBK;
     out[7] = RBV;
+    out[8] = DEC_BLOCKS;
 }

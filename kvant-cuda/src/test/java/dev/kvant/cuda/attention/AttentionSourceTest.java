@@ -60,18 +60,31 @@ class AttentionSourceTest {
     }
 
     @Test
-    void splitsFollowTheLengthAtMostTwoHundredFiftySix() {
+    void splitsAreTheFewestWholeTilesThatMakeAtMostTheLaunchsSplits() {
         AttentionPlan big = AttentionPlan.of(1, 1, 524288, 0);
         assertEquals(256, big.maxSplits());
-        assertEquals(32, big.splitFor(1));
-        assertEquals(32, big.splitFor(8192));
-        assertEquals(64, big.splitFor(8193));
-        assertEquals(128, big.splitFor(32768));
-        assertEquals(2048, big.splitFor(524288));
+        assertEquals(256, big.maxSplits(2));
+        assertEquals(128, big.maxSplits(1));
+        assertEquals(32, big.splitFor(1, 256));
+        assertEquals(32, big.splitFor(8192, 256));
+        assertEquals(48, big.splitFor(8193, 256));
+        assertEquals(128, big.splitFor(32768, 256));
+        assertEquals(144, big.splitFor(32769, 256), "228 splits, not 129 of 256 tokens");
+        assertEquals(272, big.splitFor(32769, 128));
+        assertEquals(2048, big.splitFor(524288, 256));
+        for (int len = 1; len <= 70000; len += 97) {
+            for (int splits : new int[] {128, 256}) {
+                int s = big.splitFor(len, splits);
+                assertEquals(0, s % 16, "whole tiles");
+                assertTrue((len + s - 1) / s <= splits, "at most the launch's splits");
+                assertTrue(s == 32 || (len + s - 17) / (s - 16) > splits, "no smaller split would do: " + len);
+            }
+        }
         AttentionPlan small = AttentionPlan.of(1, 1, 600, 0);
         assertEquals(19, small.maxSplits());
-        assertEquals(32, small.splitFor(600));
+        assertEquals(32, small.splitFor(600, small.maxSplits()));
         assertEquals(256, AttentionPlan.of(1, 1, 8 << 20, 0).maxSplits(), "any length: the split grows instead");
+        assertThrows(IllegalArgumentException.class, () -> big.maxSplits(3));
     }
 
     @Test
