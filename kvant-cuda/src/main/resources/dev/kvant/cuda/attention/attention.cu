@@ -32,6 +32,11 @@ constexpr bool K_BF16 = KF == F_BF16;
 constexpr bool K_FOLD = fmt_turbo(KF) && DK == rot_block(DK);
 constexpr bool V_FOLD = fmt_turbo(VF) && DV == rot_block(DV);
 constexpr bool V_BF16 = VF == F_BF16;
+// Decode over turbo3 rows of 128 (K_FRAG, V_FRAG): no tile. Each lane decodes its mma A fragments straight from the
+// raw stage through the pair table (turbo3_pairs), in a column order of its own (kfrag_dim, vfrag_dim) chosen so
+// that a lane's pairs come from a few consecutive code bytes of a row; the query (K) and the output (V) follow it.
+constexpr bool K_FRAG = KF == F_TURBO3 && DK == 128;
+constexpr bool V_FRAG = VF == F_TURBO3 && DV == 128;
 #define NEG_INF (-__int_as_float(0x7f800000))
 
 // ---- PTX helpers (smem_u32 and the cp.async copies come with every kvant source: KernelSource.CP_ASYNC)
@@ -63,6 +68,37 @@ __device__ __forceinline__ void mma16816(float (&d)[4], u32 a0, u32 a1, u32 a2, 
                      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
     }
 }
+// ---- turbo3 fragments (K_FRAG, V_FRAG). A turbo3 row of 128 is a norm, a low plane of 32 bytes (byte b: the low
+// code bits of dimensions b + 32q at bits 2q, q = 0..3) and a high plane of 16 (byte j: the high bit of dimension
+// 16s + j + 32q at bit s + 2q). A nibble of a low byte and its two high bits index the pair table (build_pair_lut):
+// dimensions b + 32(2n), b + 32(2n + 1) for nibble n, as the low and high half.
+
+// The four pairs of low bytes b, b + 1 (at codes + loOff; b even) from one 16-bit word of each plane: p[0] byte b
+// nibble 0, p[1] byte b + 1 nibble 0, p[2] byte b nibble 1, p[3] byte b + 1 nibble 1. lo, hi: the words at codes +
+// loOff and codes + 32 + hiOff (hiOff = b mod 16), s = b div 16; lut: the lane's copy of the table.
+__device__ __forceinline__ void turbo3_pairs(u32 (&p)[4], u32 lo, u32 hi, int s, u32 lut) {
+    const u32 x = (hi >> s) & 0x5555u;
+    const u32 y0 = (lo & 0x0F0Fu) | ((x & 0x0505u) << 4);
+    const u32 y1 = ((lo >> 4) & 0x0F0Fu) | (x & 0x5050u);
+    p[0] = lds_table(lut + ((y0 & 255u) << 7));
+    p[1] = lds_table(lut + ((y0 >> 8) << 7));
+    p[2] = lds_table(lut + ((y1 & 255u) << 7));
+    p[3] = lds_table(lut + ((y1 >> 8) << 7));
+}
+
+// K_FRAG column order: lane g·4 + c reads low bytes 8c..8c+7 of its tokens' rows, byte 8c + ks for k-step ks, nibble
+// n for the A registers of columns 16ks + 8n + 2c (+1): column 16ks + 8h + 2c + e holds dimension 8c + ks + 32(2h + e).
+__device__ __forceinline__ int kfrag_col(int d) {   // head dimension -> column
+    const int b = d & 31, q = d >> 5;
+    return 16 * (b & 7) + 8 * (q >> 1) + 2 * (b >> 3) + (q & 1);
+}
+// V_FRAG column order: lane g·4 + c reads low bytes 4g..4g+3 of its four tokens' rows; byte 4g + i nibble n is the
+// pair of rows g, g + 8 of m-tile 2i + n: column 16mt + 8h + g holds dimension 4g + (mt >> 1) + 32(2(mt & 1) + h).
+__device__ __forceinline__ int vfrag_dim(int m) {   // column -> head dimension
+    const int mt = m >> 4, g = m & 7, h = (m >> 3) & 1;
+    return 4 * g + (mt >> 1) + 32 * (2 * (mt & 1) + h);
+}
+
 // 2^x by the SFU (ex2.approx.ftz: relative error below 2^-22, 2^-inf = 0): the softmax's exponential, one
 // instruction instead of exp2f's range handling.
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -116,6 +152,16 @@ struct Layout {
     static_assert(TOTAL <= 227 * 1024, "attention tile does not fit in shared memory: fewer kv heads per block");
 };
 
+// x / pageTokens and x % pageTokens for positions x >= 0 in the tile loops: a shift and a mask when pages hold a
+// power of two tokens (as every cache kvant plans; the test is uniform and hoisted out of the loops), else the
+// unsigned division — a runtime divisor otherwise costs a few dozen instructions a token.
+__device__ __forceinline__ int page_div(int x, int pageTokens) {
+    return (pageTokens & (pageTokens - 1)) == 0 ? x >> (__ffs(pageTokens) - 1) : (int) ((u32) x / (u32) pageTokens);
+}
+__device__ __forceinline__ int page_mod(int x, int pageTokens) {
+    return (pageTokens & (pageTokens - 1)) == 0 ? x & (pageTokens - 1) : (int) ((u32) x % (u32) pageTokens);
+}
+
 // One token's cover of HB rows into its slot of a raw stage: the TPT threads of the token copy consecutive 16-byte
 // words (w = u, u + TPT, ...), so each group of TPT lanes reads one contiguous run. page < 0: the token is outside
 // the range and its slot is zero-filled (never read as data; zeros keep masked rows finite).
@@ -123,7 +169,7 @@ template <int HB, int RB, int SLOT, int TPT>
 __device__ __forceinline__ void copy_token(u8* dst, u8* offOut, int page, int tok, int pageTokens,
                                            const u8* __restrict__ pool, i64 pageBytes, int kvHeads, int h0, int u) {
     if (page >= 0) {
-        const i64 start = (i64) page * pageBytes + ((i64) (tok % pageTokens) * kvHeads + h0) * RB;
+        const i64 start = (i64) page * pageBytes + ((i64) page_mod(tok, pageTokens) * kvHeads + h0) * RB;
         const int off = (int) (start & 15);
         const int words = (off + HB * RB + 15) >> 4;
         const u8* src = pool + (start & ~(i64) 15);
@@ -150,7 +196,7 @@ struct StageLoader {
     // of tok0 (tok0 itself, or where a selection list maps it: a stage never crosses a selection block).
     __device__ __forceinline__ int page(const int* __restrict__ table, int tok0, int tokEnd, int pos0,
                                         int pageTokens) const {
-        return tok0 + t < tokEnd ? table[(pos0 + t) / pageTokens] : -1;
+        return tok0 + t < tokEnd ? table[page_div(pos0 + t, pageTokens)] : -1;
     }
 
     __device__ __forceinline__ void issue(u8* smem, int stage, int tok0, int page, int pageTokens,
@@ -165,7 +211,7 @@ struct StageLoader {
                                             vPageBytes, kvHeads, h0, u);
         if constexpr (LY::STAGE_MU > 0) {
             // a chunk that starts a page: that page's key mean (kv head h0) into the chunk's slot
-            if (page >= 0 && t % 8 == 0 && (tok0 + t) % pageTokens == 0) {
+            if (page >= 0 && t % 8 == 0 && page_mod(tok0 + t, pageTokens) == 0) {
                 u8* mu = rawK + TT * (LY::SLOTK + LY::SLOTV) + (t / 8) * DK * 2;
                 const u8* src = (const u8*) key_mean(kpool, page, kPageBytes, pageTokens, kvHeads, h0);
                 for (int w = u; w < DK * 2 / 16; w += TPT) cp_async16(mu + w * 16, src + w * 16);
@@ -222,10 +268,14 @@ __device__ __forceinline__ void dequant_tile(u8* tile, const u8* raw, const u8* 
 
 // A page mean staged by one warp in its tile column order (muT[col] = μ of head dimension perm_col(col)), so that the
 // f16 pairs a lane reads are the fragment of a matrix whose every row (decode: A) or column (prefill: B) is μ.
+template <bool FRAG>
 __device__ __forceinline__ void stage_mean(u16* muT, const u16* __restrict__ mu, int lane) {
     __syncwarp();
 #pragma unroll
-    for (int j = 0; j < DK / 32; j++) muT[perm_inv<KF, DK>(32 * j + lane)] = mu[32 * j + lane];
+    for (int j = 0; j < DK / 32; j++) {
+        const int d = 32 * j + lane;
+        muT[FRAG ? kfrag_col(d) : perm_inv<KF, DK>(d)] = mu[d];
+    }
     __syncwarp();
 }
 
@@ -273,7 +323,7 @@ __device__ __forceinline__ void load_q(float (&x)[QROWS][DK / 32], const float* 
     }
 }
 
-template <int QROWS>
+template <int QROWS, bool FRAG = false>
 __device__ __forceinline__ void store_q(u8* qs, float (&x)[QROWS][DK / 32], int validRows, float qscale,
                                         int lane) {
 #pragma unroll
@@ -281,7 +331,7 @@ __device__ __forceinline__ void store_q(u8* qs, float (&x)[QROWS][DK / 32], int 
         if constexpr (fmt_rotated(KF)) wht_row<DK>(x[r], lane, false);
 #pragma unroll
         for (int j = 0; j < DK / 32; j++) {
-            const int col = perm_inv<KF, DK>(32 * j + lane);
+            const int col = FRAG ? kfrag_col(32 * j + lane) : perm_inv<KF, DK>(32 * j + lane);
             const float v = r < validRows ? x[r][j] * qscale : 0.f;
             *(u16*) (qs + r * (2 * DK + 16) + col * 2) = K_BF16 ? f2bf(v) : f2h(v);
         }
@@ -325,7 +375,8 @@ __device__ __forceinline__ void build_luts(u8* smem, int lutK, int lutV, int tid
 //         probability below sparseThreshold (relative to the running row max) is dropped from the V sum (kept in
 //         the denominator), and a 16-token block with none left skips its V dequantization and mma.
 //         Turbo rows of one block (K_FOLD, V_FOLD) enter the tile as bare centroid pairs; a K row's norm scales
-//         its scores after the mma, a V row's norm its probabilities before they become f16.
+//         its scores after the mma, a V row's norm its probabilities before they become f16. turbo3 rows of 128
+//         (K_FRAG, V_FRAG) have no tile: a lane decodes its A fragments from the raw stage (turbo3_pairs).
 // exact:  deterministic (fixed tile order, fixed split boundaries); not bitwise equal to the CPU's f32 attention
 //         (f16 operands); tests bound the NMSE against a float64 reference.
 // ================================================================================================================
@@ -423,7 +474,7 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
     }
     int pageNext = loader.page(table, t0 + (NST - 1) * TT, t1, pos(t0 + (NST - 1) * TT), pageTokens);
     build_luts(smem, LY::OFF_LUTK, LY::OFF_LUTV, threadIdx.x, blockDim.x);
-    store_q<8>(qs, qx, nRows - row0, qscale, lane);
+    store_q<8, K_FRAG>(qs, qx, nRows - row0, qscale, lane);
 
     // Q^T as B fragments: b0/b1 of k-step ks = dims 16ks + 2c.. / +8.., row g.
     u32 qf[DK / 16][2];
@@ -471,20 +522,42 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
         const u8* offs = smem + LY::OFF_OFS + st * TT * 2;
 
         // ---- S^T = K Q^T (16 tokens x 8 rows)
-        const u8* kt;
-        int kstride;
-        if constexpr (K_DIRECT) {
-            kt = rawK + warp * RBK;
-            kstride = LY::SLOTK;
-        } else {
-            dequant_tile<KF, DK, TT, LY::SLOTK, LY::TS, 32, !K_FOLD>(tile, rawK, offs, 0, warp, valid, lutK, lane,
-                                                                     lane);
-            __syncwarp();
-            kt = tile;
-            kstride = LY::TS;
-        }
         float s[4] = {0.f, 0.f, 0.f, 0.f};
-        {
+        if constexpr (K_FRAG) {
+            // tokens g and g + 8: 16-bit words k of low bytes 8c.. and high bytes 8(c & 1).. give k-steps 2k, 2k + 1
+            // (a token past the tile's end reads its zero-filled slot: finite pairs, its score masked below)
+            const u32 lutA = smem_u32(lutK + lane);
+            const u32 row0 = smem_u32(rawK + g * LY::SLOTK + warp * RBK) + offs[g * 2] + 2;
+            const u32 row1 = smem_u32(rawK + (g + 8) * LY::SLOTK + warp * RBK) + offs[(g + 8) * 2] + 2;
+            u32 w[2][4][2];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                w[0][k][0] = lds_u16(row0 + 8 * c + 2 * k);
+                w[0][k][1] = lds_u16(row0 + 32 + 8 * (c & 1) + 2 * k);
+                w[1][k][0] = lds_u16(row1 + 8 * c + 2 * k);
+                w[1][k][1] = lds_u16(row1 + 32 + 8 * (c & 1) + 2 * k);
+            }
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                u32 p0[4], p1[4];
+                turbo3_pairs(p0, w[0][k][0], w[0][k][1], c >> 1, lutA);
+                turbo3_pairs(p1, w[1][k][0], w[1][k][1], c >> 1, lutA);
+                mma16816<false>(s, p0[0], p1[0], p0[2], p1[2], qf[2 * k][0], qf[2 * k][1]);
+                mma16816<false>(s, p0[1], p1[1], p0[3], p1[3], qf[2 * k + 1][0], qf[2 * k + 1][1]);
+            }
+        } else {
+            const u8* kt;
+            int kstride;
+            if constexpr (K_DIRECT) {
+                kt = rawK + warp * RBK;
+                kstride = LY::SLOTK;
+            } else {
+                dequant_tile<KF, DK, TT, LY::SLOTK, LY::TS, 32, !K_FOLD>(tile, rawK, offs, 0, warp, valid, lutK,
+                                                                         lane, lane);
+                __syncwarp();
+                kt = tile;
+                kstride = LY::TS;
+            }
             const u8* a = kt + ((lane & 7) + ((lane >> 3) & 1) * 8) * kstride + (lane >> 4) * 16;
 #pragma unroll
             for (int ks = 0; ks < DK / 16; ks++) {
@@ -506,11 +579,11 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 if (8 * e < valid) {
-                    const int page = table[pos(tok0 + 8 * e) / pageTokens];
+                    const int page = table[page_div(pos(tok0 + 8 * e), pageTokens)];
                     if (page != biasPage) {
                         biasPage = page;
                         u16* muT = (u16*) (smem + LY::OFF_MU) + warp * DK;
-                        stage_mean(muT, key_mean(kpool, page, kPageBytes, pageTokens, kvHeads, kh), lane);
+                        stage_mean<K_FRAG>(muT, key_mean(kpool, page, kPageBytes, pageTokens, kvHeads, kh), lane);
                         bias = key_bias_decode(qf, muT, lane);
                     }
                     s[2 * e] += bias.x;
@@ -566,20 +639,48 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
         const u32 b1 = movm_t(pack2<V_BF16>(pv[2], pv[3]));
 
         // ---- O^T += V^T P^T
-        const u8* vt;
-        int vstride;
-        if constexpr (V_DIRECT) {
-            vt = rawV + warp * RBV;
-            vstride = LY::SLOTV;
+        if constexpr (V_FRAG) {
+            // tokens 2c, 2c + 1, 2c + 8, 2c + 9: 16-bit words k of low bytes 4g.. and high bytes 4(g & 3).. give the
+            // pairs (rows g, g + 8) of m-tiles 4k..4k + 3 of each; two tokens' pairs make an A register by halves
+            // (a token past the tile's end reads its zero-filled slot: finite pairs times a zero probability)
+            const u32 lutA = smem_u32(lutV + lane);
+            u32 w[4][2][2];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int t = 2 * c + (j & 1) + 8 * (j >> 1);
+                const u32 row = smem_u32(rawV + t * LY::SLOTV + warp * RBV) + offs[t * 2 + 1] + 2;
+#pragma unroll
+                for (int k = 0; k < 2; k++) {
+                    w[j][k][0] = lds_u16(row + 4 * g + 2 * k);
+                    w[j][k][1] = lds_u16(row + 32 + 4 * (g & 3) + 2 * k);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                u32 p[4][4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) turbo3_pairs(p[j], w[j][k][0], w[j][k][1], g >> 2, lutA);
+#pragma unroll
+                for (int i = 0; i < 4; i++) {   // pair i of a word: m-tile 4k + (0, 2, 1, 3)[i]
+                    const int mt = 4 * k + ((i & 1) << 1) + (i >> 1);
+                    mma16816<false>(o[mt], __byte_perm(p[0][i], p[1][i], 0x5410), __byte_perm(p[0][i], p[1][i], 0x7632),
+                                    __byte_perm(p[2][i], p[3][i], 0x5410), __byte_perm(p[2][i], p[3][i], 0x7632), b0, b1);
+                }
+            }
         } else {
-            __syncwarp();
-            dequant_tile<VF, DV, TT, LY::SLOTV, LY::TS, 32, !V_FOLD>(tile, rawV, offs, 1, warp, valid, lutV, lane,
-                                                                     lane);
-            __syncwarp();
-            vt = tile;
-            vstride = LY::TS;
-        }
-        {
+            const u8* vt;
+            int vstride;
+            if constexpr (V_DIRECT) {
+                vt = rawV + warp * RBV;
+                vstride = LY::SLOTV;
+            } else {
+                __syncwarp();
+                dequant_tile<VF, DV, TT, LY::SLOTV, LY::TS, 32, !V_FOLD>(tile, rawV, offs, 1, warp, valid, lutV,
+                                                                         lane, lane);
+                __syncwarp();
+                vt = tile;
+                vstride = LY::TS;
+            }
             const u8* a = vt + ((lane & 7) + (lane >> 4) * 8) * vstride + ((lane >> 3) & 1) * 16;
 #pragma unroll
             for (int mt = 0; mt < DV / 16; mt++) {
@@ -587,8 +688,8 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
                 ldsm_x4_t(r, a + mt * 32);
                 mma16816<V_BF16>(o[mt], r[0], r[1], r[2], r[3], b0, b1);
             }
+            if constexpr (!V_DIRECT) __syncwarp();
         }
-        if constexpr (!V_DIRECT) __syncwarp();
     }
 
     // ---- partials: the lane's sums over its tokens, added across the 8 lanes of a row in a fixed tree
@@ -608,8 +709,8 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
         float* op = opart + part * DV;
 #pragma unroll
         for (int mt = 0; mt < DV / 16; mt++) {
-            op[perm_col<VF, DV>(mt * 16 + g)] = o[mt][e];
-            op[perm_col<VF, DV>(mt * 16 + g + 8)] = o[mt][2 + e];
+            op[V_FRAG ? vfrag_dim(mt * 16 + g) : perm_col<VF, DV>(mt * 16 + g)] = o[mt][e];
+            op[V_FRAG ? vfrag_dim(mt * 16 + g + 8) : perm_col<VF, DV>(mt * 16 + g + 8)] = o[mt][2 + e];
         }
     }
 }
@@ -796,7 +897,7 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
                     if (8 * j == next) {   // a new page: its mean came with the stage
                         next += pageTokens;
                         u16* muT = (u16*) (smem + LY::OFF_MU) + warp * DK;
-                        stage_mean(muT, (const u16*) (rawK + TT * (LY::SLOTK + LY::SLOTV)) + j * DK, lane);
+                        stage_mean<false>(muT, (const u16*) (rawK + TT * (LY::SLOTK + LY::SLOTV)) + j * DK, lane);
                         float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
                         for (int ks = 0; ks < DK / 16; ks++) {
