@@ -38,6 +38,7 @@ public final class AttentionPrecompile {
         long t0 = System.nanoTime();
         cache.cubin(dev.kvant.cuda.model.CudaBackend.kernelSource(), args[1], Map.of());
         compile(cache, args[1], standardShapes(), threads);
+        compile(cache, args[1], centeredWriteShapes(), threads);
         compile(cache, args[1], selectionShapes(), threads, true);
         System.out.printf("compiled the model module and the attention modules of %d shapes (with selection: %d) for"
                 + " %s into %s in %.1f s (%s)%n", standardShapes().size(), selectionShapes().size(), args[1], args[0],
@@ -76,6 +77,21 @@ public final class AttentionPrecompile {
                 TurboFormat.TURBO3, 64));
         shapes.add(new AttentionShape(new KvGeometry(1, 8, 256, 256), 32, KvFormat.parse("turbo2+mean"),
                 TurboFormat.TURBO2, 64));
+        return shapes;
+    }
+
+    /**
+     * The shapes KvWriteGpuTest writes centered keys through: every format that takes {@code +mean}, head sizes 64,
+     * 128, 256, q8_0 values (compiled ahead too: on the GPU machine each module would cost seconds of NVRTC).
+     */
+    public static List<AttentionShape> centeredWriteShapes() {
+        List<AttentionShape> shapes = new ArrayList<>();
+        for (int d : new int[] {64, 128, 256}) {
+            for (String f : new String[] {"turbo3", "turbo4", "turbo2", "q4_0h", "q4_0", "q8_0", "int8"}) {
+                shapes.add(new AttentionShape(new KvGeometry(1, 8, d, d), 32, KvFormat.parse(f + "+mean"),
+                        KvFormat.parse("q8_0"), 64));
+            }
+        }
         return shapes;
     }
 

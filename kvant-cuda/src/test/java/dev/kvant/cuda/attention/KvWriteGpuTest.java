@@ -120,14 +120,10 @@ class KvWriteGpuTest {
         }
     }
 
+    /** AttentionPrecompile's centered write shapes (their modules come precompiled with the suite). */
     static Stream<Arguments> centeredFormats() {
-        List<Arguments> all = new ArrayList<>();
-        for (int d : new int[] {64, 128, 256}) {
-            for (String f : new String[] {"turbo3", "turbo4", "turbo2", "q4_0h", "q4_0", "q8_0", "int8"}) {
-                all.add(Arguments.of(f + "+mean", d));
-            }
-        }
-        return all.stream();
+        return AttentionPrecompile.centeredWriteShapes().stream()
+                .map(s -> Arguments.of(s.kFormat().name(), s.headDimK()));
     }
 
     /**
