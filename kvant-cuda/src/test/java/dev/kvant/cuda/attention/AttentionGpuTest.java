@@ -20,6 +20,7 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.SplittableRandom;
+import java.util.stream.IntStream;
 import java.util.stream.Stream;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.Tag;
@@ -162,12 +163,13 @@ class AttentionGpuTest {
                 double[] tight = new double[LENS.length * heads * dV];
                 double[] loose = new double[tight.length];
                 double scale = 1 / Math.sqrt(dK);
-                for (int s = 0; s < LENS.length; s++) {
+                // each reference row is computed alone into its own slots: in parallel, the same numbers
+                IntStream.range(0, LENS.length).parallel().forEach(s -> {
                     AttentionReference.attend(data.kDecoded()[s], data.vDecoded()[s], q, s * heads * dK, heads, LENS[s],
                             scale, tight, s * heads * dV);
                     AttentionReference.attend(data.kExact()[s], data.vExact()[s], q, s * heads * dK, heads, LENS[s],
                             scale, loose, s * heads * dV);
-                }
+                });
                 check("decode G=" + group, first, tight, loose, kName, vName, seed);
             }
         }
@@ -195,16 +197,14 @@ class AttentionGpuTest {
                 double[] tight = new double[2 * queries * heads * dV];
                 double[] loose = new double[tight.length];
                 double scale = 1 / Math.sqrt(dK);
-                for (int s = 0; s < 2; s++) {
-                    for (int i = 0; i < queries; i++) {
-                        int visible = lens[s] - queries + i + 1;
-                        int row = s * queries + i;
-                        AttentionReference.attend(data.kDecoded()[s + 1], data.vDecoded()[s + 1], q, row * heads * dK,
-                                heads, visible, scale, tight, row * heads * dV);
-                        AttentionReference.attend(data.kExact()[s + 1], data.vExact()[s + 1], q, row * heads * dK,
-                                heads, visible, scale, loose, row * heads * dV);
-                    }
-                }
+                IntStream.range(0, 2 * queries).parallel().forEach(row -> {
+                    int s = row / queries, i = row % queries;
+                    int visible = lens[s] - queries + i + 1;
+                    AttentionReference.attend(data.kDecoded()[s + 1], data.vDecoded()[s + 1], q, row * heads * dK,
+                            heads, visible, scale, tight, row * heads * dV);
+                    AttentionReference.attend(data.kExact()[s + 1], data.vExact()[s + 1], q, row * heads * dK,
+                            heads, visible, scale, loose, row * heads * dV);
+                });
                 check("multi-query G=" + group + " queries=" + queries, out, tight, loose, kName, vName, seed);
             }
         }
@@ -238,12 +238,12 @@ class AttentionGpuTest {
                 double[] tight = new double[n * heads * dV];
                 double[] loose = new double[tight.length];
                 double scale = 1 / Math.sqrt(dK);
-                for (int i = 0; i < n; i++) {
+                IntStream.range(0, n).parallel().forEach(i -> {
                     AttentionReference.attend(data.kDecoded()[s], data.vDecoded()[s], q, i * heads * dK, heads,
                             start + i + 1, scale, tight, i * heads * dV);
                     AttentionReference.attend(data.kExact()[s], data.vExact()[s], q, i * heads * dK, heads,
                             start + i + 1, scale, loose, i * heads * dV);
-                }
+                });
                 check("prefill G=" + group + " start=" + start + " n=" + n, out, tight, loose, kName, vName, seed);
             }
         }
