@@ -48,7 +48,8 @@ public final class AttentionPrecompile {
     /**
      * The shapes the GPU tests and AttentionGpuBench use: every format for K and V alike, head sizes 64, 128, 256,
      * 8 kv heads (llama3-8b has 8; decode blocks depend only on the kv heads, the GQA group is a launch argument),
-     * and two mixed pairs (turbo3 K with q8_0 V; bf16 K with turbo4 V and different head sizes).
+     * and three mixed pairs (turbo3 K with q8_0 V; turbo2 K with turbo4 V, each decoded straight from the stage
+     * through a table of its own; bf16 K with turbo4 V and different head sizes).
      */
     public static List<AttentionShape> standardShapes() {
         List<AttentionShape> shapes = new ArrayList<>();
@@ -63,6 +64,8 @@ public final class AttentionPrecompile {
         }
         shapes.add(new AttentionShape(new KvGeometry(1, 8, 128, 128), 32, TurboFormat.TURBO3,
                 KvFormat.parse("q8_0"), 64));
+        shapes.add(new AttentionShape(new KvGeometry(1, 8, 128, 128), 32, TurboFormat.TURBO2, TurboFormat.TURBO4,
+                64));
         shapes.add(new AttentionShape(new KvGeometry(1, 8, 64, 128), 32, KvFormat.parse("bf16"), TurboFormat.TURBO4,
                 64));
         // keys centered on their page's mean: each family, and the tinycode shape

@@ -32,11 +32,12 @@ constexpr bool K_BF16 = KF == F_BF16;
 constexpr bool K_FOLD = fmt_turbo(KF) && DK == rot_block(DK);
 constexpr bool V_FOLD = fmt_turbo(VF) && DV == rot_block(DV);
 constexpr bool V_BF16 = VF == F_BF16;
-// Decode over turbo3 rows of 128 (K_FRAG, V_FRAG): no tile. Each lane decodes its mma A fragments straight from the
-// raw stage through the pair table (turbo3_pairs), in a column order of its own (kfrag_dim, vfrag_dim) chosen so
-// that a lane's pairs come from a few consecutive code bytes of a row; the query (K) and the output (V) follow it.
-constexpr bool K_FRAG = KF == F_TURBO3 && DK == 128;
-constexpr bool V_FRAG = VF == F_TURBO3 && DV == 128;
+// Decode over turbo rows of 128 (K_FRAG, V_FRAG): no tile. Each lane decodes its mma A fragments straight from the
+// raw stage through the pair table (turbo_pairs, turbo4_pair), in a column order of its own (kfrag_col, vfrag_dim)
+// chosen so that a lane's pairs come from a few consecutive code bytes of a row; the query (K) and the output (V)
+// follow it.
+constexpr bool K_FRAG = fmt_turbo(KF) && DK == 128;
+constexpr bool V_FRAG = fmt_turbo(VF) && DV == 128;
 #define NEG_INF (-__int_as_float(0x7f800000))
 
 // ---- PTX helpers (smem_u32 and the cp.async copies come with every kvant source: KernelSource.CP_ASYNC)
@@ -68,35 +69,63 @@ __device__ __forceinline__ void mma16816(float (&d)[4], u32 a0, u32 a1, u32 a2, 
                      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
     }
 }
-// ---- turbo3 fragments (K_FRAG, V_FRAG). A turbo3 row of 128 is a norm, a low plane of 32 bytes (byte b: the low
-// code bits of dimensions b + 32q at bits 2q, q = 0..3) and a high plane of 16 (byte j: the high bit of dimension
-// 16s + j + 32q at bit s + 2q). A nibble of a low byte and its two high bits index the pair table (build_pair_lut):
-// dimensions b + 32(2n), b + 32(2n + 1) for nibble n, as the low and high half.
+// ---- turbo fragments (K_FRAG, V_FRAG), rows of 128: a norm, then the codes.
+// turbo4: 64 bytes, byte b holds dimensions b (low nibble) and b + 64 (high): one byte is one pair table entry.
+// turbo3: a low plane of 32 bytes (byte b: the low code bits of dimensions b + 32q at bits 2q, q = 0..3) and a high
+// plane of 16 (byte j: the high bit of dimension 16s + j + 32q at bit s + 2q). A nibble of a low byte and its two
+// high bits index the pair table (build_pair_lut): dimensions b + 32(2n), b + 32(2n + 1) for nibble n, as the low
+// and high half. turbo2: the low plane alone, a nibble is the index.
 
-// The four pairs of low bytes b, b + 1 (at codes + loOff; b even) from one 16-bit word of each plane: p[0] byte b
-// nibble 0, p[1] byte b + 1 nibble 0, p[2] byte b nibble 1, p[3] byte b + 1 nibble 1. lo, hi: the words at codes +
-// loOff and codes + 32 + hiOff (hiOff = b mod 16), s = b div 16; lut: the lane's copy of the table.
-__device__ __forceinline__ void turbo3_pairs(u32 (&p)[4], u32 lo, u32 hi, int s, u32 lut) {
-    const u32 x = (hi >> s) & 0x5555u;
-    const u32 y0 = (lo & 0x0F0Fu) | ((x & 0x0505u) << 4);
-    const u32 y1 = ((lo >> 4) & 0x0F0Fu) | (x & 0x5050u);
+// The four pairs of low bytes b, b + 1 (turbo3, turbo2; at codes + loOff, b even) from one 16-bit word of each plane:
+// p[0] byte b nibble 0, p[1] byte b + 1 nibble 0, p[2] byte b nibble 1, p[3] byte b + 1 nibble 1. lo, hi: the words at
+// codes + loOff and codes + 32 + hiOff (hiOff = b mod 16; turbo2 has none), s = b div 16; lut: the lane's copy of the
+// table.
+template <int FMT>
+__device__ __forceinline__ void turbo_pairs(u32 (&p)[4], u32 lo, u32 hi, int s, u32 lut) {
+    u32 y0 = lo & 0x0F0Fu, y1 = (lo >> 4) & 0x0F0Fu;
+    if constexpr (FMT == F_TURBO3) {
+        const u32 x = (hi >> s) & 0x5555u;
+        y0 |= (x & 0x0505u) << 4;
+        y1 |= x & 0x5050u;
+    }
     p[0] = lds_table(lut + ((y0 & 255u) << 7));
     p[1] = lds_table(lut + ((y0 >> 8) << 7));
     p[2] = lds_table(lut + ((y1 & 255u) << 7));
     p[3] = lds_table(lut + ((y1 >> 8) << 7));
 }
-
-// K_FRAG column order: lane g·4 + c reads low bytes 8c..8c+7 of its tokens' rows, byte 8c + ks for k-step ks, nibble
-// n for the A registers of columns 16ks + 8n + 2c (+1): column 16ks + 8h + 2c + e holds dimension 8c + ks + 32(2h + e).
-__device__ __forceinline__ int kfrag_col(int d) {   // head dimension -> column
-    const int b = d & 31, q = d >> 5;
-    return 16 * (b & 7) + 8 * (q >> 1) + 2 * (b >> 3) + (q & 1);
+// turbo4: the pair of byte h (0, 1) of a 16-bit code word.
+__device__ __forceinline__ u32 turbo4_pair(u32 w, int h, u32 lut) {
+    return lds_table(lut + (((w >> (8 * h)) & 255u) << 7));
 }
-// V_FRAG column order: lane g·4 + c reads low bytes 4g..4g+3 of its four tokens' rows; byte 4g + i nibble n is the
-// pair of rows g, g + 8 of m-tile 2i + n: column 16mt + 8h + g holds dimension 4g + (mt >> 1) + 32(2(mt & 1) + h).
-__device__ __forceinline__ int vfrag_dim(int m) {   // column -> head dimension
+
+// K_FRAG column order (head dimension -> column of the K fragments and of the query).
+// turbo3, turbo2: lane g·4 + c reads low bytes 8c..8c+7 of its tokens' rows, byte 8c + ks for k-step ks, nibble n for
+// the A registers of columns 16ks + 8n + 2c (+1): column 16ks + 8h + 2c + e holds dimension 8c + ks + 32(2h + e).
+// turbo4: lane g·4 + c reads bytes 16c..16c+15, byte 16c + 2ks + h for the A registers of columns 16ks + 8h + 2c (+1):
+// column 16ks + 8h + 2c + e holds dimension 16c + 2ks + h + 64e.
+template <int FMT>
+__device__ __forceinline__ int kfrag_col(int d) {
+    if constexpr (FMT == F_TURBO4) {
+        const int b = d & 63, e = d >> 6;
+        return 16 * ((b & 15) >> 1) + 8 * (b & 1) + 2 * (b >> 4) + e;
+    } else {
+        const int b = d & 31, q = d >> 5;
+        return 16 * (b & 7) + 8 * (q >> 1) + 2 * (b >> 3) + (q & 1);
+    }
+}
+// V_FRAG column order (column of the output's m-tiles -> head dimension): a pair is rows g, g + 8 of an m-tile.
+// turbo3, turbo2: lane g·4 + c reads low bytes 4g..4g+3 of its four tokens' rows; byte 4g + i nibble n is m-tile
+// 2i + n: column 16mt + 8h + g holds dimension 4g + (mt >> 1) + 32(2(mt & 1) + h).
+// turbo4: lane g·4 + c reads bytes 8g..8g+7; byte 8g + mt is m-tile mt: column 16mt + 8h + g holds dimension
+// 8g + mt + 64h.
+template <int FMT>
+__device__ __forceinline__ int vfrag_dim(int m) {
     const int mt = m >> 4, g = m & 7, h = (m >> 3) & 1;
-    return 4 * g + (mt >> 1) + 32 * (2 * (mt & 1) + h);
+    if constexpr (FMT == F_TURBO4) {
+        return 8 * g + mt + 64 * h;
+    } else {
+        return 4 * g + (mt >> 1) + 32 * (2 * (mt & 1) + h);
+    }
 }
 
 // 2^x by the SFU (ex2.approx.ftz: relative error below 2^-22, 2^-inf = 0): the softmax's exponential, one
@@ -274,7 +303,7 @@ __device__ __forceinline__ void stage_mean(u16* muT, const u16* __restrict__ mu,
 #pragma unroll
     for (int j = 0; j < DK / 32; j++) {
         const int d = 32 * j + lane;
-        muT[FRAG ? kfrag_col(d) : perm_inv<KF, DK>(d)] = mu[d];
+        muT[FRAG ? kfrag_col<KF>(d) : perm_inv<KF, DK>(d)] = mu[d];
     }
     __syncwarp();
 }
@@ -331,7 +360,7 @@ __device__ __forceinline__ void store_q(u8* qs, float (&x)[QROWS][DK / 32], int 
         if constexpr (fmt_rotated(KF)) wht_row<DK>(x[r], lane, false);
 #pragma unroll
         for (int j = 0; j < DK / 32; j++) {
-            const int col = FRAG ? kfrag_col(32 * j + lane) : perm_inv<KF, DK>(32 * j + lane);
+            const int col = FRAG ? kfrag_col<KF>(32 * j + lane) : perm_inv<KF, DK>(32 * j + lane);
             const float v = r < validRows ? x[r][j] * qscale : 0.f;
             *(u16*) (qs + r * (2 * DK + 16) + col * 2) = K_BF16 ? f2bf(v) : f2h(v);
         }
@@ -375,8 +404,8 @@ __device__ __forceinline__ void build_luts(u8* smem, int lutK, int lutV, int tid
 //         probability below sparseThreshold (relative to the running row max) is dropped from the V sum (kept in
 //         the denominator), and a 16-token block with none left skips its V dequantization and mma.
 //         Turbo rows of one block (K_FOLD, V_FOLD) enter the tile as bare centroid pairs; a K row's norm scales
-//         its scores after the mma, a V row's norm its probabilities before they become f16. turbo3 rows of 128
-//         (K_FRAG, V_FRAG) have no tile: a lane decodes its A fragments from the raw stage (turbo3_pairs).
+//         its scores after the mma, a V row's norm its probabilities before they become f16. turbo rows of 128
+//         (K_FRAG, V_FRAG) have no tile: a lane decodes its A fragments from the raw stage (turbo_pairs).
 // exact:  deterministic (fixed tile order, fixed split boundaries); not bitwise equal to the CPU's f32 attention
 //         (f16 operands); tests bound the NMSE against a float64 reference.
 // ================================================================================================================
@@ -523,25 +552,48 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
 
         // ---- S^T = K Q^T (16 tokens x 8 rows)
         float s[4] = {0.f, 0.f, 0.f, 0.f};
+        // K_FRAG: the rows of tokens g and g + 8 (shared addresses of their norms; the codes follow)
+        u32 krow0 = 0, krow1 = 0;
         if constexpr (K_FRAG) {
-            // tokens g and g + 8: 16-bit words k of low bytes 8c.. and high bytes 8(c & 1).. give k-steps 2k, 2k + 1
-            // (a token past the tile's end reads its zero-filled slot: finite pairs, its score masked below)
+            krow0 = smem_u32(rawK + g * LY::SLOTK + warp * RBK) + offs[g * 2];
+            krow1 = smem_u32(rawK + (g + 8) * LY::SLOTK + warp * RBK) + offs[(g + 8) * 2];
+        }
+        if constexpr (K_FRAG && KF == F_TURBO4) {
+            // tokens g and g + 8: 16-bit word ks of bytes 16c.. gives k-step ks (a token past the tile's end reads
+            // its zero-filled slot: finite pairs, its score masked below)
             const u32 lutA = smem_u32(lutK + lane);
-            const u32 row0 = smem_u32(rawK + g * LY::SLOTK + warp * RBK) + offs[g * 2] + 2;
-            const u32 row1 = smem_u32(rawK + (g + 8) * LY::SLOTK + warp * RBK) + offs[(g + 8) * 2] + 2;
+            u32 w[2][DK / 16];
+#pragma unroll
+            for (int ks = 0; ks < DK / 16; ks++) {
+                w[0][ks] = lds_u16(krow0 + 2 + 16 * c + 2 * ks);
+                w[1][ks] = lds_u16(krow1 + 2 + 16 * c + 2 * ks);
+            }
+#pragma unroll
+            for (int ks = 0; ks < DK / 16; ks++) {
+                mma16816<false>(s, turbo4_pair(w[0][ks], 0, lutA), turbo4_pair(w[1][ks], 0, lutA),
+                                turbo4_pair(w[0][ks], 1, lutA), turbo4_pair(w[1][ks], 1, lutA), qf[ks][0], qf[ks][1]);
+            }
+        } else if constexpr (K_FRAG) {
+            // tokens g and g + 8: 16-bit words k of low bytes 8c.. and (turbo3) high bytes 8(c & 1).. give k-steps
+            // 2k, 2k + 1 (a token past the tile's end reads its zero-filled slot: finite pairs, its score masked below)
+            const u32 lutA = smem_u32(lutK + lane);
             u32 w[2][4][2];
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                w[0][k][0] = lds_u16(row0 + 8 * c + 2 * k);
-                w[0][k][1] = lds_u16(row0 + 32 + 8 * (c & 1) + 2 * k);
-                w[1][k][0] = lds_u16(row1 + 8 * c + 2 * k);
-                w[1][k][1] = lds_u16(row1 + 32 + 8 * (c & 1) + 2 * k);
+                w[0][k][0] = lds_u16(krow0 + 2 + 8 * c + 2 * k);
+                w[1][k][0] = lds_u16(krow1 + 2 + 8 * c + 2 * k);
+                if constexpr (KF == F_TURBO3) {
+                    w[0][k][1] = lds_u16(krow0 + 2 + 32 + 8 * (c & 1) + 2 * k);
+                    w[1][k][1] = lds_u16(krow1 + 2 + 32 + 8 * (c & 1) + 2 * k);
+                } else {
+                    w[0][k][1] = w[1][k][1] = 0u;
+                }
             }
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 u32 p0[4], p1[4];
-                turbo3_pairs(p0, w[0][k][0], w[0][k][1], c >> 1, lutA);
-                turbo3_pairs(p1, w[1][k][0], w[1][k][1], c >> 1, lutA);
+                turbo_pairs<KF>(p0, w[0][k][0], w[0][k][1], c >> 1, lutA);
+                turbo_pairs<KF>(p1, w[1][k][0], w[1][k][1], c >> 1, lutA);
                 mma16816<false>(s, p0[0], p1[0], p0[2], p1[2], qf[2 * k][0], qf[2 * k][1]);
                 mma16816<false>(s, p0[1], p1[1], p0[3], p1[3], qf[2 * k + 1][0], qf[2 * k + 1][1]);
             }
@@ -567,8 +619,14 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
             }
         }
         if constexpr (K_FOLD) {   // the norms of tokens g and g + 8 (a token past the tile's end is masked below)
-            const float n0 = row_norm(rawK + g * LY::SLOTK + offs[g * 2] + warp * RBK);
-            const float n1 = row_norm(rawK + (g + 8) * LY::SLOTK + offs[(g + 8) * 2] + warp * RBK);
+            float n0, n1;
+            if constexpr (K_FRAG) {
+                n0 = h2f((u16) lds_u16(krow0));
+                n1 = h2f((u16) lds_u16(krow1));
+            } else {
+                n0 = row_norm(rawK + g * LY::SLOTK + offs[g * 2] + warp * RBK);
+                n1 = row_norm(rawK + (g + 8) * LY::SLOTK + offs[(g + 8) * 2] + warp * RBK);
+            }
             s[0] *= n0;
             s[1] *= n0;
             s[2] *= n1;
@@ -640,31 +698,56 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
 
         // ---- O^T += V^T P^T
         if constexpr (V_FRAG) {
-            // tokens 2c, 2c + 1, 2c + 8, 2c + 9: 16-bit words k of low bytes 4g.. and high bytes 4(g & 3).. give the
-            // pairs (rows g, g + 8) of m-tiles 4k..4k + 3 of each; two tokens' pairs make an A register by halves
-            // (a token past the tile's end reads its zero-filled slot: finite pairs times a zero probability)
+            // tokens 2c, 2c + 1, 2c + 8, 2c + 9; two tokens' pairs make an A register by halves (a token past the
+            // tile's end reads its zero-filled slot: finite pairs times a zero probability). turbo4: 16-bit words k
+            // of bytes 8g.. give the pairs (rows g, g + 8) of m-tiles 2k, 2k + 1; turbo3, turbo2: words k of low
+            // bytes 4g.. and (turbo3) high bytes 4(g & 3).. those of m-tiles 4k..4k + 3.
             const u32 lutA = smem_u32(lutV + lane);
-            u32 w[4][2][2];
+            u32 vrow[4];
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const int t = 2 * c + (j & 1) + 8 * (j >> 1);
-                const u32 row = smem_u32(rawV + t * LY::SLOTV + warp * RBV) + offs[t * 2 + 1] + 2;
+                vrow[j] = smem_u32(rawV + t * LY::SLOTV + warp * RBV) + offs[t * 2 + 1] + 2;
+            }
+            if constexpr (VF == F_TURBO4) {
+                u32 w[4][4];
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int k = 0; k < 4; k++) w[j][k] = lds_u16(vrow[j] + 8 * g + 2 * k);
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        u32 p[4];
+#pragma unroll
+                        for (int j = 0; j < 4; j++) p[j] = turbo4_pair(w[j][k], h, lutA);
+                        mma16816<false>(o[2 * k + h], __byte_perm(p[0], p[1], 0x5410), __byte_perm(p[0], p[1], 0x7632),
+                                        __byte_perm(p[2], p[3], 0x5410), __byte_perm(p[2], p[3], 0x7632), b0, b1);
+                    }
+                }
+            } else {
+                u32 w[4][2][2];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+#pragma unroll
+                    for (int k = 0; k < 2; k++) {
+                        w[j][k][0] = lds_u16(vrow[j] + 4 * g + 2 * k);
+                        w[j][k][1] = VF == F_TURBO3 ? lds_u16(vrow[j] + 32 + 4 * (g & 3) + 2 * k) : 0u;
+                    }
+                }
 #pragma unroll
                 for (int k = 0; k < 2; k++) {
-                    w[j][k][0] = lds_u16(row + 4 * g + 2 * k);
-                    w[j][k][1] = lds_u16(row + 32 + 4 * (g & 3) + 2 * k);
-                }
-            }
+                    u32 p[4][4];
 #pragma unroll
-            for (int k = 0; k < 2; k++) {
-                u32 p[4][4];
+                    for (int j = 0; j < 4; j++) turbo_pairs<VF>(p[j], w[j][k][0], w[j][k][1], g >> 2, lutA);
 #pragma unroll
-                for (int j = 0; j < 4; j++) turbo3_pairs(p[j], w[j][k][0], w[j][k][1], g >> 2, lutA);
-#pragma unroll
-                for (int i = 0; i < 4; i++) {   // pair i of a word: m-tile 4k + (0, 2, 1, 3)[i]
-                    const int mt = 4 * k + ((i & 1) << 1) + (i >> 1);
-                    mma16816<false>(o[mt], __byte_perm(p[0][i], p[1][i], 0x5410), __byte_perm(p[0][i], p[1][i], 0x7632),
-                                    __byte_perm(p[2][i], p[3][i], 0x5410), __byte_perm(p[2][i], p[3][i], 0x7632), b0, b1);
+                    for (int i = 0; i < 4; i++) {   // pair i of a word: m-tile 4k + (0, 2, 1, 3)[i]
+                        const int mt = 4 * k + ((i & 1) << 1) + (i >> 1);
+                        mma16816<false>(o[mt], __byte_perm(p[0][i], p[1][i], 0x5410),
+                                        __byte_perm(p[0][i], p[1][i], 0x7632), __byte_perm(p[2][i], p[3][i], 0x5410),
+                                        __byte_perm(p[2][i], p[3][i], 0x7632), b0, b1);
+                    }
                 }
             }
         } else {
@@ -709,8 +792,8 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
         float* op = opart + part * DV;
 #pragma unroll
         for (int mt = 0; mt < DV / 16; mt++) {
-            op[V_FRAG ? vfrag_dim(mt * 16 + g) : perm_col<VF, DV>(mt * 16 + g)] = o[mt][e];
-            op[V_FRAG ? vfrag_dim(mt * 16 + g + 8) : perm_col<VF, DV>(mt * 16 + g + 8)] = o[mt][2 + e];
+            op[V_FRAG ? vfrag_dim<VF>(mt * 16 + g) : perm_col<VF, DV>(mt * 16 + g)] = o[mt][e];
+            op[V_FRAG ? vfrag_dim<VF>(mt * 16 + g + 8) : perm_col<VF, DV>(mt * 16 + g + 8)] = o[mt][2 + e];
         }
     }
 }
