@@ -658,6 +658,7 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
                 if (!(tok0 + g < t1 && pa <= rowPos[e])) s[e] = NEG_INF;
                 if (!(tok0 + g + 8 < t1 && pa + 8 <= rowPos[e])) s[2 + e] = NEG_INF;
             }
+            float corr[2];
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 float mx = fmaxf(s[e], s[2 + e]);
@@ -666,15 +667,21 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
                 mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 16));
                 const float mnew = fmaxf(mrow[e], mx);
                 const float base = mnew == NEG_INF ? 0.f : mnew;
-                const float corr = fast_exp2(mrow[e] - base);
+                corr[e] = fast_exp2(mrow[e] - base);
                 p[e] = fast_exp2(s[e] - base);
                 p[2 + e] = fast_exp2(s[2 + e] - base);
-                lrow[e] = lrow[e] * corr + (p[e] + p[2 + e]);
+                lrow[e] = lrow[e] * corr[e] + (p[e] + p[2 + e]);
                 mrow[e] = mnew;
+            }
+            // Once the running maxima settle (most tiles of a long context) every factor is exactly 1 (2^0): the
+            // warp skips the rescaling, which would leave the same bits.
+            if (__any_sync(FULL_MASK, corr[0] != 1.f || corr[1] != 1.f)) {
 #pragma unroll
                 for (int i = 0; i < DV / 16; i++) {
-                    o[i][e] *= corr;
-                    o[i][2 + e] *= corr;
+                    o[i][0] *= corr[0];
+                    o[i][2] *= corr[0];
+                    o[i][1] *= corr[1];
+                    o[i][3] *= corr[1];
                 }
             }
 #pragma unroll
