@@ -313,11 +313,18 @@ final class ModelKernels implements AutoCloseable {
                 positionScale, table);
     }
 
+    /** The largest head kvant_rope_split rotates (ROPE_MAX_DIM in model.cu; the attention kernels take up to 256). */
+    static final int ROPE_MAX_DIM = 256;
+
     void ropeSplit(RopeLaunch r, CudaStream stream) {
+        if (r.headDim() > ROPE_MAX_DIM) {
+            throw new IllegalArgumentException("the CUDA RoPE takes heads up to " + ROPE_MAX_DIM + ", got "
+                    + r.headDim());
+        }
         ropeSplit.launch(new Dim3(r.n(), (r.heads() + r.kvHeads() + 3) / 4, 1), Dim3.of(128), 0, stream, r.qkv(),
                 r.n(), orNull(r.positions()), r.start(), r.q(), r.k(), r.v(), r.angles(), r.ropeDim(),
                 r.neox() ? 1 : 0, r.heads(), r.kvHeads(), r.headDim(), r.headDimV(), orNull(r.qNorm()),
-                orNull(r.kNorm()), r.eps(), r.tables(), r.tableStride(), r.seqStride(), r.pageTokens(), r.slots(),
+                orNull(r.kNorm()), r.eps(), r.tables(), r.tableStride(), r.seqStride(), r.pageTokens(), orNull(r.slots()),
                 orNull(r.prevPages()));
     }
 
@@ -361,7 +368,10 @@ final class ModelKernels implements AutoCloseable {
         }
     }
 
-    /** Arguments of one kvant_rope_split launch (see model.cu). */
+    /**
+     * Arguments of one kvant_rope_split launch (see model.cu). slots (and prevPages) null: the cache slots of these
+     * vectors are already written (a step's first layer writes them for all).
+     */
     record RopeLaunch(DeviceBuffer qkv, int n, DeviceBuffer positions, int start, DeviceBuffer q, DeviceBuffer k,
                       DeviceBuffer v, DeviceBuffer angles, int ropeDim, boolean neox, int heads,
                       int kvHeads, int headDim, int headDimV, DeviceBuffer qNorm, DeviceBuffer kNorm, float eps,

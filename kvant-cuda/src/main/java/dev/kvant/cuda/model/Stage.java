@@ -162,7 +162,7 @@ final class Stage implements AutoCloseable {
             DeviceWeights.Layer L = w.layers[l];
             k.rmsnorm(x, L.attnNorm(), xb, n, dim, eps, stream);
             L.qkv().matvec(k, xb, n, qkv, qkvDim, L.qkvBias(), ModelKernels.MV_STORE, stream);
-            k.ropeSplit(rope(kv, n, positions, 0, L, 1), stream);
+            k.ropeSplit(rope(kv, n, positions, 0, l, L, 1), stream);
             kv.attention(l).quantizeRows(kv.cache(), l, kRows, vRows, slots, prevPages, n, stream);
             // the merge writes the 8-bit operand of the o product too when that product reads one
             DeviceBuffer outQ8 = L.wo().readsQ8() ? attn.q8() : null;
@@ -218,7 +218,7 @@ final class Stage implements AutoCloseable {
             if (L.qkvBias() != null) {
                 k.addBias(qkv, L.qkvBias(), qkvDim, n, stream);
             }
-            k.ropeSplit(rope(kv, n, null, start, L, 0), stream);
+            k.ropeSplit(rope(kv, n, null, start, l, L, 0), stream);
             kv.attention(l).quantizeRows(kv.cache(), l, kRows, vRows, slots, prevPages, n, stream);
             if (selected(kv, l)) {
                 kv.attention(l).summarize(kv.cache(), l, kv.batch(), 0, start + n, n, stream);
@@ -291,13 +291,14 @@ final class Stage implements AutoCloseable {
         next.stream.waitFor(sent);
     }
 
-    private ModelKernels.RopeLaunch rope(KvPool.Part kv, int n, DeviceBuffer positions, int start,
+    /** The RoPE launch of local layer l; the first layer writes the vectors' cache slots, which all layers share. */
+    private ModelKernels.RopeLaunch rope(KvPool.Part kv, int n, DeviceBuffer positions, int start, int l,
                                          DeviceWeights.Layer L, int seqStride) {
         Rope r = c.rope();
         return new ModelKernels.RopeLaunch(qkv, n, positions, start, q, kRows, vRows, angles, r.ropeDim(),
                 r.mode() == Rope.Mode.NEOX, c.heads(), c.kvHeads(), c.headDimK(), c.headDimV(),
                 L.qNorm(), L.kNorm(), c.rmsEps(), kv.batch().tables(), kv.batch().tableStride(), seqStride,
-                CudaBackend.PAGE_TOKENS, slots, prevPages);
+                CudaBackend.PAGE_TOKENS, l == 0 ? slots : null, l == 0 ? prevPages : null);
     }
 
     /**

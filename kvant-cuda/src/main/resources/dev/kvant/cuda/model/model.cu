@@ -1355,10 +1355,13 @@ KVANT_FORMAT_KERNELS(q6_k, W_Q6_K)
 // operand of a prefill GEMM) and yq/yds (8-bit codes and scales, the operand of the decode products).
 // grid: n blocks; block: NORM_THREADS threads. Thread t holds the 4-value chunks t, t+T, ... of its row in registers
 // (dim <= 4·T·NORM_CHUNKS), so the row is read once; the sum of squares is a fixed tree (per-thread chunks in order,
-// then warp butterflies, then warps in order). An 8-bit block of 32 values is the chunks of 8 neighbouring lanes.
+// then warp butterflies, then butterflies over the warps' sums). An 8-bit block of 32 values is the chunks of 8 neighbouring lanes.
 #define NORM_THREADS 1024
 #define NORM_CHUNKS 4
 
+// The block's sum: warp butterflies, then every warp adds the warps' sums by butterflies of its own (a lane's
+// pairs are a + b or b + a, equal in floating point, so every lane of every warp holds the same bits) — five
+// shuffles instead of a chain of 32 shared-memory loads and adds.
 __device__ float block_sum(float v, float* shared) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -1369,11 +1372,11 @@ __device__ float block_sum(float v, float* shared) {
         shared[warp] = v;
     }
     __syncthreads();
-    float total = 0.f;
-    for (int i = 0; i < (int) (blockDim.x >> 5); i++) {
-        total += shared[i];
+    float total = lane < (int) (blockDim.x >> 5) ? shared[lane] : 0.f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        total += __shfl_xor_sync(FULL_MASK, total, o);
     }
-    __syncthreads();
     return total;
 }
 
@@ -1461,12 +1464,16 @@ extern "C" __global__ void kvant_rope_angles(const int* __restrict__ positions, 
 }
 
 // ---- after the QKV projection: optional per-head RMSNorm of q and k (qwen3), RoPE at each vector's position
-// (angles from kvant_rope_angles), q/k/v split into their own contiguous buffers, and each vector's cache slot
-// from its page table.
+// (angles from kvant_rope_angles), q/k/v split into their own contiguous buffers, and (slots given: the first layer
+// of a step, the others share them) each vector's cache slot from its page table.
 //
 // qkv: [n][qDim + 2·kvDim] (the fused projection's output); positions: int [n], or null for start + t;
 // tables: page table of vector t at tables + (t·seqStride)·tableStride (seqStride 0: one sequence, prefill).
-// grid: (n, ceil((heads + kvHeads) / 4)); block: 128 threads, warp w rotating head 4·blockIdx.y + w.
+// grid: (n, ceil((heads + kvHeads) / 4)); block: 128 threads, warp w rotating head 4·blockIdx.y + w; the V copy is
+// spread over all the vector's threads. A decode step runs this once a layer on a few KB, so its time is latency:
+// every thread issues all its loads (a head's values, partners and angles, up to ROPE_MAX_DIM / 32 each) before it
+// uses one, and no thread loops over V.
+#define ROPE_MAX_DIM 256
 extern "C" __global__ void __launch_bounds__(128) kvant_rope_split(
         const float* __restrict__ qkv, int n, const int* __restrict__ positions, int start,
         float* __restrict__ q, float* __restrict__ k, float* __restrict__ v,
@@ -1476,8 +1483,8 @@ extern "C" __global__ void __launch_bounds__(128) kvant_rope_split(
         const int* __restrict__ tables, int tableStride, int seqStride, int pageTokens, int* __restrict__ slots,
         int* __restrict__ prevPages) {
     KVANT_GRID_ENTER();
+    constexpr int J = ROPE_MAX_DIM / 32;
     int t = blockIdx.x;
-    int pos = positions != nullptr ? positions[t] : start + t;
     int qDim = heads * headDim, kvDim = kvHeads * headDim, kvDimV = kvHeads * headDimV;
     const float* row = qkv + (i64) t * (qDim + kvDim + kvDimV);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1488,63 +1495,79 @@ extern "C" __global__ void __launch_bounds__(128) kvant_rope_split(
         const float* src = isQ ? row + h * headDim : row + qDim + (h - heads) * headDim;
         float* dst = isQ ? q + (i64) t * qDim + h * headDim : k + (i64) t * kvDim + (h - heads) * headDim;
         const float* norm = isQ ? qNorm : kNorm;
+        int half = ropeDim / 2;
+        // element i = lane + 32j: its value, its partner's, and the pair's angle
+        float xi[J], xp[J], ni[J], np[J];
+        float2 cs[J];
+        bool first[J];
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            const int i = lane + 32 * j;
+            xi[j] = xp[j] = 0.f;
+            ni[j] = np[j] = 1.f;
+            cs[j] = make_float2(1.f, 0.f);
+            first[j] = true;
+            if (i < headDim) {
+                int pair, partner;
+                if (neox) {
+                    pair = i < half ? i : i - half;
+                    partner = i < half ? i + half : i - half;
+                    first[j] = i < half;
+                } else {
+                    pair = i >> 1;
+                    partner = i ^ 1;
+                    first[j] = (i & 1) == 0;
+                }
+                xi[j] = src[i];
+                if (norm != nullptr) ni[j] = norm[i];
+                if (i < ropeDim) {
+                    xp[j] = src[partner];
+                    if (norm != nullptr) np[j] = norm[partner];
+                    cs[j] = angle[pair];
+                }
+            }
+        }
         float scale = 1.f;
         if (norm != nullptr) {
             float ss = 0.f;
-            for (int i = lane; i < headDim; i += 32) {
-                ss = fmaf(src[i], src[i], ss);
-            }
+#pragma unroll
+            for (int j = 0; j < J; j++) ss = fmaf(xi[j], xi[j], ss);   // zero past headDim
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) {
                 ss += __shfl_xor_sync(FULL_MASK, ss, o);
             }
             scale = 1.f / sqrtf(ss / (float) headDim + eps);
         }
-        int half = ropeDim / 2;
-        for (int i = lane; i < headDim; i += 32) {
-            // element i's partner and angle index
-            float xi = src[i] * scale;
-            if (norm != nullptr) {
-                xi *= norm[i];
-            }
-            int pair, partner;
-            bool first;
-            if (neox) {
-                pair = i < half ? i : i - half;
-                partner = i < half ? i + half : i - half;
-                first = i < half;
-            } else {
-                pair = i >> 1;
-                partner = i ^ 1;
-                first = (i & 1) == 0;
-            }
-            float out = xi;
-            if (i < ropeDim) {
-                float xp = src[partner] * scale;
-                if (norm != nullptr) {
-                    xp *= norm[partner];
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            const int i = lane + 32 * j;
+            if (i < headDim) {
+                float a = xi[j] * scale;
+                if (norm != nullptr) a *= ni[j];
+                float out = a;
+                if (i < ropeDim) {
+                    float b = xp[j] * scale;
+                    if (norm != nullptr) b *= np[j];
+                    out = first[j] ? a * cs[j].x - b * cs[j].y : b * cs[j].y + a * cs[j].x;
                 }
-                float2 cs = angle[pair];
-                out = first ? xi * cs.x - xp * cs.y : xp * cs.y + xi * cs.x;
+                dst[i] = out;
             }
-            dst[i] = out;
         }
-    }
-    if (blockIdx.y != 0) {
-        return;
     }
     const float* vs = row + qDim + kvDim;
-    for (int i = threadIdx.x; i < kvDimV; i += blockDim.x) {
+    for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < kvDimV; i += gridDim.y * blockDim.x) {
         v[(i64) t * kvDimV + i] = vs[i];
     }
-    if (threadIdx.x == 0 && slots != nullptr) {
-        const int* table = tables + (i64) t * seqStride * tableStride;
-        slots[t] = table[pos / pageTokens] * pageTokens + pos % pageTokens;
-        if (prevPages != nullptr) {
-            // for kvant_kv_page_means: a decode vector, or a prefill's first token, starts its sequence's write
-            const bool first = positions != nullptr || t == 0;
-            prevPages[t] = pos < pageTokens ? -1 : first ? table[pos / pageTokens - 1] : -2;
-        }
+    if (blockIdx.y != 0 || threadIdx.x != 0 || slots == nullptr) {
+        return;
+    }
+    int pos = positions != nullptr ? positions[t] : start + t;
+    const int* table = tables + (i64) t * seqStride * tableStride;
+    slots[t] = table[pos / pageTokens] * pageTokens + pos % pageTokens;
+    if (prevPages != nullptr) {
+        // for kvant_kv_page_means: a decode vector, or a prefill's first token, starts its sequence's write
+        const bool first = positions != nullptr || t == 0;
+        prevPages[t] = pos < pageTokens ? -1 : first ? table[pos / pageTokens - 1] : -2;
     }
 }
 
