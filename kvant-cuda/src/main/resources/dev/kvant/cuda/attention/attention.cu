@@ -488,19 +488,9 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
     float qx[8][DK / 32];
     load_q<8>(qx, q, seq, nq, heads, G, kh, row0, lane);
     const StageLoader<LY, HBD, TT, HBD * 32> loader(threadIdx.x);
-    {
-        int pages[NST - 1];
+    int pages[NST - 1];
 #pragma unroll
-        for (int s = 0; s < NST - 1; s++)
-            pages[s] = loader.page(table, t0 + s * TT, t1, pos(t0 + s * TT), pageTokens);
-#pragma unroll
-        for (int s = 0; s < NST - 1; s++) {
-            if (s < ntiles)
-                loader.issue(smem, s, pos(t0 + s * TT), pages[s], pageTokens, kpool, vpool, kPageBytes, vPageBytes,
-                             kvHeads, hb * HBD);
-            cp_async_commit();
-        }
-    }
+    for (int s = 0; s < NST - 1; s++) pages[s] = loader.page(table, t0 + s * TT, t1, pos(t0 + s * TT), pageTokens);
     int pageNext = loader.page(table, t0 + (NST - 1) * TT, t1, pos(t0 + (NST - 1) * TT), pageTokens);
     build_luts(smem, LY::OFF_LUTK, LY::OFF_LUTV, threadIdx.x, blockDim.x);
     store_q<8, K_FRAG>(qs, qx, nRows - row0, qscale, lane);
@@ -515,6 +505,18 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
         qf[ks][1] = r[1];
         qf[ks + 1][0] = r[2];
         qf[ks + 1][1] = r[3];
+    }
+    // Dense decode waits for the kernel before it (the K/V write of this step) only here: all above reads what the
+    // host or kernels further back wrote (lens, tables, the query), so with overlapped launches the block's
+    // prologue — query, rotation, pair tables — runs while that kernel still writes. (Selected decode waited at
+    // its top: its lists come from the kernel before it.)
+    if constexpr (!SEL) KVANT_GRID_WAIT();
+#pragma unroll
+    for (int s = 0; s < NST - 1; s++) {
+        if (s < ntiles)
+            loader.issue(smem, s, pos(t0 + s * TT), pages[s], pageTokens, kpool, vpool, kPageBytes, vPageBytes,
+                         kvHeads, hb * HBD);
+        cp_async_commit();
     }
 
     // Positions of this lane's two rows (2c, 2c+1 of the tile): a token is visible up to its row's query.
@@ -811,7 +813,6 @@ kvant_attn_decode(const float* __restrict__ q, const u8* __restrict__ kpool, con
                   float* __restrict__ opart, float2* __restrict__ ml, int kvHeads, int G, int nq, int pageTokens,
                   i64 kPageBytes, i64 vPageBytes, int splitTokens, int maxSplits, float qscale,
                   float sparseThreshold) {
-    KVANT_GRID_WAIT();
     decode_body<false>(q, kpool, vpool, tables, tableStride, lens, opart, ml, kvHeads, G, nq, pageTokens, kPageBytes,
                        vPageBytes, splitTokens, maxSplits, qscale, sparseThreshold, nullptr, nullptr, 0, 0);
 }
