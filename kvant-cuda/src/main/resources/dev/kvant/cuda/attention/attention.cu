@@ -813,6 +813,7 @@ kvant_attn_decode(const float* __restrict__ q, const u8* __restrict__ kpool, con
                   float* __restrict__ opart, float2* __restrict__ ml, int kvHeads, int G, int nq, int pageTokens,
                   i64 kPageBytes, i64 vPageBytes, int splitTokens, int maxSplits, float qscale,
                   float sparseThreshold) {
+    // KVANT_GRID_WAIT() in decode_body, after the prologue that may come before it (KernelSource.GRID_ENTER)
     decode_body<false>(q, kpool, vpool, tables, tableStride, lens, opart, ml, kvHeads, G, nq, pageTokens, kPageBytes,
                        vPageBytes, splitTokens, maxSplits, qscale, sparseThreshold, nullptr, nullptr, 0, 0);
 }
