@@ -300,7 +300,9 @@ class CudaBackendGpuTest {
                                 // scores see. The mean of random rows is small, so against its own energy the
                                 // device's rounding (earlier layers; decoded keys for a decode-opened page) shows
                                 // up enlarged. Layer 0 (the same input rows up to the projection's rounding): 1e-4
-                                // of the keys', 1e-3 of its own; deeper layers, whose input drifts through the
+                                // of the keys', 5e-3 of its own (a page opened by decode takes the previous page's
+                                // decoded keys, so one turbo3 code that rounds the other way moves it: 1.29e-3 of its
+                                // own, 6.8e-6 of the keys', at layer 0 page 2, seed -8619726752137282217); deeper layers, whose input drifts through the
                                 // random model (measured up to 1.2e-3 of the keys' and 2.1e-3 of its own over
                                 // eight seeds, 7.8e-3 and 1.4e-2 at seed -182622110713900267 with products rounded
                                 // without FMAs): 2e-2 and 5e-2. A wrong mean (zero, one row) misses by about 1 of
@@ -316,7 +318,7 @@ class CudaBackendGpuTest {
                                     }
                                 }
                                 double den = meanEnergy + spread / rows;
-                                assertTrue(l == 0 ? num / den < 1e-4 && num / meanEnergy < 1e-3
+                                assertTrue(l == 0 ? num / den < 1e-4 && num / meanEnergy < 5e-3
                                         : num / den < 2e-2 && num / meanEnergy < 5e-2, "layer " + l
                                         + " page " + lp + " head " + h + ": mean error " + num / den + " of the keys' "
                                         + "energy, " + num / meanEnergy + " of the mean's (seed " + seed + ")");
