@@ -25,7 +25,8 @@ public record KernelSource(String name, String code, boolean overlappable) {
      * it runs (decode attention). Before its wait a kernel may only read what cannot change under it: constants, weights,
      * what the host copied before the step, and what kernels at least two launches back wrote (the kernel before it
      * started only after they had finished and its own wait had returned) — and write its own shared memory: dense
-     * decode builds its query and pair tables there while the K/V write before it runs.
+     * decode builds its query and pair tables before its wait (launched overlapped, that would run while the K/V
+     * write before it runs; it is launched plain for now, see CudaAttention).
      */
     public static final String GRID_ENTER = """
             #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -507,9 +507,10 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
         qf[ks + 1][1] = r[3];
     }
     // Dense decode waits for the kernel before it (the K/V write of this step) only here: all above reads what the
-    // host or kernels further back wrote (lens, tables, the query), so with overlapped launches the block's
-    // prologue — query, rotation, pair tables — runs while that kernel still writes. (Selected decode waited at
-    // its top: its lists come from the kernel before it.)
+    // host or kernels further back wrote (lens, tables, the query; KernelSource.GRID_ENTER). Decode attention is
+    // launched plain for now (CudaAttention), so the wait returns at once; launched overlapped, the prologue —
+    // query, rotation, pair tables — would run while the write still runs. (Selected decode waited at its top:
+    // its lists come from the kernel before it.)
     if constexpr (!SEL) KVANT_GRID_WAIT();
 #pragma unroll
     for (int s = 0; s < NST - 1; s++) {
