@@ -370,7 +370,7 @@ final class ModelKernels implements AutoCloseable {
 
     /**
      * Arguments of one kvant_rope_split launch (see model.cu). slots (and prevPages) null: the cache slots of these
-     * vectors are already written (a step's first layer writes them for all).
+     * vectors are already written (each stage's first local layer writes them for the stage's others).
      */
     record RopeLaunch(DeviceBuffer qkv, int n, DeviceBuffer positions, int start, DeviceBuffer q, DeviceBuffer k,
                       DeviceBuffer v, DeviceBuffer angles, int ropeDim, boolean neox, int heads,

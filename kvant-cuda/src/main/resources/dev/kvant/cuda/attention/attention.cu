@@ -333,7 +333,7 @@ __device__ __forceinline__ void key_bias_step(float (&d)[4], const u32 (&a)[4], 
 // group), rotated into the K format's domain (the CPU's rotation), scaled by qscale, in the K tile's column order.
 // load_q reads them (lane l holds dimensions 32j + l; rows past nq * G read as 0), store_q rotates all QROWS rows
 // side by side and writes them as f16/bf16 (the first validRows; +0 for the others); decode issues the loads first
-// so that their latency passes while it starts its copies and builds its tables.
+// so that their latency passes while it looks up its pages and builds its tables.
 template <int QROWS>
 __device__ __forceinline__ void load_q(float (&x)[QROWS][DK / 32], const float* __restrict__ q, int seq, int nq,
                                        int heads, int G, int kvHead, int row0, int lane) {

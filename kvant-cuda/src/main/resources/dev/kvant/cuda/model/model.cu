@@ -1361,7 +1361,8 @@ KVANT_FORMAT_KERNELS(q6_k, W_Q6_K)
 
 // The block's sum: warp butterflies, then every warp adds the warps' sums by butterflies of its own (a lane's
 // pairs are a + b or b + a, equal in floating point, so every lane of every warp holds the same bits) — five
-// shuffles instead of a chain of 32 shared-memory loads and adds.
+// shuffles instead of a chain of 32 shared-memory loads and adds. Once per kernel: shared is not fenced for reuse
+// (a second call would need a barrier before its stores).
 __device__ float block_sum(float v, float* shared) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
