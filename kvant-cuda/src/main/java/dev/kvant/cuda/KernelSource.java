@@ -22,11 +22,11 @@ public record KernelSource(String name, String code, boolean overlappable) {
      * serialization ({@link CudaDriver#launchKernelOverlapped}), a chain of kernels so hides each one's launch
      * and ramp-up behind its predecessor's tail; launched plainly, or before sm_90, both instructions are
      * no-ops. {@code KVANT_GRID_WAIT()} only waits: for a kernel whose successor should not share its SMs while
-     * it runs (decode attention). Before its wait a kernel may only read what cannot change under it: constants, weights,
-     * what the host copied before the step, and what kernels at least two launches back wrote (the kernel before it
-     * started only after they had finished and its own wait had returned) — and write its own shared memory: dense
-     * decode builds its query and pair tables before its wait (launched overlapped, that would run while the K/V
-     * write before it runs; it is launched plain for now, see CudaAttention).
+     * it runs (decode attention). Before its wait a kernel may only read what cannot change under it: constants,
+     * weights, what the host copied before the step, and what kernels at least two launches back wrote (the kernel
+     * before it started only after they had finished and its own wait had returned) — and write its own shared
+     * memory: dense decode builds its query and pair tables before its wait (launched overlapped, that would run
+     * while the K/V write before it runs; it is launched plain for now, see CudaAttention).
      */
     public static final String GRID_ENTER = """
             #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -324,8 +324,8 @@ final class ModelKernels implements AutoCloseable {
         ropeSplit.launch(new Dim3(r.n(), (r.heads() + r.kvHeads() + 3) / 4, 1), Dim3.of(128), 0, stream, r.qkv(),
                 r.n(), orNull(r.positions()), r.start(), r.q(), r.k(), r.v(), r.angles(), r.ropeDim(),
                 r.neox() ? 1 : 0, r.heads(), r.kvHeads(), r.headDim(), r.headDimV(), orNull(r.qNorm()),
-                orNull(r.kNorm()), r.eps(), r.tables(), r.tableStride(), r.seqStride(), r.pageTokens(), orNull(r.slots()),
-                orNull(r.prevPages()));
+                orNull(r.kNorm()), r.eps(), r.tables(), r.tableStride(), r.seqStride(), r.pageTokens(),
+                orNull(r.slots()), orNull(r.prevPages()));
     }
 
     /** silu(gate)·up of n rows of a stacked gate/up output, as f16 (outHalf) or f32 (outFloat). */

@@ -1355,7 +1355,8 @@ KVANT_FORMAT_KERNELS(q6_k, W_Q6_K)
 // operand of a prefill GEMM) and yq/yds (8-bit codes and scales, the operand of the decode products).
 // grid: n blocks; block: NORM_THREADS threads. Thread t holds the 4-value chunks t, t+T, ... of its row in registers
 // (dim <= 4·T·NORM_CHUNKS), so the row is read once; the sum of squares is a fixed tree (per-thread chunks in order,
-// then warp butterflies, then butterflies over the warps' sums). An 8-bit block of 32 values is the chunks of 8 neighbouring lanes.
+// then warp butterflies, then butterflies over the warps' sums). An 8-bit block of 32 values is the chunks of 8
+// neighbouring lanes.
 #define NORM_THREADS 1024
 #define NORM_CHUNKS 4
 
@@ -1465,8 +1466,8 @@ extern "C" __global__ void kvant_rope_angles(const int* __restrict__ positions, 
 }
 
 // ---- after the QKV projection: optional per-head RMSNorm of q and k (qwen3), RoPE at each vector's position
-// (angles from kvant_rope_angles), q/k/v split into their own contiguous buffers, and (slots given: the first layer
-// of a step, the others share them) each vector's cache slot from its page table.
+// (angles from kvant_rope_angles), q/k/v split into their own contiguous buffers, and (slots given: the first local
+// layer of a stage's step, whose other layers share them) each vector's cache slot from its page table.
 //
 // qkv: [n][qDim + 2·kvDim] (the fused projection's output); positions: int [n], or null for start + t;
 // tables: page table of vector t at tables + (t·seqStride)·tableStride (seqStride 0: one sequence, prefill).

@@ -302,11 +302,11 @@ class CudaBackendGpuTest {
                                 // up enlarged. Layer 0 (the same input rows up to the projection's rounding): 1e-4
                                 // of the keys', 5e-3 of its own (a page opened by decode takes the previous page's
                                 // decoded keys, so one turbo3 code that rounds the other way moves it: 1.29e-3 of its
-                                // own, 6.8e-6 of the keys', at layer 0 page 2, seed -8619726752137282217); deeper layers, whose input drifts through the
-                                // random model (measured up to 1.2e-3 of the keys' and 2.1e-3 of its own over
-                                // eight seeds, 7.8e-3 and 1.4e-2 at seed -182622110713900267 with products rounded
-                                // without FMAs): 2e-2 and 5e-2. A wrong mean (zero, one row) misses by about 1 of
-                                // its own energy.
+                                // own, 6.8e-6 of the keys', at layer 0 page 2, seed -8619726752137282217); deeper
+                                // layers, whose input drifts through the random model (measured up to 1.2e-3 of the
+                                // keys' and 2.1e-3 of its own over eight seeds, 7.8e-3 and 1.4e-2 at seed
+                                // -182622110713900267 with products rounded without FMAs): 2e-2 and 5e-2. A wrong
+                                // mean (zero, one row) misses by about 1 of its own energy.
                                 int rows = Math.min(64, 130 - 64 * lp);
                                 double spread = 0;
                                 float[] row = new float[model.config().headDimK()];
