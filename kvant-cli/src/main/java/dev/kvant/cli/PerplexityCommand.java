@@ -41,6 +41,10 @@ final class PerplexityCommand implements Runnable {
     @Option(names = "--json", description = "print one JSON object")
     boolean json;
 
+    @Option(names = "--chunk-nll", description = "also print each chunk's mean negative log-likelihood (JSON:"
+            + " \"chunk_nll\"), for a paired comparison of two runs over the same text (scripts/ppl-paired.py)")
+    boolean chunkNll;
+
     @Override
     public void run() {
         ModelOptions.checkThreads(opts.threads);
@@ -73,13 +77,18 @@ final class PerplexityCommand implements Runnable {
             });
             progress.done();
             if (json) {
-                System.out.println(r.toJson());
+                System.out.println(r.toJson(chunkNll));
             } else {
                 System.out.printf(Locale.ROOT,
                         "model %s, kv %s, %s, %d tokens, ctx %d, %d chunks, %d tokens scored, %.1f s%n",
                         model.name(), opts.kvFormats().name(), selectOpts.describe(), tokens.length, r.ctx(), r.chunks(), r.tokensScored(),
                         r.seconds());
                 System.out.printf(Locale.ROOT, "PPL = %.4f +/- %.5f%n", r.ppl(), r.pplError());
+                if (chunkNll) {
+                    for (int c = 0; c < r.chunks(); c++) {
+                        System.out.printf(Locale.ROOT, "chunk %d nll %.9f%n", c, r.chunkNll()[c]);
+                    }
+                }
             }
         }
     }

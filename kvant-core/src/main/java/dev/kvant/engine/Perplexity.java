@@ -13,12 +13,29 @@ public final class Perplexity {
      * @param ppl          exp(mean negative log-likelihood)
      * @param pplError     standard error of ppl (delta method: ppl times the standard error of the mean NLL)
      * @param tokensScored how many predictions were scored
+     * @param chunkNll     each chunk's mean negative log-likelihood, in chunk order: two runs over the same text
+     *                     (two backends, two cache formats) compared chunk by chunk give a paired difference whose
+     *                     standard error is far smaller than either perplexity's own
      */
-    public record Result(double ppl, double pplError, int chunks, int ctx, long tokensScored, double seconds) {
+    public record Result(double ppl, double pplError, int chunks, int ctx, long tokensScored, double seconds,
+                         double[] chunkNll) {
         public String toJson() {
-            return String.format(java.util.Locale.ROOT,
-                    "{\"ppl\":%.6f,\"ppl_err\":%.6f,\"chunks\":%d,\"ctx\":%d,\"tokens_scored\":%d}",
-                    ppl, pplError, chunks, ctx, tokensScored);
+            return toJson(false);
+        }
+
+        /** One JSON object; with {@code withChunks} also {@code "chunk_nll":[...]} (each to 9 decimals). */
+        public String toJson(boolean withChunks) {
+            StringBuilder b = new StringBuilder(String.format(java.util.Locale.ROOT,
+                    "{\"ppl\":%.6f,\"ppl_err\":%.6f,\"chunks\":%d,\"ctx\":%d,\"tokens_scored\":%d",
+                    ppl, pplError, chunks, ctx, tokensScored));
+            if (withChunks) {
+                b.append(",\"chunk_nll\":[");
+                for (int c = 0; c < chunkNll.length; c++) {
+                    b.append(c == 0 ? "" : ",").append(String.format(java.util.Locale.ROOT, "%.9f", chunkNll[c]));
+                }
+                b.append(']');
+            }
+            return b.append('}').toString();
         }
     }
 
@@ -53,6 +70,7 @@ public final class Perplexity {
         double nll = 0;
         double nll2 = 0;
         long count = 0;
+        double[] chunkNll = new double[chunks];
         long t0 = System.nanoTime();
         for (int c = 0; c < chunks; c++) {
             System.arraycopy(tokens, c * ctx, chunk, 0, ctx);
@@ -61,19 +79,22 @@ public final class Perplexity {
             }
             session.truncate(0);
             session.prefillAllLogits(chunk, 0, ctx, logits);
+            double own = 0;
             for (int j = first; j < ctx - 1; j++) {
                 double v = -logSoftmax(logits, j * vocab, vocab, chunk[j + 1]);
+                own += v;
                 nll += v;
                 nll2 += v * v;
                 count++;
             }
+            chunkNll[c] = own / (ctx - 1 - first);
             progress.accept(c + 1);
         }
         double mean = nll / count;
         double var = nll2 / count - mean * mean;
         double err = count > 1 ? Math.sqrt(Math.max(var, 0) / (count - 1)) : 0;
         double ppl = Math.exp(mean);
-        return new Result(ppl, ppl * err, chunks, ctx, count, (System.nanoTime() - t0) / 1e9);
+        return new Result(ppl, ppl * err, chunks, ctx, count, (System.nanoTime() - t0) / 1e9, chunkNll);
     }
 
     /** log p(target) under softmax(logits[off .. off+vocab)), in double. */

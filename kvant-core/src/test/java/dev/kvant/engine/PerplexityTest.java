@@ -1,0 +1,55 @@
+package dev.kvant.engine;
+
+import dev.kvant.gguf.GgmlType;
+import dev.kvant.kv.KvFormat;
+import dev.kvant.model.LlamaModel;
+import dev.kvant.model.TinyModels;
+import dev.kvant.tensor.Parallel;
+import org.junit.jupiter.api.Test;
+
+import java.lang.foreign.Arena;
+import java.util.Arrays;
+import java.util.Random;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+class PerplexityTest {
+
+    private static final int CTX = 32;
+
+    /**
+     * Each chunk's mean NLL is that chunk's own perplexity (the log of it, bit for bit: the same sum in the same
+     * order) and the chunks' mean is the whole run's, so two runs can be compared chunk by chunk.
+     */
+    @Test
+    void chunkNllIsEachChunksOwnPerplexity() {
+        long seed = new Random().nextLong();
+        try (Arena arena = Arena.ofShared();
+             Parallel pool = new Parallel(2)) {
+            LlamaModel model = LlamaModel.fromGguf(TinyModels.build("llama", GgmlType.F16, seed, arena).file());
+            Random rnd = new Random(seed);
+            int[] tokens = new int[3 * CTX + 5];
+            for (int i = 0; i < tokens.length; i++) {
+                tokens[i] = rnd.nextInt(TinyModels.VOCAB);
+            }
+            try (Session s = new Session(model, CTX, KvFormat.parse("f16"), KvFormat.parse("f16"), 16, pool)) {
+                Perplexity.Result all = Perplexity.evaluate(s, tokens, CTX, -1, 0, done -> { });
+                assertEquals(3, all.chunks());
+                assertEquals(3, all.chunkNll().length);
+                double mean = Arrays.stream(all.chunkNll()).sum() / 3;
+                assertEquals(Math.log(all.ppl()), mean, 1e-12, "seed " + seed);
+                for (int c = 0; c < 3; c++) {
+                    int[] one = Arrays.copyOfRange(tokens, c * CTX, (c + 1) * CTX);
+                    Perplexity.Result own = Perplexity.evaluate(s, one, CTX, -1, 0, done -> { });
+                    assertEquals(Math.exp(all.chunkNll()[c]), own.ppl(), "chunk " + c + ", seed " + seed);
+                }
+                String json = all.toJson(true);
+                assertTrue(json.matches("\\{\"ppl\":[0-9.]+,\"ppl_err\":[0-9.]+,\"chunks\":3,\"ctx\":32,"
+                        + "\"tokens_scored\":45,\"chunk_nll\":\\[[0-9.]+,[0-9.]+,[0-9.]+]}"), json);
+                assertFalse(all.toJson().contains("chunk_nll"), all.toJson());
+            }
+        }
+    }
+}

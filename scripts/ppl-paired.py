@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""Paired comparison of two perplexity runs over the same chunks of the same text.
+
+Usage: scripts/ppl-paired.py A.txt B.txt
+
+Each file holds lines "CONFIG<TAB>{json}" as scripts/gpu-perplexity prints them, the JSON from
+`kvant perplexity --json --chunk-nll`. Lines with the same CONFIG are paired. For each pair it prints B's
+perplexity against A's, exp(mean over chunks of (nll_B - nll_A)) - 1 (every chunk scores the same number of
+tokens, so this is exactly ppl_B / ppl_A - 1), and the 95% interval of that difference from the spread of the
+per-chunk differences (1.96 standard errors of their mean). Chunk to chunk, the two runs see the same tokens, so
+this interval is far narrower than either perplexity's own error: a difference outside it is systematic, one
+inside it is what the chunks' sampling allows.
+"""
+import json
+import math
+import sys
+
+
+def read(path):
+    runs = {}
+    with open(path) as f:
+        for line in f:
+            if "\t" not in line:
+                continue
+            config, _, rest = line.rstrip("\n").partition("\t")
+            rest = rest.strip()
+            if not rest.startswith("{"):
+                continue
+            runs[config.strip()] = json.loads(rest)
+    return runs
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    a, b = read(sys.argv[1]), read(sys.argv[2])
+    print("| config | A | B | B vs A | 95% interval | chunks |")
+    print("| --- | ---: | ---: | ---: | --- | ---: |")
+    for config, ra in a.items():
+        rb = b.get(config)
+        if rb is None:
+            continue
+        ca, cb = ra.get("chunk_nll"), rb.get("chunk_nll")
+        if not ca or not cb or len(ca) != len(cb) or ra["ctx"] != rb["ctx"]:
+            print(f"| {config} | {ra['ppl']:.4f} | {rb['ppl']:.4f} | (no paired chunks) | | |")
+            continue
+        n = len(ca)
+        d = [y - x for x, y in zip(ca, cb)]
+        mean = sum(d) / n
+        sd = math.sqrt(sum((v - mean) ** 2 for v in d) / (n - 1)) if n > 1 else float("nan")
+        half = 1.96 * sd / math.sqrt(n)
+        lo, hi = math.expm1(mean - half) * 100, math.expm1(mean + half) * 100
+        print(f"| {config} | {ra['ppl']:.4f} | {rb['ppl']:.4f} | {math.expm1(mean) * 100:+.3f}% "
+              f"| {lo:+.3f}% .. {hi:+.3f}% | {n} |")
+
+
+if __name__ == "__main__":
+    main()
