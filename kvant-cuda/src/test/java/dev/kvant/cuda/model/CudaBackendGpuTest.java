@@ -358,9 +358,9 @@ class CudaBackendGpuTest {
     /**
      * Decode through a query-aware selection: with a budget that covers the context every list holds every block
      * and the logits are dense decode's bit for bit; with a budget of 64 tokens (one round, and two rounds over coarse
-     * blocks of 64) the logits differ from dense and follow the CPU backend's selected decode step by step (NMSE below 1e-3 in at least 90% of the steps: a block
-     * whose bound ties with the k-th best within rounding may be chosen on one side only, as the CPU's and the
-     * device's K rows round to f16 apart now and then).
+     * blocks of 64) the logits differ from dense (beyond rounding) and follow the CPU backend's selected decode step
+     * by step (NMSE below 1e-3 in at least 90% of the steps: a block whose bound ties with the k-th best within
+     * rounding may be chosen on one side only, as the CPU's and the device's K rows round to f16 apart now and then).
      */
     @Test
     void selectedDecodeFollowsTheCpuAndCoversDenseWhenTheBudgetDoes() {
@@ -392,7 +392,9 @@ class CudaBackendGpuTest {
                         + " against dense %.3e%n", narrow, close, steps, differs);
                 assertTrue(close >= steps * 9 / 10, narrow + ": " + close + " of " + steps + " steps follow the CPU"
                         + " (seed " + seed + ")");
-                assertTrue(differs > 1e-3, "a 64-token budget left the logits as dense ones (seed " + seed + ")");
+                // how far a 64-token budget moves the logits depends on the random model (2.7e-4 at seed
+                // 7244613641271115911, 0.13-0.35 at four others); anything above rounding shows the lists bit
+                assertTrue(differs > 1e-6, "a 64-token budget left the logits as dense ones (seed " + seed + ")");
             }
         }
     }
