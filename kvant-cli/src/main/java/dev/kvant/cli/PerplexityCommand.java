@@ -81,8 +81,8 @@ final class PerplexityCommand implements Runnable {
             } else {
                 System.out.printf(Locale.ROOT,
                         "model %s, kv %s, %s, %d tokens, ctx %d, %d chunks, %d tokens scored, %.1f s%n",
-                        model.name(), opts.kvFormats().name(), selectOpts.describe(), tokens.length, r.ctx(), r.chunks(), r.tokensScored(),
-                        r.seconds());
+                        model.name(), opts.kvFormats().name(), selectOpts.describe(), tokens.length, r.ctx(),
+                        r.chunks(), r.tokensScored(), r.seconds());
                 System.out.printf(Locale.ROOT, "PPL = %.4f +/- %.5f%n", r.ppl(), r.pplError());
                 if (chunkNll) {
                     for (int c = 0; c < r.chunks(); c++) {
