@@ -202,9 +202,8 @@ public final class LlamaModel implements AutoCloseable {
         for (int l = 0; l < c.layers(); l++) {
             LlamaWeights.Layer w = weights.layers()[l];
             Ops.rmsNorm(s.x, w.attnNorm(), s.xb, n, dim, c.rmsEps());
-            w.wq().matmul(s.xb, n, s.q, pool);
-            w.wk().matmul(s.xb, n, s.k, pool);
-            w.wv().matmul(s.xb, n, s.v, pool);
+            WeightMatrix.matmulAll(new WeightMatrix[] {w.wq(), w.wk(), w.wv()}, s.xb, n,
+                    new float[][] {s.q, s.k, s.v}, pool);
             if (w.bq() != null) {
                 Ops.addBias(s.q, w.bq(), n);
                 Ops.addBias(s.k, w.bk(), n);
@@ -246,8 +245,8 @@ public final class LlamaModel implements AutoCloseable {
             Ops.add(s.x, s.xb, n * dim);
 
             Ops.rmsNorm(s.x, w.ffnNorm(), s.xb, n, dim, c.rmsEps());
-            w.wGate().matmul(s.xb, n, s.gate, pool);
-            w.wUp().matmul(s.xb, n, s.up, pool);
+            WeightMatrix.matmulAll(new WeightMatrix[] {w.wGate(), w.wUp()}, s.xb, n,
+                    new float[][] {s.gate, s.up}, pool);
             Ops.swiglu(s.gate, s.up, n * c.ffnDim());
             w.wDown().matmul(s.gate, n, s.xb, pool);
             Ops.add(s.x, s.xb, n * dim);

@@ -133,11 +133,54 @@ public final class WeightMatrix {
         checkLength("x", x, cols);
         checkLength("out", out, rows);
         checkAlive();
-        // Any split gives the same bits (each row is one dot); this one just balances the pool.
-        int chunk = Math.max(MIN_ROWS_PER_TASK, roundUp4(ceilDiv(rows, 4 * pool.threads())));
+        int chunk = chunkRows(pool);
         int tasks = ceilDiv(rows, chunk);
         Rows v = cpu;
         pool.forEach(tasks, t -> matvecRows(v, x, 0, out, 0, t * chunk, Math.min(rows, (t + 1) * chunk)));
+    }
+
+    /** Rows a matvec task takes. Any split gives the same bits (each row is one dot); this one balances the pool. */
+    private int chunkRows(Parallel pool) {
+        return Math.max(MIN_ROWS_PER_TASK, roundUp4(ceilDiv(rows, 4 * pool.threads())));
+    }
+
+    /**
+     * {@code matmul(x, n, outs[i], pool)} of every matrix in {@code ms} over the same input (the q, k and v
+     * projections; gate and up). One vector ({@code n == 1}, a decode step) runs all their row tasks in one
+     * {@link Parallel#forEach}, so the pool meets one barrier instead of one a matrix; the bits are each
+     * matrix's own {@code matvec}'s.
+     */
+    public static void matmulAll(WeightMatrix[] ms, float[] x, int n, float[][] outs, Parallel pool) {
+        if (ms.length != outs.length) {
+            throw new IllegalArgumentException(ms.length + " matrices and " + outs.length + " outputs");
+        }
+        if (n != 1) {
+            for (int i = 0; i < ms.length; i++) {
+                ms[i].matmul(x, n, outs[i], pool);
+            }
+            return;
+        }
+        int[] chunk = new int[ms.length];
+        int[] firstTask = new int[ms.length + 1];
+        Rows[] rows = new Rows[ms.length];
+        for (int i = 0; i < ms.length; i++) {
+            WeightMatrix m = ms[i];
+            m.checkLength("x", x, m.cols);
+            m.checkLength("out", outs[i], m.rows);
+            m.checkAlive();
+            chunk[i] = m.chunkRows(pool);
+            firstTask[i + 1] = firstTask[i] + ceilDiv(m.rows, chunk[i]);
+            rows[i] = m.cpu;
+        }
+        pool.forEach(firstTask[ms.length], t -> {
+            int i = 0;
+            while (t >= firstTask[i + 1]) {
+                i++;
+            }
+            WeightMatrix m = ms[i];
+            int from = (t - firstTask[i]) * chunk[i];
+            m.matvecRows(rows[i], x, 0, outs[i], 0, from, Math.min(m.rows, from + chunk[i]));
+        });
     }
 
     /** Rows {@code from..to-1} against the vector at {@code x[xOffset..]}, into {@code out[outOffset + r]}. */

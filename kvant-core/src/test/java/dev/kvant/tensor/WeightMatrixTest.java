@@ -321,6 +321,36 @@ class WeightMatrixTest {
         }
     }
 
+    /**
+     * Matrices of several formats and heights over one input in one pool call (the q, k and v projections) give
+     * each matrix's own matvec bits and write every element; batches of vectors go through each matmul.
+     */
+    @Test
+    void matmulAllGivesEachMatrixsOwnBits() {
+        Random random = new Random(SEED ^ 57);
+        int cols = 256;
+        try (Arena arena = Arena.ofConfined()) {
+            WeightMatrix[] ms = {fixture(GgmlType.Q4_0, 300, cols, random, arena).matrix(),
+                    fixture(GgmlType.F16, 67, cols, random, arena).matrix(),
+                    fixture(GgmlType.Q8_0, 129, cols, random, arena).matrix()};
+            for (int n : new int[] {1, 3}) {
+                float[] x = Float64Reference.gaussian(random, n * cols, 1);
+                float[][] outs = new float[ms.length][];
+                for (int i = 0; i < ms.length; i++) {
+                    outs[i] = poisoned(n * ms[i].rows());
+                }
+                WeightMatrix.matmulAll(ms, x, n, outs, three);
+                for (int i = 0; i < ms.length; i++) {
+                    float[] want = poisoned(n * ms[i].rows());
+                    ms[i].matmul(x, n, want, Parallel.serial());
+                    assertBitsEqual(want, outs[i], "matrix " + i + ", " + n + " vectors, seed " + SEED);
+                }
+            }
+            assertThrows(IllegalArgumentException.class,
+                    () -> WeightMatrix.matmulAll(ms, new float[cols], 1, new float[2][], two));
+        }
+    }
+
     private static void assertBitsEqual(float[] expected, float[] actual, String what) {
         for (int i = 0; i < expected.length; i++) {
             assertFalse(Float.isNaN(actual[i]) && !Float.isNaN(expected[i]), what + ": element " + i + " not written");
