@@ -2,7 +2,6 @@ package dev.kvant.cuda;
 
 import org.junit.jupiter.api.Assumptions;
 
-import java.util.SplittableRandom;
 
 /**
  * What the GPU-tagged tests share: the assumptions that make them skip (not fail) without CUDA or NVRTC, and seeded
@@ -30,7 +29,7 @@ final class GpuFixture {
 
     /** A fresh seed, printed so a failure can be replayed. */
     static long seed(String test) {
-        long seed = new SplittableRandom().nextLong();
+        long seed = TestSeed.next();
         System.out.println(test + ": seed " + seed);
         return seed;
     }

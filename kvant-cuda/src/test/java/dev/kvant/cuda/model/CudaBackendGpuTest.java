@@ -6,6 +6,7 @@ import dev.kvant.backend.PendingDecode;
 import dev.kvant.cuda.Cuda;
 import dev.kvant.cuda.CudaAvailability;
 import dev.kvant.cuda.CudaContext;
+import dev.kvant.cuda.TestSeed;
 import dev.kvant.engine.ContextFullException;
 import dev.kvant.gguf.GgmlType;
 import dev.kvant.kv.KvCacheFullException;
@@ -82,7 +83,7 @@ class CudaBackendGpuTest {
      */
     @Test
     void overlappedLaunchesGiveThePlainLaunchesBits() {
-        long seed = Long.getLong("kvant.test.seed", new SplittableRandom().nextLong());
+        long seed = TestSeed.next();
         try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.parse("tiny"), GgmlType.Q4_0, seed)) {
             List<float[]> plain = overlapRun(model, CudaContext.LaunchOverlap.NONE, seed);
             for (CudaContext.LaunchOverlap mode : List.of(CudaContext.LaunchOverlap.MARKED,
@@ -137,7 +138,7 @@ class CudaBackendGpuTest {
     @ParameterizedTest(name = "{0} {1}")
     @MethodSource("shapesAndFormats")
     void logitsMatchTheCpuBackend(String shape, GgmlType type) {
-        long seed = new SplittableRandom().nextLong();
+        long seed = TestSeed.next();
         boolean q8Vectors = type != GgmlType.F32 && type != GgmlType.F16 && type != GgmlType.BF16;
         try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.parse(shape), type, seed)) {
             matchCpu(model, shape + " " + type, seed, 100, 4, q8Vectors ? 1e-3 : 1e-5);
@@ -151,7 +152,7 @@ class CudaBackendGpuTest {
     @ParameterizedTest
     @EnumSource(value = GgmlType.class, names = {"Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"})
     void quantizedWeightsInLongChunksMatchTheCpuBackend(GgmlType type) {
-        long seed = new SplittableRandom().nextLong();
+        long seed = TestSeed.next();
         assertTrue(100 > Projection.FUSED_GEMM_TOKENS, "the chunk must be past the dequantizing products");
         try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.parse("tiny"), type, seed)) {
             matchCpu(model, "tiny " + type + " one chunk of 100", seed, 100, 4, F16, F16, 1e-4, 1e-3, 128);
@@ -218,7 +219,7 @@ class CudaBackendGpuTest {
      */
     @Test
     void centeredKeysFollowTheCpu() {
-        long seed = Long.getLong("kvant.test.seed", new SplittableRandom().nextLong());
+        long seed = TestSeed.next();
         try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.parse("tiny"), GgmlType.F16, seed)) {
             matchCpu(model, "tiny F16 turbo3+mean/turbo3", seed, 100, 40, KvFormat.parse("turbo3+mean"),
                     KvFormat.parse("turbo3"), 5e-2, 5e-2);
@@ -232,7 +233,7 @@ class CudaBackendGpuTest {
      */
     @Test
     void layersOfTheirOwnFollowTheCpu() {
-        long seed = Long.getLong("kvant.test.seed", new SplittableRandom().nextLong());
+        long seed = TestSeed.next();
         KvFormat turbo3 = KvFormat.parse("turbo3");
         KvFormat q8 = KvFormat.parse("q8_0");
         KvLayerFormats formats = KvLayerFormats.of(turbo3, turbo3).withK(0, q8).withV(0, F16)
@@ -250,7 +251,7 @@ class CudaBackendGpuTest {
      */
     @Test
     void pageMeansOfPromptAndDecodeAreTheCpus() {
-        long seed = Long.getLong("kvant.test.seed", new SplittableRandom().nextLong());
+        long seed = TestSeed.next();
         SplittableRandom r = new SplittableRandom(seed);
         KvFormat k = KvFormat.parse("turbo3+mean");
         try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.parse("tiny"), GgmlType.F16, seed);
@@ -336,7 +337,7 @@ class CudaBackendGpuTest {
      */
     @Test
     void mixedFormatProjectionsMatchTheCpuBackend() {
-        long seed = new SplittableRandom().nextLong();
+        long seed = TestSeed.next();
         try (LlamaModel k = SyntheticModel.build(SyntheticModel.Shape.TINY, GgmlType.Q4_K, seed);
              LlamaModel q8 = SyntheticModel.build(SyntheticModel.Shape.TINY, GgmlType.Q8_0, seed + 1);
              LlamaModel q6 = SyntheticModel.build(SyntheticModel.Shape.TINY, GgmlType.Q6_K, seed + 2)) {
@@ -364,7 +365,7 @@ class CudaBackendGpuTest {
      */
     @Test
     void selectedDecodeFollowsTheCpuAndCoversDenseWhenTheBudgetDoes() {
-        long seed = new SplittableRandom().nextLong();
+        long seed = TestSeed.next();
         int steps = 150;
         try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.TINY, GgmlType.F32, seed)) {
             int vocab = model.config().vocabSize();
@@ -406,7 +407,7 @@ class CudaBackendGpuTest {
      */
     @Test
     void randomFillAppendsRowsAndKeepsSummaries() {
-        long seed = new SplittableRandom().nextLong();
+        long seed = TestSeed.next();
         try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.TINY, GgmlType.F32, seed)) {
             int vocab = model.config().vocabSize();
             float[][] out = new float[2][];
@@ -458,7 +459,7 @@ class CudaBackendGpuTest {
     @org.junit.jupiter.params.provider.EnumSource(value = GgmlType.class,
             names = {"Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16"})
     void batchedDecodeEqualsEachSequenceAloneBitForBitAndGreedyIsTheArgmax(GgmlType type) {
-        long seed = new SplittableRandom().nextLong();
+        long seed = TestSeed.next();
         SplittableRandom r = new SplittableRandom(seed);
         try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.TINY, type, seed);
              CudaBackend gpu = CudaBackend.open(model, new CudaBackend.Options(8, 64, 0))) {
@@ -534,7 +535,7 @@ class CudaBackendGpuTest {
      */
     @Test
     void forksSharePagesAndNeverSeeEachOthersWrites() {
-        long seed = new SplittableRandom().nextLong();
+        long seed = TestSeed.next();
         SplittableRandom r = new SplittableRandom(seed);
         try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.TINY, GgmlType.Q8_0, seed);
              CudaBackend gpu = CudaBackend.open(model, new CudaBackend.Options(4, 64, 0));
@@ -598,7 +599,7 @@ class CudaBackendGpuTest {
     }
 
     private static void checkSplit(int[] devices) {
-        long seed = new SplittableRandom().nextLong();
+        long seed = TestSeed.next();
         SplittableRandom r = new SplittableRandom(seed);
         try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.TINY, GgmlType.Q4_0, seed);
              CudaBackend one = CudaBackend.open(model, new CudaBackend.Options(2, 64, 0));
@@ -649,7 +650,7 @@ class CudaBackendGpuTest {
     }
 
     private static void checkPipeline(int[] devices) {
-        long seed = new SplittableRandom().nextLong();
+        long seed = TestSeed.next();
         SplittableRandom r = new SplittableRandom(seed);
         String why = "seed " + seed;
         try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.TINY, GgmlType.Q4_0, seed);

@@ -6,6 +6,7 @@ import dev.kvant.cuda.CudaContext;
 import dev.kvant.cuda.CudaStream;
 import dev.kvant.cuda.DeviceBuffer;
 import dev.kvant.cuda.KernelCache;
+import dev.kvant.cuda.TestSeed;
 import dev.kvant.gguf.GgmlType;
 import dev.kvant.tensor.WeightFormat;
 import dev.kvant.tensor.WeightMatrix;
@@ -62,7 +63,7 @@ class ModelKernelsGpuTest {
     @ParameterizedTest
     @EnumSource(value = WeightLayout.class, names = {"Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"})
     void eightBitProductsMatchAFloat64ReferenceAndGiveEachVectorTheSameBitsAloneOrInABatch(WeightLayout layout) {
-        long seed = new SplittableRandom().nextLong();
+        long seed = TestSeed.next();
         SplittableRandom random = new SplittableRandom(seed);
         boolean superBlocks = superBlocks(layout);
         // a partial 16-row tile (and a partial 8-output SwiGLU tile); Q8_0/Q4_0: a partial 256-column group
@@ -94,7 +95,7 @@ class ModelKernelsGpuTest {
      */
     @Test
     void mixedFormatPartsTakeTheDequantizingProductsPartByPart() {
-        long seed = new SplittableRandom().nextLong();
+        long seed = TestSeed.next();
         SplittableRandom random = new SplittableRandom(seed);
         int cols = 512, rowsA = 96, rowsB = 40, rows = rowsA + rowsB, maxVectors = 45;
         try (Arena arena = Arena.ofConfined()) {
@@ -291,7 +292,7 @@ class ModelKernelsGpuTest {
     @ParameterizedTest
     @EnumSource(value = WeightLayout.class, names = {"Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"})
     void dequantizingHalfProductsMatchTheirF16WeightsInFloat64(WeightLayout layout) {
-        long seed = new SplittableRandom().nextLong();
+        long seed = TestSeed.next();
         SplittableRandom random = new SplittableRandom(seed);
         boolean superBlocks = superBlocks(layout);
         int[] widths = superBlocks ? new int[] {256, 2304} : new int[] {96, 352, 512, 2080};
