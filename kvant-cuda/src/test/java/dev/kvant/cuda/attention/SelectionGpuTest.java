@@ -357,12 +357,118 @@ class SelectionGpuTest {
                         assertTrue(AttentionGpuTest.allFinite(out), what + ": unwritten outputs; seed " + seed);
                         double nmse = nmse(out, ref);
                         System.out.printf("selected prefill %s: NMSE vs CPU selected prefill %.3e%n", what, nmse);
-                        assertTrue(nmse < AttentionGpuTest.tightBound(name, name), what + ": NMSE " + nmse
-                                + "; seed " + seed);
+                        // the device and the CPU select independently: a query block may differ where a kv head's
+                        // last chosen bound ties with the first one left out (seed -6847491562428105167, query block
+                        // 15 of 19: 6.6e-8 relative); every other query block must match
+                        int stride = Selection.QUERY_BLOCK * heads * D;
+                        boolean[] tied = null;
+                        for (int qb = 0; qb * stride < out.length; qb++) {
+                            int from = qb * stride, to = Math.min(out.length, from + stride);
+                            double e = nmse(Arrays.copyOfRange(out, from, to), Arrays.copyOfRange(ref, from, to));
+                            if (e < AttentionGpuTest.tightBound(name, name)) {
+                                continue;
+                            }
+                            if (tied == null) {
+                                tied = tiedQueryBlocks(seq.keySummaries(), f, q, n, start, heads, config);
+                            }
+                            assertTrue(tied[qb], what + ": query block " + qb + " NMSE " + e + " with no near-tied"
+                                    + " bound; seed " + seed);
+                            System.out.printf("  query block %d: NMSE %.3e, explained by a near-tied bound%n", qb, e);
+                        }
                     }
                 }
             }
         }
+    }
+
+    /**
+     * For each 16-query block of a prefill chunk: whether some kv head's selection has a near tie at its boundary —
+     * the last block (or coarse block, in a two-round selection) taken and the first left out bound within 1e-6
+     * relative (float64 bounds, PageTopK's rule; float sums of 128 terms differ by about 1e-7) — so that the device,
+     * whose sums differ from the CPU's in the last bits, may choose the other one.
+     */
+    static boolean[] tiedQueryBlocks(KeySummaries ks, KvFormat f, float[] q, int n, int start, int heads,
+                                     SelectionConfig config) {
+        int group = heads / KV_HEADS;
+        int bt = config.blockTokens();
+        boolean[] tied = new boolean[(n + Selection.QUERY_BLOCK - 1) / Selection.QUERY_BLOCK];
+        float[][] rows = new float[n * heads][];
+        for (int r = 0; r < rows.length; r++) {
+            rows[r] = Arrays.copyOfRange(q, r * D, (r + 1) * D);
+            f.rotate(rows[r], 0, D);
+        }
+        for (int qb = 0; qb < tied.length; qb++) {
+            int t0 = qb * Selection.QUERY_BLOCK, t1 = Math.min(n, t0 + Selection.QUERY_BLOCK);
+            int visible = (start + t1 + bt - 1) / bt;
+            int sink = Math.min(visible, config.sinkBlocks());
+            int recentFrom = Math.max(sink, (start + t0) / bt - config.recentBlocks());
+            int k = Math.max(0, config.budget() / bt - sink - (visible - recentFrom));
+            for (int g = 0; g < KV_HEADS && !tied[qb]; g++) {
+                List<Integer> candidates = new ArrayList<>();
+                int per = config.coarseBlocks();
+                int j0 = per == 0 ? 0 : sink / per;
+                int coarse = per == 0 ? 0 : (recentFrom - 1) / per - j0 + 1;
+                if (coarse > config.coarseKeep()) {
+                    double[] cb = new double[coarse];
+                    for (int j = 0; j < coarse; j++) {
+                        cb[j] = bound(ks.coarse(0), ks.coarseOffset(j0 + j, g), rows, t0, t1, heads, g, group);
+                    }
+                    Integer[] order = order(cb);
+                    tied[qb] |= nearTie(cb, order, config.coarseKeep());
+                    for (int i = 0; i < config.coarseKeep(); i++) {
+                        int j = j0 + order[i];
+                        for (int b = Math.max(sink, j * per); b < Math.min(recentFrom, (j + 1) * per); b++) {
+                            candidates.add(b);
+                        }
+                    }
+                } else {
+                    for (int b = sink; b < recentFrom; b++) {
+                        candidates.add(b);
+                    }
+                }
+                double[] bb = new double[candidates.size()];
+                for (int i = 0; i < bb.length; i++) {
+                    bb[i] = bound(ks.layer(0), ks.offset(candidates.get(i), g), rows, t0, t1, heads, g, group);
+                }
+                tied[qb] |= nearTie(bb, order(bb), k);
+            }
+        }
+        return tied;
+    }
+
+    /** The largest bound of q·k over a summary (min at o, max at o + D) for the queries t0..t1-1 of kv head g. */
+    private static double bound(float[] sum, int o, float[][] rows, int t0, int t1, int heads, int g, int group) {
+        double best = Double.NEGATIVE_INFINITY;
+        for (int t = t0; t < t1; t++) {
+            for (int h = g * group; h < (g + 1) * group; h++) {
+                float[] row = rows[t * heads + h];
+                double s = 0;
+                for (int i = 0; i < D; i++) {
+                    s += Math.max(row[i] * (double) sum[o + i], row[i] * (double) sum[o + D + i]);
+                }
+                best = Math.max(best, s);
+            }
+        }
+        return best;
+    }
+
+    /** Indices of b by descending bound. */
+    private static Integer[] order(double[] b) {
+        Integer[] idx = new Integer[b.length];
+        for (int i = 0; i < idx.length; i++) {
+            idx[i] = i;
+        }
+        Arrays.sort(idx, (x, y) -> Double.compare(b[y], b[x]));
+        return idx;
+    }
+
+    /** Whether taking the best k of b leaves out one within 1e-6 (relative) of the last taken. */
+    private static boolean nearTie(double[] b, Integer[] order, int k) {
+        if (k <= 0 || k >= b.length) {
+            return false;
+        }
+        double last = b[order[k - 1]], next = b[order[k]];
+        return last - next <= 1e-6 * (Math.abs(last) + 1e-3);
     }
 
     @Test
