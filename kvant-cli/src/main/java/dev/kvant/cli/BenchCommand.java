@@ -70,6 +70,11 @@ final class BenchCommand implements Runnable {
     @Option(names = "--json", description = "print a JSON array, one object per row")
     boolean json;
 
+    @Option(names = "--median", description = "report the median and quartiles of the repetitions instead of their"
+            + " mean and deviation (JSON: also tps_median, tps_q1, tps_q3): on a shared or throttling machine, many"
+            + " short repetitions (e.g. -n 16 -r 41) and their median show what the code does between slow phases")
+    boolean median;
+
     /**
      * Each row as a fraction of what the device allows, both measured in this run: generation against copy bandwidth
      * / (weight bytes + cache bytes at that depth) per token, prompt processing against the bf16 GEMM rate / the
@@ -174,7 +179,7 @@ final class BenchCommand implements Runnable {
             if (!json && selectOpts.config() != null) {
                 System.out.println("attention through a block selection: " + selectOpts.describe() + "\n");
             }
-            System.out.println(json ? Benchmark.json(rows) : Benchmark.markdown(rows));
+            System.out.println(json ? Benchmark.json(rows, median) : Benchmark.markdown(rows, median));
             if (limits != null && !json) {
                 System.out.println(ratios);
             }

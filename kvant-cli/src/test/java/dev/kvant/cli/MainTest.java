@@ -50,6 +50,24 @@ class MainTest {
     }
 
     @Test
+    void benchMedianReportsTheRepetitionsQuartiles() {
+        Run r = run("bench", "--synthetic", "tiny", "-p", "8", "-n", "2", "-r", "5", "--median", "--json");
+        assertEquals(0, r.code(), r.err());
+        Matcher m = Pattern.compile("\"tps_mean\":[0-9.]+,\"tps_sd\":[0-9.]+,\"tps_median\":([0-9.]+),"
+                + "\"tps_q1\":([0-9.]+),\"tps_q3\":([0-9.]+)}").matcher(r.out());
+        int rows = 0;
+        while (m.find()) {
+            rows++;
+            double q1 = Double.parseDouble(m.group(2)), med = Double.parseDouble(m.group(1));
+            assertTrue(q1 > 0 && q1 <= med && med <= Double.parseDouble(m.group(3)), r.out());
+        }
+        assertEquals(2, rows, r.out());
+        Run table = run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "3", "--median");
+        assertEquals(0, table.code(), table.err());
+        assertTrue(table.out().contains("| t/s median (q1 - q3) |"), table.out());
+    }
+
+    @Test
     void benchPrintsMarkdownTableByDefault() {
         Run r = run("bench", "--synthetic", "tiny", "-p", "8", "-n", "2", "-r", "1", "--ctk", "q8_0", "--ctv",
                 "turbo3");

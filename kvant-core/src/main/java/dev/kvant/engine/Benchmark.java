@@ -10,6 +10,7 @@ import dev.kvant.model.LlamaModel;
 import dev.kvant.tensor.Parallel;
 
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.List;
 import java.util.Locale;
 import java.util.SplittableRandom;
@@ -29,14 +30,37 @@ import java.util.function.LongSupplier;
  */
 public final class Benchmark {
 
-    /** One row of results: tokens per second, mean and sample standard deviation over the repetitions. */
+    /**
+     * One row of results: tokens per second, mean and sample standard deviation over the repetitions, and each
+     * repetition's own rate ({@code samples}).
+     */
     public record Row(String model, String backend, int threads, String kv, String test, int depth, int reps,
                       double tpsMean, double tpsSd, double[] samples) {
         public String toJson() {
-            return String.format(Locale.ROOT,
+            return toJson(false);
+        }
+
+        /** One JSON object; with {@code quartiles} also {@code tps_median}, {@code tps_q1} and {@code tps_q3}. */
+        public String toJson(boolean quartiles) {
+            String base = String.format(Locale.ROOT,
                     "{\"model\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"kv\":\"%s\",\"test\":\"%s\","
-                            + "\"depth\":%d,\"reps\":%d,\"tps_mean\":%.3f,\"tps_sd\":%.3f}",
+                            + "\"depth\":%d,\"reps\":%d,\"tps_mean\":%.3f,\"tps_sd\":%.3f",
                     escape(model), backend, threads, kv, test, depth, reps, tpsMean, tpsSd);
+            return quartiles ? base + String.format(Locale.ROOT, ",\"tps_median\":%.3f,\"tps_q1\":%.3f,"
+                    + "\"tps_q3\":%.3f}", quantile(0.5), quantile(0.25), quantile(0.75)) : base + "}";
+        }
+
+        /**
+         * The q-quantile of the repetitions' rates (linear between order statistics): the median (q = 0.5) of many
+         * short repetitions shrugs off a shared machine's slow phases, which the mean does not.
+         */
+        public double quantile(double q) {
+            double[] v = samples.clone();
+            Arrays.sort(v);
+            double at = q * (v.length - 1);
+            int lo = (int) Math.floor(at);
+            int hi = Math.min(v.length - 1, lo + 1);
+            return v[lo] + (at - lo) * (v[hi] - v[lo]);
         }
     }
 
@@ -267,21 +291,36 @@ public final class Benchmark {
 
     /** A Markdown table in llama-bench's layout. */
     public static String markdown(List<Row> rows) {
+        return markdown(rows, false);
+    }
+
+    /** The table; with {@code quartiles} the t/s column is the median and quartiles of the repetitions instead. */
+    public static String markdown(List<Row> rows, boolean quartiles) {
         StringBuilder sb = new StringBuilder();
-        sb.append("| model | backend | threads | kv | test | t/s |\n");
+        sb.append(quartiles ? "| model | backend | threads | kv | test | t/s median (q1 - q3) |\n"
+                : "| model | backend | threads | kv | test | t/s |\n");
         sb.append("| --- | --- | ---: | --- | ---: | ---: |\n");
         for (Row r : rows) {
             String test = r.depth() > 0 ? r.test() + " @ d" + r.depth() : r.test();
-            sb.append(String.format(Locale.ROOT, "| %s | %s | %d | %s | %s | %.2f ± %.2f |%n", r.model(), r.backend(),
-                    r.threads(), r.kv(), test, r.tpsMean(), r.tpsSd()));
+            String tps = quartiles
+                    ? String.format(Locale.ROOT, "%.2f (%.2f - %.2f)", r.quantile(0.5), r.quantile(0.25),
+                    r.quantile(0.75))
+                    : String.format(Locale.ROOT, "%.2f ± %.2f", r.tpsMean(), r.tpsSd());
+            sb.append(String.format(Locale.ROOT, "| %s | %s | %d | %s | %s | %s |%n", r.model(), r.backend(),
+                    r.threads(), r.kv(), test, tps));
         }
         return sb.toString();
     }
 
     public static String json(List<Row> rows) {
+        return json(rows, false);
+    }
+
+    /** A JSON array, one object per row; with {@code quartiles} each also has the repetitions' median and quartiles. */
+    public static String json(List<Row> rows, boolean quartiles) {
         StringBuilder sb = new StringBuilder("[");
         for (int i = 0; i < rows.size(); i++) {
-            sb.append(i == 0 ? "\n  " : ",\n  ").append(rows.get(i).toJson());
+            sb.append(i == 0 ? "\n  " : ",\n  ").append(rows.get(i).toJson(quartiles));
         }
         return sb.append("\n]").toString();
     }

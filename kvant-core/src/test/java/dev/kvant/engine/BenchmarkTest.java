@@ -101,4 +101,25 @@ class BenchmarkTest {
             }
         }
     }
+
+    /** Quantiles interpolate between the sorted repetitions; the median and quartiles reach the JSON and the table. */
+    @Test
+    void medianAndQuartilesOfTheRepetitions() {
+        Benchmark.Row r = new Benchmark.Row("m", "cpu", 2, "f16/f16", "tg16", 0, 5, 30, 1,
+                new double[] {50, 10, 40, 20, 30});
+        assertEquals(30, r.quantile(0.5));
+        assertEquals(20, r.quantile(0.25));
+        assertEquals(40, r.quantile(0.75));
+        assertEquals(10, r.quantile(0));
+        assertEquals(50, r.quantile(1));
+        Benchmark.Row even = new Benchmark.Row("m", "cpu", 2, "f16/f16", "tg16", 0, 4, 25, 1,
+                new double[] {40, 10, 30, 20});
+        assertEquals(25, even.quantile(0.5));
+        assertEquals(17.5, even.quantile(0.25));
+        assertTrue(r.toJson(true).endsWith(",\"tps_mean\":30.000,\"tps_sd\":1.000,\"tps_median\":30.000,"
+                + "\"tps_q1\":20.000,\"tps_q3\":40.000}"), r.toJson(true));
+        assertTrue(r.toJson().endsWith(",\"tps_sd\":1.000}"), r.toJson());
+        assertTrue(Benchmark.markdown(List.of(r), true).contains("| tg16 | 30.00 (20.00 - 40.00) |"),
+                Benchmark.markdown(List.of(r), true));
+    }
 }
