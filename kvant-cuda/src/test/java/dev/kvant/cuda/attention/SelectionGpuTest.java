@@ -276,22 +276,9 @@ class SelectionGpuTest {
         both.retainAll(b);
         diff.removeAll(both);
         double[] bounds = new double[ks.blocks()];
-        float[] row = new float[D];
+        float[][] rows = rotatedRows(f, q, queries * KV_HEADS * group);
         for (int blk = 0; blk < bounds.length; blk++) {
-            double best = Double.NEGATIVE_INFINITY;
-            for (int qi = 0; qi < queries; qi++) {
-                for (int h = g * group; h < (g + 1) * group; h++) {
-                    System.arraycopy(q, (qi * KV_HEADS * group + h) * D, row, 0, D);
-                    f.rotate(row, 0, D);
-                    double sum = 0;
-                    int o = ks.offset(blk, g);
-                    for (int i = 0; i < D; i++) {
-                        sum += Math.max(row[i] * (double) ks.layer(0)[o + i], row[i] * (double) ks.layer(0)[o + D + i]);
-                    }
-                    best = Math.max(best, sum);
-                }
-            }
-            bounds[blk] = best;
+            bounds[blk] = bound(ks.layer(0), ks.offset(blk, g), rows, 0, queries, KV_HEADS * group, g, group);
         }
         double lowestTaken = Double.POSITIVE_INFINITY;
         for (int x : want) {
@@ -392,11 +379,7 @@ class SelectionGpuTest {
         int group = heads / KV_HEADS;
         int bt = config.blockTokens();
         boolean[] tied = new boolean[(n + Selection.QUERY_BLOCK - 1) / Selection.QUERY_BLOCK];
-        float[][] rows = new float[n * heads][];
-        for (int r = 0; r < rows.length; r++) {
-            rows[r] = Arrays.copyOfRange(q, r * D, (r + 1) * D);
-            f.rotate(rows[r], 0, D);
-        }
+        float[][] rows = rotatedRows(f, q, n * heads);
         for (int qb = 0; qb < tied.length; qb++) {
             int t0 = qb * Selection.QUERY_BLOCK, t1 = Math.min(n, t0 + Selection.QUERY_BLOCK);
             int visible = (start + t1 + bt - 1) / bt;
@@ -436,7 +419,20 @@ class SelectionGpuTest {
         return tied;
     }
 
-    /** The largest bound of q·k over a summary (min at o, max at o + D) for the queries t0..t1-1 of kv head g. */
+    /** The first {@code count} query rows of q (D values each), each rotated into the format's domain. */
+    private static float[][] rotatedRows(KvFormat f, float[] q, int count) {
+        float[][] rows = new float[count][];
+        for (int r = 0; r < count; r++) {
+            rows[r] = Arrays.copyOfRange(q, r * D, (r + 1) * D);
+            f.rotate(rows[r], 0, D);
+        }
+        return rows;
+    }
+
+    /**
+     * The largest upper bound of q·k over a summary (min at o, max at o + D), in float64, for the queries t0..t1-1
+     * (rows t * heads + h) of kv head g's group.
+     */
     private static double bound(float[] sum, int o, float[][] rows, int t0, int t1, int heads, int g, int group) {
         double best = Double.NEGATIVE_INFINITY;
         for (int t = t0; t < t1; t++) {
