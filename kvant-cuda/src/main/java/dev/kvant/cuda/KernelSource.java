@@ -88,12 +88,30 @@ public record KernelSource(String name, String code, boolean overlappable) {
 
     /** One of kvant's kernels, {@code src/main/resources/dev/kvant/cuda/<fileName>}. */
     public static KernelSource resource(String fileName) {
+        return kvant(fileName, text(fileName));
+    }
+
+    /**
+     * One compilation unit of several of kvant's files (headers first), named for the last: each file's text after
+     * a {@code // ---- file} line and a {@code #line} directive, so the compiler's messages name the file.
+     */
+    public static KernelSource resources(String... fileNames) {
+        StringBuilder code = new StringBuilder();
+        for (String file : fileNames) {
+            code.append("// ---- ").append(file).append("\n#line 1 \"").append(file).append("\"\n")
+                    .append(text(file)).append('\n');
+        }
+        return kvant(fileNames[fileNames.length - 1], code.toString());
+    }
+
+    /** The text of {@code src/main/resources/dev/kvant/cuda/<fileName>}. */
+    public static String text(String fileName) {
         String path = RESOURCE_FOLDER + fileName;
         try (InputStream in = KernelSource.class.getResourceAsStream(path)) {
             if (in == null) {
                 throw new IllegalArgumentException("kernel source " + path + " is not on the class path");
             }
-            return kvant(fileName, new String(in.readAllBytes(), StandardCharsets.UTF_8));
+            return new String(in.readAllBytes(), StandardCharsets.UTF_8);
         } catch (IOException e) {
             throw new UncheckedIOException("kernel source " + path + " could not be read", e);
         }

@@ -7,10 +7,6 @@ import dev.kvant.kv.KvGeometry;
 import dev.kvant.kv.PageMeanFormat;
 import dev.kvant.kv.Rotation;
 import dev.kvant.kv.TurboFormat;
-import java.io.IOException;
-import java.io.InputStream;
-import java.io.UncheckedIOException;
-import java.nio.charset.StandardCharsets;
 import java.util.List;
 import java.util.Map;
 import jdk.incubator.vector.FloatVector;
@@ -18,15 +14,17 @@ import jdk.incubator.vector.FloatVector;
 /**
  * The CUDA source of one attention module: a header generated here from the CPU's own constants (rotation signs
  * and scales from {@link Rotation}, codebooks from {@link TurboFormat#codebook}, and the vector width of the CPU
- * encoder), then {@code kv_format.cuh}, {@code kv_write.cu}, {@code attention.cu} and {@code select.cu}, compiled
- * with the defines KF, VF (format ids in {@link KvFormat#all()} order), DK, DV and HBD (kv heads per decode block).
+ * encoder), then {@code kv_format.cuh}, {@code rope.cuh}, {@code kv_write.cu}, {@code attention.cu} and
+ * {@code select.cu}, compiled with the defines KF, VF (format ids in {@link KvFormat#all()} order), DK, DV and HBD
+ * (kv heads per decode block).
  *
  * <p>Nothing is pasted: a new codebook or sign convention in core reaches the device through this header, and the
  * kernel cache key (a hash of the source) changes with it.
  */
 final class AttentionSource {
-    static final String FOLDER = "/dev/kvant/cuda/attention/";
-    static final List<String> FILES = List.of("kv_format.cuh", "kv_write.cu", "attention.cu", "select.cu");
+    /** The module's files, under {@link KernelSource#RESOURCE_FOLDER}, in order. */
+    static final List<String> FILES = List.of("attention/kv_format.cuh", "rope.cuh", "attention/kv_write.cu",
+            "attention/attention.cu", "attention/select.cu");
     /** Shared memory one block may use on sm_90 (227 KiB). */
     static final int MAX_SHARED = 227 * 1024;
 
@@ -45,7 +43,7 @@ final class AttentionSource {
     static KernelSource source(AttentionShape shape, int hb) {
         StringBuilder code = new StringBuilder(generatedHeader(cpuEncoderLanes()));
         for (String file : FILES) {
-            code.append("\n// ---- ").append(file).append('\n').append(resource(file));
+            code.append("\n// ---- ").append(file).append('\n').append(KernelSource.text(file));
         }
         return KernelSource.kvant("attention[" + shape.kFormat().name() + "/" + shape.vFormat().name() + "/"
                 + shape.headDimK() + "/" + shape.headDimV() + "/hb" + hb + "]", code.toString());
@@ -219,17 +217,5 @@ final class AttentionSource {
             throw new IllegalArgumentException("constant " + f + " is not finite");
         }
         return Float.toHexString(f) + "f";
-    }
-
-    private static String resource(String file) {
-        String path = FOLDER + file;
-        try (InputStream in = AttentionSource.class.getResourceAsStream(path)) {
-            if (in == null) {
-                throw new IllegalStateException("kernel source " + path + " is not on the class path");
-            }
-            return new String(in.readAllBytes(), StandardCharsets.UTF_8);
-        } catch (IOException e) {
-            throw new UncheckedIOException("kernel source " + path + " could not be read", e);
-        }
     }
 }

@@ -40,6 +40,10 @@ public final class CudaAttention implements AutoCloseable {
      * other. Longer writes keep one warp a row, which does no work twice.
      */
     static final int GAIN_WRITER_ROWS = 256;
+    /** Warps of a one-row-a-block writer: one per gain the turbo encoder tries (kv_write.cu KV_GAINS). */
+    private static final int KV_GAINS = TurboFormat.gains().length;
+    /** The largest head rope.cuh rotates in registers (as model.cu's ROPE_MAX_DIM). */
+    private static final int ROPE_MAX_DIM = 256;
     /** Query rows (query x head in group) of one prefill block (attention.cu PRE_ROWS). */
     static final int PREFILL_ROWS = 128;
 
@@ -52,6 +56,7 @@ public final class CudaAttention implements AutoCloseable {
     private final CudaFunction writeKv;
     private final CudaFunction writeGains;
     private final CudaFunction pageMeans;
+    private final CudaFunction ropeWrite;
     private final CudaFunction decode;
     private final CudaFunction prefill;
     private final CudaFunction merge;
@@ -86,6 +91,7 @@ public final class CudaAttention implements AutoCloseable {
         this.writeKv = module.function("kvant_kv_write_kv");
         this.writeGains = module.function("kvant_kv_write_gains");
         this.pageMeans = module.function("kvant_kv_page_means");
+        this.ropeWrite = module.function("kvant_rope_write");
         // launched plain: overlapped, it ran 14% slower with turbo3 at 32K tokens (plainLaunches)
         this.decode = module.function("kvant_attn_decode").plainLaunches();
         this.prefill = module.function("kvant_attn_prefill");
@@ -176,13 +182,53 @@ public final class CudaAttention implements AutoCloseable {
                     shape.kvHeads(), slots, prevPages, kv.kPool(layer), shape.pageTokens(), kv.kPageBytes(layer));
         }
         if ((triesGains(shape.kFormat()) || triesGains(shape.vFormat())) && rows <= GAIN_WRITER_ROWS) {
-            writeGains.launch(new Dim3(rows, 2, 1), Dim3.of(32 * TurboFormat.gains().length), 0, stream, k, v, rows,
+            writeGains.launch(new Dim3(rows, 2, 1), Dim3.of(32 * KV_GAINS), 0, stream, k, v, rows,
                     shape.kvHeads(), slots, kv.kPool(layer), kv.vPool(layer), shape.pageTokens(), kv.kPageBytes(layer),
                     kv.vPageBytes(layer));
         } else {
             writeKv.launch(new Dim3((rows + 3) / 4, 2, 1), Dim3.of(128), 0, stream, k, v, rows, shape.kvHeads(),
                     slots, kv.kPool(layer), kv.vPool(layer), shape.pageTokens(), kv.kPageBytes(layer), kv.vPageBytes(layer));
         }
+    }
+
+    /**
+     * Whether {@link #writeRoped} takes a write of {@code tokens} vectors: a K format without page means (whose
+     * write needs every row's RoPE first), rows few enough for one block each (a decode step), and heads RoPE in
+     * registers takes (rope.cuh: up to 256).
+     */
+    public boolean writesRoped(int tokens) {
+        return !(shape.kFormat() instanceof PageMeanFormat) && tokens > 0
+                && (long) tokens * shape.kvHeads() <= GAIN_WRITER_ROWS && shape.headDimK() <= ROPE_MAX_DIM;
+    }
+
+    /**
+     * A decode step's RoPE and cache write in one launch (kv_write.cu's kvant_rope_write): q, k and v of r.n()
+     * vectors at r.positions() from the fused projection r.qkv(); k rotated by RoPE and v written into this layer's
+     * pools in the bytes {@link #quantizeRows} writes from kvant_rope_split's rows, q rotated into r.q(); r.k() and
+     * r.v() are not written. Only where {@link #writesRoped} says so.
+     */
+    public void writeRoped(CudaKvCache kv, int layer, RopeRows r, CudaStream stream) {
+        kv.checkShape(shape, layer);
+        if (!writesRoped(r.n()) || r.positions() == null || r.seqStride() != 1 || r.heads() % r.kvHeads() != 0
+                || r.kvHeads() != shape.kvHeads() || r.headDim() != shape.headDimK()
+                || r.headDimV() != shape.headDimV()) {
+            throw new IllegalArgumentException("a fused RoPE write takes decode vectors of this module's shape ("
+                    + shape + "), not " + r.n() + " vectors of " + r.kvHeads() + " kv heads of " + r.headDim() + "/"
+                    + r.headDimV());
+        }
+        requireBytes("qkv", r.qkv(), 4L * r.n() * ((long) r.heads() * r.headDim()
+                + (long) r.kvHeads() * (r.headDim() + r.headDimV())));
+        requireBytes("q", r.q(), 4L * r.n() * r.heads() * r.headDim());
+        int queryBlocks = (r.heads() + KV_GAINS - 1) / KV_GAINS;
+        ropeWrite.launch(new Dim3(r.n(), 2 * shape.kvHeads() + queryBlocks, 1), Dim3.of(32 * KV_GAINS), 0, stream,
+                r.qkv(), r.positions(), r.q(), r.angles(), r.ropeDim(), r.neox() ? 1 : 0, r.heads(), r.kvHeads(),
+                orNull(r.qNorm()), orNull(r.kNorm()), r.eps(), r.tables(), r.tableStride(), r.pageTokens(),
+                orNull(r.slots()), orNull(r.prevPages()), kv.kPool(layer), kv.vPool(layer), kv.kPageBytes(layer),
+                kv.vPageBytes(layer));
+    }
+
+    private static Object orNull(DeviceBuffer b) {
+        return b == null ? 0L : b;
     }
 
     /** Whether rows of format f are encoded by trying the turbo gains (TurboFormat.gains), centered or not. */

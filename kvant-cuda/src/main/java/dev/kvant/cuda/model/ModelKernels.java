@@ -8,6 +8,7 @@ import dev.kvant.cuda.DeviceBuffer;
 import dev.kvant.cuda.Dim3;
 import dev.kvant.cuda.KernelCache;
 import dev.kvant.cuda.KernelSource;
+import dev.kvant.cuda.attention.RopeRows;
 
 import java.util.EnumMap;
 import java.util.Map;
@@ -37,7 +38,7 @@ final class ModelKernels implements AutoCloseable {
     /** At most this many column splits of a dequantizing product (each adds a plane of partial sums). */
     static final int MH_MAX_SPLITS = 8;
 
-    static final KernelSource SOURCE = KernelSource.resource("model/model.cu");
+    static final KernelSource SOURCE = KernelSource.resources("rope.cuh", "model/model.cu");
 
     private final CudaModule module;
     private final Map<WeightLayout, CudaFunction> mv1 = new EnumMap<>(WeightLayout.class);
@@ -316,7 +317,7 @@ final class ModelKernels implements AutoCloseable {
     /** The largest head kvant_rope_split rotates (ROPE_MAX_DIM in model.cu; the attention kernels take up to 256). */
     static final int ROPE_MAX_DIM = 256;
 
-    void ropeSplit(RopeLaunch r, CudaStream stream) {
+    void ropeSplit(RopeRows r, CudaStream stream) {
         if (r.headDim() > ROPE_MAX_DIM) {
             throw new IllegalArgumentException("the CUDA RoPE takes heads up to " + ROPE_MAX_DIM + ", got "
                     + r.headDim());
@@ -366,17 +367,6 @@ final class ModelKernels implements AutoCloseable {
                     q8.slice((long) r * width, q8.byteSize() - (long) r * width),
                     q8Scales.slice(8L * r * (width / 32), q8Scales.byteSize() - 8L * r * (width / 32)), width);
         }
-    }
-
-    /**
-     * Arguments of one kvant_rope_split launch (see model.cu). slots (and prevPages) null: the cache slots of these
-     * vectors are already written (each stage's first local layer writes them for the stage's others).
-     */
-    record RopeLaunch(DeviceBuffer qkv, int n, DeviceBuffer positions, int start, DeviceBuffer q, DeviceBuffer k,
-                      DeviceBuffer v, DeviceBuffer angles, int ropeDim, boolean neox, int heads,
-                      int kvHeads, int headDim, int headDimV, DeviceBuffer qNorm, DeviceBuffer kNorm, float eps,
-                      DeviceBuffer tables, int tableStride, int seqStride, int pageTokens, DeviceBuffer slots,
-                      DeviceBuffer prevPages) {
     }
 
     @Override

@@ -8,6 +8,7 @@ import dev.kvant.cuda.DeviceBuffer;
 import dev.kvant.cuda.KernelCache;
 import dev.kvant.cuda.Owned;
 import dev.kvant.cuda.PinnedBuffer;
+import dev.kvant.cuda.attention.RopeRows;
 import dev.kvant.model.LlamaModel;
 import dev.kvant.model.ModelConfig;
 import dev.kvant.model.Rope;
@@ -162,8 +163,12 @@ final class Stage implements AutoCloseable {
             DeviceWeights.Layer L = w.layers[l];
             k.rmsnorm(x, L.attnNorm(), xb, n, dim, eps, stream);
             L.qkv().matvec(k, xb, n, qkv, qkvDim, L.qkvBias(), ModelKernels.MV_STORE, stream);
-            k.ropeSplit(rope(kv, n, positions, 0, l, L, 1), stream);
-            kv.attention(l).quantizeRows(kv.cache(), l, kRows, vRows, slots, prevPages, n, stream);
+            if (kv.attention(l).writesRoped(n)) {
+                kv.attention(l).writeRoped(kv.cache(), l, rope(kv, n, positions, 0, l, L, 1), stream);
+            } else {
+                k.ropeSplit(rope(kv, n, positions, 0, l, L, 1), stream);
+                kv.attention(l).quantizeRows(kv.cache(), l, kRows, vRows, slots, prevPages, n, stream);
+            }
             // the merge writes the 8-bit operand of the o product too when that product reads one
             DeviceBuffer outQ8 = L.wo().readsQ8() ? attn.q8() : null;
             DeviceBuffer outQ8Scales = L.wo().readsQ8() ? attn.q8Scales() : null;
@@ -292,10 +297,10 @@ final class Stage implements AutoCloseable {
     }
 
     /** The RoPE launch of local layer l; the first layer writes the vectors' cache slots, which all layers share. */
-    private ModelKernels.RopeLaunch rope(KvPool.Part kv, int n, DeviceBuffer positions, int start, int l,
+    private RopeRows rope(KvPool.Part kv, int n, DeviceBuffer positions, int start, int l,
                                          DeviceWeights.Layer L, int seqStride) {
         Rope r = c.rope();
-        return new ModelKernels.RopeLaunch(qkv, n, positions, start, q, kRows, vRows, angles, r.ropeDim(),
+        return new RopeRows(qkv, n, positions, start, q, kRows, vRows, angles, r.ropeDim(),
                 r.mode() == Rope.Mode.NEOX, c.heads(), c.kvHeads(), c.headDimK(), c.headDimV(),
                 L.qNorm(), L.kNorm(), c.rmsEps(), kv.batch().tables(), kv.batch().tableStride(), seqStride,
                 CudaBackend.PAGE_TOKENS, l == 0 ? slots : null, l == 0 ? prevPages : null);

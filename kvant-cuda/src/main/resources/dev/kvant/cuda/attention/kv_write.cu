@@ -166,9 +166,7 @@ __device__ __forceinline__ void turbo_pack(const int (&code)[N / 32], float s, f
 // mean: null, or the row's page mean (D fp16 values of the format's domain, KMEAN), subtracted from the domain row
 // before it is quantized, as KvSequence does before KvFormat.encodeDomainRows.
 template <int FMT, int D>
-__device__ void encode_row(const float* src, u8* dst, u8* codes, int lane, const u16* mean) {
-    float x[D / 32];
-    load_row<D>(src, x, lane);
+__device__ void encode_regs(float (&x)[D / 32], u8* dst, u8* codes, int lane, const u16* mean) {
     if (mean != nullptr && !fmt_rotated(FMT)) {
 #pragma unroll
         for (int j = 0; j < D / 32; j++) x[j] = __fsub_rn(x[j], h2f(mean[32 * j + lane]));
@@ -248,6 +246,14 @@ __device__ void encode_row(const float* src, u8* dst, u8* codes, int lane, const
     }
 }
 
+// The same for a row in memory (src: its D floats).
+template <int FMT, int D>
+__device__ __forceinline__ void encode_row(const float* src, u8* dst, u8* codes, int lane, const u16* mean) {
+    float x[D / 32];
+    load_row<D>(src, x, lane);
+    encode_regs<FMT, D>(x, dst, codes, lane, mean);
+}
+
 // Where row (token row / kvHeads, kv head row % kvHeads) goes: its bytes in the pool, and with MEAN its page's key
 // mean (else null). Null when the token's slot is negative (a padded batch: nothing is written).
 template <int FMT, int D, bool MEAN>
@@ -288,27 +294,18 @@ extern "C" __global__ void __launch_bounds__(128) kvant_kv_write_kv(const float*
 }
 
 // One row a block of KV_GAINS warps (short writes: a decode step's few rows would leave the one-warp writer's nine
-// gains one after the other on a handful of warps): every warp rotates the row and tries its own gain; the first
-// best gain in TurboFormat.GAINS order (as encode_row picks it) is packed by the warp that tried it. Formats
-// without gains are written by warp 0 as encode_row does.
-template <int FMT, int D, bool MEAN>
-__device__ __forceinline__ void write_row_gains(const float* __restrict__ src, int kvHeads,
-                                                const int* __restrict__ slots, u8* __restrict__ pool, int pageTokens,
-                                                i64 pageBytes) {
-    __shared__ u8 codes[D];
-    __shared__ float cosines[KV_GAINS];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row = blockIdx.x;
-    const u16* mean;
-    u8* dst = row_dest<FMT, D, MEAN>(row, kvHeads, slots, pool, pageTokens, pageBytes, &mean);
-    if (dst == nullptr) return;   // the whole block: no barrier is left waiting
+// gains one after the other on a handful of warps): every warp holds the row (x: element 32j + lane in x[j]),
+// rotates it and tries its own gain; the first best gain in TurboFormat.GAINS order (as encode_row picks it) is
+// packed by the warp that tried it. Formats without gains are written by warp 0 as encode_row does. codes: D bytes,
+// cosines: KV_GAINS floats, both the block's shared memory; every thread of the block calls this.
+template <int FMT, int D>
+__device__ __forceinline__ void write_regs_gains(float (&x)[D / 32], u8* dst, const u16* mean, u8* codes,
+                                                 float* cosines, int warp, int lane) {
     if constexpr (!fmt_turbo(FMT)) {
-        if (warp == 0) encode_row<FMT, D>(src + (i64) row * D, dst, codes, lane, mean);
+        if (warp == 0) encode_regs<FMT, D>(x, dst, codes, lane, mean);
     } else {
         constexpr int N = rot_block(D);
         constexpr int R = N / 32;
-        float x[D / 32];
-        load_row<D>(src + (i64) row * D, x, lane);
         const float cent = turbo_centroid<FMT, N>(lane);
 #pragma unroll
         for (int b = 0; b < D / N; b++) {
@@ -329,6 +326,22 @@ __device__ __forceinline__ void write_row_gains(const float* __restrict__ src, i
     }
 }
 
+template <int FMT, int D, bool MEAN>
+__device__ __forceinline__ void write_row_gains(const float* __restrict__ src, int kvHeads,
+                                                const int* __restrict__ slots, u8* __restrict__ pool, int pageTokens,
+                                                i64 pageBytes) {
+    __shared__ u8 codes[D];
+    __shared__ float cosines[KV_GAINS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = blockIdx.x;
+    const u16* mean;
+    u8* dst = row_dest<FMT, D, MEAN>(row, kvHeads, slots, pool, pageTokens, pageBytes, &mean);
+    if (dst == nullptr) return;   // the whole block: no barrier is left waiting
+    float x[D / 32];
+    load_row<D>(src + (i64) row * D, x, lane);
+    write_regs_gains<FMT, D>(x, dst, mean, codes, cosines, warp, lane);
+}
+
 // kvant_kv_write_gains: as kvant_kv_write_kv, one row a block; grid (rows, 2), block KV_GAINS * 32 threads.
 extern "C" __global__ void __launch_bounds__(KV_GAINS * 32) kvant_kv_write_gains(const float* __restrict__ k,
         const float* __restrict__ v, int rows, int kvHeads, const int* __restrict__ slots, u8* __restrict__ kPool,
@@ -338,6 +351,62 @@ extern "C" __global__ void __launch_bounds__(KV_GAINS * 32) kvant_kv_write_gains
         write_row_gains<KF, DK, KMEAN>(k, kvHeads, slots, kPool, pageTokens, kPageBytes);
     } else {
         write_row_gains<VF, DV, false>(v, kvHeads, slots, vPool, pageTokens, vPageBytes);
+    }
+}
+
+// kvant_rope_write — a decode step's kvant_rope_split (model.cu) and K/V write in one launch, for K formats without
+// page means: the rows go from the fused q|k|v projection through rope.cuh's RoPE straight into the cache, in the
+// bytes kvant_kv_write_gains writes from kvant_rope_split's rows, and q into its buffer for the decode attention.
+//
+// qkv: [n][heads·DK + kvHeads·(DK + DV)]; positions: int [n], vector t's position; its page table at tables +
+// t·tableStride. slots (the first local layer of a stage's step: the layers after it and the attention read them)
+// and prevPages (a centered K format in a later layer: kvant_kv_page_means), or null, get vector t's entries as
+// kvant_rope_split writes them.
+// grid: (n, 2·kvHeads + ceil(heads / KV_GAINS)); block: KV_GAINS warps. y < kvHeads: K row of kv head y (every warp
+// rotates it by RoPE into its registers and tries its gain); y < 2·kvHeads: V row of kv head y − kvHeads; the
+// others: query heads, one a warp.
+extern "C" __global__ void __launch_bounds__(KV_GAINS * 32) kvant_rope_write(const float* __restrict__ qkv,
+        const int* __restrict__ positions, float* __restrict__ q, const float2* __restrict__ angles, int ropeDim,
+        int neox, int heads, int kvHeads, const float* __restrict__ qNorm, const float* __restrict__ kNorm, float eps,
+        const int* __restrict__ tables, int tableStride, int pageTokens, int* __restrict__ slots,
+        int* __restrict__ prevPages, u8* __restrict__ kPool, u8* __restrict__ vPool, i64 kPageBytes,
+        i64 vPageBytes) {
+    KVANT_GRID_ENTER();
+    __shared__ u8 codes[DK > DV ? DK : DV];
+    __shared__ float cosines[KV_GAINS];
+    const int t = blockIdx.x, role = blockIdx.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int qDim = heads * DK, kvDim = kvHeads * DK;
+    const float* row = qkv + (i64) t * (qDim + kvDim + kvHeads * DV);
+    const float2* angle = angles + (i64) t * (ropeDim / 2);
+    if (role >= 2 * kvHeads) {
+        const int h = (role - 2 * kvHeads) * KV_GAINS + warp;
+        if (h < heads) {
+            float x[DK / 32];
+            rope_head<DK / 32>(row + h * DK, qNorm, angle, ropeDim, neox, DK, eps, lane, x);
+            float* dst = q + (i64) t * qDim + h * DK;
+#pragma unroll
+            for (int j = 0; j < DK / 32; j++) dst[32 * j + lane] = x[j];
+        }
+        return;
+    }
+    const int pos = positions[t];
+    const int* table = tables + (i64) t * tableStride;
+    if (role == 0 && threadIdx.x == 0 && slots != nullptr) rope_slots(table, pos, pageTokens, true, t, slots, prevPages);
+    const int slot = rope_slot(table, pos, pageTokens);
+    if (slot < 0) return;   // the whole block
+    const i64 page = slot / pageTokens, inPage = slot % pageTokens;
+    if (role < kvHeads) {
+        float x[DK / 32];
+        rope_head<DK / 32>(row + qDim + role * DK, kNorm, angle, ropeDim, neox, DK, eps, lane, x);
+        write_regs_gains<KF, DK>(x, kPool + page * kPageBytes + (inPage * kvHeads + role) * fmt_row_bytes(KF, DK),
+                                 nullptr, codes, cosines, warp, lane);
+    } else {
+        const int h = role - kvHeads;
+        float x[DV / 32];
+        load_row<DV>(row + qDim + kvDim + h * DV, x, lane);
+        write_regs_gains<VF, DV>(x, vPool + page * vPageBytes + (inPage * kvHeads + h) * fmt_row_bytes(VF, DV),
+                                 nullptr, codes, cosines, warp, lane);
     }
 }
 

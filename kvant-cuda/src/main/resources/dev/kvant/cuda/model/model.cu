@@ -1471,10 +1471,9 @@ extern "C" __global__ void kvant_rope_angles(const int* __restrict__ positions, 
 //
 // qkv: [n][qDim + 2·kvDim] (the fused projection's output); positions: int [n], or null for start + t;
 // tables: page table of vector t at tables + (t·seqStride)·tableStride (seqStride 0: one sequence, prefill).
-// grid: (n, ceil((heads + kvHeads) / 4)); block: 128 threads, warp w rotating head 4·blockIdx.y + w; the V copy is
-// spread over all the vector's threads. A decode step runs this once a layer on a few KB, so its time is latency:
-// every thread issues all its loads (a head's values, partners and angles, up to ROPE_MAX_DIM / 32 each) before it
-// uses one, and no thread loops over V.
+// grid: (n, ceil((heads + kvHeads) / 4)); block: 128 threads, warp w rotating head 4·blockIdx.y + w (rope.cuh's
+// rope_head); the V copy is spread over all the vector's threads, so no thread loops over it. A decode step with a
+// format that kv_write.cu's kvant_rope_write takes does this and the cache write in one launch instead.
 #define ROPE_MAX_DIM 256
 extern "C" __global__ void __launch_bounds__(128) kvant_rope_split(
         const float* __restrict__ qkv, int n, const int* __restrict__ positions, int start,
@@ -1490,70 +1489,17 @@ extern "C" __global__ void __launch_bounds__(128) kvant_rope_split(
     int qDim = heads * headDim, kvDim = kvHeads * headDim, kvDimV = kvHeads * headDimV;
     const float* row = qkv + (i64) t * (qDim + kvDim + kvDimV);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const float2* angle = angles + (i64) t * (ropeDim / 2);
     int h = blockIdx.y * 4 + warp;
     if (h < heads + kvHeads) {
         bool isQ = h < heads;
         const float* src = isQ ? row + h * headDim : row + qDim + (h - heads) * headDim;
         float* dst = isQ ? q + (i64) t * qDim + h * headDim : k + (i64) t * kvDim + (h - heads) * headDim;
-        const float* norm = isQ ? qNorm : kNorm;
-        int half = ropeDim / 2;
-        // element i = lane + 32j: its value, its partner's, and the pair's angle
-        float xi[J], xp[J], ni[J], np[J];
-        float2 cs[J];
-        bool first[J];
+        float x[J];
+        rope_head<J>(src, isQ ? qNorm : kNorm, angles + (i64) t * (ropeDim / 2), ropeDim, neox, headDim, eps, lane,
+                     x);
 #pragma unroll
         for (int j = 0; j < J; j++) {
-            const int i = lane + 32 * j;
-            xi[j] = xp[j] = 0.f;
-            ni[j] = np[j] = 1.f;
-            cs[j] = make_float2(1.f, 0.f);
-            first[j] = true;
-            if (i < headDim) {
-                int pair, partner;
-                if (neox) {
-                    pair = i < half ? i : i - half;
-                    partner = i < half ? i + half : i - half;
-                    first[j] = i < half;
-                } else {
-                    pair = i >> 1;
-                    partner = i ^ 1;
-                    first[j] = (i & 1) == 0;
-                }
-                xi[j] = src[i];
-                if (norm != nullptr) ni[j] = norm[i];
-                if (i < ropeDim) {
-                    xp[j] = src[partner];
-                    if (norm != nullptr) np[j] = norm[partner];
-                    cs[j] = angle[pair];
-                }
-            }
-        }
-        float scale = 1.f;
-        if (norm != nullptr) {
-            float ss = 0.f;
-#pragma unroll
-            for (int j = 0; j < J; j++) ss = fmaf(xi[j], xi[j], ss);   // zero past headDim
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                ss += __shfl_xor_sync(FULL_MASK, ss, o);
-            }
-            scale = 1.f / sqrtf(ss / (float) headDim + eps);
-        }
-#pragma unroll
-        for (int j = 0; j < J; j++) {
-            const int i = lane + 32 * j;
-            if (i < headDim) {
-                float a = xi[j] * scale;
-                if (norm != nullptr) a *= ni[j];
-                float out = a;
-                if (i < ropeDim) {
-                    float b = xp[j] * scale;
-                    if (norm != nullptr) b *= np[j];
-                    out = first[j] ? a * cs[j].x - b * cs[j].y : b * cs[j].y + a * cs[j].x;
-                }
-                dst[i] = out;
-            }
+            if (lane + 32 * j < headDim) dst[lane + 32 * j] = x[j];
         }
     }
     const float* vs = row + qDim + kvDim;
@@ -1565,12 +1511,7 @@ extern "C" __global__ void __launch_bounds__(128) kvant_rope_split(
     }
     int pos = positions != nullptr ? positions[t] : start + t;
     const int* table = tables + (i64) t * seqStride * tableStride;
-    slots[t] = table[pos / pageTokens] * pageTokens + pos % pageTokens;
-    if (prevPages != nullptr) {
-        // for kvant_kv_page_means: a decode vector, or a prefill's first token, starts its sequence's write
-        const bool first = positions != nullptr || t == 0;
-        prevPages[t] = pos < pageTokens ? -1 : first ? table[pos / pageTokens - 1] : -2;
-    }
+    rope_slots(table, pos, pageTokens, positions != nullptr || t == 0, t, slots, prevPages);
 }
 
 // ---- prefill helpers

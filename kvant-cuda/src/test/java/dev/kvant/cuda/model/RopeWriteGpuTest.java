@@ -1,0 +1,257 @@
+package dev.kvant.cuda.model;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import dev.kvant.cuda.Cuda;
+import dev.kvant.cuda.CudaAvailability;
+import dev.kvant.cuda.CudaContext;
+import dev.kvant.cuda.CudaStream;
+import dev.kvant.cuda.DeviceBuffer;
+import dev.kvant.cuda.KernelCache;
+import dev.kvant.cuda.TestSeed;
+import dev.kvant.cuda.attention.AttentionPlan;
+import dev.kvant.cuda.attention.AttentionShape;
+import dev.kvant.cuda.attention.CudaAttention;
+import dev.kvant.cuda.attention.CudaKvCache;
+import dev.kvant.cuda.attention.RopeRows;
+import dev.kvant.kv.KvFormat;
+import dev.kvant.kv.KvGeometry;
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.SplittableRandom;
+import java.util.stream.Stream;
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.Assumptions;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.Tag;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.Arguments;
+import org.junit.jupiter.params.provider.MethodSource;
+
+/**
+ * A decode step's fused RoPE and cache write (kv_write.cu's kvant_rope_write, {@link CudaAttention#writeRoped})
+ * against the two launches it replaces (model.cu's kvant_rope_split, then {@link CudaAttention#quantizeRows}): the
+ * same q bits, the same K and V bytes in the same slots of poisoned pools, the same slots and previous pages, and
+ * nothing written for a padded vector (a negative page). Without q/k norms the q rows are also the CPU's RoPE
+ * (dev.kvant.model.Rope: x0·c − x1·s, x0·s + x1·c) of the same angles, bit for bit.
+ */
+@Tag("gpu")
+class RopeWriteGpuTest {
+    private static final int KV_HEADS = 4;
+    private static final int HEADS = 4 * KV_HEADS;
+    private static final int PAGE_TOKENS = 16;
+    private static final int PAGES = 8;
+    /** Decode vectors at these positions; the last has a negative page (a padded batch's unused row). */
+    private static final int[] POSITIONS = {5, 37, 16, 3};
+    private static final int TABLE_STRIDE = 4;
+    /** Each vector's page table (pages 1..7: page 0 is never written). */
+    private static final int[] TABLES = {2, 1, 3, 4, /* */ 7, 1, 5, 3, /* */ 4, 6, 2, 2, /* */ -1, -1, -1, -1};
+
+    private static CudaContext context;
+    private static KernelCache cache;
+    private static ModelKernels kernels;
+    private static CudaStream stream;
+
+    @BeforeAll
+    static void open() {
+        CudaAvailability a = Cuda.available();
+        Assumptions.assumeTrue(a.ok(), () -> "no CUDA GPU: " + a.reason());
+        context = CudaContext.open();
+        cache = KernelCache.open(context);
+        kernels = new ModelKernels(context, cache);
+        stream = context.createStream();
+    }
+
+    @AfterAll
+    static void close() {
+        if (context != null) {
+            stream.close();
+            kernels.close();
+            context.close();
+        }
+    }
+
+    static Stream<Arguments> cases() {
+        List<Arguments> all = new ArrayList<>();
+        for (KvFormat f : List.of(KvFormat.parse("f16"), KvFormat.parse("bf16"), KvFormat.parse("q8_0"),
+                KvFormat.parse("int8"), KvFormat.parse("q4_0"), KvFormat.parse("q4_0h"), KvFormat.parse("turbo4"),
+                KvFormat.parse("turbo3"), KvFormat.parse("turbo2"))) {
+            all.add(Arguments.of(f.name(), f.name(), 128, 128, 128, false, false));
+        }
+        all.add(Arguments.of("turbo3", "turbo3", 128, 128, 64, true, true));    // NEOX, partial RoPE, q/k norms
+        all.add(Arguments.of("q8_0", "turbo3", 128, 128, 128, true, false));
+        all.add(Arguments.of("turbo4", "turbo2", 64, 64, 64, false, true));
+        all.add(Arguments.of("turbo2", "turbo4", 256, 256, 256, true, false));
+        all.add(Arguments.of("q8_0", "turbo3", 256, 128, 128, false, false));  // K and V heads of two sizes
+        return all.stream();
+    }
+
+    @ParameterizedTest(name = "{0}/{1} head {2}/{3} rope {4} neox {5} norms {6}")
+    @MethodSource("cases")
+    void fusedRopeWriteGivesTheSplitLaunchesBits(String kName, String vName, int dK, int dV, int ropeDim,
+                                                  boolean neox, boolean norms) {
+        long seed = TestSeed.next();
+        SplittableRandom r = new SplittableRandom(seed);
+        String where = kName + "/" + vName + " " + dK + "/" + dV + " (seed " + seed + ")";
+        int n = POSITIONS.length;
+        int qDim = HEADS * dK, width = qDim + KV_HEADS * (dK + dV);
+        float[] qkv = new float[n * width];
+        for (int i = 0; i < qkv.length; i++) {
+            qkv[i] = (float) (r.nextGaussian() * Math.exp(r.nextDouble(-2, 2)));
+        }
+        float[] angles = new float[n * ropeDim];   // (cos, sin) of each pair
+        for (int i = 0; i < angles.length; i += 2) {
+            double a = r.nextDouble(-Math.PI, Math.PI);
+            angles[i] = (float) Math.cos(a);
+            angles[i + 1] = (float) Math.sin(a);
+        }
+        float[] qNorm = new float[dK], kNorm = new float[dK];
+        for (int i = 0; i < dK; i++) {
+            qNorm[i] = (float) r.nextDouble(0.5, 2);
+            kNorm[i] = (float) r.nextDouble(0.5, 2);
+        }
+        KvFormat kf = KvFormat.parse(kName), vf = KvFormat.parse(vName);
+        KvGeometry g = new KvGeometry(1, KV_HEADS, dK, dV);
+        AttentionShape shape = new AttentionShape(g, HEADS, kf, vf, PAGE_TOKENS);
+        try (CudaAttention attention = CudaAttention.create(context, cache, shape, AttentionPlan.of(n, 1, 64, 0));
+             CudaKvCache split = CudaKvCache.allocate(context, g, kf, vf, PAGE_TOKENS, PAGES);
+             CudaKvCache fused = CudaKvCache.allocate(context, g, kf, vf, PAGE_TOKENS, PAGES);
+             DeviceBuffer qkvD = upload(qkv);
+             DeviceBuffer anglesD = upload(angles);
+             DeviceBuffer positions = upload(POSITIONS);
+             DeviceBuffer tables = upload(TABLES);
+             DeviceBuffer qNormD = upload(qNorm);
+             DeviceBuffer kNormD = upload(kNorm);
+             DeviceBuffer qA = context.allocate(4L * n * qDim);
+             DeviceBuffer qB = context.allocate(4L * n * qDim);
+             DeviceBuffer kRows = context.allocate(4L * n * KV_HEADS * dK);
+             DeviceBuffer vRows = context.allocate(4L * n * KV_HEADS * dV);
+             DeviceBuffer slotsA = context.allocate(4L * n);
+             DeviceBuffer slotsB = context.allocate(4L * n);
+             DeviceBuffer prevA = context.allocate(4L * n);
+             DeviceBuffer prevB = context.allocate(4L * n)) {
+            assertTrue(attention.writesRoped(n), where + ": a decode step's write is fused");
+            for (CudaKvCache c : List.of(split, fused)) {
+                c.kPool(0).fillBytes((byte) 0xA5);
+                c.vPool(0).fillBytes((byte) 0xA5);
+            }
+            qA.fillFloats(Float.NaN);
+            qB.fillFloats(Float.NaN);
+            for (DeviceBuffer b : List.of(slotsA, slotsB, prevA, prevB)) {
+                b.fillInts(0x5A5A5A5A);
+            }
+            DeviceBuffer qn = norms ? qNormD : null, kn = norms ? kNormD : null;
+            kernels.ropeSplit(new RopeRows(qkvD, n, positions, 0, qA, kRows, vRows, anglesD, ropeDim, neox, HEADS,
+                    KV_HEADS, dK, dV, qn, kn, 1e-6f, tables, TABLE_STRIDE, 1, PAGE_TOKENS, slotsA, prevA), stream);
+            attention.quantizeRows(split, 0, kRows, vRows, slotsA, n, stream);
+            attention.writeRoped(fused, 0, new RopeRows(qkvD, n, positions, 0, qB, null, null, anglesD, ropeDim,
+                    neox, HEADS, KV_HEADS, dK, dV, qn, kn, 1e-6f, tables, TABLE_STRIDE, 1, PAGE_TOKENS, slotsB,
+                    prevB), stream);
+            stream.synchronize();
+            float[] q = floats(qB);
+            assertArrayEquals(floats(qA), q, where + ": q");
+            assertArrayEquals(ints(slotsA), ints(slotsB), where + ": slots");
+            assertArrayEquals(ints(prevA), ints(prevB), where + ": previous pages");
+            byte[] kBytes = bytes(fused.kPool(0)), vBytes = bytes(fused.vPool(0));
+            assertArrayEquals(bytes(split.kPool(0)), kBytes, where + ": K pool");
+            assertArrayEquals(bytes(split.vPool(0)), vBytes, where + ": V pool");
+            for (int i = 0; i < fused.kPageBytes(0); i++) {
+                assertEquals((byte) 0xA5, kBytes[i], where + ": page 0 of K was written, though no slot is there");
+            }
+            boolean anyWritten = false;
+            for (int i = (int) fused.kPageBytes(0); i < kBytes.length && !anyWritten; i++) {
+                anyWritten = kBytes[i] != (byte) 0xA5;
+            }
+            assertTrue(anyWritten, where + ": nothing was written");
+            if (!norms) {
+                float[] want = cpuRopeQueries(qkv, angles, n, width, dK, ropeDim, neox);
+                assertArrayEquals(want, q, where + ": q against the CPU's RoPE");
+            }
+        }
+    }
+
+    /** A K format centered on page means needs every row's RoPE before the write: not fused. */
+    @Test
+    void centeredKeysAreNotFused() {
+        KvGeometry g = new KvGeometry(1, KV_HEADS, 128, 128);
+        AttentionShape shape = new AttentionShape(g, HEADS, KvFormat.parse("turbo3+mean"), KvFormat.parse("turbo3"),
+                PAGE_TOKENS);
+        try (CudaAttention attention = CudaAttention.create(context, cache, shape, AttentionPlan.of(1, 1, 64, 0))) {
+            assertFalse(attention.writesRoped(1));
+        }
+    }
+
+    /** The query heads rotated as dev.kvant.model.Rope rotates them: x0·c − x1·s and x0·s + x1·c in float. */
+    private static float[] cpuRopeQueries(float[] qkv, float[] angles, int n, int width, int d, int ropeDim,
+                                          boolean neox) {
+        float[] out = new float[n * HEADS * d];
+        int half = ropeDim / 2;
+        for (int t = 0; t < n; t++) {
+            for (int h = 0; h < HEADS; h++) {
+                int src = t * width + h * d, dst = (t * HEADS + h) * d;
+                for (int i = 0; i < d; i++) {
+                    out[dst + i] = qkv[src + i];
+                }
+                for (int p = 0; p < half; p++) {
+                    int a = neox ? p : 2 * p, b = neox ? p + half : 2 * p + 1;
+                    float c = angles[t * ropeDim + 2 * p], s = angles[t * ropeDim + 2 * p + 1];
+                    float x0 = qkv[src + a], x1 = qkv[src + b];
+                    out[dst + a] = x0 * c - x1 * s;
+                    out[dst + b] = x0 * s + x1 * c;
+                }
+            }
+        }
+        return out;
+    }
+
+    private static DeviceBuffer upload(float[] values) {
+        DeviceBuffer b = context.allocate(4L * values.length);
+        try (Arena arena = Arena.ofConfined()) {
+            MemorySegment s = arena.allocate(4L * values.length, 16);
+            MemorySegment.copy(values, 0, s, ValueLayout.JAVA_FLOAT, 0, values.length);
+            b.copyFromHost(s);
+        }
+        return b;
+    }
+
+    private static DeviceBuffer upload(int[] values) {
+        DeviceBuffer b = context.allocate(4L * values.length);
+        try (Arena arena = Arena.ofConfined()) {
+            MemorySegment s = arena.allocate(4L * values.length, 16);
+            MemorySegment.copy(values, 0, s, ValueLayout.JAVA_INT, 0, values.length);
+            b.copyFromHost(s);
+        }
+        return b;
+    }
+
+    private static byte[] bytes(DeviceBuffer b) {
+        try (Arena arena = Arena.ofConfined()) {
+            MemorySegment s = arena.allocate(b.byteSize(), 16);
+            b.copyToHost(s);
+            return s.toArray(ValueLayout.JAVA_BYTE);
+        }
+    }
+
+    private static float[] floats(DeviceBuffer b) {
+        try (Arena arena = Arena.ofConfined()) {
+            MemorySegment s = arena.allocate(b.byteSize(), 16);
+            b.copyToHost(s);
+            return s.toArray(ValueLayout.JAVA_FLOAT);
+        }
+    }
+
+    private static int[] ints(DeviceBuffer b) {
+        try (Arena arena = Arena.ofConfined()) {
+            MemorySegment s = arena.allocate(b.byteSize(), 16);
+            b.copyToHost(s);
+            return s.toArray(ValueLayout.JAVA_INT);
+        }
+    }
+}
