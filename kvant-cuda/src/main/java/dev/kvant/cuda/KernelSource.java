@@ -25,8 +25,9 @@ public record KernelSource(String name, String code, boolean overlappable) {
      * it runs (decode attention). Before its wait a kernel may only read what cannot change under it: constants,
      * weights, what the host copied before the step, and what kernels at least two launches back wrote (the kernel
      * before it started only after they had finished and its own wait had returned) — and write its own shared
-     * memory: dense decode builds its query and pair tables before its wait (launched overlapped, that would run
-     * while the K/V write before it runs; it is launched plain for now, see CudaAttention).
+     * memory. Dense decode loads its query and builds its pair tables before its wait; it is launched plain (see
+     * CudaAttention), which it must stay while the query comes from the launch right before it (a decode step's
+     * kvant_rope_write): launched overlapped, its query loads would have to follow the wait.
      */
     public static final String GRID_ENTER = """
             #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

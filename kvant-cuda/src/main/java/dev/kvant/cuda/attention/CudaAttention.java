@@ -92,7 +92,8 @@ public final class CudaAttention implements AutoCloseable {
         this.writeGains = module.function("kvant_kv_write_gains");
         this.pageMeans = module.function("kvant_kv_page_means");
         this.ropeWrite = module.function("kvant_rope_write");
-        // launched plain: overlapped, it ran 14% slower with turbo3 at 32K tokens (plainLaunches)
+        // launched plain: overlapped, it ran 14% slower with turbo3 at 32K tokens (plainLaunches); and its prologue
+        // reads the query the launch right before it writes (kvant_rope_write), see attention.cu
         this.decode = module.function("kvant_attn_decode").plainLaunches();
         this.prefill = module.function("kvant_attn_prefill");
         this.merge = module.function("kvant_attn_merge");

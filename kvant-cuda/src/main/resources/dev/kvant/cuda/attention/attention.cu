@@ -506,11 +506,11 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
         qf[ks + 1][0] = r[2];
         qf[ks + 1][1] = r[3];
     }
-    // Dense decode waits for the kernel before it (the K/V write of this step) only here: all above reads what the
-    // host or kernels further back wrote (lens, tables, the query; KernelSource.GRID_ENTER). Decode attention is
-    // launched plain for now (CudaAttention), so the wait returns at once; launched overlapped, the prologue —
-    // query, rotation, pair tables — would run while the write still runs. (Selected decode waited at its top:
-    // its lists come from the kernel before it.)
+    // Dense decode waits for the kernel before it only here. Decode attention is launched plain (CudaAttention), so
+    // the wait returns at once and the order above is only an order: the query comes from the launch right before
+    // (a decode step's kvant_rope_write, which also writes the K/V rows), so launched overlapped, the query's loads
+    // would have to move below this wait (KernelSource.GRID_ENTER); lens, tables and the pair tables' constants may
+    // stay above it. (Selected decode waited at its top: its lists come from the kernel before it.)
     if constexpr (!SEL) KVANT_GRID_WAIT();
 #pragma unroll
     for (int s = 0; s < NST - 1; s++) {
