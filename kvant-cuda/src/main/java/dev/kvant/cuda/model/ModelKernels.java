@@ -286,18 +286,26 @@ final class ModelKernels implements AutoCloseable {
     /** n rows: y = rmsnorm(x) · w, as floats and 8-bit (decode) into y. */
     void rmsnorm(DeviceBuffer x, DeviceBuffer w, Vectors y, int n, int dim, float eps, CudaStream stream) {
         checkNormWidth(dim);
-        rmsnorm.launch(Dim3.of(n), Dim3.of(NORM_THREADS), 0, stream, x, w, y.floats(), 0L, y.q8(), y.q8Scales(),
+        rmsnorm.launch(normGrid(n, dim), Dim3.of(NORM_SLICE), 0, stream, x, w, y.floats(), 0L, y.q8(), y.q8Scales(),
                 dim, eps);
     }
 
     /** n rows: yh (f16, a GEMM operand) = rmsnorm(x) · w. */
     void rmsnormHalf(DeviceBuffer x, DeviceBuffer w, DeviceBuffer yh, int n, int dim, float eps, CudaStream stream) {
         checkNormWidth(dim);
-        rmsnorm.launch(Dim3.of(n), Dim3.of(NORM_THREADS), 0, stream, x, w, 0L, yh, 0L, 0L, dim, eps);
+        rmsnorm.launch(normGrid(n, dim), Dim3.of(NORM_SLICE), 0, stream, x, w, 0L, yh, 0L, 0L, dim, eps);
+    }
+
+    /** kvant_rmsnorm's grid: per row, a block of NORM_SLICE threads per slice of its NORM_THREADS virtual threads. */
+    private static Dim3 normGrid(int n, int dim) {
+        int chunks = Math.min(dim / 4, NORM_THREADS);
+        return new Dim3(n, (chunks + NORM_SLICE - 1) / NORM_SLICE, 1);
     }
 
     /** model.cu NORM_THREADS x NORM_CHUNKS x 4 values per row at most. */
     static final int NORM_THREADS = 1024;
+    /** model.cu NORM_SLICE: the threads of one block of kvant_rmsnorm. */
+    static final int NORM_SLICE = 128;
     static final int MAX_NORM_WIDTH = NORM_THREADS * 4 * 4;
 
     static void checkNormWidth(int dim) {

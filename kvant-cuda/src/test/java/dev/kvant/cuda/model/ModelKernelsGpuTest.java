@@ -20,6 +20,7 @@ import org.junit.jupiter.params.provider.EnumSource;
 
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
+import java.util.List;
 import java.util.SplittableRandom;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
@@ -141,6 +142,112 @@ class ModelKernelsGpuTest {
                 }
             }
         }
+    }
+
+    /**
+     * kvant_rmsnorm gives, bit for bit, the order its comment documents, computed here in Java floats: 1,024 virtual
+     * threads' fmaf chains over their 4-value chunks, butterflies over each 32 of them and over the 32 sums, then
+     * v·inv·w, the f16 of that, and 8-bit codes per 32 values — whatever the blocks that play the virtual threads.
+     * Rows of 96 (one slice, most threads idle), 4,096 (one chunk a virtual thread), 5,120 (a partial second pass)
+     * and 16,384 values (four passes), three rows a launch, outputs poisoned first.
+     */
+    @Test
+    void rmsnormGivesTheBitsOfItsDocumentedOrder() {
+        long seed = TestSeed.next();
+        SplittableRandom random = new SplittableRandom(seed);
+        int n = 3;
+        for (int dim : new int[] {96, 4096, 5120, ModelKernels.MAX_NORM_WIDTH}) {
+            String what = "dim " + dim + " (seed " + seed + ")";
+            float[] x = new float[n * dim], w = new float[dim];
+            for (int i = 0; i < x.length; i++) {
+                x[i] = (float) (random.nextGaussian() * Math.exp(random.nextDouble(-3, 3)));
+            }
+            for (int i = 0; i < dim; i++) {
+                w[i] = (float) random.nextDouble(-2, 2);
+            }
+            float eps = 1e-5f;
+            try (DeviceBuffer xd = context.allocate(4L * x.length);
+                 DeviceBuffer wd = context.allocate(4L * dim);
+                 DeviceBuffer yf = context.allocate(4L * n * dim);
+                 DeviceBuffer yq = context.allocate((long) n * dim);
+                 DeviceBuffer ys = context.allocate(8L * n * (dim / 32));
+                 DeviceBuffer yh = context.allocate(2L * n * dim)) {
+                xd.copyFromHost(MemorySegment.ofArray(x));
+                wd.copyFromHost(MemorySegment.ofArray(w));
+                for (DeviceBuffer b : List.of(yf, yq, ys, yh)) {
+                    b.fillBytes((byte) 0x7F);
+                }
+                kernels.rmsnorm(xd, wd, new ModelKernels.Vectors(yf, yq, ys, dim), n, dim, eps, stream);
+                kernels.rmsnormHalf(xd, wd, yh, n, dim, eps, stream);
+                stream.synchronize();
+                float[] gotF = new float[n * dim];
+                yf.copyToHost(MemorySegment.ofArray(gotF));
+                byte[] gotQ = new byte[n * dim];
+                yq.copyToHost(MemorySegment.ofArray(gotQ));
+                float[] gotS = new float[2 * n * (dim / 32)];
+                ys.copyToHost(MemorySegment.ofArray(gotS));
+                short[] gotH = new short[n * dim];
+                yh.copyToHost(MemorySegment.ofArray(gotH));
+                for (int r = 0; r < n; r++) {
+                    float[] sums = new float[ModelKernels.NORM_THREADS];
+                    for (int v = 0; v < sums.length; v++) {
+                        float ss = 0f;
+                        for (int c = v; c < dim / 4; c += ModelKernels.NORM_THREADS) {
+                            for (int e = 0; e < 4; e++) {
+                                float a = x[r * dim + 4 * c + e];
+                                ss = Math.fma(a, a, ss);
+                            }
+                        }
+                        sums[v] = ss;
+                    }
+                    float[] warps = new float[32];
+                    for (int g = 0; g < 32; g++) {
+                        warps[g] = butterfly(sums, 32 * g);
+                    }
+                    float total = butterfly(warps, 0);
+                    float inv = 1f / (float) Math.sqrt(total / (float) dim + eps);
+                    for (int b = 0; b < dim / 32; b++) {
+                        float[] o = new float[32];
+                        float amax = 0f;
+                        for (int e = 0; e < 32; e++) {
+                            int i = 32 * b + e;
+                            o[e] = x[r * dim + i] * inv * w[i];
+                            amax = Math.max(amax, Math.abs(o[e]));
+                            assertEquals(Float.floatToRawIntBits(o[e]), Float.floatToRawIntBits(gotF[r * dim + i]),
+                                    what + ": row " + r + " value " + i);
+                            assertEquals(Float.floatToFloat16(o[e]), gotH[r * dim + i], what + ": f16 of row " + r
+                                    + " value " + i);
+                        }
+                        float d = amax / 127f;
+                        int sum = 0;
+                        for (int e = 0; e < 32; e++) {
+                            int q = d > 0f ? (int) Math.rint(o[e] / d) : 0;
+                            sum += q;
+                            assertEquals((byte) q, gotQ[r * dim + 32 * b + e], what + ": code of row " + r
+                                    + " value " + (32 * b + e));
+                        }
+                        int at = 2 * (r * (dim / 32) + b);
+                        assertEquals(Float.floatToRawIntBits(d), Float.floatToRawIntBits(gotS[at]),
+                                what + ": scale of row " + r + " block " + b);
+                        assertEquals(Float.floatToRawIntBits(d * (float) sum), Float.floatToRawIntBits(gotS[at + 1]),
+                                what + ": scale times code sum of row " + r + " block " + b);
+                    }
+                }
+            }
+        }
+    }
+
+    /** The value every lane holds after butterflies 16, 8, 4, 2, 1 over a[from .. from + 31] (lane 0's). */
+    private static float butterfly(float[] a, int from) {
+        float[] v = java.util.Arrays.copyOfRange(a, from, from + 32);
+        for (int o = 16; o > 0; o >>= 1) {
+            float[] next = new float[32];
+            for (int l = 0; l < 32; l++) {
+                next[l] = v[l] + v[l ^ o];
+            }
+            v = next;
+        }
+        return v[0];
     }
 
     /** x.length vectors of standard normal f16 values, row after row; x gets their values. */
