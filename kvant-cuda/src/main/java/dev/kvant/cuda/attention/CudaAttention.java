@@ -42,8 +42,6 @@ public final class CudaAttention implements AutoCloseable {
     static final int GAIN_WRITER_ROWS = 256;
     /** Warps of a one-row-a-block writer: one per gain the turbo encoder tries (kv_write.cu KV_GAINS). */
     private static final int KV_GAINS = TurboFormat.gains().length;
-    /** The largest head rope.cuh rotates in registers (as model.cu's ROPE_MAX_DIM). */
-    private static final int ROPE_MAX_DIM = 256;
     /** Query rows (query x head in group) of one prefill block (attention.cu PRE_ROWS). */
     static final int PREFILL_ROWS = 128;
 
@@ -194,12 +192,12 @@ public final class CudaAttention implements AutoCloseable {
 
     /**
      * Whether {@link #writeRoped} takes a write of {@code tokens} vectors: a K format without page means (whose
-     * write needs every row's RoPE first), rows few enough for one block each (a decode step), and heads RoPE in
-     * registers takes (rope.cuh: up to 256).
+     * write needs every row's RoPE first) and rows few enough for one block each (a decode step). Every head size
+     * of these kernels (up to 256) fits rope.cuh's registers.
      */
     public boolean writesRoped(int tokens) {
         return !(shape.kFormat() instanceof PageMeanFormat) && tokens > 0
-                && (long) tokens * shape.kvHeads() <= GAIN_WRITER_ROWS && shape.headDimK() <= ROPE_MAX_DIM;
+                && (long) tokens * shape.kvHeads() <= GAIN_WRITER_ROWS;
     }
 
     /**
