@@ -392,7 +392,9 @@ extern "C" __global__ void __launch_bounds__(KV_GAINS * 32) kvant_rope_write(con
     }
     const int pos = positions[t];
     const int* table = tables + (i64) t * tableStride;
-    if (role == 0 && threadIdx.x == 0 && slots != nullptr) rope_slots(table, pos, pageTokens, true, t, slots, prevPages);
+    if (role == 0 && threadIdx.x == 0 && slots != nullptr) {
+        rope_slots(table, pos, pageTokens, true, t, slots, prevPages);
+    }
     const int slot = rope_slot(table, pos, pageTokens);
     if (slot < 0) return;   // the whole block
     const i64 page = slot / pageTokens, inPage = slot % pageTokens;
