@@ -4,6 +4,7 @@ import java.io.IOException;
 import java.io.InputStream;
 import java.io.UncheckedIOException;
 import java.nio.charset.StandardCharsets;
+import java.util.List;
 
 /**
  * CUDA C++ source of one compilation unit.
@@ -97,12 +98,17 @@ public record KernelSource(String name, String code, boolean overlappable) {
      * a {@code // ---- file} line and a {@code #line} directive, so the compiler's messages name the file.
      */
     public static KernelSource resources(String... fileNames) {
+        return kvant(fileNames[fileNames.length - 1], joined(List.of(fileNames)));
+    }
+
+    /** The texts of kvant's files in order, each after a {@code // ---- file} line and a {@code #line} directive. */
+    public static String joined(List<String> fileNames) {
         StringBuilder code = new StringBuilder();
         for (String file : fileNames) {
             code.append("// ---- ").append(file).append("\n#line 1 \"").append(file).append("\"\n")
                     .append(text(file)).append('\n');
         }
-        return kvant(fileNames[fileNames.length - 1], code.toString());
+        return code.toString();
     }
 
     /** The text of {@code src/main/resources/dev/kvant/cuda/<fileName>}. */

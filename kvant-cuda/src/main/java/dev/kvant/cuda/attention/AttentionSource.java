@@ -41,12 +41,9 @@ final class AttentionSource {
      * (kvant_attn_decode_sel reads one kv head's list per block).
      */
     static KernelSource source(AttentionShape shape, int hb) {
-        StringBuilder code = new StringBuilder(generatedHeader(cpuEncoderLanes()));
-        for (String file : FILES) {
-            code.append("\n// ---- ").append(file).append('\n').append(KernelSource.text(file));
-        }
+        String code = generatedHeader(cpuEncoderLanes()) + "\n" + KernelSource.joined(FILES);
         return KernelSource.kvant("attention[" + shape.kFormat().name() + "/" + shape.vFormat().name() + "/"
-                + shape.headDimK() + "/" + shape.headDimV() + "/hb" + hb + "]", code.toString());
+                + shape.headDimK() + "/" + shape.headDimV() + "/hb" + hb + "]", code);
     }
 
     static Map<String, String> defines(AttentionShape shape) {
