@@ -1,18 +1,9 @@
 package dev.kvant.cuda.model;
 
-import dev.kvant.cuda.Cuda;
-import dev.kvant.cuda.CudaAvailability;
-import dev.kvant.cuda.CudaContext;
-import dev.kvant.cuda.CudaStream;
 import dev.kvant.cuda.DeviceBuffer;
-import dev.kvant.cuda.KernelCache;
 import dev.kvant.cuda.TestSeed;
-import dev.kvant.gguf.GgmlType;
 import dev.kvant.tensor.WeightFormat;
 import dev.kvant.tensor.WeightMatrix;
-import org.junit.jupiter.api.AfterAll;
-import org.junit.jupiter.api.Assumptions;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Tag;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.params.ParameterizedTest;
@@ -36,30 +27,7 @@ import static org.junit.jupiter.api.Assertions.fail;
  * output.
  */
 @Tag("gpu")
-class ModelKernelsGpuTest {
-    private static CudaContext context;
-    private static KernelCache cache;
-    private static ModelKernels kernels;
-    private static CudaStream stream;
-
-    @BeforeAll
-    static void open() {
-        CudaAvailability a = Cuda.available();
-        Assumptions.assumeTrue(a.ok(), () -> "no CUDA GPU: " + a.reason());
-        context = CudaContext.open();
-        cache = KernelCache.open(context);
-        kernels = new ModelKernels(context, cache);
-        stream = context.createStream();
-    }
-
-    @AfterAll
-    static void close() {
-        if (context != null) {
-            stream.close();
-            kernels.close();
-            context.close();
-        }
-    }
+class ModelKernelsGpuTest extends ModelKernelsGpuFixture {
 
     @ParameterizedTest
     @EnumSource(value = WeightLayout.class, names = {"Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"})

@@ -5,12 +5,7 @@ import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
-import dev.kvant.cuda.Cuda;
-import dev.kvant.cuda.CudaAvailability;
-import dev.kvant.cuda.CudaContext;
-import dev.kvant.cuda.CudaStream;
 import dev.kvant.cuda.DeviceBuffer;
-import dev.kvant.cuda.KernelCache;
 import dev.kvant.cuda.TestSeed;
 import dev.kvant.cuda.attention.AttentionPlan;
 import dev.kvant.cuda.attention.AttentionShape;
@@ -19,16 +14,12 @@ import dev.kvant.cuda.attention.CudaKvCache;
 import dev.kvant.cuda.attention.RopeRows;
 import dev.kvant.kv.KvFormat;
 import dev.kvant.kv.KvGeometry;
-import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.SplittableRandom;
 import java.util.stream.Stream;
-import org.junit.jupiter.api.AfterAll;
-import org.junit.jupiter.api.Assumptions;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Tag;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.params.ParameterizedTest;
@@ -43,7 +34,7 @@ import org.junit.jupiter.params.provider.MethodSource;
  * (dev.kvant.model.Rope: x0·c − x1·s, x0·s + x1·c) of the same angles, bit for bit.
  */
 @Tag("gpu")
-class RopeWriteGpuTest {
+class RopeWriteGpuTest extends ModelKernelsGpuFixture {
     private static final int KV_HEADS = 4;
     private static final int HEADS = 4 * KV_HEADS;
     private static final int PAGE_TOKENS = 16;
@@ -53,30 +44,6 @@ class RopeWriteGpuTest {
     private static final int TABLE_STRIDE = 4;
     /** Each vector's page table (pages 1..7: page 0 is never written). */
     private static final int[] TABLES = {2, 1, 3, 4, /* */ 7, 1, 5, 3, /* */ 4, 6, 2, 2, /* */ -1, -1, -1, -1};
-
-    private static CudaContext context;
-    private static KernelCache cache;
-    private static ModelKernels kernels;
-    private static CudaStream stream;
-
-    @BeforeAll
-    static void open() {
-        CudaAvailability a = Cuda.available();
-        Assumptions.assumeTrue(a.ok(), () -> "no CUDA GPU: " + a.reason());
-        context = CudaContext.open();
-        cache = KernelCache.open(context);
-        kernels = new ModelKernels(context, cache);
-        stream = context.createStream();
-    }
-
-    @AfterAll
-    static void close() {
-        if (context != null) {
-            stream.close();
-            kernels.close();
-            context.close();
-        }
-    }
 
     static Stream<Arguments> cases() {
         List<Arguments> all = new ArrayList<>();
@@ -123,12 +90,12 @@ class RopeWriteGpuTest {
         try (CudaAttention attention = CudaAttention.create(context, cache, shape, AttentionPlan.of(n, 1, 64, 0));
              CudaKvCache split = CudaKvCache.allocate(context, g, kf, vf, PAGE_TOKENS, PAGES);
              CudaKvCache fused = CudaKvCache.allocate(context, g, kf, vf, PAGE_TOKENS, PAGES);
-             DeviceBuffer qkvD = upload(qkv);
-             DeviceBuffer anglesD = upload(angles);
-             DeviceBuffer positions = upload(POSITIONS);
-             DeviceBuffer tables = upload(TABLES);
-             DeviceBuffer qNormD = upload(qNorm);
-             DeviceBuffer kNormD = upload(kNorm);
+             DeviceBuffer qkvD = upload(MemorySegment.ofArray(qkv));
+             DeviceBuffer anglesD = upload(MemorySegment.ofArray(angles));
+             DeviceBuffer positions = upload(MemorySegment.ofArray(POSITIONS));
+             DeviceBuffer tables = upload(MemorySegment.ofArray(TABLES));
+             DeviceBuffer qNormD = upload(MemorySegment.ofArray(qNorm));
+             DeviceBuffer kNormD = upload(MemorySegment.ofArray(kNorm));
              DeviceBuffer qA = context.allocate(4L * n * qDim);
              DeviceBuffer qB = context.allocate(4L * n * qDim);
              DeviceBuffer kRows = context.allocate(4L * n * KV_HEADS * dK);
@@ -155,13 +122,14 @@ class RopeWriteGpuTest {
                     neox, HEADS, KV_HEADS, dK, dV, qn, kn, 1e-6f, tables, TABLE_STRIDE, 1, PAGE_TOKENS, slotsB,
                     prevB), stream);
             stream.synchronize();
-            float[] q = floats(qB);
-            assertArrayEquals(floats(qA), q, where + ": q");
-            assertArrayEquals(ints(slotsA), ints(slotsB), where + ": slots");
-            assertArrayEquals(ints(prevA), ints(prevB), where + ": previous pages");
-            byte[] kBytes = bytes(fused.kPool(0)), vBytes = bytes(fused.vPool(0));
-            assertArrayEquals(bytes(split.kPool(0)), kBytes, where + ": K pool");
-            assertArrayEquals(bytes(split.vPool(0)), vBytes, where + ": V pool");
+            float[] q = download(qB).toArray(ValueLayout.JAVA_FLOAT);
+            assertArrayEquals(download(qA).toArray(ValueLayout.JAVA_FLOAT), q, where + ": q");
+            assertArrayEquals(download(slotsA).toArray(ValueLayout.JAVA_INT), download(slotsB).toArray(ValueLayout.JAVA_INT), where + ": slots");
+            assertArrayEquals(download(prevA).toArray(ValueLayout.JAVA_INT), download(prevB).toArray(ValueLayout.JAVA_INT), where + ": previous pages");
+            byte[] kBytes = download(fused.kPool(0)).toArray(ValueLayout.JAVA_BYTE);
+            byte[] vBytes = download(fused.vPool(0)).toArray(ValueLayout.JAVA_BYTE);
+            assertArrayEquals(download(split.kPool(0)).toArray(ValueLayout.JAVA_BYTE), kBytes, where + ": K pool");
+            assertArrayEquals(download(split.vPool(0)).toArray(ValueLayout.JAVA_BYTE), vBytes, where + ": V pool");
             for (int i = 0; i < fused.kPageBytes(0); i++) {
                 assertEquals((byte) 0xA5, kBytes[i], where + ": page 0 of K was written, though no slot is there");
             }
@@ -209,49 +177,5 @@ class RopeWriteGpuTest {
             }
         }
         return out;
-    }
-
-    private static DeviceBuffer upload(float[] values) {
-        DeviceBuffer b = context.allocate(4L * values.length);
-        try (Arena arena = Arena.ofConfined()) {
-            MemorySegment s = arena.allocate(4L * values.length, 16);
-            MemorySegment.copy(values, 0, s, ValueLayout.JAVA_FLOAT, 0, values.length);
-            b.copyFromHost(s);
-        }
-        return b;
-    }
-
-    private static DeviceBuffer upload(int[] values) {
-        DeviceBuffer b = context.allocate(4L * values.length);
-        try (Arena arena = Arena.ofConfined()) {
-            MemorySegment s = arena.allocate(4L * values.length, 16);
-            MemorySegment.copy(values, 0, s, ValueLayout.JAVA_INT, 0, values.length);
-            b.copyFromHost(s);
-        }
-        return b;
-    }
-
-    private static byte[] bytes(DeviceBuffer b) {
-        try (Arena arena = Arena.ofConfined()) {
-            MemorySegment s = arena.allocate(b.byteSize(), 16);
-            b.copyToHost(s);
-            return s.toArray(ValueLayout.JAVA_BYTE);
-        }
-    }
-
-    private static float[] floats(DeviceBuffer b) {
-        try (Arena arena = Arena.ofConfined()) {
-            MemorySegment s = arena.allocate(b.byteSize(), 16);
-            b.copyToHost(s);
-            return s.toArray(ValueLayout.JAVA_FLOAT);
-        }
-    }
-
-    private static int[] ints(DeviceBuffer b) {
-        try (Arena arena = Arena.ofConfined()) {
-            MemorySegment s = arena.allocate(b.byteSize(), 16);
-            b.copyToHost(s);
-            return s.toArray(ValueLayout.JAVA_INT);
-        }
     }
 }
