@@ -95,28 +95,31 @@ final class AttentionSource {
 
     /** Mirror of attention.cu's Layout for decode (the device reports the real size through kvant_attn_info). */
     static int decodeSharedBytes(AttentionShape shape, int hb) {
-        return layoutBytes(shape.geometry(), shape.kFormat(), shape.vFormat(), hb, hb, 16, 8, true, false);
+        return layoutBytes(shape.geometry(), shape.kFormat(), shape.vFormat(), hb, hb, 16, 8, true, false, true);
     }
 
     /** Mirror of attention.cu's Layout for prefill (PreLayout: one kv head, 8 warps, 64-token tiles). */
     static int prefillSharedBytes(KvGeometry g, KvFormat kFormat, KvFormat vFormat) {
-        return layoutBytes(g, kFormat, vFormat, 1, 8, 64, 16, false, kFormat instanceof PageMeanFormat);
+        return layoutBytes(g, kFormat, vFormat, 1, 8, 64, 16, false, kFormat instanceof PageMeanFormat, false);
     }
 
-    /** attention.cu's Layout&lt;HB, WARPS, TT, QROWS, Q_ALIAS, MU&gt;::TOTAL. */
+    /** attention.cu's Layout&lt;HB, WARPS, TT, QROWS, Q_ALIAS, MU, FRAG&gt;::TOTAL. */
     private static int layoutBytes(KvGeometry g, KvFormat kFormat, KvFormat vFormat, int hb, int warps, int tt,
-                                   int qRows, boolean qAlias, boolean mu) {
+                                   int qRows, boolean qAlias, boolean mu, boolean frag) {
         int dK = g.headDimK(), dV = g.headDimV();
         KvFormat k = PageMeanFormat.rows(kFormat), v = vFormat;
         boolean kMean = kFormat instanceof PageMeanFormat;
+        boolean kFrag = frag && k instanceof TurboFormat && dK == 128;
+        boolean vFrag = frag && v instanceof TurboFormat && dV == 128;
         int slotK = round16(hb * (int) k.rowBytes(dK)) + 16;
         int slotV = round16(hb * (int) v.rowBytes(dV)) + 16;
         int qStr = 2 * dK + 16;
-        int ts = Math.max(direct(k) ? 0 : 2 * dK + 16, direct(v) ? 0 : 2 * dV + 16);
+        int ts = Math.max(direct(k) || kFrag ? 0 : 2 * dK + 16, direct(v) || vFrag ? 0 : 2 * dV + 16);
         int tiles = ts == 0 ? 0 : hb;
         boolean qInTile = qAlias && ts > 0 && tt * ts >= qRows * qStr && warps == tiles;
-        int plainFixed = (qInTile ? 0 : warps * qRows * qStr) + lutEntries(k) * 128
-                + (v == k ? 0 : lutEntries(v) * 128) + tiles * tt * ts + round16(8 * tt * 2);
+        boolean sharedLut = v == k && rotationBlock(dK) == rotationBlock(dV) && lutStride(k, kFrag) == lutStride(v, vFrag);
+        int plainFixed = (qInTile ? 0 : warps * qRows * qStr) + lutEntries(k) * lutStride(k, kFrag)
+                + (sharedLut ? 0 : lutEntries(v) * lutStride(v, vFrag)) + tiles * tt * ts + round16(8 * tt * 2);
         int fixed = plainFixed + (kMean ? warps * dK * 2 : 0);
         int plainStage = tt * (slotK + slotV);
         int stage = plainStage + (mu ? (tt / 8) * dK * 2 : 0);
@@ -129,15 +132,25 @@ final class AttentionSource {
         return formatId(f) <= 1;
     }
 
+    /** kv_format.cuh lut_entries: turbo3's 7-bit indices have bit 5 clear, so they stop at 95. */
     private static int lutEntries(KvFormat f) {
         if (f instanceof TurboFormat t) {
             return switch (t.bits()) {
                 case 4 -> 256;
-                case 3 -> 128;
+                case 3 -> 96;
                 default -> 16;
             };
         }
         return 0;
+    }
+
+    /** kv_format.cuh lut_stride: 256-byte entries for the fragment paths of turbo3 and turbo2. */
+    private static int lutStride(KvFormat f, boolean frag) {
+        return frag && f instanceof TurboFormat t && t.bits() < 4 ? 256 : 128;
+    }
+
+    private static int rotationBlock(int d) {
+        return d % 128 == 0 ? 128 : 64;
     }
 
     private static int round16(int x) {

@@ -76,26 +76,33 @@ __device__ __forceinline__ void mma16816(float (&d)[4], u32 a0, u32 a1, u32 a2, 
 // high bits index the pair table (build_pair_lut): dimensions b + 32(2n), b + 32(2n + 1) for nibble n, as the low
 // and high half. turbo2: the low plane alone, a nibble is the index.
 
+// A lane's lookups in the fragment paths' pair tables (lut: the table's shared address; lane4: the lane's byte offset,
+// 4 x lane). turbo3, turbo2 (256-byte entries, lut_stride): the entry of index byte b of y is one byte_perm — byte b
+// of y above lane4's low byte, zeros above — so a lookup costs that and its load.
+template <int B>
+__device__ __forceinline__ u32 pair_at(u32 lut, u32 y, u32 lane4) {
+    return lds_table(lut + __byte_perm(y, lane4, 0x5504u | (B << 4)));
+}
+
 // The four pairs of low bytes b, b + 1 (turbo3, turbo2; at codes + loOff, b even) from one 16-bit word of each plane:
 // p[0] byte b nibble 0, p[1] byte b + 1 nibble 0, p[2] byte b nibble 1, p[3] byte b + 1 nibble 1. lo, hi: the words at
-// codes + loOff and codes + 32 + hiOff (hiOff = b mod 16; turbo2 has none), s = b div 16; lut: the lane's copy of the
-// table.
+// codes + loOff and codes + 32 + hiOff (hiOff = b mod 16; turbo2 has none), s = b div 16; lut, lane4: as pair_at.
 template <int FMT>
-__device__ __forceinline__ void turbo_pairs(u32 (&p)[4], u32 lo, u32 hi, int s, u32 lut) {
+__device__ __forceinline__ void turbo_pairs(u32 (&p)[4], u32 lo, u32 hi, int s, u32 lut, u32 lane4) {
     u32 y0 = lo & 0x0F0Fu, y1 = (lo >> 4) & 0x0F0Fu;
     if constexpr (FMT == F_TURBO3) {
         const u32 x = (hi >> s) & 0x5555u;
         y0 |= (x & 0x0505u) << 4;
         y1 |= x & 0x5050u;
     }
-    p[0] = lds_table(lut + ((y0 & 255u) << 7));
-    p[1] = lds_table(lut + ((y0 >> 8) << 7));
-    p[2] = lds_table(lut + ((y1 & 255u) << 7));
-    p[3] = lds_table(lut + ((y1 >> 8) << 7));
+    p[0] = pair_at<0>(lut, y0, lane4);
+    p[1] = pair_at<1>(lut, y0, lane4);
+    p[2] = pair_at<0>(lut, y1, lane4);
+    p[3] = pair_at<1>(lut, y1, lane4);
 }
-// turbo4: the pair of byte h (0, 1) of a 16-bit code word.
-__device__ __forceinline__ u32 turbo4_pair(u32 w, int h, u32 lut) {
-    return lds_table(lut + (((w >> (8 * h)) & 255u) << 7));
+// turbo4 (128-byte entries): the pair of byte h (0, 1) of a 16-bit code word; lutL: the lane's copy (lut + lane4).
+__device__ __forceinline__ u32 turbo4_pair(u32 w, int h, u32 lutL) {
+    return lds_table(lutL + (((w >> (8 * h)) & 255u) << 7));
 }
 
 // K_FRAG column order (head dimension -> column of the K fragments and of the query).
@@ -148,19 +155,25 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {
 // per SM.
 // MU: (KMEAN prefill) each stage also holds the key means of the pages its 8-token chunks start, DK halves per
 // chunk in head order, copied with the rows.
-template <int HB, int WARPS, int TT, int QROWS, bool Q_ALIAS, bool MU = false>
+// FRAG (decode): turbo rows of 128 (K_FRAG, V_FRAG) are read as fragments straight from the stage, so they need no
+// tile, and their pair tables have lut_stride(f, true) entries.
+template <int HB, int WARPS, int TT, int QROWS, bool Q_ALIAS, bool MU = false, bool FRAG = false>
 struct Layout {
     static constexpr int SLOTK = round16(HB * RBK) + 16;   // one token's cover of HB K rows
     static constexpr int SLOTV = round16(HB * RBV) + 16;
     static constexpr int QSTR = 2 * DK + 16;               // bytes per Q row: 16-byte units odd, ldmatrix conflict-free
     static constexpr int TSK = 2 * DK + 16;
     static constexpr int TSV = 2 * DV + 16;
-    static constexpr int TS = imax(K_DIRECT ? 0 : TSK, V_DIRECT ? 0 : TSV);
+    static constexpr bool KFR = FRAG && K_FRAG, VFR = FRAG && V_FRAG;
+    static constexpr int TS = imax(K_DIRECT || KFR ? 0 : TSK, V_DIRECT || VFR ? 0 : TSV);
     static constexpr int TILES = TS == 0 ? 0 : HB;         // one dequantized tile per kv head of the block
     static constexpr bool Q_IN_TILE = Q_ALIAS && TS > 0 && TT * TS >= QROWS * QSTR && WARPS == TILES;
     static constexpr int Q_BYTES = Q_IN_TILE ? 0 : WARPS * QROWS * QSTR;
-    static constexpr int LUTK_BYTES = lut_entries(KF) * 128;
-    static constexpr int LUTV_BYTES = VF == KF ? 0 : lut_entries(VF) * 128;
+    // K and V share one pair table when it is the same table: same format, rotation block and entry stride.
+    static constexpr bool SHARED_LUT = VF == KF && rot_block(DK) == rot_block(DV)
+                                    && lut_stride(KF, KFR) == lut_stride(VF, VFR);
+    static constexpr int LUTK_BYTES = lut_bytes(KF, KFR);
+    static constexpr int LUTV_BYTES = SHARED_LUT ? 0 : lut_bytes(VF, VFR);
     static constexpr int TILE_BYTES = TILES * TT * TS;
     static constexpr int STAGE_MU = MU ? (TT / 8) * DK * 2 : 0;
     static constexpr int STAGE = TT * (SLOTK + SLOTV) + STAGE_MU;
@@ -379,9 +392,12 @@ __device__ __forceinline__ void prepare_q(u8* qs, const float* __restrict__ q, i
     }
 }
 
-__device__ __forceinline__ void build_luts(u8* smem, int lutK, int lutV, int tid, int nthreads) {
-    if constexpr (fmt_turbo(KF)) build_pair_lut<KF, DK>((u32*) (smem + lutK), tid, nthreads);
-    if constexpr (fmt_turbo(VF) && VF != KF) build_pair_lut<VF, DV>((u32*) (smem + lutV), tid, nthreads);
+template <class LY>
+__device__ __forceinline__ void build_luts(u8* smem, int tid, int nthreads) {
+    if constexpr (fmt_turbo(KF))
+        build_pair_lut<KF, DK, lut_stride(KF, LY::KFR)>((u32*) (smem + LY::OFF_LUTK), tid, nthreads);
+    if constexpr (fmt_turbo(VF) && !LY::SHARED_LUT)
+        build_pair_lut<VF, DV, lut_stride(VF, LY::VFR)>((u32*) (smem + LY::OFF_LUTV), tid, nthreads);
 }
 
 // ================================================================================================================
@@ -395,9 +411,9 @@ __device__ __forceinline__ void build_luts(u8* smem, int lutK, int lutV, int tid
 //         replays at any length up to maxSplits * splitTokens.
 // block:  HBD warps; warp w serves kv head h0 + w. One cp.async ring (all warps) brings the rows of all HBD heads
 //         for 16 tokens at a time, so each K/V row is read once for the whole GQA group.
-// shared: Layout<HBD, HBD, 16, 8, true>: pair tables, one dequant tile per warp that first holds the warp's 8 query
-//         rows (f16/bf16, which need no tile: a Q area), NST raw stages. llama3-8b d128: 92-111 KB with a tile (two
-//         blocks per SM), 150 KB for f16/bf16 (one block, the f16 stage being 66 KB).
+// shared: Layout<HBD, HBD, 16, 8, true, false, FRAG>: pair tables, one dequant tile per warp that first holds the
+//         warp's 8 query rows (f16/bf16 and turbo rows of 128, which need no tile: a Q area), NST raw stages.
+//         llama3-8b d128: 77-109 KB (two blocks per SM), 150 KB for f16/bf16 (one block, the f16 stage being 66 KB).
 // thread: S^T = K Q^T with the 16 tokens as M and the 8 query rows as N (mma m16n8k16: K tile by ldmatrix, Q
 //         fragments in registers), so a lane holds 2 tokens x 2 rows of S, 4 registers; P^T goes back into the
 //         tensor cores through movmatrix; O^T = V^T P^T accumulates DV/16 m-tiles x 4 f32 per lane. Sparse V: a
@@ -421,7 +437,7 @@ __device__ __forceinline__ int split_for(int len, int minSplit, int maxSplits) {
 }
 
 constexpr int DEC_TT = 16;
-using DecLayout = Layout<HBD, HBD, DEC_TT, 8, true>;
+using DecLayout = Layout<HBD, HBD, DEC_TT, 8, true, false, true>;
 // Decode blocks an SM: two when their shared memory fits twice (the launch bound asks the registers for it).
 constexpr int DEC_BLOCKS = (DV <= 128 && DecLayout::TOTAL <= 110 * 1024) ? 2 : 1;
 
@@ -482,17 +498,26 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
     u8* tile = smem + LY::OFF_TILE + warp * TT * LY::TS;
     u8* qs = LY::Q_IN_TILE ? tile : smem + warp * 8 * LY::QSTR;
     const u32* lutK = (const u32*) (smem + LY::OFF_LUTK);
-    const u32* lutV = (const u32*) (smem + (VF == KF ? LY::OFF_LUTK : LY::OFF_LUTV));
+    const u32* lutV = (const u32*) (smem + (LY::SHARED_LUT ? LY::OFF_LUTK : LY::OFF_LUTV));
 
     const int ntiles = t1 > t0 ? (t1 - t0 + TT - 1) / TT : 0;
     float qx[8][DK / 32];
     load_q<8>(qx, q, seq, nq, heads, G, kh, row0, lane);
     const StageLoader<LY, HBD, TT, HBD * 32> loader(threadIdx.x);
+    // The page of this thread's token in tile s; tile s into its stage.
+    auto pageOf = [&](int s) -> int {
+        const int tok = t0 + s * TT;
+        return loader.page(table, tok, t1, pos(tok), pageTokens);
+    };
+    auto issue = [&](int s, int page) {
+        loader.issue(smem, s % NST, pos(t0 + s * TT), page, pageTokens, kpool, vpool, kPageBytes, vPageBytes,
+                     kvHeads, hb * HBD);
+    };
     int pages[NST - 1];
 #pragma unroll
-    for (int s = 0; s < NST - 1; s++) pages[s] = loader.page(table, t0 + s * TT, t1, pos(t0 + s * TT), pageTokens);
-    int pageNext = loader.page(table, t0 + (NST - 1) * TT, t1, pos(t0 + (NST - 1) * TT), pageTokens);
-    build_luts(smem, LY::OFF_LUTK, LY::OFF_LUTV, threadIdx.x, blockDim.x);
+    for (int s = 0; s < NST - 1; s++) pages[s] = pageOf(s);
+    int pageNext = pageOf(NST - 1);
+    build_luts<LY>(smem, threadIdx.x, blockDim.x);
     store_q<8, K_FRAG>(qs, qx, nRows - row0, qscale, lane);
 
     // Q^T as B fragments: b0/b1 of k-step ks = dims 16ks + 2c.. / +8.., row g.
@@ -514,9 +539,7 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
     if constexpr (!SEL) KVANT_GRID_WAIT();
 #pragma unroll
     for (int s = 0; s < NST - 1; s++) {
-        if (s < ntiles)
-            loader.issue(smem, s, pos(t0 + s * TT), pages[s], pageTokens, kpool, vpool, kPageBytes, vPageBytes,
-                         kvHeads, hb * HBD);
+        if (s < ntiles) issue(s, pages[s]);
         cp_async_commit();
     }
 
@@ -540,11 +563,9 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
         __syncthreads();
         {
             const int nx = it + NST - 1;
-            if (nx < ntiles)
-                loader.issue(smem, nx % NST, pos(t0 + nx * TT), pageNext, pageTokens, kpool, vpool, kPageBytes,
-                             vPageBytes, kvHeads, hb * HBD);
+            if (nx < ntiles) issue(nx, pageNext);
             cp_async_commit();
-            pageNext = loader.page(table, t0 + (nx + 1) * TT, t1, pos(t0 + (nx + 1) * TT), pageTokens);
+            pageNext = pageOf(nx + 1);
         }
         const int st = it % NST;
         const int tok0 = t0 + it * TT;
@@ -564,7 +585,7 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
         if constexpr (K_FRAG && KF == F_TURBO4) {
             // tokens g and g + 8: 16-bit word ks of bytes 16c.. gives k-step ks (a token past the tile's end reads
             // its zero-filled slot: finite pairs, its score masked below)
-            const u32 lutA = smem_u32(lutK + lane);
+            const u32 lutL = smem_u32(lutK + lane);
             u32 w[2][DK / 16];
 #pragma unroll
             for (int ks = 0; ks < DK / 16; ks++) {
@@ -573,13 +594,13 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
             }
 #pragma unroll
             for (int ks = 0; ks < DK / 16; ks++) {
-                mma16816<false>(s, turbo4_pair(w[0][ks], 0, lutA), turbo4_pair(w[1][ks], 0, lutA),
-                                turbo4_pair(w[0][ks], 1, lutA), turbo4_pair(w[1][ks], 1, lutA), qf[ks][0], qf[ks][1]);
+                mma16816<false>(s, turbo4_pair(w[0][ks], 0, lutL), turbo4_pair(w[1][ks], 0, lutL),
+                                turbo4_pair(w[0][ks], 1, lutL), turbo4_pair(w[1][ks], 1, lutL), qf[ks][0], qf[ks][1]);
             }
         } else if constexpr (K_FRAG) {
             // tokens g and g + 8: 16-bit words k of low bytes 8c.. and (turbo3) high bytes 8(c & 1).. give k-steps
             // 2k, 2k + 1 (a token past the tile's end reads its zero-filled slot: finite pairs, its score masked below)
-            const u32 lutA = smem_u32(lutK + lane);
+            const u32 lutA = smem_u32(lutK), lane4 = lane << 2;
             u32 w[2][4][2];
 #pragma unroll
             for (int k = 0; k < 4; k++) {
@@ -595,8 +616,8 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 u32 p0[4], p1[4];
-                turbo_pairs<KF>(p0, w[0][k][0], w[0][k][1], c >> 1, lutA);
-                turbo_pairs<KF>(p1, w[1][k][0], w[1][k][1], c >> 1, lutA);
+                turbo_pairs<KF>(p0, w[0][k][0], w[0][k][1], c >> 1, lutA, lane4);
+                turbo_pairs<KF>(p1, w[1][k][0], w[1][k][1], c >> 1, lutA, lane4);
                 mma16816<false>(s, p0[0], p1[0], p0[2], p1[2], qf[2 * k][0], qf[2 * k][1]);
                 mma16816<false>(s, p0[1], p1[1], p0[3], p1[3], qf[2 * k + 1][0], qf[2 * k + 1][1]);
             }
@@ -712,7 +733,7 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
             // tile's end reads its zero-filled slot: finite pairs times a zero probability). turbo4: 16-bit words k
             // of bytes 8g.. give the pairs (rows g, g + 8) of m-tiles 2k, 2k + 1; turbo3, turbo2: words k of low
             // bytes 4g.. and (turbo3) high bytes 4(g & 3).. those of m-tiles 4k..4k + 3.
-            const u32 lutA = smem_u32(lutV + lane);
+            const u32 lutA = smem_u32(lutV), lane4 = lane << 2, lutL = lutA + lane4;
             u32 vrow[4];
 #pragma unroll
             for (int j = 0; j < 4; j++) {
@@ -731,7 +752,7 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
                     for (int h = 0; h < 2; h++) {
                         u32 p[4];
 #pragma unroll
-                        for (int j = 0; j < 4; j++) p[j] = turbo4_pair(w[j][k], h, lutA);
+                        for (int j = 0; j < 4; j++) p[j] = turbo4_pair(w[j][k], h, lutL);
                         mma16816<false>(o[2 * k + h], __byte_perm(p[0], p[1], 0x5410), __byte_perm(p[0], p[1], 0x7632),
                                         __byte_perm(p[2], p[3], 0x5410), __byte_perm(p[2], p[3], 0x7632), b0, b1);
                     }
@@ -750,7 +771,7 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
                 for (int k = 0; k < 2; k++) {
                     u32 p[4][4];
 #pragma unroll
-                    for (int j = 0; j < 4; j++) turbo_pairs<VF>(p[j], w[j][k][0], w[j][k][1], g >> 2, lutA);
+                    for (int j = 0; j < 4; j++) turbo_pairs<VF>(p[j], w[j][k][0], w[j][k][1], g >> 2, lutA, lane4);
 #pragma unroll
                     for (int i = 0; i < 4; i++) {   // pair i of a word: m-tile 4k + (0, 2, 1, 3)[i]
                         const int mt = 4 * k + ((i & 1) << 1) + (i >> 1);
@@ -880,7 +901,7 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
     u8* qs = smem + warp * 16 * LY::QSTR;
     u8* tile = smem + LY::OFF_TILE;
     const u32* lutK = (const u32*) (smem + LY::OFF_LUTK);
-    const u32* lutV = (const u32*) (smem + (VF == KF ? LY::OFF_LUTK : LY::OFF_LUTV));
+    const u32* lutV = (const u32*) (smem + (LY::SHARED_LUT ? LY::OFF_LUTK : LY::OFF_LUTV));
 
     const int ntiles = (t1 + TT - 1) / TT;
     const StageLoader<LY, 1, TT, PRE_WARPS * 32> loader(threadIdx.x);
@@ -897,7 +918,7 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
         }
     }
     int pageNext = loader.page(table, (NST - 1) * TT, t1, (NST - 1) * TT, pageTokens);
-    build_luts(smem, LY::OFF_LUTK, LY::OFF_LUTV, threadIdx.x, blockDim.x);
+    build_luts<LY>(smem, threadIdx.x, blockDim.x);
     prepare_q<16>(qs, q, 0, nq, heads, G, kh, row0, qscale, lane);
 
     const u8* qa = qs + ((lane & 7) + ((lane >> 3) & 1) * 8) * LY::QSTR + (lane >> 4) * 16;

@@ -31,10 +31,19 @@ __host__ __device__ constexpr int fmt_row_bytes(int f, int d) {
          : f <= F_Q4_0H ? d / 32 * 18
          : d / rot_block(d) * (2 + rot_block(d) * fmt_bits(f) / 8);
 }
-// Entries of the pair table of a turbo format (see dq_group): a byte of turbo4, 7 index bits of turbo3, a nibble
-// of turbo2.
+// Entries of the pair table of a turbo format (see dq_group): a byte of turbo4, 7 index bits of turbo3 (bits 0-4
+// and 6: bit 5 is always clear, so the indices stop at 95), a nibble of turbo2.
 __host__ __device__ constexpr int lut_entries(int f) {
-    return f == F_TURBO4 ? 256 : f == F_TURBO3 ? 128 : f == F_TURBO2 ? 16 : 0;
+    return f == F_TURBO4 ? 256 : f == F_TURBO3 ? 96 : f == F_TURBO2 ? 16 : 0;
+}
+// Bytes from one entry of a pair table to the next: the 32 lane copies take 128; the decode's fragment paths of
+// turbo3 and turbo2 (attention.cu, pair_at) space entries 256 bytes apart, so that an index byte moved above the
+// lane's offset by one byte_perm is the address (the upper 128 bytes of each entry stay unused).
+__host__ __device__ constexpr int lut_stride(int f, bool frag) {
+    return frag && (f == F_TURBO3 || f == F_TURBO2) ? 256 : 128;
+}
+__host__ __device__ constexpr int lut_bytes(int f, bool frag) {
+    return lut_entries(f) * lut_stride(f, frag);
 }
 __host__ __device__ constexpr int imax(int a, int b) { return a > b ? a : b; }
 __host__ __device__ constexpr int imin(int a, int b) { return a < b ? a : b; }
@@ -198,10 +207,11 @@ __device__ __forceinline__ int perm_inv(int d) {   // head dimension -> tile col
     }
 }
 
-// Fills the pair table of a turbo format: entry e, copy l at word e*32 + l. Lane l of any warp reads copy l, so the
-// 32 lanes of a lookup hit 32 different banks whatever their codes are (a plain table of 16 centroids measured
-// 2-4-way conflicts on random codes in this design's budget; replicated, a lookup is one conflict-free LDS).
-template <int FMT, int D>
+// Fills the pair table of a turbo format: entry e, copy l at word e * STRIDE / 4 + l (lut_stride). Lane l of any
+// warp reads copy l, so the 32 lanes of a lookup hit 32 different banks whatever their codes are (a plain table of
+// 16 centroids measured 2-4-way conflicts on random codes in this design's budget; replicated, a lookup is one
+// conflict-free LDS).
+template <int FMT, int D, int STRIDE = 128>
 __device__ void build_pair_lut(u32* lut, int tid, int nthreads) {
     constexpr int N = rot_block(D);
     constexpr int BITS = fmt_bits(FMT);
@@ -220,7 +230,7 @@ __device__ void build_pair_lut(u32* lut, int tid, int nthreads) {
             ca = e & 3;
             cb = e >> 2;
         }
-        lut[i] = pack_h2(c[ca], c[cb]);
+        lut[e * (STRIDE / 4) + (i & 31)] = pack_h2(c[ca], c[cb]);
     }
 }
 
