@@ -370,7 +370,11 @@ __device__ __forceinline__ void store_q(u8* qs, float (&x)[QROWS][DK / 32], int 
                                         int lane) {
 #pragma unroll
     for (int r = 0; r < QROWS; r++) {
-        if constexpr (fmt_rotated(KF)) wht_row<DK>(x[r], lane, false);
+        // rows past validRows are written as zeros: only the others need their rotation (a uniform test: one query
+        // of a GQA group of 4 leaves half of decode's 8 rows empty)
+        if constexpr (fmt_rotated(KF)) {
+            if (r < validRows) wht_row<DK>(x[r], lane, false);
+        }
 #pragma unroll
         for (int j = 0; j < DK / 32; j++) {
             const int col = FRAG ? kfrag_col<KF>(32 * j + lane) : perm_inv<KF, DK>(32 * j + lane);
