@@ -39,10 +39,13 @@ public record AttentionPlan(int maxSeqs, int maxQueries, int maxTokens, int spli
     public static final int SPLITS_PER_BLOCK = 128;
     /** The most splits a decode launch takes (two decode blocks an SM); the scratch is sized for it. */
     public static final int TARGET_SPLITS = 2 * SPLITS_PER_BLOCK;
-    /** The smallest split of {@link #of}. */
-    public static final int MIN_SPLIT = 32;
+    /**
+     * The smallest split of {@link #of}: one 16-token tile, so a short sequence (up to a few thousand tokens) spreads
+     * over as many blocks as it has tiles, each paying its prologue and one tile rather than two in turn.
+     */
+    public static final int MIN_SPLIT = 16;
 
-    /** A plan whose splits start at 32 tokens. */
+    /** A plan whose splits start at {@value #MIN_SPLIT} tokens. */
     public static AttentionPlan of(int maxSeqs, int maxQueries, int maxTokens, int maxPrefill) {
         return new AttentionPlan(maxSeqs, maxQueries, maxTokens, MIN_SPLIT, maxPrefill);
     }

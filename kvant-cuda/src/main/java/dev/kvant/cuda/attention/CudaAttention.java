@@ -295,8 +295,9 @@ public final class CudaAttention implements AutoCloseable {
     /**
      * Turns on selected decode with {@code config} (the kernels of the one-kv-head-per-block module, compiled on
      * first use, and the scratch of the plan's sequences and tokens). Decode splits of {@code splitTokens} list
-     * tokens (0: about 64 splits over the longest list, at least 32 tokens each: a list is short, and its one-warp
-     * blocks need numbers to hide the memory latency). Once per attention; the same config again is a no-op.
+     * tokens (0: about 64 splits over the longest list, at least the plan's smallest split each: a list is short, and
+     * its one-warp blocks need numbers to hide the memory latency; and a list of every block then splits as dense
+     * decode does while its length is within the plan's splits of that size, giving dense decode's bits). Once per attention; the same config again is a no-op.
      */
     public void enableSelection(SelectionConfig config, int splitTokens) {
         if (selector != null) {
@@ -611,7 +612,8 @@ public final class CudaAttention implements AutoCloseable {
                     Math.max(budgetBlocks, config.sinkBlocks() + config.recentBlocks() + 2));
             int listTokens = listStride * blockTokens;
             if (split == 0) {
-                split = Math.clamp(Integer.highestOneBit(Math.max(1, listTokens / 64 - 1)) * 2, 32, 1024);
+                split = Math.clamp(Integer.highestOneBit(Math.max(1, listTokens / 64 - 1)) * 2, plan.splitTokens(),
+                        Math.max(plan.splitTokens(), 1024));
             }
             if (split < 16 || split % 16 != 0) {
                 throw new IllegalArgumentException("selected decode splits are whole 16-token tiles, got " + split);

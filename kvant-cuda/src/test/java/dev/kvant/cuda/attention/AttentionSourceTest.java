@@ -65,7 +65,9 @@ class AttentionSourceTest {
         assertEquals(256, big.maxSplits());
         assertEquals(256, big.maxSplits(2));
         assertEquals(128, big.maxSplits(1));
-        assertEquals(32, big.splitFor(1, 256));
+        assertEquals(16, big.splitFor(1, 256));
+        assertEquals(16, big.splitFor(4096, 256));
+        assertEquals(32, big.splitFor(4097, 256));
         assertEquals(32, big.splitFor(8192, 256));
         assertEquals(48, big.splitFor(8193, 256));
         assertEquals(128, big.splitFor(32768, 256));
@@ -77,12 +79,12 @@ class AttentionSourceTest {
                 int s = big.splitFor(len, splits);
                 assertEquals(0, s % 16, "whole tiles");
                 assertTrue((len + s - 1) / s <= splits, "at most the launch's splits");
-                assertTrue(s == 32 || (len + s - 17) / (s - 16) > splits, "no smaller split would do: " + len);
+                assertTrue(s == AttentionPlan.MIN_SPLIT || (len + s - 17) / (s - 16) > splits, "no smaller split would do: " + len);
             }
         }
         AttentionPlan small = AttentionPlan.of(1, 1, 600, 0);
-        assertEquals(19, small.maxSplits());
-        assertEquals(32, small.splitFor(600, small.maxSplits()));
+        assertEquals(38, small.maxSplits());
+        assertEquals(16, small.splitFor(600, small.maxSplits()));
         assertEquals(256, AttentionPlan.of(1, 1, 8 << 20, 0).maxSplits(), "any length: the split grows instead");
         assertThrows(IllegalArgumentException.class, () -> big.maxSplits(3));
     }
