@@ -1137,7 +1137,8 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
 //
 // grid:   (nq * heads, seqs); block: 1024 threads; shared: the split weights (up to MERGE_MAX_SPLITS) and a row.
 // thread: M by a block max; thread t computes the weights of splits t, t + 1024, ... and their part of the
-//         denominator (summed by a fixed tree); then thread (d, sub) = (t % DV, t / DV) sums w_s o_s[d] over splits
+//         denominator (summed by a fixed tree; up to 32 splits, every warp sums them in the tree's first butterfly,
+//         which is all of it that is not adding zeros); then thread (d, sub) = (t % DV, t / DV) sums w_s o_s[d] over splits
 //         s = sub, sub + SUBS, ... in order, and the SUBS partials of d are added in sub order. Every order is a
 //         function of the split count alone, so the bits do not depend on timing. kvLenFixed >= 0 gives the kv
 //         length; else lens[seq]. With sel given (selected decode) the split count is that of the row's kv head's
@@ -1231,26 +1232,57 @@ extern "C" __global__ void __launch_bounds__(MERGE_THREADS) kvant_attn_merge(con
     if (sel == nullptr) splitTokens = split_for(len, splitTokens, maxSplits);
     const int ns = imin(imin(maxSplits, MERGE_MAX_SPLITS), (len + splitTokens - 1) / splitTokens);
     const i64 base = ((i64) seq * nq * heads + r) * maxSplits;
-    float m = NEG_INF;
-    for (int s = tid; s < ns; s += MERGE_THREADS) {
-        const float2 v = ml[base + s];
-        if (v.y > 0.f) m = fmaxf(m, v.x);
-    }
-    m = block_reduce(m, red, true);
-    float l = 0.f;
-    for (int s = tid; s < ns; s += MERGE_THREADS) {
-        const float2 v = ml[base + s];
-        const float ws = v.y > 0.f ? exp2f(v.x - m) : 0.f;
-        w[s] = ws;
-        l += v.y * ws;
-    }
-    l = block_reduce(l, red, false);
     const int d = tid % DV, sub = tid / DV;
     float acc = 0.f;
+    float l;
+    if (ns <= 32) {
+        // Up to 32 splits (short sequences, every decode step of a short chat): every warp reduces the splits' (m, l)
+        // itself, lane s holding split s — block_reduce's first butterfly, whose result the rest of block_reduce only
+        // adds zeros (or -inf maxima) to, so the same bits — and takes a split's weight from its lane; the thread's
+        // partial rows are loaded first, so their latency passes during the reductions. No barrier until part[].
+        constexpr int K = (32 + MERGE_SUBS - 1) / MERGE_SUBS;
+        float o[K];
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const int s = sub + k * MERGE_SUBS;
+            o[k] = s < ns ? opart[(base + s) * DV + d] : 0.f;
+        }
+        const int lane = tid & 31;
+        const float2 v = lane < ns ? ml[base + lane] : make_float2(NEG_INF, 0.f);
+        float m = v.y > 0.f ? fmaxf(NEG_INF, v.x) : NEG_INF;
+#pragma unroll
+        for (int h = 16; h >= 1; h >>= 1) m = fmaxf(m, __shfl_xor_sync(FULL_MASK, m, h));
+        const float ws = v.y > 0.f ? exp2f(v.x - m) : 0.f;
+        l = 0.f;
+        l += v.y * ws;
+#pragma unroll
+        for (int h = 16; h >= 1; h >>= 1) l += __shfl_xor_sync(FULL_MASK, l, h);
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const int s = sub + k * MERGE_SUBS;
+            const float wk = __shfl_sync(FULL_MASK, ws, s & 31);
+            if (s < ns && wk != 0.f) acc += o[k] * wk;
+        }
+    } else {
+        float m = NEG_INF;
+        for (int s = tid; s < ns; s += MERGE_THREADS) {
+            const float2 v = ml[base + s];
+            if (v.y > 0.f) m = fmaxf(m, v.x);
+        }
+        m = block_reduce(m, red, true);
+        l = 0.f;
+        for (int s = tid; s < ns; s += MERGE_THREADS) {
+            const float2 v = ml[base + s];
+            const float ws = v.y > 0.f ? exp2f(v.x - m) : 0.f;
+            w[s] = ws;
+            l += v.y * ws;
+        }
+        l = block_reduce(l, red, false);
 #pragma unroll 4
-    for (int s = sub; s < ns; s += MERGE_SUBS) {
-        const float ws = w[s];
-        if (ws != 0.f) acc += opart[(base + s) * DV + d] * ws;
+        for (int s = sub; s < ns; s += MERGE_SUBS) {
+            const float ws = w[s];
+            if (ws != 0.f) acc += opart[(base + s) * DV + d] * ws;
+        }
     }
     part[tid] = acc;
     __syncthreads();
