@@ -117,7 +117,8 @@ final class AttentionSource {
         int ts = Math.max(direct(k) || kFrag ? 0 : 2 * dK + 16, direct(v) || vFrag ? 0 : 2 * dV + 16);
         int tiles = ts == 0 ? 0 : hb;
         boolean qInTile = qAlias && ts > 0 && tt * ts >= qRows * qStr && warps == tiles;
-        boolean sharedLut = v == k && rotationBlock(dK) == rotationBlock(dV) && lutStride(k, kFrag) == lutStride(v, vFrag);
+        boolean sharedLut = v == k && rotationBlock(dK) == rotationBlock(dV)
+                && lutStride(k, kFrag) == lutStride(v, vFrag);
         int plainFixed = (qInTile ? 0 : warps * qRows * qStr) + lutEntries(k) * lutStride(k, kFrag)
                 + (sharedLut ? 0 : lutEntries(v) * lutStride(v, vFrag)) + tiles * tt * ts + round16(8 * tt * 2);
         int fixed = plainFixed + (kMean ? warps * dK * 2 : 0);

@@ -1138,11 +1138,11 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
 // grid:   (nq * heads, seqs); block: 1024 threads; shared: the split weights (up to MERGE_MAX_SPLITS) and a row.
 // thread: M by a block max; thread t computes the weights of splits t, t + 1024, ... and their part of the
 //         denominator (summed by a fixed tree; up to 32 splits, every warp sums them in the tree's first butterfly,
-//         which is all of it that is not adding zeros); then thread (d, sub) = (t % DV, t / DV) sums w_s o_s[d] over splits
-//         s = sub, sub + SUBS, ... in order, and the SUBS partials of d are added in sub order. Every order is a
-//         function of the split count alone, so the bits do not depend on timing. kvLenFixed >= 0 gives the kv
-//         length; else lens[seq]. With sel given (selected decode) the split count is that of the row's kv head's
-//         list (kvant_attn_decode_sel's numbering).
+//         which is all of it that is not adding zeros); then thread (d, sub) = (t % DV, t / DV) sums w_s o_s[d]
+//         over splits s = sub, sub + SUBS, ... in order, and the SUBS partials of d are added in sub order. Every
+//         order is a function of the split count alone, so the bits do not depend on timing. kvLenFixed >= 0 gives
+//         the kv length; else lens[seq]. With sel given (selected decode) the split count is that of the row's kv
+//         head's list (kvant_attn_decode_sel's numbering).
 // ================================================================================================================
 constexpr int MERGE_THREADS = 1024;
 constexpr int MERGE_SUBS = MERGE_THREADS / DV;
