@@ -117,7 +117,7 @@ final class AttentionSource {
         int ts = Math.max(direct(k) || kFrag ? 0 : 2 * dK + 16, direct(v) || vFrag ? 0 : 2 * dV + 16);
         int tiles = ts == 0 ? 0 : hb;
         boolean qInTile = qAlias && ts > 0 && tt * ts >= qRows * qStr && warps == tiles;
-        boolean sharedLut = v == k && rotationBlock(dK) == rotationBlock(dV)
+        boolean sharedLut = v == k && Rotation.blockSize(dK) == Rotation.blockSize(dV)
                 && lutStride(k, kFrag) == lutStride(v, vFrag);
         int plainFixed = (qInTile ? 0 : warps * qRows * qStr) + lutEntries(k) * lutStride(k, kFrag)
                 + (sharedLut ? 0 : lutEntries(v) * lutStride(v, vFrag)) + tiles * tt * ts + round16(8 * tt * 2);
@@ -148,10 +148,6 @@ final class AttentionSource {
     /** kv_format.cuh lut_stride: 256-byte entries for the fragment paths of turbo3 and turbo2. */
     private static int lutStride(KvFormat f, boolean frag) {
         return frag && f instanceof TurboFormat t && t.bits() < 4 ? 256 : 128;
-    }
-
-    private static int rotationBlock(int d) {
-        return d % 128 == 0 ? 128 : 64;
     }
 
     private static int round16(int x) {

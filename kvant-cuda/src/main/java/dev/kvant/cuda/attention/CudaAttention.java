@@ -297,7 +297,8 @@ public final class CudaAttention implements AutoCloseable {
      * first use, and the scratch of the plan's sequences and tokens). Decode splits of {@code splitTokens} list
      * tokens (0: about 64 splits over the longest list, at least the plan's smallest split each: a list is short, and
      * its one-warp blocks need numbers to hide the memory latency; and a list of every block then splits as dense
-     * decode does while its length is within the plan's splits of that size, giving dense decode's bits). Once per attention; the same config again is a no-op.
+     * decode does while its length is within the plan's splits of that size, giving dense decode's bits). Once per
+     * attention; the same config again is a no-op.
      */
     public void enableSelection(SelectionConfig config, int splitTokens) {
         if (selector != null) {

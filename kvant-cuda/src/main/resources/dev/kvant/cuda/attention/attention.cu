@@ -1254,7 +1254,7 @@ extern "C" __global__ void __launch_bounds__(MERGE_THREADS) kvant_attn_merge(con
         for (int h = 16; h >= 1; h >>= 1) m = fmaxf(m, __shfl_xor_sync(FULL_MASK, m, h));
         const float ws = v.y > 0.f ? exp2f(v.x - m) : 0.f;
         l = 0.f;
-        l += v.y * ws;
+        l += v.y * ws;   // the form of the loop below (one fma onto zero), whose value block_reduce starts from
 #pragma unroll
         for (int h = 16; h >= 1; h >>= 1) l += __shfl_xor_sync(FULL_MASK, l, h);
 #pragma unroll
