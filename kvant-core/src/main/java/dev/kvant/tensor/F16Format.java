@@ -62,6 +62,11 @@ final class F16Format implements WeightFormat, FusedRows {
     }
 
     @Override
+    public PackedRows packing(int cols) {
+        return F16Finite.INSTANCE;
+    }
+
+    @Override
     public void decode(long address, float[] dst, int o, int n) {
         MemorySegment row = ALL.asSlice(address, 2L * n);
         int i = 0;

@@ -10,6 +10,14 @@ package dev.kvant.tensor;
  */
 interface PackedRows extends FusedRows {
     /**
+     * True when these kernels read the file's own layout and only need its rows checked: {@link #pack} is then
+     * given {@code dst == src} and no copy is made.
+     */
+    default boolean inPlace() {
+        return false;
+    }
+
+    /**
      * Rearranges the row of {@code cols} values at {@code src} (the file's layout) into {@code dst}; false when
      * this row's values would not come out bitwise as the format's own kernels give them (then the matrix stays
      * unpacked).

@@ -87,11 +87,12 @@ public final class WeightMatrix {
     }
 
     /**
-     * Makes the copy of the rows that the CPU kernels read fastest, where the format has one for this width
-     * (Q4_0 on AVX-512: {@link Q4_0Packed}); results stay bitwise the same (a matrix whose values the packed
-     * kernels would not reproduce bit for bit, e.g. with an infinite scale, stays as it is). Idempotent and safe
-     * to call from several threads; {@link #data()} keeps the file's layout (the GPU upload reads it). The copy
-     * takes as many bytes as the matrix and lives as long as this object.
+     * Gives the CPU kernels the rows in the form they read fastest, where the format has one for this width:
+     * a copy in a layout of its own (Q4_0 on AVX-512: {@link Q4_0Packed}), or the rows where they are once
+     * checked (F16 without infinities or NaNs: {@link F16Finite}). Results stay bitwise the same (a matrix whose
+     * values the faster kernels would not reproduce bit for bit, e.g. with an infinite scale, stays as it is).
+     * Idempotent and safe to call from several threads; {@link #data()} keeps the file's layout (the GPU upload
+     * reads it). A copy takes as many bytes as the matrix and lives as long as this object.
      */
     public void packForCpu(Parallel pool) {
         Rows current = cpu;
@@ -105,9 +106,9 @@ public final class WeightMatrix {
             checkAlive();
             PackedRows packing = cpu.kernels().packing(cols);
             long bytes = rowBytes * rows;
-            MemorySegment copy = LargePages.allocate(bytes);
+            MemorySegment copy = packing.inPlace() ? cpu.memory() : LargePages.allocate(bytes);
             long src = cpu.address();
-            long dst = RawMemory.address(copy, 0, bytes);
+            long dst = packing.inPlace() ? src : RawMemory.address(copy, 0, bytes);
             int chunk = Math.max(MIN_ROWS_PER_TASK, ceilDiv(rows, 8 * pool.threads()));
             AtomicBoolean exact = new AtomicBoolean(true);
             pool.forEach(ceilDiv(rows, chunk), t -> {

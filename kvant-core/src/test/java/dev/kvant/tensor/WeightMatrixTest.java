@@ -94,6 +94,53 @@ class WeightMatrixTest {
         }
     }
 
+    /**
+     * The checked F16 kernels put 2^112 on x: an x of 2^16 or more overflows there, and the group is redone exactly,
+     * so inputs of any size (huge, infinite, NaN, subnormal) give the unchecked kernels' bits. A matrix holding an
+     * infinity stays with the unchecked kernels.
+     */
+    @Test
+    void checkedF16RowsGiveTheExactBitsForInputsOfAnySize() {
+        int rows = 12;
+        int cols = 4 * Lanes.L + 5;
+        Random random = new Random(SEED ^ 61);
+        float[][] inputs = new float[5][];
+        for (int i = 0; i < inputs.length; i++) {
+            inputs[i] = Float64Reference.gaussian(random, cols, 1);
+        }
+        inputs[1][3] = 65536f;                       // exactly 2^16: x·2^112 overflows
+        inputs[2][Lanes.L + 1] = -3e30f;
+        inputs[2][7] = Float.MIN_VALUE;
+        inputs[3][cols - 1] = Float.POSITIVE_INFINITY;   // in the tail, past the vector loop
+        inputs[4][0] = Float.NaN;
+        try (Arena arena = Arena.ofConfined()) {
+            WeightFormat f = WeightFormat.of(GgmlType.F16);
+            long rowBytes = f.bytesFor(cols);
+            MemorySegment data = arena.allocate(rowBytes * rows, 64);
+            for (int r = 0; r < rows; r++) {
+                f.quantize(Float64Reference.gaussian(random, cols, 0.5), 0, cols, data, r * rowBytes);
+            }
+            data.set(ValueLayout.JAVA_SHORT_UNALIGNED, 2 * rowBytes + 2L * 9, (short) 0x0001);  // a subnormal half
+            WeightMatrix plain = new WeightMatrix("plain", f, data, rows, cols);
+            WeightMatrix checked = new WeightMatrix("checked", f, data, rows, cols);
+            checked.packForCpu(two);
+            assertTrue(checked.packedForCpu(), "finite F16 rows take the checked kernels");
+            for (int i = 0; i < inputs.length; i++) {
+                float[] want = poisoned(rows);
+                float[] got = poisoned(rows);
+                plain.matvec(inputs[i], want, two);
+                checked.matvec(inputs[i], got, two);
+                assertBitsEqualOrBothNaN(want, got, "input " + i + ", seed " + SEED);
+            }
+            MemorySegment withInf = arena.allocate(rowBytes * rows, 64);
+            withInf.copyFrom(data);
+            withInf.set(ValueLayout.JAVA_SHORT_UNALIGNED, 9 * rowBytes + 2L * 4, (short) 0xFC00);  // -inf
+            WeightMatrix infinite = new WeightMatrix("infinite", f, withInf, rows, cols);
+            infinite.packForCpu(two);
+            assertFalse(infinite.packedForCpu(), "a matrix holding an infinity keeps the unchecked kernels");
+        }
+    }
+
     /** Column counts: one block, a few blocks, and for plain floats widths that end in a partial chunk. */
     private static int[] widths(GgmlType type) {
         int b = type.blockSize;
