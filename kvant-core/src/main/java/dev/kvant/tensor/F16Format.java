@@ -63,7 +63,7 @@ final class F16Format implements WeightFormat, FusedRows {
 
     @Override
     public PackedRows packing(int cols) {
-        return F16Finite.INSTANCE;
+        return F16RowQuads.fits(cols) ? F16RowQuads.INSTANCE : null;
     }
 
     @Override

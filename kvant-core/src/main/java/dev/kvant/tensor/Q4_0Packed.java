@@ -63,7 +63,15 @@ final class Q4_0Packed implements PackedRows {
      * {@code fma(i, d, -8d)} for finite d only.
      */
     @Override
-    public boolean pack(long src, long dst, int cols) {
+    public boolean pack(long src, long dst, long rowBytes, int cols, int count) {
+        boolean finite = true;
+        for (int r = 0; r < count; r++) {
+            finite &= packRow(src + r * rowBytes, dst + r * rowBytes, cols);
+        }
+        return finite;
+    }
+
+    private static boolean packRow(long src, long dst, int cols) {
         long bytes = (long) cols / RUN * RUN_BYTES;
         MemorySegment in = ALL.asSlice(src, bytes);
         MemorySegment out = ALL.asSlice(dst, bytes);

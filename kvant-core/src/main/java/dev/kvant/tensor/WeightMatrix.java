@@ -21,8 +21,13 @@ public final class WeightMatrix {
     private final String name;
     private final WeightFormat format;
     private final MemorySegment data;
-    /** What the CPU kernels read: {@link #data} as it is, or a packed copy once {@link #packForCpu} made one. */
+    /**
+     * What the matrix-vector product reads: {@link #data} as it is, or a packed copy once {@link #packForCpu}
+     * made one.
+     */
     private volatile Rows cpu;
+    /** What decode and the tiled matmul read: {@link #cpu} when its rows are whole and in place, else the file's. */
+    private volatile Rows rowMajor;
     private final int rows;
     private final int cols;
     private final long rowBytes;
@@ -56,6 +61,7 @@ public final class WeightMatrix {
         this.format = format;
         this.data = data;
         this.cpu = new Rows((FusedRows) format, RawMemory.address(data, 0, expected), data);
+        this.rowMajor = cpu;
         this.rows = rows;
         this.cols = cols;
         this.rowBytes = rowBytes;
@@ -87,12 +93,12 @@ public final class WeightMatrix {
     }
 
     /**
-     * Gives the CPU kernels the rows in the form they read fastest, where the format has one for this width:
-     * a copy in a layout of its own (Q4_0 on AVX-512: {@link Q4_0Packed}), or the rows where they are once
-     * checked (F16 without infinities or NaNs: {@link F16Finite}). Results stay bitwise the same (a matrix whose
-     * values the faster kernels would not reproduce bit for bit, e.g. with an infinite scale, stays as it is).
-     * Idempotent and safe to call from several threads; {@link #data()} keeps the file's layout (the GPU upload
-     * reads it). A copy takes as many bytes as the matrix and lives as long as this object.
+     * Makes the copy of the rows that the CPU kernels read fastest, where the format has one for this width:
+     * each row rearranged in place (Q4_0 on AVX-512: {@link Q4_0Packed}), or rows interleaved four by four for the
+     * matrix-vector product (F16 without infinities or NaNs: {@link F16RowQuads}). Results stay bitwise the same
+     * (a matrix whose values the packed kernels would not reproduce bit for bit, e.g. with an infinite scale,
+     * stays as it is). Idempotent and safe to call from several threads; {@link #data()} keeps the file's layout
+     * (the GPU upload reads it). The copy takes as many bytes as the matrix and lives as long as this object.
      */
     public void packForCpu(Parallel pool) {
         Rows current = cpu;
@@ -106,20 +112,23 @@ public final class WeightMatrix {
             checkAlive();
             PackedRows packing = cpu.kernels().packing(cols);
             long bytes = rowBytes * rows;
-            MemorySegment copy = packing.inPlace() ? cpu.memory() : LargePages.allocate(bytes);
+            MemorySegment copy = LargePages.allocate(bytes);
             long src = cpu.address();
-            long dst = packing.inPlace() ? src : RawMemory.address(copy, 0, bytes);
-            int chunk = Math.max(MIN_ROWS_PER_TASK, ceilDiv(rows, 8 * pool.threads()));
+            long dst = RawMemory.address(copy, 0, bytes);
+            int chunk = roundUp4(Math.max(MIN_ROWS_PER_TASK, ceilDiv(rows, 8 * pool.threads())));
             AtomicBoolean exact = new AtomicBoolean(true);
             pool.forEach(ceilDiv(rows, chunk), t -> {
-                for (int r = t * chunk; r < Math.min(rows, (t + 1) * chunk); r++) {
-                    if (!packing.pack(src + r * rowBytes, dst + r * rowBytes, cols)) {
-                        exact.set(false);
-                    }
+                int from = t * chunk;
+                int count = Math.min(rows, from + chunk) - from;
+                if (!packing.pack(src + from * rowBytes, dst + from * rowBytes, rowBytes, cols, count)) {
+                    exact.set(false);
                 }
             });
             if (exact.get()) {
                 cpu = new Rows(packing, dst, copy);
+                if (packing.rowMajor()) {
+                    rowMajor = cpu;
+                }
             }
         }
     }
@@ -213,7 +222,7 @@ public final class WeightMatrix {
             matvec(x, out, pool);
             return;
         }
-        TiledMatmul.run(this, cpu, x, n, out, pool);
+        TiledMatmul.run(this, rowMajor, x, n, out, pool);
     }
 
     /** Decodes row {@code row} into {@code dst[dstOffset .. dstOffset + cols)}: an embedding lookup. */
@@ -223,7 +232,7 @@ public final class WeightMatrix {
         }
         java.util.Objects.checkFromIndexSize(dstOffset, cols, dst.length);
         checkAlive();
-        Rows v = cpu;
+        Rows v = rowMajor;
         v.kernels().decode(v.address() + row * rowBytes, dst, dstOffset, cols);
     }
 

@@ -95,14 +95,14 @@ class WeightMatrixTest {
     }
 
     /**
-     * The checked F16 kernels put 2^112 on x: an x of 2^16 or more overflows there, and the group is redone exactly,
-     * so inputs of any size (huge, infinite, NaN, subnormal) give the unchecked kernels' bits. A matrix holding an
-     * infinity stays with the unchecked kernels.
+     * The F16 row quads put 2^112 on x: an x of 2^16 or more overflows there, and the quad is redone exactly, so
+     * inputs of any size (huge, infinite, NaN, subnormal) give F16Format's bits, in the matrix-vector product and
+     * the matmul alike. A matrix holding an infinity keeps F16Format's kernels.
      */
     @Test
     void checkedF16RowsGiveTheExactBitsForInputsOfAnySize() {
-        int rows = 12;
-        int cols = 4 * Lanes.L + 5;
+        int rows = 14;
+        int cols = 5 * Lanes.L;
         Random random = new Random(SEED ^ 61);
         float[][] inputs = new float[5][];
         for (int i = 0; i < inputs.length; i++) {
@@ -111,7 +111,7 @@ class WeightMatrixTest {
         inputs[1][3] = 65536f;                       // exactly 2^16: x·2^112 overflows
         inputs[2][Lanes.L + 1] = -3e30f;
         inputs[2][7] = Float.MIN_VALUE;
-        inputs[3][cols - 1] = Float.POSITIVE_INFINITY;   // in the tail, past the vector loop
+        inputs[3][cols - 1] = Float.POSITIVE_INFINITY;
         inputs[4][0] = Float.NaN;
         try (Arena arena = Arena.ofConfined()) {
             WeightFormat f = WeightFormat.of(GgmlType.F16);
@@ -124,7 +124,7 @@ class WeightMatrixTest {
             WeightMatrix plain = new WeightMatrix("plain", f, data, rows, cols);
             WeightMatrix checked = new WeightMatrix("checked", f, data, rows, cols);
             checked.packForCpu(two);
-            assertTrue(checked.packedForCpu(), "finite F16 rows take the checked kernels");
+            assertTrue(checked.packedForCpu(), "finite F16 rows take the row-quad kernels");
             for (int i = 0; i < inputs.length; i++) {
                 float[] want = poisoned(rows);
                 float[] got = poisoned(rows);
@@ -132,12 +132,21 @@ class WeightMatrixTest {
                 checked.matvec(inputs[i], got, two);
                 assertBitsEqualOrBothNaN(want, got, "input " + i + ", seed " + SEED);
             }
+            float[] all = new float[inputs.length * cols];
+            for (int i = 0; i < inputs.length; i++) {
+                System.arraycopy(inputs[i], 0, all, i * cols, cols);
+            }
+            float[] want = poisoned(inputs.length * rows);
+            float[] got = poisoned(inputs.length * rows);
+            plain.matmul(all, inputs.length, want, two);
+            checked.matmul(all, inputs.length, got, two);
+            assertBitsEqualOrBothNaN(want, got, "matmul, seed " + SEED);
             MemorySegment withInf = arena.allocate(rowBytes * rows, 64);
             withInf.copyFrom(data);
             withInf.set(ValueLayout.JAVA_SHORT_UNALIGNED, 9 * rowBytes + 2L * 4, (short) 0xFC00);  // -inf
             WeightMatrix infinite = new WeightMatrix("infinite", f, withInf, rows, cols);
             infinite.packForCpu(two);
-            assertFalse(infinite.packedForCpu(), "a matrix holding an infinity keeps the unchecked kernels");
+            assertFalse(infinite.packedForCpu(), "a matrix holding an infinity keeps F16Format's kernels");
         }
     }
 
