@@ -80,25 +80,30 @@ final class Bf16Format implements WeightFormat, FusedRows {
     }
 
     @Override
-    public void dot4(long address, long rowBytes, float[] x, int xOffset, int n, float[] out, int outOffset,
-                     float[] t) {
+    public int unitBytes() {
+        return 2 * L;
+    }
+
+    @Override
+    public void dot4(long address, long rowStride, long unitStride, float[] x, int xOffset, int n, float[] out,
+                     int outOffset, float[] t) {
         // Widened in registers and multiplied at once: the same products in the same order as decoding into
         // scratch first, without the round trip through it.
         FloatVector a0 = FloatVector.zero(F), a1 = a0, a2 = a0, a3 = a0;
-        MemorySegment rows = ALL.asSlice(address, 3 * rowBytes + 2L * n);
         int full = n - n % L;
+        MemorySegment rows = ALL.asSlice(address, 3 * rowStride + full / L * unitStride + 2L * (n - full));
         for (int k = 0; k < full; k += L) {
             FloatVector xv = FloatVector.fromArray(F, x, xOffset + k);
-            long p = 2L * k;
+            long p = k / L * unitStride;
             a0 = widen(rows, p).fma(xv, a0);
-            a1 = widen(rows, p + rowBytes).fma(xv, a1);
-            a2 = widen(rows, p + 2 * rowBytes).fma(xv, a2);
-            a3 = widen(rows, p + 3 * rowBytes).fma(xv, a3);
+            a1 = widen(rows, p + rowStride).fma(xv, a1);
+            a2 = widen(rows, p + 2 * rowStride).fma(xv, a2);
+            a3 = widen(rows, p + 3 * rowStride).fma(xv, a3);
         }
         if (full < n) {
             int len = n - full;
             for (int r = 0; r < 4; r++) {
-                decode(address + r * rowBytes + 2L * full, t, r * CHUNK, len);
+                decode(address + r * rowStride + full / L * unitStride, t, r * CHUNK, len);
                 Arrays.fill(t, r * CHUNK + len, r * CHUNK + L, 0f);
             }
             FloatVector xv = FloatVector.fromArray(F, Lanes.padded(x, xOffset + full, len), 0);

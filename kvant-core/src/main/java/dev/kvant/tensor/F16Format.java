@@ -63,7 +63,7 @@ final class F16Format implements WeightFormat, FusedRows {
 
     @Override
     public PackedRows packing(int cols) {
-        return F16RowQuads.fits(cols) ? F16RowQuads.INSTANCE : null;
+        return F16Finite.INSTANCE;
     }
 
     @Override
@@ -84,12 +84,17 @@ final class F16Format implements WeightFormat, FusedRows {
 
     @Override
     public float dot1(long address, float[] x, int xOffset, int n) {
-        MemorySegment row = ALL.asSlice(address, 2L * n);
-        FloatVector acc = FloatVector.zero(F);
+        return dot1(address, 2L * L, x, xOffset, n);
+    }
+
+    /** {@link #dot1} of a row whose chunks of L values lie {@code unitStride} bytes apart (the tail follows the last). */
+    static float dot1(long address, long unitStride, float[] x, int xOffset, int n) {
         int full = n - n % L;
+        MemorySegment row = ALL.asSlice(address, full / L * unitStride + 2L * (n - full));
+        FloatVector acc = FloatVector.zero(F);
         for (int k = 0; k < full; k += L) {
-            IntVector b = ((IntVector) ShortVector.fromMemorySegment(S, row, 2L * k, LE).convertShape(S2I, I, 0))
-                    .lanewise(LSHL, 13).lanewise(AND, KEEP);
+            IntVector b = ((IntVector) ShortVector.fromMemorySegment(S, row, k / L * unitStride, LE)
+                    .convertShape(S2I, I, 0)).lanewise(LSHL, 13).lanewise(AND, KEEP);
             FloatVector w = b.reinterpretAsFloats().mul(UNBIAS).blend(
                     b.lanewise(OR, EXP255).reinterpretAsFloats().add(0f), b.lanewise(AND, EXP31).compare(EQ, EXP31)
                     .cast(F));
@@ -97,7 +102,7 @@ final class F16Format implements WeightFormat, FusedRows {
         }
         if (full < n) {
             float[] w = new float[L];
-            decode(address + 2L * full, w, 0, n - full);
+            INSTANCE.decode(address + full / L * unitStride, w, 0, n - full);
             acc = FloatVector.fromArray(F, w, 0).fma(FloatVector.fromArray(F, Lanes.padded(x, xOffset + full,
                     n - full), 0), acc);
         }
@@ -106,15 +111,20 @@ final class F16Format implements WeightFormat, FusedRows {
         return Lanes.sum(t, 0);
     }
 
+    @Override
+    public int unitBytes() {
+        return 2 * L;
+    }
+
     /**
      * Widens every lane as if it were finite (shift, mask, one multiply) and keeps, on the side, the largest
      * exponent field seen; only when some lane had exponent 31 (an infinity or a NaN) is the product done again
      * row by row with the blend ({@link #dot1}). Three fewer operations a vector than blending each one: more loads in
-     * flight, which is what bounds this kernel on a 512-wide model.
+     * flight. (Rows checked once to be finite take {@link F16Finite}'s kernel, without the bookkeeping.)
      */
     @Override
-    public void dot4(long address, long rowBytes, float[] x, int xOffset, int n, float[] out, int outOffset,
-                     float[] t) {
+    public void dot4(long address, long rowStride, long unitStride, float[] x, int xOffset, int n, float[] out,
+                     int outOffset, float[] t) {
         FloatVector a0 = FloatVector.zero(F), a1 = a0, a2 = a0, a3 = a0;
         IntVector seen = IntVector.zero(I);
         // Absolute addresses into ALL, no slice a call: measured 2-6% faster in L2 and no slower streamed
@@ -123,14 +133,14 @@ final class F16Format implements WeightFormat, FusedRows {
         int full = n - n % L;
         for (int k = 0; k < full; k += L) {
             FloatVector xv = FloatVector.fromArray(F, x, xOffset + k);
-            long p = address + 2L * k;
+            long p = address + k / L * unitStride;
             IntVector b0 = ((IntVector) ShortVector.fromMemorySegment(S, rows, p, LE).convertShape(S2I, I, 0))
                     .lanewise(LSHL, 13).lanewise(AND, KEEP);
-            IntVector b1 = ((IntVector) ShortVector.fromMemorySegment(S, rows, p + rowBytes, LE)
+            IntVector b1 = ((IntVector) ShortVector.fromMemorySegment(S, rows, p + rowStride, LE)
                     .convertShape(S2I, I, 0)).lanewise(LSHL, 13).lanewise(AND, KEEP);
-            IntVector b2 = ((IntVector) ShortVector.fromMemorySegment(S, rows, p + 2 * rowBytes, LE)
+            IntVector b2 = ((IntVector) ShortVector.fromMemorySegment(S, rows, p + 2 * rowStride, LE)
                     .convertShape(S2I, I, 0)).lanewise(LSHL, 13).lanewise(AND, KEEP);
-            IntVector b3 = ((IntVector) ShortVector.fromMemorySegment(S, rows, p + 3 * rowBytes, LE)
+            IntVector b3 = ((IntVector) ShortVector.fromMemorySegment(S, rows, p + 3 * rowStride, LE)
                     .convertShape(S2I, I, 0)).lanewise(LSHL, 13).lanewise(AND, KEEP);
             seen = seen.max(b0.lanewise(AND, EXP31).max(b1.lanewise(AND, EXP31)))
                     .max(b2.lanewise(AND, EXP31).max(b3.lanewise(AND, EXP31)));
@@ -142,14 +152,14 @@ final class F16Format implements WeightFormat, FusedRows {
         if (seen.reduceLanes(MAX) == EXP31) {
             // Rare: the single-row product blends every lane, and gives each row dot4's bits (FusedRows).
             for (int r = 0; r < 4; r++) {
-                out[outOffset + r] = dot1(address + r * rowBytes, x, xOffset, n);
+                out[outOffset + r] = dot1(address + r * rowStride, unitStride, x, xOffset, n);
             }
             return;
         }
         if (full < n) {
             int len = n - full;
             for (int r = 0; r < 4; r++) {
-                decode(address + r * rowBytes + 2L * full, t, r * L, len);
+                decode(address + r * rowStride + full / L * unitStride, t, r * L, len);
                 Arrays.fill(t, r * L + len, (r + 1) * L, 0f);
             }
             FloatVector xv = FloatVector.fromArray(F, Lanes.padded(x, xOffset + full, len), 0);

@@ -52,15 +52,20 @@ final class F32Format implements WeightFormat, FusedRows {
     }
 
     @Override
-    public void dot4(long address, long rowBytes, float[] x, int xOffset, int n, float[] out, int outOffset,
-                     float[] t) {
+    public int unitBytes() {
+        return 4 * L;
+    }
+
+    @Override
+    public void dot4(long address, long rowStride, long unitStride, float[] x, int xOffset, int n, float[] out,
+                     int outOffset, float[] t) {
         FloatVector a0 = FloatVector.zero(F), a1 = a0, a2 = a0, a3 = a0;
-        MemorySegment rows = ALL.asSlice(address, 3 * rowBytes + 4L * n);
-        long p1 = rowBytes, p2 = 2 * rowBytes, p3 = 3 * rowBytes;
         int full = n - n % L;
+        MemorySegment rows = ALL.asSlice(address, 3 * rowStride + full / L * unitStride + 4L * (n - full));
+        long p1 = rowStride, p2 = 2 * rowStride, p3 = 3 * rowStride;
         for (int k = 0; k < full; k += L) {
             FloatVector xv = FloatVector.fromArray(F, x, xOffset + k);
-            long at = 4L * k;
+            long at = k / L * unitStride;
             a0 = FloatVector.fromMemorySegment(F, rows, at, LE).fma(xv, a0);
             a1 = FloatVector.fromMemorySegment(F, rows, p1 + at, LE).fma(xv, a1);
             a2 = FloatVector.fromMemorySegment(F, rows, p2 + at, LE).fma(xv, a2);
@@ -70,7 +75,7 @@ final class F32Format implements WeightFormat, FusedRows {
             int rest = n - full;
             float[] wt = new float[4 * L];
             for (int r = 0; r < 4; r++) {
-                decode(address + r * rowBytes + 4L * full, wt, r * L, rest);
+                decode(address + r * rowStride + full / L * unitStride, wt, r * L, rest);
             }
             FloatVector xv = FloatVector.fromArray(F, Lanes.padded(x, xOffset + full, rest), 0);
             a0 = FloatVector.fromArray(F, wt, 0).fma(xv, a0);

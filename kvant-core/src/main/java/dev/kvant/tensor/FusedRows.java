@@ -46,9 +46,21 @@ interface FusedRows {
     float dot1(long address, float[] x, int xOffset, int n);
 
     /**
-     * {@code out[outOffset + j] = dot(row j, x[xOffset ..])} for j = 0..3, where row j holds {@code n} values
-     * at {@code address + j * rowBytes}. {@code scratch} has at least {@link #SCRATCH} floats.
+     * Bytes of the unit that {@link #dot4} takes from each of its rows in turn: a block (Q8_0, Q4_0, the
+     * K-quants' super-blocks), a run of blocks in a packed layout, or L values of the plain float formats.
+     * {@link WeightMatrix} may interleave rows four by four at this unit, so that a four-row product reads one
+     * sequential stream.
      */
-    void dot4(long address, long rowBytes, float[] x, int xOffset, int n, float[] out, int outOffset,
-              float[] scratch);
+    int unitBytes();
+
+    /**
+     * {@code out[outOffset + j] = dot(row j, x[xOffset ..])} for j = 0..3 over {@code n} values, where unit u of
+     * row j is at {@code address + j * rowStride + u * unitStride}: rows as they are ({@code rowStride} = bytes per
+     * row, {@code unitStride} = {@link #unitBytes}) or interleaved four by four ({@code rowStride} =
+     * {@link #unitBytes}, {@code unitStride} = 4 × that). A part of a unit at the end of a row (plain floats whose
+     * count is not a multiple of L) follows the row's last whole unit; interleaved rows have none. {@code scratch}
+     * has at least {@link #SCRATCH} floats.
+     */
+    void dot4(long address, long rowStride, long unitStride, float[] x, int xOffset, int n, float[] out,
+              int outOffset, float[] scratch);
 }

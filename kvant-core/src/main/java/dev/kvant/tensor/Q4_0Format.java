@@ -100,16 +100,21 @@ final class Q4_0Format implements WeightFormat, FusedRows {
     }
 
     @Override
-    public void dot4(long address, long rowBytes, float[] x, int xOffset, int n, float[] out, int outOffset,
-                     float[] t) {
+    public int unitBytes() {
+        return BYTES;
+    }
+
+    @Override
+    public void dot4(long address, long rowStride, long unitStride, float[] x, int xOffset, int n, float[] out,
+                     int outOffset, float[] t) {
         FloatVector a0 = FloatVector.zero(F), a1 = a0, a2 = a0, a3 = a0;
         // A slice with the rows' own bounds and offsets affine in the block counter: C2 proves every load in
         // range before the loop (see Q8_0Format).
-        MemorySegment rows = ALL.asSlice(address, 3 * rowBytes + bytesFor(n));
+        MemorySegment rows = ALL.asSlice(address, 3 * rowStride + (n / QK - 1) * unitStride + BYTES);
         for (int b = 0; b < n / QK; b++) {
-            long p = (long) b * BYTES;
-            float d0 = scale(rows, p), d1 = scale(rows, p + rowBytes), d2 = scale(rows, p + 2 * rowBytes);
-            float d3 = scale(rows, p + 3 * rowBytes);
+            long p = b * unitStride;
+            float d0 = scale(rows, p), d1 = scale(rows, p + rowStride), d2 = scale(rows, p + 2 * rowStride);
+            float d3 = scale(rows, p + 3 * rowStride);
             IntVector ta0 = Lanes.TABLE_LOW.fma(d0, -8 * d0).reinterpretAsInts();
             IntVector tb0 = Lanes.TABLE_HIGH.fma(d0, -8 * d0).reinterpretAsInts();
             IntVector ta1 = Lanes.TABLE_LOW.fma(d1, -8 * d1).reinterpretAsInts();
@@ -126,11 +131,11 @@ final class Q4_0Format implements WeightFormat, FusedRows {
                 FloatVector xHi = FloatVector.fromArray(F, x, xk + 16);
                 IntVector q0 = (IntVector) ByteVector.fromMemorySegment(B, rows, q, LE)
                         .convertShape(ZERO_EXTEND_B2I, I, 0);
-                IntVector q1 = (IntVector) ByteVector.fromMemorySegment(B, rows, q + rowBytes, LE)
+                IntVector q1 = (IntVector) ByteVector.fromMemorySegment(B, rows, q + rowStride, LE)
                         .convertShape(ZERO_EXTEND_B2I, I, 0);
-                IntVector q2 = (IntVector) ByteVector.fromMemorySegment(B, rows, q + 2 * rowBytes, LE)
+                IntVector q2 = (IntVector) ByteVector.fromMemorySegment(B, rows, q + 2 * rowStride, LE)
                         .convertShape(ZERO_EXTEND_B2I, I, 0);
-                IntVector q3 = (IntVector) ByteVector.fromMemorySegment(B, rows, q + 3 * rowBytes, LE)
+                IntVector q3 = (IntVector) ByteVector.fromMemorySegment(B, rows, q + 3 * rowStride, LE)
                         .convertShape(ZERO_EXTEND_B2I, I, 0);
                 a0 = q0.selectFrom(ta0, tb0).reinterpretAsFloats().fma(xLo, a0);
                 a1 = q1.selectFrom(ta1, tb1).reinterpretAsFloats().fma(xLo, a1);

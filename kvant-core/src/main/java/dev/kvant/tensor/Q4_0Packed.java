@@ -63,15 +63,7 @@ final class Q4_0Packed implements PackedRows {
      * {@code fma(i, d, -8d)} for finite d only.
      */
     @Override
-    public boolean pack(long src, long dst, long rowBytes, int cols, int count) {
-        boolean finite = true;
-        for (int r = 0; r < count; r++) {
-            finite &= packRow(src + r * rowBytes, dst + r * rowBytes, cols);
-        }
-        return finite;
-    }
-
-    private static boolean packRow(long src, long dst, int cols) {
+    public boolean pack(long src, long dst, int cols) {
         long bytes = (long) cols / RUN * RUN_BYTES;
         MemorySegment in = ALL.asSlice(src, bytes);
         MemorySegment out = ALL.asSlice(dst, bytes);
@@ -131,26 +123,31 @@ final class Q4_0Packed implements PackedRows {
     }
 
     @Override
-    public void dot4(long address, long rowBytes, float[] x, int xOffset, int n, float[] out, int outOffset,
-                     float[] t) {
+    public int unitBytes() {
+        return RUN_BYTES;
+    }
+
+    @Override
+    public void dot4(long address, long rowStride, long unitStride, float[] x, int xOffset, int n, float[] out,
+                     int outOffset, float[] t) {
         FloatVector a0 = FloatVector.zero(F), a1 = a0, a2 = a0, a3 = a0;
-        MemorySegment rows = ALL.asSlice(address, 3 * rowBytes + (long) n / RUN * RUN_BYTES);
+        MemorySegment rows = ALL.asSlice(address, 3 * rowStride + (n / RUN - 1) * unitStride + RUN_BYTES);
         // One flat loop over blocks (see FusedRows): block c is block c & 3 of run c >> 2, whose 64 bytes of
         // nibbles are loaded again for each of its blocks (from L1).
         for (int c = 0; c < n / 32; c++) {
-            long p = (long) (c >> 2) * RUN_BYTES;
+            long p = (c >> 2) * unitStride;
             int b = c & 3;
             long s = p + 2 * b;
-            float d0 = scale(rows, s), d1 = scale(rows, s + rowBytes), d2 = scale(rows, s + 2 * rowBytes);
-            float d3 = scale(rows, s + 3 * rowBytes);
+            float d0 = scale(rows, s), d1 = scale(rows, s + rowStride), d2 = scale(rows, s + 2 * rowStride);
+            float d3 = scale(rows, s + 3 * rowStride);
             IntVector t0 = CENTERED.fma(d0, 0f).reinterpretAsInts();
             IntVector t1 = CENTERED.fma(d1, 0f).reinterpretAsInts();
             IntVector t2 = CENTERED.fma(d2, 0f).reinterpretAsInts();
             IntVector t3 = CENTERED.fma(d3, 0f).reinterpretAsInts();
             IntVector v0 = IntVector.fromMemorySegment(I, rows, p + 8, LE);
-            IntVector v1 = IntVector.fromMemorySegment(I, rows, p + 8 + rowBytes, LE);
-            IntVector v2 = IntVector.fromMemorySegment(I, rows, p + 8 + 2 * rowBytes, LE);
-            IntVector v3 = IntVector.fromMemorySegment(I, rows, p + 8 + 3 * rowBytes, LE);
+            IntVector v1 = IntVector.fromMemorySegment(I, rows, p + 8 + rowStride, LE);
+            IntVector v2 = IntVector.fromMemorySegment(I, rows, p + 8 + 2 * rowStride, LE);
+            IntVector v3 = IntVector.fromMemorySegment(I, rows, p + 8 + 3 * rowStride, LE);
             int xk = xOffset + 32 * c;
             FloatVector xLo = FloatVector.fromArray(F, x, xk);
             FloatVector xHi = FloatVector.fromArray(F, x, xk + 16);

@@ -131,8 +131,13 @@ final class Q4_KFormat implements WeightFormat, FusedRows {
     }
 
     @Override
-    public void dot4(long address, long rowBytes, float[] x, int xOffset, int n, float[] out, int outOffset,
-                     float[] t) {
+    public int unitBytes() {
+        return BYTES;
+    }
+
+    @Override
+    public void dot4(long address, long rowStride, long unitStride, float[] x, int xOffset, int n, float[] out,
+                     int outOffset, float[] t) {
         FloatVector a0 = FloatVector.zero(F), a1 = a0, a2 = a0, a3 = a0;
         IntVector la0 = IntVector.zero(I), lb0 = la0, ha0 = la0, hb0 = la0, la1 = la0, lb1 = la0, ha1 = la0;
         IntVector hb1 = la0, la2 = la0, lb2 = la0, ha2 = la0, hb2 = la0, la3 = la0, lb3 = la0, ha3 = la0, hb3 = la0;
@@ -141,9 +146,9 @@ final class Q4_KFormat implements WeightFormat, FusedRows {
             int run = c % RUNS;
             int pair = run / RUNS_PER_PAIR;
             int h = run % RUNS_PER_PAIR * L;
-            long p = address + (long) block * BYTES;
+            long p = address + block * unitStride;
             if (run == 0) {
-                KQuantScales.decode4(p, rowBytes, t, SM);
+                KQuantScales.decode4(p, rowStride, t, SM);
             }
             if (h == 0) {
                 int sLo = SM + KQuantScales.scaleAt(2 * pair), mLo = SM + KQuantScales.minAt(2 * pair);
@@ -170,11 +175,11 @@ final class Q4_KFormat implements WeightFormat, FusedRows {
             FloatVector xLo = FloatVector.fromArray(F, x, xk);
             FloatVector xHi = FloatVector.fromArray(F, x, xk + 32);
             IntVector q0 = (IntVector) ByteVector.fromMemorySegment(B, ALL, q, LE).convertShape(ZERO_EXTEND_B2I, I, 0);
-            IntVector q1 = (IntVector) ByteVector.fromMemorySegment(B, ALL, q + rowBytes, LE)
+            IntVector q1 = (IntVector) ByteVector.fromMemorySegment(B, ALL, q + rowStride, LE)
                     .convertShape(ZERO_EXTEND_B2I, I, 0);
-            IntVector q2 = (IntVector) ByteVector.fromMemorySegment(B, ALL, q + 2 * rowBytes, LE)
+            IntVector q2 = (IntVector) ByteVector.fromMemorySegment(B, ALL, q + 2 * rowStride, LE)
                     .convertShape(ZERO_EXTEND_B2I, I, 0);
-            IntVector q3 = (IntVector) ByteVector.fromMemorySegment(B, ALL, q + 3 * rowBytes, LE)
+            IntVector q3 = (IntVector) ByteVector.fromMemorySegment(B, ALL, q + 3 * rowStride, LE)
                     .convertShape(ZERO_EXTEND_B2I, I, 0);
             a0 = q0.selectFrom(la0, lb0).reinterpretAsFloats().fma(xLo, a0);
             a1 = q1.selectFrom(la1, lb1).reinterpretAsFloats().fma(xLo, a1);

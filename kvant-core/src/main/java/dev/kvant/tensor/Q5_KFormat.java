@@ -122,17 +122,22 @@ final class Q5_KFormat implements WeightFormat, FusedRows {
     }
 
     @Override
-    public void dot4(long address, long rowBytes, float[] x, int xOffset, int n, float[] out, int outOffset,
-                     float[] t) {
+    public int unitBytes() {
+        return BYTES;
+    }
+
+    @Override
+    public void dot4(long address, long rowStride, long unitStride, float[] x, int xOffset, int n, float[] out,
+                     int outOffset, float[] t) {
         FloatVector a0 = FloatVector.zero(F), a1 = a0, a2 = a0, a3 = a0;
         for (int c = 0; c < n / QK * RUNS; c++) {
             int block = c / RUNS;
             int run = c % RUNS;
             int pair = run / RUNS_PER_PAIR;
             int h = run % RUNS_PER_PAIR * L;
-            long p = address + (long) block * BYTES;
+            long p = address + block * unitStride;
             if (run == 0) {
-                KQuantScales.decode4(p, rowBytes, t, SM);
+                KQuantScales.decode4(p, rowStride, t, SM);
             }
             int j = 2 * pair;
             int sLo = SM + KQuantScales.scaleAt(j), mLo = SM + KQuantScales.minAt(j);
@@ -150,25 +155,25 @@ final class Q5_KFormat implements WeightFormat, FusedRows {
                     .fma(t[sLo], t[mLo]).fma(xLo, a0);
             a0 = ((FloatVector) q0.lanewise(LSHR, 4).or(f0.lanewise(LSHL, 3).and(0x10)).convert(I2F, 0))
                     .fma(t[sHi], t[mHi]).fma(xHi, a0);
-            IntVector q1 = (IntVector) ByteVector.fromMemorySegment(B, ALL, q + rowBytes, LE)
+            IntVector q1 = (IntVector) ByteVector.fromMemorySegment(B, ALL, q + rowStride, LE)
                     .convertShape(ZERO_EXTEND_B2I, I, 0);
-            IntVector f1 = ((IntVector) ByteVector.fromMemorySegment(B, ALL, f + rowBytes, LE)
+            IntVector f1 = ((IntVector) ByteVector.fromMemorySegment(B, ALL, f + rowStride, LE)
                     .convertShape(ZERO_EXTEND_B2I, I, 0)).lanewise(LSHR, j);
             a1 = ((FloatVector) q1.and(0x0f).or(f1.lanewise(LSHL, 4).and(0x10)).convert(I2F, 0))
                     .fma(t[sLo + 16], t[mLo + 16]).fma(xLo, a1);
             a1 = ((FloatVector) q1.lanewise(LSHR, 4).or(f1.lanewise(LSHL, 3).and(0x10)).convert(I2F, 0))
                     .fma(t[sHi + 16], t[mHi + 16]).fma(xHi, a1);
-            IntVector q2 = (IntVector) ByteVector.fromMemorySegment(B, ALL, q + 2 * rowBytes, LE)
+            IntVector q2 = (IntVector) ByteVector.fromMemorySegment(B, ALL, q + 2 * rowStride, LE)
                     .convertShape(ZERO_EXTEND_B2I, I, 0);
-            IntVector f2 = ((IntVector) ByteVector.fromMemorySegment(B, ALL, f + 2 * rowBytes, LE)
+            IntVector f2 = ((IntVector) ByteVector.fromMemorySegment(B, ALL, f + 2 * rowStride, LE)
                     .convertShape(ZERO_EXTEND_B2I, I, 0)).lanewise(LSHR, j);
             a2 = ((FloatVector) q2.and(0x0f).or(f2.lanewise(LSHL, 4).and(0x10)).convert(I2F, 0))
                     .fma(t[sLo + 32], t[mLo + 32]).fma(xLo, a2);
             a2 = ((FloatVector) q2.lanewise(LSHR, 4).or(f2.lanewise(LSHL, 3).and(0x10)).convert(I2F, 0))
                     .fma(t[sHi + 32], t[mHi + 32]).fma(xHi, a2);
-            IntVector q3 = (IntVector) ByteVector.fromMemorySegment(B, ALL, q + 3 * rowBytes, LE)
+            IntVector q3 = (IntVector) ByteVector.fromMemorySegment(B, ALL, q + 3 * rowStride, LE)
                     .convertShape(ZERO_EXTEND_B2I, I, 0);
-            IntVector f3 = ((IntVector) ByteVector.fromMemorySegment(B, ALL, f + 3 * rowBytes, LE)
+            IntVector f3 = ((IntVector) ByteVector.fromMemorySegment(B, ALL, f + 3 * rowStride, LE)
                     .convertShape(ZERO_EXTEND_B2I, I, 0)).lanewise(LSHR, j);
             a3 = ((FloatVector) q3.and(0x0f).or(f3.lanewise(LSHL, 4).and(0x10)).convert(I2F, 0))
                     .fma(t[sLo + 48], t[mLo + 48]).fma(xLo, a3);

@@ -159,25 +159,31 @@ final class Q6_KFormat implements WeightFormat, FusedRows {
      * rows of them in one loop body would outgrow what the JIT compiles well.
      */
     @Override
-    public void dot4(long address, long rowBytes, float[] x, int xOffset, int n, float[] out, int outOffset,
-                     float[] t) {
-        dot2(address, rowBytes, x, xOffset, n, t, 0);
-        dot2(address + 2 * rowBytes, rowBytes, x, xOffset, n, t, 2 * L);
+    public int unitBytes() {
+        return BYTES;
+    }
+
+    @Override
+    public void dot4(long address, long rowStride, long unitStride, float[] x, int xOffset, int n, float[] out,
+                     int outOffset, float[] t) {
+        dot2(address, rowStride, unitStride, x, xOffset, n, t, 0);
+        dot2(address + 2 * rowStride, rowStride, unitStride, x, xOffset, n, t, 2 * L);
         Lanes.sum4(t, 0, out, outOffset, 1);
     }
 
-    /** Rows at address and address + rowBytes; their accumulators go to t[acc] and t[acc + L]. */
-    private static void dot2(long address, long rowBytes, float[] x, int xOffset, int n, float[] t, int acc) {
+    /** Rows at address and address + rowStride; their accumulators go to t[acc] and t[acc + L]. */
+    private static void dot2(long address, long rowStride, long unitStride, float[] x, int xOffset, int n, float[] t,
+                             int acc) {
         FloatVector a0 = FloatVector.zero(F), a1 = a0;
         for (int c = 0; c < n / QK * RUNS; c++) {
             int block = c / RUNS;
             int run = c % RUNS;
             int half = run / RUNS_PER_HALF;
             int l = run % RUNS_PER_HALF * L;
-            long p = address + (long) block * BYTES;
+            long p = address + block * unitStride;
             if (run == 0) {
                 scales(p, t, DS);
-                scales(p + rowBytes, t, DS + 32);
+                scales(p + rowStride, t, DS + 32);
             }
             int si = DS + 8 * half + l / 16;
             long ql = p + 64 * half + l;
@@ -189,11 +195,11 @@ final class Q6_KFormat implements WeightFormat, FusedRows {
                     .convertShape(ZERO_EXTEND_B2I, I, 0);
             IntVector h0 = (IntVector) ByteVector.fromMemorySegment(B, ALL, qh, LE)
                     .convertShape(ZERO_EXTEND_B2I, I, 0);
-            IntVector la1 = (IntVector) ByteVector.fromMemorySegment(B, ALL, ql + rowBytes, LE)
+            IntVector la1 = (IntVector) ByteVector.fromMemorySegment(B, ALL, ql + rowStride, LE)
                     .convertShape(ZERO_EXTEND_B2I, I, 0);
-            IntVector lb1 = (IntVector) ByteVector.fromMemorySegment(B, ALL, ql + rowBytes + 32, LE)
+            IntVector lb1 = (IntVector) ByteVector.fromMemorySegment(B, ALL, ql + rowStride + 32, LE)
                     .convertShape(ZERO_EXTEND_B2I, I, 0);
-            IntVector h1 = (IntVector) ByteVector.fromMemorySegment(B, ALL, qh + rowBytes, LE)
+            IntVector h1 = (IntVector) ByteVector.fromMemorySegment(B, ALL, qh + rowStride, LE)
                     .convertShape(ZERO_EXTEND_B2I, I, 0);
             FloatVector xv = FloatVector.fromArray(F, x, xk);
             a0 = ((FloatVector) la0.and(0x0f).or(h0.lanewise(LSHL, 4).and(0x30)).convert(I2F, 0))

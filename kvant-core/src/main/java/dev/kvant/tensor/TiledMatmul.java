@@ -76,9 +76,9 @@ final class TiledMatmul {
         float[] row = order == null ? null : new float[cols];
         for (int r = 0; r < count; r++) {
             if (order == null) {
-                v.kernels().decode(v.address() + (r0 + r) * m.rowBytes(), w, r * stride, cols);
+                m.decodeRow(v, r0 + r, w, r * stride);
             } else {
-                v.kernels().decode(v.address() + (r0 + r) * m.rowBytes(), row, 0, cols);
+                m.decodeRow(v, r0 + r, row, 0);
                 arrange(row, 0, w, r * stride, cols, m.format().blockSize(), order);
             }
             Arrays.fill(w, r * stride + cols, (r + 1) * stride, 0f);

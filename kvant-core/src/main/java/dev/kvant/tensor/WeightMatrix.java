@@ -17,17 +17,20 @@ public final class WeightMatrix {
      * microseconds of streaming, well above the cost of handing out a task.
      */
     private static final int MIN_ROWS_PER_TASK = 64;
+    /**
+     * Rows of at most this many bytes are interleaved four by four for the CPU ({@link #packForCpu}). Streaming
+     * Q8_0 rows from memory on one core of the Zen 5 VM (600 MB of matrices, four-row products): 2,176-byte rows
+     * (2048 values) 7.6-8.7 GB/s in the file's layout, 12.9-17.0 interleaved; 4,352-byte rows 9.5-11.2 against
+     * 8.9-10.5, and 8,704-byte rows 11.1-13.0 against 9.2-9.5. Four streams of long rows keep more prefetches in
+     * flight than one; four short ones stop and restart too often.
+     */
+    static final int MAX_QUAD_ROW_BYTES = 4096;
 
     private final String name;
     private final WeightFormat format;
     private final MemorySegment data;
-    /**
-     * What the matrix-vector product reads: {@link #data} as it is, or a packed copy once {@link #packForCpu}
-     * made one.
-     */
+    /** What the CPU kernels read: {@link #data} as it is, or the copy {@link #packForCpu} made. */
     private volatile Rows cpu;
-    /** What decode and the tiled matmul read: {@link #cpu} when its rows are whole and in place, else the file's. */
-    private volatile Rows rowMajor;
     private final int rows;
     private final int cols;
     private final long rowBytes;
@@ -60,8 +63,7 @@ public final class WeightMatrix {
         this.name = name;
         this.format = format;
         this.data = data;
-        this.cpu = new Rows((FusedRows) format, RawMemory.address(data, 0, expected), data);
-        this.rowMajor = cpu;
+        this.cpu = new Rows((FusedRows) format, RawMemory.address(data, 0, expected), data, 0);
         this.rows = rows;
         this.cols = cols;
         this.rowBytes = rowBytes;
@@ -93,49 +95,99 @@ public final class WeightMatrix {
     }
 
     /**
-     * Makes the copy of the rows that the CPU kernels read fastest, where the format has one for this width:
-     * each row rearranged in place (Q4_0 on AVX-512: {@link Q4_0Packed}), or rows interleaved four by four for the
-     * matrix-vector product (F16 without infinities or NaNs: {@link F16RowQuads}). Results stay bitwise the same
-     * (a matrix whose values the packed kernels would not reproduce bit for bit, e.g. with an infinite scale,
-     * stays as it is). Idempotent and safe to call from several threads; {@link #data()} keeps the file's layout
-     * (the GPU upload reads it). The copy takes as many bytes as the matrix and lives as long as this object.
+     * Gives the CPU kernels the rows in the layout they read fastest, once: rows of at most
+     * {@link #MAX_QUAD_ROW_BYTES} interleaved four by four at the kernels' unit ({@link FusedRows#unitBytes}), so
+     * that a four-row product reads one sequential stream instead of four short ones, and each row in the
+     * format's packed form where it has one for this width ({@link FusedRows#packing}: Q4_0 on AVX-512,
+     * {@link Q4_0Packed}; F16 checked to be finite, {@link F16Finite}). Results stay bitwise the same (a matrix
+     * whose values the packed kernels would not reproduce bit for bit, e.g. with an infinite scale, keeps the
+     * format's kernels). Idempotent and safe to call from several threads; {@link #data()} keeps the file's
+     * layout (the GPU upload reads it). The copy, where one is made, takes as many bytes as the matrix and lives
+     * as long as this object; every CPU kernel then reads the copy alone.
      */
     public void packForCpu(Parallel pool) {
-        Rows current = cpu;
-        if (current.packed() || current.kernels().packing(cols) == null) {
+        if (cpu.copied()) {
             return;
         }
         synchronized (this) {
-            if (cpu.packed()) {
+            Rows current = cpu;
+            if (current.copied()) {
                 return;
             }
             checkAlive();
-            PackedRows packing = cpu.kernels().packing(cols);
-            long bytes = rowBytes * rows;
-            MemorySegment copy = LargePages.allocate(bytes);
-            long src = cpu.address();
-            long dst = RawMemory.address(copy, 0, bytes);
-            int chunk = roundUp4(Math.max(MIN_ROWS_PER_TASK, ceilDiv(rows, 8 * pool.threads())));
-            AtomicBoolean exact = new AtomicBoolean(true);
-            pool.forEach(ceilDiv(rows, chunk), t -> {
-                int from = t * chunk;
-                int count = Math.min(rows, from + chunk) - from;
-                if (!packing.pack(src + from * rowBytes, dst + from * rowBytes, rowBytes, cols, count)) {
+            PackedRows packing = current.kernels().packing(cols);
+            Rows next = packing == null ? null : copyFor(packing, current.address(), pool);
+            if (next == null) {
+                next = copyFor(current.kernels(), current.address(), pool);
+            }
+            if (next != null) {
+                cpu = next;
+            }
+        }
+    }
+
+    /**
+     * The rows at {@code src} (the file's layout) copied for {@code kernels}: packed by them if they are
+     * {@link PackedRows}, interleaved four by four if short enough; null when that would change nothing (plain
+     * kernels, rows too long to interleave) or would change some value's bits (the packing refused a row).
+     */
+    private Rows copyFor(FusedRows kernels, long src, Parallel pool) {
+        PackedRows packing = kernels instanceof PackedRows p ? p : null;
+        int unit = kernels.unitBytes();
+        int quadRows = rowBytes <= MAX_QUAD_ROW_BYTES && rowBytes % unit == 0 ? rows & ~3 : 0;
+        if (quadRows == 0 && packing == null) {
+            return null;
+        }
+        long bytes = rowBytes * rows;
+        MemorySegment copy = LargePages.allocate(bytes);
+        long dst = RawMemory.address(copy, 0, bytes);
+        int chunk = roundUp4(Math.max(MIN_ROWS_PER_TASK, ceilDiv(rows, 8 * pool.threads())));
+        AtomicBoolean exact = new AtomicBoolean(true);
+        pool.forEach(ceilDiv(rows, chunk), t -> {
+            try (Arena arena = Arena.ofConfined()) {
+                long quad = RawMemory.address(arena.allocate(4 * rowBytes, 64), 0, 4 * rowBytes);
+                copyRows(packing, unit, quadRows, src, dst, quad, t * chunk, Math.min(rows, (t + 1) * chunk), exact);
+            }
+        });
+        return exact.get() ? new Rows(kernels, dst, copy, quadRows) : null;
+    }
+
+    /**
+     * Rows {@code first..end-1} of {@link #copyFor} ({@code first} a multiple of 4); a quad to interleave goes
+     * through {@code quad}, scratch for four rows.
+     */
+    private void copyRows(PackedRows packing, int unit, int quadRows, long src, long dst, long quad, int first,
+                          int end, AtomicBoolean exact) {
+        for (int r = first; r < end; r += 4) {
+            boolean interleave = r < quadRows;
+            for (int j = 0; j < Math.min(4, rows - r); j++) {
+                long in = src + (r + j) * rowBytes;
+                long out = interleave ? quad + j * rowBytes : dst + (r + j) * rowBytes;
+                if (packing == null) {
+                    MemorySegment.copy(RawMemory.ALL, in, RawMemory.ALL, out, rowBytes);
+                } else if (!packing.pack(in, out, cols)) {
                     exact.set(false);
                 }
-            });
-            if (exact.get()) {
-                cpu = new Rows(packing, dst, copy);
-                if (packing.rowMajor()) {
-                    rowMajor = cpu;
+            }
+            if (interleave) {
+                for (long u = 0; u < rowBytes / unit; u++) {
+                    for (int j = 0; j < 4; j++) {
+                        MemorySegment.copy(RawMemory.ALL, quad + j * rowBytes + u * unit, RawMemory.ALL,
+                                dst + r * rowBytes + (4 * u + j) * unit, unit);
+                    }
                 }
             }
         }
     }
 
-    /** Whether the CPU kernels read a packed copy ({@link #packForCpu}). */
+    /** The rows the CPU kernels read now (for tests). */
+    Rows cpuRows() {
+        return cpu;
+    }
+
+    /** Whether the CPU kernels read a copy of the rows ({@link #packForCpu}). */
     public boolean packedForCpu() {
-        return cpu.packed();
+        return cpu.copied();
     }
 
     /** {@code out[r] = dot(row r, x)} for every row. */
@@ -198,9 +250,13 @@ public final class WeightMatrix {
         FusedRows kernels = v.kernels();
         long address = v.address();
         float[] scratch = new float[FusedRows.SCRATCH];
+        long unit = kernels.unitBytes();
         int r = from;
+        for (; r + 4 <= to && r < v.quadRows(); r += 4) {
+            kernels.dot4(address + r * rowBytes, unit, 4 * unit, x, xOffset, cols, out, outOffset + r, scratch);
+        }
         for (; r + 4 <= to; r += 4) {
-            kernels.dot4(address + r * rowBytes, rowBytes, x, xOffset, cols, out, outOffset + r, scratch);
+            kernels.dot4(address + r * rowBytes, rowBytes, unit, x, xOffset, cols, out, outOffset + r, scratch);
         }
         for (; r < to; r++) {
             out[outOffset + r] = kernels.dot1(address + r * rowBytes, x, xOffset, cols);
@@ -222,7 +278,7 @@ public final class WeightMatrix {
             matvec(x, out, pool);
             return;
         }
-        TiledMatmul.run(this, rowMajor, x, n, out, pool);
+        TiledMatmul.run(this, cpu, x, n, out, pool);
     }
 
     /** Decodes row {@code row} into {@code dst[dstOffset .. dstOffset + cols)}: an embedding lookup. */
@@ -232,17 +288,48 @@ public final class WeightMatrix {
         }
         java.util.Objects.checkFromIndexSize(dstOffset, cols, dst.length);
         checkAlive();
-        Rows v = rowMajor;
-        v.kernels().decode(v.address() + row * rowBytes, dst, dstOffset, cols);
+        decodeRow(cpu, row, dst, dstOffset);
     }
 
     /**
-     * The rows as the CPU kernels read them: their kernels, the native address of row 0, and the memory that
-     * holds them (kept here so that a packed copy lives as long as a reader of it).
+     * Decodes row {@code r} of {@code v} into {@code dst[o .. o + cols)}; a row of an interleaved quad is gathered
+     * into scratch first, so the format's decode reads it whole.
      */
-    record Rows(FusedRows kernels, long address, MemorySegment memory) {
+    void decodeRow(Rows v, int r, float[] dst, int o) {
+        long at = v.address() + r * rowBytes;
+        if (r < v.quadRows()) {
+            long unit = v.kernels().unitBytes();
+            MemorySegment row = GATHER.get();
+            if (row.byteSize() < rowBytes) {
+                row = Arena.ofAuto().allocate(Math.max(rowBytes, 2 * row.byteSize()), 64);
+                GATHER.set(row);
+            }
+            long base = v.address() + (r & ~3) * rowBytes + (r & 3) * unit;
+            for (long u = 0; u < rowBytes / unit; u++) {
+                MemorySegment.copy(RawMemory.ALL, base + 4 * u * unit, row, u * unit, unit);
+            }
+            at = RawMemory.address(row, 0, rowBytes);
+        }
+        v.kernels().decode(at, dst, o, cols);
+    }
+
+    /** Scratch for {@link #decodeRow} of interleaved rows, per thread. */
+    private static final ThreadLocal<MemorySegment> GATHER = ThreadLocal.withInitial(() -> MemorySegment.NULL);
+
+    /**
+     * The rows as the CPU kernels read them: their kernels, the native address of row 0, the memory that holds
+     * them (kept here so that a copy lives as long as a reader of it), and how many rows from the first are
+     * interleaved four by four (0, or the rows of all whole quads): unit u of row r &lt; quadRows is at
+     * {@code address + (r & ~3) * rowBytes + (4u + (r & 3)) * unitBytes}, every other row as in the file.
+     */
+    record Rows(FusedRows kernels, long address, MemorySegment memory, int quadRows) {
         boolean packed() {
             return kernels instanceof PackedRows;
+        }
+
+        /** Whether these rows are a copy made for the CPU kernels (packed, interleaved, or both). */
+        boolean copied() {
+            return packed() || quadRows > 0;
         }
     }
 

@@ -124,7 +124,8 @@ class WeightMatrixTest {
             WeightMatrix plain = new WeightMatrix("plain", f, data, rows, cols);
             WeightMatrix checked = new WeightMatrix("checked", f, data, rows, cols);
             checked.packForCpu(two);
-            assertTrue(checked.packedForCpu(), "finite F16 rows take the row-quad kernels");
+            assertTrue(checked.cpuRows().kernels() instanceof F16Finite, "finite F16 rows take the checked kernels");
+            assertEquals(rows & ~3, checked.cpuRows().quadRows(), "short rows interleaved four by four");
             for (int i = 0; i < inputs.length; i++) {
                 float[] want = poisoned(rows);
                 float[] got = poisoned(rows);
@@ -136,17 +137,23 @@ class WeightMatrixTest {
             for (int i = 0; i < inputs.length; i++) {
                 System.arraycopy(inputs[i], 0, all, i * cols, cols);
             }
-            float[] want = poisoned(inputs.length * rows);
-            float[] got = poisoned(inputs.length * rows);
-            plain.matmul(all, inputs.length, want, two);
-            checked.matmul(all, inputs.length, got, two);
-            assertBitsEqualOrBothNaN(want, got, "matmul, seed " + SEED);
+            float[] wantAll = poisoned(inputs.length * rows);
+            float[] gotAll = poisoned(inputs.length * rows);
+            plain.matmul(all, inputs.length, wantAll, two);
+            checked.matmul(all, inputs.length, gotAll, two);
+            assertBitsEqualOrBothNaN(wantAll, gotAll, "matmul, seed " + SEED);
             MemorySegment withInf = arena.allocate(rowBytes * rows, 64);
             withInf.copyFrom(data);
             withInf.set(ValueLayout.JAVA_SHORT_UNALIGNED, 9 * rowBytes + 2L * 4, (short) 0xFC00);  // -inf
             WeightMatrix infinite = new WeightMatrix("infinite", f, withInf, rows, cols);
+            float[] want = poisoned(rows);
+            infinite.matvec(inputs[0], want, two);
             infinite.packForCpu(two);
-            assertFalse(infinite.packedForCpu(), "a matrix holding an infinity keeps F16Format's kernels");
+            assertTrue(infinite.cpuRows().kernels() instanceof F16Format,
+                    "a matrix holding an infinity keeps F16Format's kernels");
+            float[] got = poisoned(rows);
+            infinite.matvec(inputs[0], got, two);
+            assertBitsEqualOrBothNaN(want, got, "interleaved, with an infinity");
         }
     }
 
@@ -276,7 +283,11 @@ class WeightMatrixTest {
                     m.packForCpu(two);
                     m.packForCpu(three);
                     boolean packs = ((FusedRows) m.format()).packing(cols) != null;
-                    assertEquals(packs, m.packedForCpu(), where(type, rows, cols));
+                    assertEquals(packs, m.cpuRows().packed(), where(type, rows, cols));
+                    int unit = m.cpuRows().kernels().unitBytes();
+                    boolean quads = m.rowBytes() <= WeightMatrix.MAX_QUAD_ROW_BYTES && m.rowBytes() % unit == 0;
+                    assertEquals(quads ? rows & ~3 : 0, m.cpuRows().quadRows(), "interleaved rows, " + where(type,
+                            rows, cols));
                     if (type == GgmlType.Q4_0 && Lanes.L == 16) {
                         assertEquals(cols % 128 == 0, packs, "Q4_0 packs whole runs of 128, " + where(type, rows, cols));
                     }
@@ -288,7 +299,8 @@ class WeightMatrixTest {
                     for (int r = 0; r < rows; r++) {
                         m.dequantizeRow(r, rowsPacked, r * cols);
                     }
-                    String w = (packs ? "packed " : "unpacked ") + where(type, rows, cols);
+                    String w = (packs ? "packed " : "unpacked ") + (m.cpuRows().quadRows() > 0 ? "interleaved " : "")
+                            + where(type, rows, cols);
                     assertBitsEqual(mv, mvPacked, "matvec, " + w);
                     assertBitsEqual(mm, mmPacked, "matmul, " + w);
                     assertBitsEqual(rowValues, rowsPacked, "dequantizeRow, " + w);
@@ -334,7 +346,7 @@ class WeightMatrixTest {
                 m.packForCpu(two);
                 boolean expectPacked = Lanes.L == 16 && odd == 0;
                 String what = "scale 0x" + Integer.toHexString(odd & 0xffff) + " in row 3, seed " + SEED;
-                assertEquals(expectPacked, m.packedForCpu(), what);
+                assertEquals(expectPacked, m.cpuRows().packed(), what);
                 float[] packed = poisoned(rows);
                 float[] packedValues = poisoned(rows * cols);
                 m.matvec(x, packed, two);
