@@ -39,15 +39,16 @@ final class Bf16Format implements WeightFormat, FusedRows {
 
     /** A bfloat16 is the top half of a float: widen to int and shift into place. */
     @Override
-    public void decode(long address, float[] dst, int o, int n) {
-        MemorySegment row = ALL.asSlice(address, 2L * n);
+    public void decode(long address, long unitStride, float[] dst, int o, int n) {
+        int full = n - n % L;
+        MemorySegment row = ALL.asSlice(address, full / L * unitStride + 2L * (n - full));
         int i = 0;
-        for (; i + L <= n; i += L) {
-            ((IntVector) ShortVector.fromMemorySegment(S, row, 2L * i, LE).convertShape(S2I, I, 0))
+        for (; i < full; i += L) {
+            ((IntVector) ShortVector.fromMemorySegment(S, row, i / L * unitStride, LE).convertShape(S2I, I, 0))
                     .lanewise(LSHL, 16).reinterpretAsFloats().intoArray(dst, o + i);
         }
         for (; i < n; i++) {
-            dst[o + i] = Float.intBitsToFloat(row.get(SHORT_LE, 2L * i) << 16);
+            dst[o + i] = Float.intBitsToFloat(row.get(SHORT_LE, full / L * unitStride + 2L * (i - full)) << 16);
         }
     }
 

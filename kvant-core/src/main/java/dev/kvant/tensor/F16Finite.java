@@ -65,8 +65,8 @@ final class F16Finite implements PackedRows {
     }
 
     @Override
-    public void decode(long address, float[] dst, int o, int n) {
-        F16Format.INSTANCE.decode(address, dst, o, n);
+    public void decode(long address, long unitStride, float[] dst, int o, int n) {
+        F16Format.INSTANCE.decode(address, unitStride, dst, o, n);
     }
 
     @Override

@@ -67,18 +67,19 @@ final class F16Format implements WeightFormat, FusedRows {
     }
 
     @Override
-    public void decode(long address, float[] dst, int o, int n) {
-        MemorySegment row = ALL.asSlice(address, 2L * n);
+    public void decode(long address, long unitStride, float[] dst, int o, int n) {
+        int full = n - n % L;
+        MemorySegment row = ALL.asSlice(address, full / L * unitStride + 2L * (n - full));
         int i = 0;
-        for (; i + L <= n; i += L) {
-            IntVector b = ((IntVector) ShortVector.fromMemorySegment(S, row, 2L * i, LE).convertShape(S2I, I, 0))
-                    .lanewise(LSHL, 13).lanewise(AND, KEEP);
+        for (; i < full; i += L) {
+            IntVector b = ((IntVector) ShortVector.fromMemorySegment(S, row, i / L * unitStride, LE)
+                    .convertShape(S2I, I, 0)).lanewise(LSHL, 13).lanewise(AND, KEEP);
             FloatVector f = b.reinterpretAsFloats().mul(UNBIAS);
             f.blend(b.lanewise(OR, EXP255).reinterpretAsFloats().add(0f), b.lanewise(AND, EXP31).compare(EQ, EXP31)
                     .cast(F)).intoArray(dst, o + i);
         }
         for (; i < n; i++) {
-            dst[o + i] = Float.float16ToFloat(row.get(SHORT_LE, 2L * i));
+            dst[o + i] = Float.float16ToFloat(row.get(SHORT_LE, full / L * unitStride + 2L * (i - full)));
         }
     }
 

@@ -28,8 +28,16 @@ final class F32Format implements WeightFormat, FusedRows {
     }
 
     @Override
-    public void decode(long address, float[] dst, int o, int n) {
-        MemorySegment.copy(ALL, FLOAT_LE, address, dst, o, n);
+    public void decode(long address, long unitStride, float[] dst, int o, int n) {
+        if (unitStride == 4L * L) {
+            MemorySegment.copy(ALL, FLOAT_LE, address, dst, o, n);
+            return;
+        }
+        int full = n - n % L;
+        for (int k = 0; k < full; k += L) {
+            MemorySegment.copy(ALL, FLOAT_LE, address + k / L * unitStride, dst, o + k, L);
+        }
+        MemorySegment.copy(ALL, FLOAT_LE, address + full / L * unitStride, dst, o + full, n - full);
     }
 
     @Override

@@ -40,7 +40,16 @@ interface FusedRows {
     }
 
     /** Decodes {@code n} values at {@code address} into {@code dst[o ..]}, in natural order. */
-    void decode(long address, float[] dst, int o, int n);
+    default void decode(long address, float[] dst, int o, int n) {
+        decode(address, unitBytes(), dst, o, n);
+    }
+
+    /**
+     * {@link #decode(long, float[], int, int)} of a row whose units ({@link #unitBytes}) lie {@code unitStride}
+     * bytes apart: the unit's own size for a row as in the file, four times it in a quad of interleaved rows. A
+     * part of a unit at the end of the row follows the last whole unit.
+     */
+    void decode(long address, long unitStride, float[] dst, int o, int n);
 
     /** The dot product of the {@code n} weights at {@code address} with {@code x[xOffset ..]}. */
     float dot1(long address, float[] x, int xOffset, int n);

@@ -57,10 +57,10 @@ final class Q4_0Format implements WeightFormat, FusedRows {
     }
 
     @Override
-    public void decode(long address, float[] dst, int o, int n) {
-        MemorySegment row = ALL.asSlice(address, bytesFor(n));
+    public void decode(long address, long unitStride, float[] dst, int o, int n) {
+        MemorySegment row = ALL.asSlice(address, (n / QK - 1) * unitStride + BYTES);
         for (int b = 0; b < n / QK; b++) {
-            long p = (long) b * BYTES;
+            long p = b * unitStride;
             float d = scale(row, p);
             IntVector ta = Lanes.TABLE_LOW.fma(d, -8 * d).reinterpretAsInts();
             IntVector tb = Lanes.TABLE_HIGH.fma(d, -8 * d).reinterpretAsInts();

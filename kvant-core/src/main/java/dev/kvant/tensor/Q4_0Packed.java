@@ -85,10 +85,10 @@ final class Q4_0Packed implements PackedRows {
     }
 
     @Override
-    public void decode(long address, float[] dst, int o, int n) {
-        MemorySegment row = ALL.asSlice(address, (long) n / RUN * RUN_BYTES);
+    public void decode(long address, long unitStride, float[] dst, int o, int n) {
+        MemorySegment row = ALL.asSlice(address, (n / RUN - 1) * unitStride + RUN_BYTES);
         for (int g = 0; g < n / RUN; g++) {
-            long p = (long) g * RUN_BYTES;
+            long p = g * unitStride;
             IntVector v = IntVector.fromMemorySegment(I, row, p + 8, LE);
             for (int b = 0; b < 4; b++) {
                 float d = scale(row, p + 2 * b);

@@ -66,7 +66,7 @@ final class Q4_KFormat implements WeightFormat, FusedRows {
     }
 
     @Override
-    public void decode(long address, float[] dst, int o, int n) {
+    public void decode(long address, long unitStride, float[] dst, int o, int n) {
         float[] sm = new float[16];
         IntVector la = IntVector.zero(I), lb = la, ha = la, hb = la;
         for (int c = 0; c < n / QK * RUNS; c++) {
@@ -74,7 +74,7 @@ final class Q4_KFormat implements WeightFormat, FusedRows {
             int run = c % RUNS;
             int pair = run / RUNS_PER_PAIR;
             int h = run % RUNS_PER_PAIR * L;
-            long p = address + (long) block * BYTES;
+            long p = address + block * unitStride;
             if (run == 0) {
                 KQuantScales.decode(p, sm, 0);
             }

@@ -66,14 +66,14 @@ final class Q5_KFormat implements WeightFormat, FusedRows {
     }
 
     @Override
-    public void decode(long address, float[] dst, int o, int n) {
+    public void decode(long address, long unitStride, float[] dst, int o, int n) {
         float[] sm = new float[16];
         for (int c = 0; c < n / QK * RUNS; c++) {
             int block = c / RUNS;
             int run = c % RUNS;
             int pair = run / RUNS_PER_PAIR;
             int h = run % RUNS_PER_PAIR * L;
-            long p = address + (long) block * BYTES;
+            long p = address + block * unitStride;
             if (run == 0) {
                 KQuantScales.decode(p, sm, 0);
             }

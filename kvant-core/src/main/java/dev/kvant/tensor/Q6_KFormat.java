@@ -89,14 +89,14 @@ final class Q6_KFormat implements WeightFormat, FusedRows {
     }
 
     @Override
-    public void decode(long address, float[] dst, int o, int n) {
+    public void decode(long address, long unitStride, float[] dst, int o, int n) {
         float[] ds = new float[32];
         for (int c = 0; c < n / QK * RUNS; c++) {
             int block = c / RUNS;
             int run = c % RUNS;
             int half = run / RUNS_PER_HALF;
             int l = run % RUNS_PER_HALF * L;
-            long p = address + (long) block * BYTES;
+            long p = address + block * unitStride;
             if (run == 0) {
                 scales(p, ds, 0);
             }

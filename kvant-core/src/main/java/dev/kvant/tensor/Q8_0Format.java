@@ -39,10 +39,10 @@ final class Q8_0Format implements WeightFormat, FusedRows {
     }
 
     @Override
-    public void decode(long address, float[] dst, int o, int n) {
-        MemorySegment row = ALL.asSlice(address, bytesFor(n));
+    public void decode(long address, long unitStride, float[] dst, int o, int n) {
+        MemorySegment row = ALL.asSlice(address, (n / QK - 1) * unitStride + BYTES);
         for (int b = 0; b < n / QK; b++) {
-            long p = (long) b * BYTES;
+            long p = b * unitStride;
             float d = scale(row, p);
             for (int part = 0; part < CPB; part++) {
                 ((FloatVector) ByteVector.fromMemorySegment(B, row, p + 2 + part * L, LE).convertShape(B2F, F, 0))

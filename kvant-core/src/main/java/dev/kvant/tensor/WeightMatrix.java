@@ -291,30 +291,15 @@ public final class WeightMatrix {
         decodeRow(cpu, row, dst, dstOffset);
     }
 
-    /**
-     * Decodes row {@code r} of {@code v} into {@code dst[o .. o + cols)}; a row of an interleaved quad is gathered
-     * into scratch first, so the format's decode reads it whole.
-     */
+    /** Decodes row {@code r} of {@code v} into {@code dst[o .. o + cols)}, wherever its layout puts its units. */
     void decodeRow(Rows v, int r, float[] dst, int o) {
-        long at = v.address() + r * rowBytes;
+        long unit = v.kernels().unitBytes();
         if (r < v.quadRows()) {
-            long unit = v.kernels().unitBytes();
-            MemorySegment row = GATHER.get();
-            if (row.byteSize() < rowBytes) {
-                row = Arena.ofAuto().allocate(Math.max(rowBytes, 2 * row.byteSize()), 64);
-                GATHER.set(row);
-            }
-            long base = v.address() + (r & ~3) * rowBytes + (r & 3) * unit;
-            for (long u = 0; u < rowBytes / unit; u++) {
-                MemorySegment.copy(RawMemory.ALL, base + 4 * u * unit, row, u * unit, unit);
-            }
-            at = RawMemory.address(row, 0, rowBytes);
+            v.kernels().decode(v.address() + (r & ~3) * rowBytes + (r & 3) * unit, 4 * unit, dst, o, cols);
+        } else {
+            v.kernels().decode(v.address() + r * rowBytes, unit, dst, o, cols);
         }
-        v.kernels().decode(at, dst, o, cols);
     }
-
-    /** Scratch for {@link #decodeRow} of interleaved rows, per thread. */
-    private static final ThreadLocal<MemorySegment> GATHER = ThreadLocal.withInitial(() -> MemorySegment.NULL);
 
     /**
      * The rows as the CPU kernels read them: their kernels, the native address of row 0, the memory that holds
