@@ -42,7 +42,7 @@ final class F16Finite implements PackedRows {
     private F16Finite() {
     }
 
-    /** Copies the row; false when one of its halves is infinite or NaN (exponent 31). */
+    /** Copies the row (unless dst is src); false when one of its halves is infinite or NaN (exponent 31). */
     @Override
     public boolean pack(long src, long dst, int cols) {
         MemorySegment row = ALL.asSlice(src, 2L * cols);
@@ -55,8 +55,15 @@ final class F16Finite implements PackedRows {
         for (; k < cols; k++) {
             finite &= (row.get(SHORT_LE, 2L * k) & EXP31) != EXP31;
         }
-        MemorySegment.copy(ALL, src, ALL, dst, 2L * cols);
+        if (dst != src) {
+            MemorySegment.copy(ALL, src, ALL, dst, 2L * cols);
+        }
         return finite;
+    }
+
+    @Override
+    public boolean keepsBytes() {
+        return true;
     }
 
     @Override

@@ -15,4 +15,12 @@ interface PackedRows extends FusedRows {
      * with the format's kernels).
      */
     boolean pack(long src, long dst, int cols);
+
+    /**
+     * True when {@link #pack} keeps the file's bytes as they are (it only checks them): rows that are not
+     * interleaved then need no copy, and {@code pack} is given {@code dst == src}, which it must not write.
+     */
+    default boolean keepsBytes() {
+        return false;
+    }
 }

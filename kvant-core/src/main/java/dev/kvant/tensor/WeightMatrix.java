@@ -102,16 +102,17 @@ public final class WeightMatrix {
      * {@link Q4_0Packed}; F16 checked to be finite, {@link F16Finite}). Results stay bitwise the same (a matrix
      * whose values the packed kernels would not reproduce bit for bit, e.g. with an infinite scale, keeps the
      * format's kernels). Idempotent and safe to call from several threads; {@link #data()} keeps the file's
-     * layout (the GPU upload reads it). The copy, where one is made, takes as many bytes as the matrix and lives
-     * as long as this object; every CPU kernel then reads the copy alone.
+     * layout (the GPU upload reads it). The copy, where one is made (F16 rows too long to interleave are only
+     * checked, in place), takes as many bytes as the matrix and lives as long as this object; every CPU kernel
+     * then reads the copy alone.
      */
     public void packForCpu(Parallel pool) {
-        if (cpu.copied()) {
+        if (cpu.prepared()) {
             return;
         }
         synchronized (this) {
             Rows current = cpu;
-            if (current.copied()) {
+            if (current.prepared()) {
                 return;
             }
             checkAlive();
@@ -128,8 +129,9 @@ public final class WeightMatrix {
 
     /**
      * The rows at {@code src} (the file's layout) copied for {@code kernels}: packed by them if they are
-     * {@link PackedRows}, interleaved four by four if short enough; null when that would change nothing (plain
-     * kernels, rows too long to interleave) or would change some value's bits (the packing refused a row).
+     * {@link PackedRows}, interleaved four by four if short enough (rows that neither move nor change are only
+     * checked, in place); null when that would change nothing (plain kernels, rows too long to interleave) or
+     * would change some value's bits (the packing refused a row).
      */
     private Rows copyFor(FusedRows kernels, long src, Parallel pool) {
         PackedRows packing = kernels instanceof PackedRows p ? p : null;
@@ -139,8 +141,10 @@ public final class WeightMatrix {
             return null;
         }
         long bytes = rowBytes * rows;
-        MemorySegment copy = LargePages.allocate(bytes);
-        long dst = RawMemory.address(copy, 0, bytes);
+        // Rows that stay as they are, for kernels that only check them, are read in place: no copy.
+        boolean inPlace = quadRows == 0 && packing.keepsBytes();
+        MemorySegment copy = inPlace ? cpu.memory() : LargePages.allocate(bytes);
+        long dst = inPlace ? src : RawMemory.address(copy, 0, bytes);
         int chunk = roundUp4(Math.max(MIN_ROWS_PER_TASK, ceilDiv(rows, 8 * pool.threads())));
         AtomicBoolean exact = new AtomicBoolean(true);
         pool.forEach(ceilDiv(rows, chunk), t -> {
@@ -185,9 +189,9 @@ public final class WeightMatrix {
         return cpu;
     }
 
-    /** Whether the CPU kernels read a copy of the rows ({@link #packForCpu}). */
+    /** Whether {@link #packForCpu} gave the CPU kernels rows of their own: a copy, or the file's rows once checked. */
     public boolean packedForCpu() {
-        return cpu.copied();
+        return cpu.prepared();
     }
 
     /** {@code out[r] = dot(row r, x)} for every row. */
@@ -312,8 +316,8 @@ public final class WeightMatrix {
             return kernels instanceof PackedRows;
         }
 
-        /** Whether these rows are a copy made for the CPU kernels (packed, interleaved, or both). */
-        boolean copied() {
+        /** Whether these rows were prepared for the CPU kernels: packed (or checked in place), interleaved, or both. */
+        boolean prepared() {
             return packed() || quadRows > 0;
         }
     }

@@ -157,6 +157,36 @@ class WeightMatrixTest {
         }
     }
 
+    /**
+     * F16 rows too long to interleave are checked where they are: no copy, the file's address, the checked kernels,
+     * and F16Format's bits.
+     */
+    @Test
+    void longF16RowsAreCheckedInPlace() {
+        int rows = 6;
+        int cols = WeightMatrix.MAX_QUAD_ROW_BYTES / 2 + Lanes.L;
+        Random random = new Random(SEED ^ 67);
+        try (Arena arena = Arena.ofConfined()) {
+            WeightFormat f = WeightFormat.of(GgmlType.F16);
+            long rowBytes = f.bytesFor(cols);
+            MemorySegment data = arena.allocate(rowBytes * rows, 64);
+            for (int r = 0; r < rows; r++) {
+                f.quantize(Float64Reference.gaussian(random, cols, 0.5), 0, cols, data, r * rowBytes);
+            }
+            WeightMatrix m = new WeightMatrix("long", f, data, rows, cols);
+            float[] x = Float64Reference.gaussian(random, cols, 1);
+            float[] want = poisoned(rows);
+            m.matvec(x, want, two);
+            m.packForCpu(two);
+            assertTrue(m.cpuRows().kernels() instanceof F16Finite, "checked kernels, seed " + SEED);
+            assertEquals(0, m.cpuRows().quadRows(), "rows of " + rowBytes + " bytes stay row-major");
+            assertEquals(data.address(), m.cpuRows().address(), "read in place, not copied");
+            float[] got = poisoned(rows);
+            m.matvec(x, got, two);
+            assertBitsEqual(want, got, "checked in place, seed " + SEED);
+        }
+    }
+
     /** Column counts: one block, a few blocks, and for plain floats widths that end in a partial chunk. */
     private static int[] widths(GgmlType type) {
         int b = type.blockSize;
