@@ -22,6 +22,7 @@ import jdk.incubator.vector.VectorSpecies;
  * <pre>
  * java --add-modules jdk.incubator.vector --enable-native-access=ALL-UNNAMED -cp kvant-core/target/classes \
  *     dev.kvant.tensor.MatvecBench [threads,...] [matrix MiB] [small|matvec|matmul|all]
+ * java ... dev.kvant.tensor.MatvecBench [threads,...] model FILE.gguf
  * </pre>
  *
  * <ul>
@@ -31,7 +32,11 @@ import jdk.incubator.vector.VectorSpecies;
  *       and its ratio to the copy bandwidth, each repetition's matvec timed right after a copy (the machine may
  *       be shared, and its memory bandwidth drifts with what runs beside); formats with a packed layout
  *       (Q4_0) are measured in the file's layout too;
- *   <li>matmul: GFLOP/s (2 * rows * cols * n) for n = 512 vectors on prompt-sized shapes.
+ *   <li>matmul: GFLOP/s (2 * rows * cols * n) for n = 512 vectors on prompt-sized shapes;
+ *   <li>model: the matvec of every 2-D matrix of a GGUF file but the token embedding, one after the other in the
+ *       file's order, as a decode step reads them (a model larger than the caches streams from memory), in the
+ *       file's layout and as {@link WeightMatrix#packForCpu} lays them out: ms per pass, GB/s, and µs per pass
+ *       of each matrix shape.
  * </ul>
  * Matrices are packed for the CPU kernels first ({@link WeightMatrix#packForCpu}), as the CPU backend does.
  * Each figure is the median of several repetitions after warm-up.
@@ -59,6 +64,16 @@ public final class MatvecBench {
     public static void main(String[] args) {
         int[] threadCounts = args.length > 0
                 ? Arrays.stream(args[0].split(",")).mapToInt(Integer::parseInt).toArray() : new int[]{1, 2};
+        if (args.length > 2 && args[1].equals("model")) {
+            System.out.println("lanes: " + Lanes.F + ", cpus: " + Runtime.getRuntime().availableProcessors());
+            for (int threads : threadCounts) {
+                System.out.println("== " + threads + " thread(s), " + args[2]);
+                for (boolean pack : new boolean[]{false, true}) {
+                    model(java.nio.file.Path.of(args[2]), threads, pack).forEach(System.out::println);
+                }
+            }
+            return;
+        }
         long matrixBytes = (args.length > 1 ? Long.parseLong(args[1]) : 1024) << 20;
         String parts = args.length > 2 ? args[2] : "all";
         System.out.println("lanes: " + Lanes.F + ", cpus: " + Runtime.getRuntime().availableProcessors());
@@ -116,6 +131,67 @@ public final class MatvecBench {
                     add(results, print, new Result("matmul " + type + " " + shape[0] + "x" + shape[1] + " n=512",
                             matmulGflops(type, shape[0], shape[1], 512, pool, arena), "GFLOP/s"));
                 }
+            }
+        }
+        return results;
+    }
+
+    /**
+     * The matvecs of a decode step over the model at {@code path}: every 2-D matrix but the token embedding, in
+     * the file's order, the file's layout or (with {@code pack}) {@link WeightMatrix#packForCpu}'s.
+     */
+    public static List<Result> model(java.nio.file.Path path, int threads, boolean pack) {
+        List<Result> results = new ArrayList<>();
+        dev.kvant.gguf.GgufFile file = dev.kvant.gguf.GgufFile.open(path);
+        try (Parallel pool = new Parallel(threads)) {
+            List<WeightMatrix> ms = new ArrayList<>();
+            long bytes = 0;
+            for (dev.kvant.gguf.GgufTensorInfo t : file.tensors()) {
+                if (t.dims() != 2 || t.name().equals("token_embd.weight")) {
+                    continue;
+                }
+                WeightMatrix m = new WeightMatrix(t.name(), WeightFormat.of(t.type()), file.data(t), (int) t.rows(),
+                        (int) t.rowLength());
+                if (pack) {
+                    m.packForCpu(pool);
+                }
+                ms.add(m);
+                bytes += m.rowBytes() * m.rows();
+            }
+            SplittableRandom random = new SplittableRandom(5);
+            List<float[]> xs = new ArrayList<>();
+            List<float[]> outs = new ArrayList<>();
+            for (WeightMatrix m : ms) {
+                float[] x = new float[m.cols()];
+                for (int i = 0; i < x.length; i++) {
+                    x[i] = (float) random.nextGaussian();
+                }
+                xs.add(x);
+                outs.add(new float[m.rows()]);
+            }
+            java.util.Map<String, long[]> perShape = new java.util.TreeMap<>();
+            int passes = 20;
+            double best = Double.MAX_VALUE;
+            for (int round = 0; round < 8; round++) {
+                perShape.clear();
+                long start = System.nanoTime();
+                for (int pass = 0; pass < passes; pass++) {
+                    for (int i = 0; i < ms.size(); i++) {
+                        WeightMatrix m = ms.get(i);
+                        long t0 = System.nanoTime();
+                        m.matvec(xs.get(i), outs.get(i), pool);
+                        String shape = m.name().replaceAll("^blk\\.\\d+\\.", "") + " " + m.rows() + "x" + m.cols()
+                                + " " + m.format().type();
+                        perShape.computeIfAbsent(shape, k -> new long[1])[0] += System.nanoTime() - t0;
+                    }
+                }
+                best = Math.min(best, (System.nanoTime() - start) / 1e6 / passes);
+            }
+            String layout = pack ? "packed for the CPU" : "file layout";
+            results.add(new Result("pass, " + layout, best, "ms (best of 8 rounds)"));
+            results.add(new Result("pass, " + layout, bytes / best / 1e6, "GB/s"));
+            for (var e : perShape.entrySet()) {
+                results.add(new Result("  " + e.getKey(), e.getValue()[0] / 1e3 / passes, "us/pass (last round)"));
             }
         }
         return results;
