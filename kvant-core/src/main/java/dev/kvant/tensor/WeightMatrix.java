@@ -18,6 +18,11 @@ public final class WeightMatrix {
      */
     private static final int MIN_ROWS_PER_TASK = 64;
     /**
+     * The kernels' scratch, one per thread: allocating it a task (4 KiB, zeroed) took a seventh of tinycode's decode
+     * samples at one thread.
+     */
+    private static final ThreadLocal<float[]> SCRATCH = ThreadLocal.withInitial(() -> new float[FusedRows.SCRATCH]);
+    /**
      * Rows of at most this many bytes are interleaved four by four for the CPU ({@link #packForCpu}). Streaming
      * Q8_0 rows from memory on one core of the Zen 5 VM (600 MB of matrices, four-row products): 2,176-byte rows
      * (2048 values) 7.6-8.7 GB/s in the file's layout, 12.9-17.0 interleaved; 4,352-byte rows 9.5-11.2 against
@@ -253,7 +258,7 @@ public final class WeightMatrix {
     private void matvecRows(Rows v, float[] x, int xOffset, float[] out, int outOffset, int from, int to) {
         FusedRows kernels = v.kernels();
         long address = v.address();
-        float[] scratch = new float[FusedRows.SCRATCH];
+        float[] scratch = SCRATCH.get();
         long unit = kernels.unitBytes();
         int r = from;
         for (; r + 4 <= to && r < v.quadRows(); r += 4) {
