@@ -20,6 +20,13 @@ import java.nio.file.Path;
  * batch of consecutive tokens of one sequence; the speed lives in the kernels it calls.
  */
 public final class LlamaModel implements AutoCloseable {
+    /**
+     * Smallest pieces of the elementwise work handed to the pool ({@link Ops#ranges}): rows for norms and RoPE,
+     * values for SwiGLU (an exp each) and the residual adds. A decode step's single row stays on one thread.
+     */
+    private static final int ROWS_PER_TASK = 4;
+    private static final int SWIGLU_PER_TASK = 8192;
+    private static final int ADDS_PER_TASK = 16384;
 
     private final String name;
     private final ModelConfig config;
@@ -201,7 +208,11 @@ public final class LlamaModel implements AutoCloseable {
         }
         for (int l = 0; l < c.layers(); l++) {
             LlamaWeights.Layer w = weights.layers()[l];
-            Ops.rmsNorm(s.x, w.attnNorm(), s.xb, n, dim, c.rmsEps());
+            Ops.ranges(pool, n, ROWS_PER_TASK, (r0, r1) -> {
+                for (int r = r0; r < r1; r++) {
+                    Ops.rmsNorm(s.x, r * dim, w.attnNorm(), s.xb, r * dim, dim, c.rmsEps());
+                }
+            });
             WeightMatrix.matmulAll(new WeightMatrix[] {w.wq(), w.wk(), w.wv()}, s.xb, n,
                     new float[][] {s.q, s.k, s.v}, pool);
             if (w.bq() != null) {
@@ -213,10 +224,12 @@ public final class LlamaModel implements AutoCloseable {
                 Ops.rmsNorm(s.q, w.qNorm(), s.q, n * c.heads(), c.headDimK(), c.rmsEps());
                 Ops.rmsNorm(s.k, w.kNorm(), s.k, n * c.kvHeads(), c.headDimK(), c.rmsEps());
             }
-            for (int t = 0; t < n; t++) {
-                c.rope().apply(s.q, t * c.qDim(), c.heads(), c.headDimK(), s.ropeTable[t]);
-                c.rope().apply(s.k, t * c.kvDimK(), c.kvHeads(), c.headDimK(), s.ropeTable[t]);
-            }
+            Ops.ranges(pool, n, ROWS_PER_TASK, (t0, t1) -> {
+                for (int t = t0; t < t1; t++) {
+                    c.rope().apply(s.q, t * c.qDim(), c.heads(), c.headDimK(), s.ropeTable[t]);
+                    c.rope().apply(s.k, t * c.kvDimK(), c.kvHeads(), c.headDimK(), s.ropeTable[t]);
+                }
+            });
             boolean selected = sc != null && l >= sc.denseLayers();
             if (!batch) {
                 if (hook != null) {
@@ -242,14 +255,17 @@ public final class LlamaModel implements AutoCloseable {
                 }
             }
             w.wo().matmul(s.attnOut, n, s.xb, pool);
-            Ops.add(s.x, s.xb, n * dim);
-
-            Ops.rmsNorm(s.x, w.ffnNorm(), s.xb, n, dim, c.rmsEps());
+            Ops.ranges(pool, n, ROWS_PER_TASK, (r0, r1) -> {
+                Ops.add(s.x, s.xb, r0 * dim, r1 * dim);
+                for (int r = r0; r < r1; r++) {
+                    Ops.rmsNorm(s.x, r * dim, w.ffnNorm(), s.xb, r * dim, dim, c.rmsEps());
+                }
+            });
             WeightMatrix.matmulAll(new WeightMatrix[] {w.wGate(), w.wUp()}, s.xb, n,
                     new float[][] {s.gate, s.up}, pool);
-            Ops.swiglu(s.gate, s.up, n * c.ffnDim());
+            Ops.ranges(pool, n * c.ffnDim(), SWIGLU_PER_TASK, (i0, i1) -> Ops.swiglu(s.gate, s.up, i0, i1));
             w.wDown().matmul(s.gate, n, s.xb, pool);
-            Ops.add(s.x, s.xb, n * dim);
+            Ops.ranges(pool, n * dim, ADDS_PER_TASK, (i0, i1) -> Ops.add(s.x, s.xb, i0, i1));
         }
         if (allLogits) {
             Ops.rmsNorm(s.x, weights.outputNorm(), s.xb, n, dim, c.rmsEps());

@@ -1,9 +1,33 @@
 package dev.kvant.model;
 
-/** The small row operations of the forward pass; each loops in a fixed order, so results never depend on threads. */
+import dev.kvant.tensor.Parallel;
+
+/**
+ * The small row operations of the forward pass. Each element (or row) is computed on its own in a fixed order, so
+ * cutting the work into ranges for the pool ({@link #ranges}) never changes a bit.
+ */
 final class Ops {
 
     private Ops() {
+    }
+
+    /** A piece of elementwise work over [from, to). */
+    interface Range {
+        void run(int from, int to);
+    }
+
+    /**
+     * {@code body} over [0, count) in contiguous ranges of at least {@code grain}, one pool task each (at most two a
+     * thread): a prompt chunk's norms, RoPE, SwiGLU and residual adds ran on one thread while the products used
+     * two, which capped prefill's scaling.
+     */
+    static void ranges(Parallel pool, int count, int grain, Range body) {
+        int tasks = Math.min(2 * pool.threads(), Math.max(1, count / grain));
+        if (tasks <= 1) {
+            body.run(0, count);
+            return;
+        }
+        pool.forEach(tasks, t -> body.run((int) ((long) count * t / tasks), (int) ((long) count * (t + 1) / tasks)));
     }
 
     /** out[r] = x[r] / rms(x[r]) * w for n rows of length dim (out may be x). */
@@ -35,14 +59,23 @@ final class Ops {
     }
 
     static void add(float[] x, float[] y, int len) {
-        for (int i = 0; i < len; i++) {
+        add(x, y, 0, len);
+    }
+
+    static void add(float[] x, float[] y, int from, int to) {
+        for (int i = from; i < to; i++) {
             x[i] += y[i];
         }
     }
 
     /** gate = silu(gate) * up. */
     static void swiglu(float[] gate, float[] up, int len) {
-        for (int i = 0; i < len; i++) {
+        swiglu(gate, up, 0, len);
+    }
+
+    /** gate = silu(gate) * up over [from, to). */
+    static void swiglu(float[] gate, float[] up, int from, int to) {
+        for (int i = from; i < to; i++) {
             float g = gate[i];
             gate[i] = g / (1f + (float) Math.exp(-g)) * up[i];
         }
