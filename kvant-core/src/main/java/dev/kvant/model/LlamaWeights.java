@@ -90,11 +90,11 @@ public record LlamaWeights(WeightMatrix tokenEmbedding, float[] outputNorm, Weig
     }
 
     /**
-     * Gives every matrix the layout the CPU kernels read fastest ({@link WeightMatrix#packForCpu}): a copy of
-     * those that have one (Q4_0 on AVX-512), made once, in parallel. The file's bytes stay for the GPU.
+     * Gives every matrix the products read the layout the CPU kernels read fastest ({@link WeightMatrix#packForCpu}),
+     * made once, in parallel; the file's bytes stay for the GPU. The token embedding is left as it is unless it is
+     * the output matrix too: a lookup reads one row a token, and a copy would only cost memory.
      */
     public void packForCpu(Parallel pool) {
-        tokenEmbedding.packForCpu(pool);
         output.packForCpu(pool);
         for (Layer l : layers) {
             for (WeightMatrix m : new WeightMatrix[] {l.wq, l.wk, l.wv, l.wo, l.wGate, l.wUp, l.wDown}) {
