@@ -10,7 +10,8 @@ import dev.kvant.kv.TurboFormat;
 /**
  * Reads rows of one KV format, as they lie in the cache, into a float tile: the only uncompressed copy attention
  * makes, a few dozen rows that stay in L1. One implementation per format family, each vectorized for its layout
- * and bit for bit equal to {@link KvFormat#decode} (a test checks it): f16 widens by exponent arithmetic, q8_0/int8
+ * and bit for bit equal to {@link KvFormat#decode} (a test checks it): f16 widens runs of adjacent rows with the
+ * hardware's conversion (through C2) or single rows by exponent arithmetic, q8_0/int8
  * convert bytes and scale per block, q4_0 splits nibbles, turbo formats look their codes up in a register-resident
  * centroid table.
  */
