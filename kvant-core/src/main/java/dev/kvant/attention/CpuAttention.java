@@ -7,8 +7,8 @@ import dev.kvant.tensor.Parallel;
 
 /**
  * Causal attention of consecutive queries of one sequence over its compressed KV cache, on the CPU. The cache is
- * read as it is stored: rows are decoded a tile of {@value #TILE} at a time into thread-local floats (the only
- * uncompressed copy) and used at once.
+ * read as it is stored: rows are decoded a tile of {@value #DENSE_TILE} positions (through a selection: {@value
+ * #TILE}) at a time into thread-local floats (the only uncompressed copy) and used at once.
  *
  * <p>Every query is computed the same way, whichever entry point runs it: the positions it sees are cut into
  * partitions of {@value #PARTITION} (a constant of the algorithm, never of the machine), each partition gives a
@@ -35,8 +35,18 @@ public final class CpuAttention {
 
     /** Positions per split-K partition. 1024: 2 MB of partials for 128K positions × 32 heads, few tasks' overhead. */
     public static final int PARTITION = 1024;
-    /** Positions per decoded K or V tile (times the task's kv heads): with 8 heads of 128, 64 KB, held in L2. */
+    /**
+     * Positions per decoded K or V tile through a selection (times the task's kv heads): the finest selection block,
+     * so that a tile is wanted or not as a whole.
+     */
     static final int TILE = 16;
+    /**
+     * Positions per decoded K or V tile of dense attention (times the task's kv heads: with 8 heads of 128, 256 KB,
+     * in L2). Each tile pays per kv head for a scores call and a weighted-sum call that load and store their
+     * accumulators: 64 rows spread that over four times the rows of 16, and ran decode 9-11% faster at 32K
+     * (docs/BENCHMARKS.md). Which tile a row is in changes no result.
+     */
+    static final int DENSE_TILE = 64;
     /** Up to this many tokens per call run split-K (decode, speculative verification); more run as prefill. */
     public static final int MAX_MULTI_QUERY = 8;
     /** Query rows (tokens × group) per prefill task: enough to amortize a tile's decode, few enough for L2. */

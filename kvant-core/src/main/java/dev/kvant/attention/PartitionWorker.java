@@ -23,7 +23,7 @@ import jdk.incubator.vector.VectorShuffle;
  * <p>A partition is {@value CpuAttention#PARTITION} consecutive positions from a multiple of that size. For the
  * queries of one kv head (every query head of its GQA group, at one or more consecutive positions):
  * <ol>
- * <li>K tiles of {@value CpuAttention#TILE} rows are decoded as they are loaded and scored against all the queries
+ * <li>K tiles of {@value CpuAttention#DENSE_TILE} rows are decoded as they are loaded and scored against all the queries
  *     (one read of a row serves the whole group);</li>
  * <li>per query, over its visible rows (causal: positions up to its own): soft-cap, max m, weights exp(s - m), sum l;
  *     with sparse V, weights below T·l are dropped (see below);</li>
@@ -43,9 +43,12 @@ final class PartitionWorker {
     /** Lane j of a scores vector holds row j % 4 of its 4-row block. */
     private static final IntVector ROW_IN_BLOCK = IntVector.fromArray(I, rowInBlock(), 0);
     private static final int P = CpuAttention.PARTITION;
+    /** A selection's tile: see {@link #partitionSelected}. */
     private static final int T = CpuAttention.TILE;
-    /** Positions staged per copy: a page's worth (4 tiles), so that each copy streams long enough to run at speed. */
-    private static final int STAGE = 4 * T;
+    /** A dense tile: see {@link #partition}. */
+    private static final int DT = CpuAttention.DENSE_TILE;
+    /** Positions staged per copy of dense attention: 4 tiles, so that each copy streams long enough to run at speed. */
+    private static final int STAGE = 4 * DT;
 
     private float[] kt = new float[0];
     private float[] vt = new float[0];
@@ -56,7 +59,7 @@ final class PartitionWorker {
     private int[] laneLimit = new int[0];
     private int[] accOff = new int[0];
     private final int[] rows = new int[P];
-    private final int[] kept = new int[T];
+    private final int[] kept = new int[DT];
     private int[] offs = new int[0];
     private int[] tileOffs = new int[0];
     private final float[] lanes = new float[2 * L];
@@ -99,15 +102,15 @@ final class PartitionWorker {
     }
 
     private void ensure(AttentionCall c, int slots, int heads) {
-        if (kt.length < T * heads * c.dpK) {
-            kt = new float[T * heads * c.dpK];
+        if (kt.length < DT * heads * c.dpK) {
+            kt = new float[DT * heads * c.dpK];
         }
         if (offs.length < STAGE * heads) {
             offs = new int[STAGE * heads];
-            tileOffs = new int[T * heads];
+            tileOffs = new int[DT * heads];
         }
-        if (vt.length < T * heads * c.dpV) {
-            vt = new float[T * heads * c.dpV];
+        if (vt.length < DT * heads * c.dpV) {
+            vt = new float[DT * heads * c.dpV];
         }
         if (scores.length < heads * P * slots) {
             scores = new float[heads * P * slots];
@@ -285,8 +288,8 @@ final class PartitionWorker {
         }
         int region = P * slots;
 
-        for (int ts = 0; ts < maxRows; ts += T) {
-            int count = Math.min(T, maxRows - ts);
+        for (int ts = 0; ts < maxRows; ts += DT) {
+            int count = Math.min(DT, maxRows - ts);
             if (ts % STAGE == 0) {
                 stage(c, c.kPool, c.kPageBytes, c.kRowBytes, p0 + ts, Math.min(STAGE, maxRows - ts), g0, heads);
             }
@@ -313,8 +316,8 @@ final class PartitionWorker {
             rows[r] = r;
         }
         boolean sparse = c.sparseV > 0;
-        for (int k0 = 0; k0 < maxRows; k0 += T) {
-            int count = Math.min(T, maxRows - k0);
+        for (int k0 = 0; k0 < maxRows; k0 += DT) {
+            int count = Math.min(DT, maxRows - k0);
             if (k0 % STAGE == 0) {
                 stage(c, c.vPool, c.vPageBytes, c.vRowBytes, p0 + k0, Math.min(STAGE, maxRows - k0), g0, heads);
             }
