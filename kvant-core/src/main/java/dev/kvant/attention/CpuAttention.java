@@ -180,7 +180,8 @@ public final class CpuAttention {
     /**
      * kv heads per prefill task: 2 when that still leaves every thread two tasks, else 1. Two heads are adjacent in
      * the cache, so a task reads (and stages) a contiguous run per position instead of striding over the other head;
-     * more would grow the per-task scores (heads × {@value #PARTITION} × {@value #PREFILL_QUERY_ROWS} floats) past L2.
+     * more would grow the per-task scores (heads × {@value #PARTITION} × {@value #PREFILL_QUERY_ROWS} floats) past
+     * L2.
      */
     static int prefillHeads(int kvHeads, int blocks, int threads) {
         return kvHeads % 2 == 0 && blocks * (kvHeads / 2) >= 2 * threads ? 2 : 1;

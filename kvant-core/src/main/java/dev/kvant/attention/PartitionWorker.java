@@ -23,8 +23,8 @@ import jdk.incubator.vector.VectorShuffle;
  * <p>A partition is {@value CpuAttention#PARTITION} consecutive positions from a multiple of that size. For the
  * queries of one kv head (every query head of its GQA group, at one or more consecutive positions):
  * <ol>
- * <li>K tiles of {@value CpuAttention#DENSE_TILE} rows are decoded as they are loaded and scored against all the queries
- *     (one read of a row serves the whole group);</li>
+ * <li>K tiles of {@value CpuAttention#DENSE_TILE} rows are decoded as they are loaded and scored against all the
+ *     queries (one read of a row serves the whole group);</li>
  * <li>per query, over its visible rows (causal: positions up to its own): soft-cap, max m, weights exp(s - m), sum l;
  *     with sparse V, weights below T·l are dropped (see below);</li>
  * <li>V tiles of the rows some query still weights are decoded and accumulated, unnormalized.</li>
