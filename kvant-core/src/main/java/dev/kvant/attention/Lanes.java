@@ -1,6 +1,8 @@
 package dev.kvant.attention;
 
 import java.lang.foreign.ValueLayout;
+import java.lang.invoke.MethodHandles;
+import java.lang.invoke.VarHandle;
 import java.nio.ByteOrder;
 import jdk.incubator.vector.ByteVector;
 import jdk.incubator.vector.FloatVector;
@@ -74,9 +76,11 @@ final class Lanes {
     private Lanes() {
     }
 
-    /** The little-endian 16 bits at b[i], as stored for fp16 scales and norms. */
+    private static final VarHandle LE_SHORT_VIEW = MethodHandles.byteArrayViewVarHandle(short[].class, LE);
+
+    /** The little-endian 16 bits at b[i], as stored for fp16 scales and norms: one 16-bit load. */
     static short half(byte[] b, int i) {
-        return (short) ((b[i] & 0xFF) | (b[i + 1] << 8));
+        return (short) LE_SHORT_VIEW.get(b, i);
     }
 
     @SuppressWarnings("unchecked")
