@@ -17,7 +17,8 @@ import jdk.incubator.vector.VectorSpecies;
  * f16 and bf16 rows. The Vector API has no half-precision conversion, so f16 is widened by arithmetic: the 15
  * magnitude bits shifted into float position read as a float 2^112 too small, for normal and subnormal halves
  * alike, so one exact multiply by 2^112 fixes them; the sign is ORed back, and exponent 31 (infinity, NaN) gets the
- * float's all-ones exponent. That is exactly {@link Float#float16ToFloat}, 16 lanes at a time.
+ * float's all-ones exponent. That is exactly {@link Float#float16ToFloat}, 16 lanes at a time. Long runs of adjacent
+ * rows into an unpadded tile take the hardware's conversion instead, through C2 ({@link #f16Runs}).
  */
 final class HalfRows implements RowDecoder {
     private static final float TWO_112 = 0x1p112f;
@@ -26,6 +27,13 @@ final class HalfRows implements RowDecoder {
     private static final int EXP31 = 0x7C00 << 13;
     /** 2L bytes, reinterpreted as L little-endian halves (the platform order; {@link Lanes} checks it). */
     private static final VectorSpecies<Byte> B2 = VectorSpecies.of(byte.class, VectorShape.forBitSize(L * 16));
+
+    /**
+     * Values in a run below which the Vector API's widening is kept: a loop over one or two rows of 128 spends on
+     * its set-up what the conversion saves (0.12 ns a value for a row alone, 0.09 by exponent arithmetic, 0.055 in
+     * long runs; docs/BENCHMARKS.md).
+     */
+    private static final int MIN_RUN = 512;
 
     private final boolean brain;
     private final int dim;
@@ -81,13 +89,6 @@ final class HalfRows implements RowDecoder {
             k = r;
         }
     }
-
-    /**
-     * Values in a run below which the Vector API's widening is kept: a loop over one or two rows of 128 spends on
-     * its set-up what the conversion saves (0.12 ns a value for a row alone, 0.09 by exponent arithmetic, 0.055 in
-     * long runs; docs/BENCHMARKS.md).
-     */
-    private static final int MIN_RUN = 512;
 
     private static void widen(MemorySegment in, long from, float[] dst, int to, int n) {
         for (int i = 0; i < n; i++) {

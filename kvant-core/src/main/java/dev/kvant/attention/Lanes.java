@@ -38,6 +38,7 @@ final class Lanes {
 
     static final ByteOrder LE = ByteOrder.LITTLE_ENDIAN;
     static final ValueLayout.OfShort LE_SHORT = ValueLayout.JAVA_SHORT_UNALIGNED.withOrder(LE);
+    private static final VarHandle LE_SHORT_VIEW = MethodHandles.byteArrayViewVarHandle(short[].class, LE);
 
     /** log2(L): the number of tree stages. */
     static final int STAGES = Integer.numberOfTrailingZeros(L);
@@ -75,8 +76,6 @@ final class Lanes {
 
     private Lanes() {
     }
-
-    private static final VarHandle LE_SHORT_VIEW = MethodHandles.byteArrayViewVarHandle(short[].class, LE);
 
     /** The little-endian 16 bits at b[i], as stored for fp16 scales and norms: one 16-bit load. */
     static short half(byte[] b, int i) {
