@@ -37,6 +37,8 @@ final class Int8Rows implements RowDecoder {
             decode32x128(src, offs, count, dst, stride);
         } else if (block == 32) {
             decode32(src, offs, count, dst, stride, full);
+        } else if (dim == 128 && L == 16) {
+            decode64x128(src, offs, count, dst, stride);
         } else {
             decode64(src, offs, count, dst, stride, full);
         }
@@ -94,6 +96,32 @@ final class Int8Rows implements RowDecoder {
                     .mul(d3).intoArray(dst, o + 96);
             ((FloatVector) ByteVector.fromArray(B, src, in + 120).convertShape(VectorOperators.B2F, F, 0))
                     .mul(d3).intoArray(dst, o + 112);
+        }
+    }
+
+    /** int8 rows of 128 at 16 lanes, written out as {@link #decode32x128}: two blocks of four vectors a row. */
+    private static void decode64x128(byte[] src, int[] offs, int count, float[] dst, int stride) {
+        for (int k = 0; k < count; k++) {
+            int in = offs[k];
+            int o = k * stride;
+            float d0 = Float.float16ToFloat(half(src, in + 0));
+            float d1 = Float.float16ToFloat(half(src, in + 66));
+            ((FloatVector) ByteVector.fromArray(B, src, in + 2).convertShape(VectorOperators.B2F, F, 0))
+                    .mul(d0).intoArray(dst, o + 0);
+            ((FloatVector) ByteVector.fromArray(B, src, in + 18).convertShape(VectorOperators.B2F, F, 0))
+                    .mul(d0).intoArray(dst, o + 16);
+            ((FloatVector) ByteVector.fromArray(B, src, in + 34).convertShape(VectorOperators.B2F, F, 0))
+                    .mul(d0).intoArray(dst, o + 32);
+            ((FloatVector) ByteVector.fromArray(B, src, in + 50).convertShape(VectorOperators.B2F, F, 0))
+                    .mul(d0).intoArray(dst, o + 48);
+            ((FloatVector) ByteVector.fromArray(B, src, in + 68).convertShape(VectorOperators.B2F, F, 0))
+                    .mul(d1).intoArray(dst, o + 64);
+            ((FloatVector) ByteVector.fromArray(B, src, in + 84).convertShape(VectorOperators.B2F, F, 0))
+                    .mul(d1).intoArray(dst, o + 80);
+            ((FloatVector) ByteVector.fromArray(B, src, in + 100).convertShape(VectorOperators.B2F, F, 0))
+                    .mul(d1).intoArray(dst, o + 96);
+            ((FloatVector) ByteVector.fromArray(B, src, in + 116).convertShape(VectorOperators.B2F, F, 0))
+                    .mul(d1).intoArray(dst, o + 112);
         }
     }
 
