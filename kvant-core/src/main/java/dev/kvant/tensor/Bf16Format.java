@@ -101,23 +101,11 @@ final class Bf16Format implements WeightFormat, FusedRows {
             a2 = widen(rows, p + 2 * rowStride).fma(xv, a2);
             a3 = widen(rows, p + 3 * rowStride).fma(xv, a3);
         }
-        if (full < n) {
-            int len = n - full;
-            for (int r = 0; r < 4; r++) {
-                decode(address + r * rowStride + full / L * unitStride, t, r * CHUNK, len);
-                Arrays.fill(t, r * CHUNK + len, r * CHUNK + L, 0f);
-            }
-            FloatVector xv = FloatVector.fromArray(F, Lanes.padded(x, xOffset + full, len), 0);
-            a0 = FloatVector.fromArray(F, t, 0).fma(xv, a0);
-            a1 = FloatVector.fromArray(F, t, CHUNK).fma(xv, a1);
-            a2 = FloatVector.fromArray(F, t, 2 * CHUNK).fma(xv, a2);
-            a3 = FloatVector.fromArray(F, t, 3 * CHUNK).fma(xv, a3);
-        }
         a0.intoArray(t, 0);
         a1.intoArray(t, L);
         a2.intoArray(t, 2 * L);
         a3.intoArray(t, 3 * L);
-        Lanes.sum4(t, 0, out, outOffset, 1);
+        finish4(address, rowStride, unitStride, x, xOffset, full, n, out, outOffset, t);
     }
 
     @Override

@@ -13,7 +13,6 @@ import static jdk.incubator.vector.VectorOperators.S2I;
 import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;
 import java.nio.ByteOrder;
-import java.util.Arrays;
 import jdk.incubator.vector.FloatVector;
 import jdk.incubator.vector.IntVector;
 import jdk.incubator.vector.ShortVector;
@@ -107,23 +106,11 @@ final class F16Finite implements PackedRows {
             a2 = b2.reinterpretAsFloats().fma(xv, a2);
             a3 = b3.reinterpretAsFloats().fma(xv, a3);
         }
-        if (full < n) {
-            int len = n - full;
-            for (int r = 0; r < 4; r++) {
-                decode(address + r * rowStride + full / L * unitStride, t, r * L, len);
-                Arrays.fill(t, r * L + len, (r + 1) * L, 0f);
-            }
-            FloatVector xv = FloatVector.fromArray(F, Lanes.padded(x, xOffset + full, len), 0);
-            a0 = FloatVector.fromArray(F, t, 0).fma(xv, a0);
-            a1 = FloatVector.fromArray(F, t, L).fma(xv, a1);
-            a2 = FloatVector.fromArray(F, t, 2 * L).fma(xv, a2);
-            a3 = FloatVector.fromArray(F, t, 3 * L).fma(xv, a3);
-        }
         a0.intoArray(t, 0);
         a1.intoArray(t, L);
         a2.intoArray(t, 2 * L);
         a3.intoArray(t, 3 * L);
-        Lanes.sum4(t, 0, out, outOffset, 1);
+        finish4(address, rowStride, unitStride, x, xOffset, full, n, out, outOffset, t);
         if (!(Float.isFinite(out[outOffset]) && Float.isFinite(out[outOffset + 1])
                 && Float.isFinite(out[outOffset + 2]) && Float.isFinite(out[outOffset + 3]))) {
             // Rare: x·2^112 may have overflowed (|x| >= 2^16), or the exact sum is not finite itself.

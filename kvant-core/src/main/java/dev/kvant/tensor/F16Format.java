@@ -16,7 +16,6 @@ import dev.kvant.gguf.GgmlType;
 import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;
 import java.nio.ByteOrder;
-import java.util.Arrays;
 import jdk.incubator.vector.FloatVector;
 import jdk.incubator.vector.IntVector;
 import jdk.incubator.vector.ShortVector;
@@ -157,23 +156,11 @@ final class F16Format implements WeightFormat, FusedRows {
             }
             return;
         }
-        if (full < n) {
-            int len = n - full;
-            for (int r = 0; r < 4; r++) {
-                decode(address + r * rowStride + full / L * unitStride, t, r * L, len);
-                Arrays.fill(t, r * L + len, (r + 1) * L, 0f);
-            }
-            FloatVector xv = FloatVector.fromArray(F, Lanes.padded(x, xOffset + full, len), 0);
-            a0 = FloatVector.fromArray(F, t, 0).fma(xv, a0);
-            a1 = FloatVector.fromArray(F, t, L).fma(xv, a1);
-            a2 = FloatVector.fromArray(F, t, 2 * L).fma(xv, a2);
-            a3 = FloatVector.fromArray(F, t, 3 * L).fma(xv, a3);
-        }
         a0.intoArray(t, 0);
         a1.intoArray(t, L);
         a2.intoArray(t, 2 * L);
         a3.intoArray(t, 3 * L);
-        Lanes.sum4(t, 0, out, outOffset, 1);
+        finish4(address, rowStride, unitStride, x, xOffset, full, n, out, outOffset, t);
     }
 
     @Override

@@ -79,23 +79,11 @@ final class F32Format implements WeightFormat, FusedRows {
             a2 = FloatVector.fromMemorySegment(F, rows, p2 + at, LE).fma(xv, a2);
             a3 = FloatVector.fromMemorySegment(F, rows, p3 + at, LE).fma(xv, a3);
         }
-        if (full < n) {
-            int rest = n - full;
-            float[] wt = new float[4 * L];
-            for (int r = 0; r < 4; r++) {
-                decode(address + r * rowStride + full / L * unitStride, wt, r * L, rest);
-            }
-            FloatVector xv = FloatVector.fromArray(F, Lanes.padded(x, xOffset + full, rest), 0);
-            a0 = FloatVector.fromArray(F, wt, 0).fma(xv, a0);
-            a1 = FloatVector.fromArray(F, wt, L).fma(xv, a1);
-            a2 = FloatVector.fromArray(F, wt, 2 * L).fma(xv, a2);
-            a3 = FloatVector.fromArray(F, wt, 3 * L).fma(xv, a3);
-        }
         a0.intoArray(t, 0);
         a1.intoArray(t, L);
         a2.intoArray(t, 2 * L);
         a3.intoArray(t, 3 * L);
-        Lanes.sum4(t, 0, out, outOffset, 1);
+        finish4(address, rowStride, unitStride, x, xOffset, full, n, out, outOffset, t);
     }
 
     @Override

@@ -1,5 +1,11 @@
 package dev.kvant.tensor;
 
+import static dev.kvant.tensor.Lanes.F;
+import static dev.kvant.tensor.Lanes.L;
+
+import java.util.Arrays;
+import jdk.incubator.vector.FloatVector;
+
 /**
  * The kernels of a weight format, on native memory at absolute addresses read through {@link RawMemory#ALL}
  * (callers check the addresses). {@link WeightFormat}'s public methods and {@link WeightMatrix} drive them.
@@ -72,4 +78,26 @@ interface FusedRows {
      */
     void dot4(long address, long rowStride, long unitStride, float[] x, int xOffset, int n, float[] out,
               int outOffset, float[] scratch);
+
+    /**
+     * The end of a {@link #dot4} of a plain float format whose four accumulators the caller stored at
+     * {@code t[0 .. 4L)}: each row's values past {@code full} (fewer than L) decoded into {@code t[4L ..)},
+     * zero-padded and multiplied in as one more chunk, then each accumulator's lanes summed by
+     * {@link Lanes#sum4} into {@code out[outOffset + j]}. The accumulators travel through t, not as arguments
+     * (see {@link Lanes#sum4}).
+     */
+    default void finish4(long address, long rowStride, long unitStride, float[] x, int xOffset, int full, int n,
+                         float[] out, int outOffset, float[] t) {
+        if (full < n) {
+            int len = n - full;
+            FloatVector xv = FloatVector.fromArray(F, Lanes.padded(x, xOffset + full, len), 0);
+            for (int r = 0; r < 4; r++) {
+                int w = (4 + r) * L;
+                decode(address + r * rowStride + full / L * unitStride, t, w, len);
+                Arrays.fill(t, w + len, w + L, 0f);
+                FloatVector.fromArray(F, t, w).fma(xv, FloatVector.fromArray(F, t, r * L)).intoArray(t, r * L);
+            }
+        }
+        Lanes.sum4(t, 0, out, outOffset, 1);
+    }
 }
