@@ -42,6 +42,17 @@ class WeightMatrixTest {
     private record Fixture(WeightMatrix matrix, double[][] reference) {
     }
 
+    /** rows x cols F16 weights of Gaussian values (standard deviation 0.5), row after row. */
+    private static MemorySegment f16Rows(int rows, int cols, Random random, Arena arena) {
+        WeightFormat f = WeightFormat.of(GgmlType.F16);
+        long rowBytes = f.bytesFor(cols);
+        MemorySegment data = arena.allocate(rowBytes * rows, 64);
+        for (int r = 0; r < rows; r++) {
+            f.quantize(Float64Reference.gaussian(random, cols, 0.5), 0, cols, data, r * rowBytes);
+        }
+        return data;
+    }
+
     private static Fixture fixture(GgmlType type, int rows, int cols, Random random, Arena arena) {
         WeightFormat f = WeightFormat.of(type);
         long rowBytes = f.bytesFor(cols);
@@ -68,10 +79,7 @@ class WeightMatrixTest {
         try (Arena arena = Arena.ofConfined()) {
             WeightFormat f = WeightFormat.of(GgmlType.F16);
             long rowBytes = f.bytesFor(cols);
-            MemorySegment finite = arena.allocate(rowBytes * rows, 64);
-            for (int r = 0; r < rows; r++) {
-                f.quantize(Float64Reference.gaussian(random, cols, 0.5), 0, cols, finite, r * rowBytes);
-            }
+            MemorySegment finite = f16Rows(rows, cols, random, arena);
             MemorySegment special = arena.allocate(rowBytes * rows, 64);
             special.copyFrom(finite);
             special.set(ValueLayout.JAVA_SHORT_UNALIGNED, 1 * rowBytes + 2L * 5, (short) 0x7C00);        // +inf
@@ -116,10 +124,7 @@ class WeightMatrixTest {
         try (Arena arena = Arena.ofConfined()) {
             WeightFormat f = WeightFormat.of(GgmlType.F16);
             long rowBytes = f.bytesFor(cols);
-            MemorySegment data = arena.allocate(rowBytes * rows, 64);
-            for (int r = 0; r < rows; r++) {
-                f.quantize(Float64Reference.gaussian(random, cols, 0.5), 0, cols, data, r * rowBytes);
-            }
+            MemorySegment data = f16Rows(rows, cols, random, arena);
             data.set(ValueLayout.JAVA_SHORT_UNALIGNED, 2 * rowBytes + 2L * 9, (short) 0x0001);  // a subnormal half
             WeightMatrix plain = new WeightMatrix("plain", f, data, rows, cols);
             WeightMatrix checked = new WeightMatrix("checked", f, data, rows, cols);
@@ -169,10 +174,7 @@ class WeightMatrixTest {
         try (Arena arena = Arena.ofConfined()) {
             WeightFormat f = WeightFormat.of(GgmlType.F16);
             long rowBytes = f.bytesFor(cols);
-            MemorySegment data = arena.allocate(rowBytes * rows, 64);
-            for (int r = 0; r < rows; r++) {
-                f.quantize(Float64Reference.gaussian(random, cols, 0.5), 0, cols, data, r * rowBytes);
-            }
+            MemorySegment data = f16Rows(rows, cols, random, arena);
             WeightMatrix m = new WeightMatrix("long", f, data, rows, cols);
             float[] x = Float64Reference.gaussian(random, cols, 1);
             float[] want = poisoned(rows);
