@@ -19,4 +19,9 @@ public interface AttentionKernel {
     default double nmseBound(double cpuBound) {
         return cpuBound;
     }
+
+    /** The most queries one problem may have for this kernel (a multi-query decode takes a few); larger are skipped. */
+    default int maxQueries() {
+        return Integer.MAX_VALUE;
+    }
 }

@@ -45,7 +45,11 @@ public final class AttentionParity {
         }
     }
 
-    public record Report(Settings settings, List<Result> results) {
+    /**
+     * @param skipped the kernels that do not take a problem of this shape, each with why (e.g. "cuda-multi-query: at
+     *                most 8 queries")
+     */
+    public record Report(Settings settings, List<Result> results, List<String> skipped) {
         public boolean ok() {
             return results.stream().allMatch(Result::ok);
         }
@@ -67,6 +71,9 @@ public final class AttentionParity {
                         r.nmse(), r.maxAbsError(), r.checksum(), r.bound() == 0 ? "-" : String.format(Locale.ROOT,
                                 "%.0e", r.bound()), r.millis(), r.ok() ? "ok" : "EXCEEDED"));
             }
+            for (String k : skipped) {
+                sb.append("\nnot run: ").append(k);
+            }
             return sb.toString();
         }
 
@@ -80,6 +87,10 @@ public final class AttentionParity {
                     ok()));
             for (int i = 0; i < results.size(); i++) {
                 sb.append(i == 0 ? "" : ",").append(results.get(i).toJson());
+            }
+            sb.append("],\"not_run\":[");
+            for (int i = 0; i < skipped.size(); i++) {
+                sb.append(i == 0 ? "\"" : ",\"").append(skipped.get(i)).append('"');
             }
             return sb.append("]}").toString();
         }
@@ -140,6 +151,7 @@ public final class AttentionParity {
 
     public static Report run(Settings s, List<AttentionKernel> kernels) {
         List<Result> results = new ArrayList<>();
+        List<String> skipped = new ArrayList<>();
         try (AttentionProblem p = AttentionProblem.random(s.k(), s.v(), s.kvHeads(), s.heads() / s.kvHeads(),
                 s.headDimK(), s.headDimV(), s.ctx() - s.queries(), s.queries(), 64, s.seed())) {
             long t0 = System.nanoTime();
@@ -153,6 +165,10 @@ public final class AttentionParity {
             results.add(new Result("reference", 0, 0, checksum(refOut), 0, refMs));
             double bound = nmseBound(s.k(), s.v(), s.options());
             for (AttentionKernel k : kernels) {
+                if (s.queries() > k.maxQueries()) {
+                    skipped.add(k.name() + ": at most " + k.maxQueries() + " queries");
+                    continue;
+                }
                 float[] out = new float[ref.length];
                 Arrays.fill(out, Float.NaN);
                 k.run(p, s.options(), out);
@@ -178,7 +194,7 @@ public final class AttentionParity {
                 results.add(new Result(k.name(), nmse, max, checksum(out), k.nmseBound(bound), ms));
             }
         }
-        return new Report(s, results);
+        return new Report(s, results, List.copyOf(skipped));
     }
 
     /** FNV-1a over the floats' raw bits, little-endian bytes: equal outputs give equal checksums everywhere. */

@@ -56,6 +56,33 @@ class AttentionParityTest {
     }
 
     @Test
+    void aKernelThatTakesFewerQueriesIsListedAsNotRunAndTheOthersStillRun() {
+        List<AttentionKernel> kernels = new ArrayList<>(AttentionParity.cpuKernels(Parallel.serial()));
+        kernels.add(new AttentionKernel() {
+            @Override
+            public String name() {
+                return "two-at-most";
+            }
+
+            @Override
+            public int maxQueries() {
+                return 2;
+            }
+
+            @Override
+            public void run(AttentionProblem p, AttentionOptions o, float[] out) {
+                throw new AssertionError("run with " + p.n() + " queries");
+            }
+        });
+        AttentionParity.Report r = AttentionParity.run(settings("f16", "f16"), kernels);   // 4 queries
+        assertTrue(r.ok(), r.markdown());
+        assertEquals(4, r.results().size(), r.markdown());
+        assertEquals(List.of("two-at-most: at most 2 queries"), r.skipped());
+        assertTrue(r.markdown().contains("not run: two-at-most: at most 2 queries"), r.markdown());
+        assertTrue(r.toJson().endsWith("\"not_run\":[\"two-at-most: at most 2 queries\"]}"), r.toJson());
+    }
+
+    @Test
     void checksumDependsOnEveryBit() {
         float[] x = {1f, 2f, 3f};
         long a = AttentionParity.checksum(x);

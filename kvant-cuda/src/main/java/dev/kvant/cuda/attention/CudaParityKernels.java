@@ -45,6 +45,11 @@ public final class CudaParityKernels {
             }
 
             @Override
+            public int maxQueries() {
+                return mode == Mode.MULTI ? AttentionPlan.MAX_QUERIES : Integer.MAX_VALUE;
+            }
+
+            @Override
             public double nmseBound(double cpuBound) {
                 return Math.max(cpuBound, bf16 ? BOUND_BF16 : BOUND);
             }
