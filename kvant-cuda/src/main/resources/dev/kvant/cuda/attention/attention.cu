@@ -42,13 +42,21 @@ constexpr bool V_FRAG = fmt_turbo(VF) && DV == 128;
 
 // ---- PTX helpers (smem_u32 and the cp.async copies come with every kvant source: KernelSource.CP_ASYNC)
 
-__device__ __forceinline__ void ldsm_x4(u32 (&r)[4], const void* p) {
+// ldmatrix from a shared-memory address (smem_u32): a loop that adds constant offsets to one such base lets ptxas
+// fold them into the instruction; a generic pointer costs a 64-bit add and a conversion per load.
+__device__ __forceinline__ void ldsm_x4(u32 (&r)[4], u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4(u32 (&r)[4], const void* p) {
+    ldsm_x4(r, smem_u32(p));
 }
 __device__ __forceinline__ void ldsm_x4_t(u32 (&r)[4], const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
+    ldsm_x4_t(r, smem_u32(p));
 }
 __device__ __forceinline__ u32 movm_t(u32 x) {
     u32 y;
@@ -207,16 +215,28 @@ __device__ __forceinline__ int page_mod(int x, int pageTokens) {
 // One token's cover of HB rows into its slot of a raw stage: the TPT threads of the token copy consecutive 16-byte
 // words (w = u, u + TPT, ...), so each group of TPT lanes reads one contiguous run. page < 0: the token is outside
 // the range and its slot is zero-filled (never read as data; zeros keep masked rows finite).
-template <int HB, int RB, int SLOT, int TPT>
+// WHOLE (prefill): rows of whole 16-byte words (f16, bf16) start on 16 bytes — a page holds whole rows (and, for a
+// centered K, a mean area of 2·kvHeads·DK bytes), pools are 256-byte aligned — so the cover is HB·RB/16 words at
+// offset 0 and every thread copies the same number of them: no offset or word count worked out per token.
+template <int HB, int RB, int SLOT, int TPT, bool WHOLE = false>
 __device__ __forceinline__ void copy_token(u8* dst, u8* offOut, int page, int tok, int pageTokens,
                                            const u8* __restrict__ pool, i64 pageBytes, int kvHeads, int h0, int u) {
+    constexpr int WORDS = HB * RB / 16;
     if (page >= 0) {
         const i64 start = (i64) page * pageBytes + ((i64) page_mod(tok, pageTokens) * kvHeads + h0) * RB;
-        const int off = (int) (start & 15);
-        const int words = (off + HB * RB + 15) >> 4;
-        const u8* src = pool + (start & ~(i64) 15);
-        if (u == 0) *offOut = (u8) off;
-        for (int w = u; w < words; w += TPT) cp_async16(dst + w * 16, src + w * 16);
+        if constexpr (WHOLE && RB % 16 == 0 && WORDS % TPT == 0) {
+            if (u == 0) *offOut = 0;
+#pragma unroll
+            for (int k = 0; k < WORDS / TPT; k++) {
+                cp_async16(dst + (u + k * TPT) * 16, pool + start + (u + k * TPT) * 16);
+            }
+        } else {
+            const int off = (int) (start & 15);
+            const int words = (off + HB * RB + 15) >> 4;
+            const u8* src = pool + (start & ~(i64) 15);
+            if (u == 0) *offOut = (u8) off;
+            for (int w = u; w < words; w += TPT) cp_async16(dst + w * 16, src + w * 16);
+        }
     } else {
         for (int w = u; w < SLOT / 16; w += TPT) *(uint4*) (dst + w * 16) = make_uint4(0, 0, 0, 0);
         if (u == 0) *offOut = 0;
@@ -226,7 +246,7 @@ __device__ __forceinline__ void copy_token(u8* dst, u8* offOut, int page, int to
 // The cp.async loader of a block's raw stages: thread tid owns token tid / TPT of every stage (TPT = threads per
 // token) and copies its K and V covers. The page of the token a stage later is read from the table one iteration
 // ahead (page()), so no copy waits on a page-table load: issuing a stage costs no global-memory latency.
-template <class LY, int HB, int TT, int NT>
+template <class LY, int HB, int TT, int NT, bool WHOLE = false>
 struct StageLoader {
     static constexpr int TPT = NT / TT;
     static_assert(NT % TT == 0 && TPT >= 1, "a stage needs at least one thread per token");
@@ -247,10 +267,10 @@ struct StageLoader {
         u8* rawK = smem + LY::OFF_RAW + stage * LY::STAGE;
         u8* rawV = rawK + TT * LY::SLOTK;
         u8* offs = smem + LY::OFF_OFS + stage * TT * 2;
-        copy_token<HB, RBK, LY::SLOTK, TPT>(rawK + t * LY::SLOTK, offs + t * 2, page, tok0 + t, pageTokens, kpool,
-                                            kPageBytes, kvHeads, h0, u);
-        copy_token<HB, RBV, LY::SLOTV, TPT>(rawV + t * LY::SLOTV, offs + t * 2 + 1, page, tok0 + t, pageTokens, vpool,
-                                            vPageBytes, kvHeads, h0, u);
+        copy_token<HB, RBK, LY::SLOTK, TPT, WHOLE>(rawK + t * LY::SLOTK, offs + t * 2, page, tok0 + t, pageTokens,
+                                                   kpool, kPageBytes, kvHeads, h0, u);
+        copy_token<HB, RBV, LY::SLOTV, TPT, WHOLE>(rawV + t * LY::SLOTV, offs + t * 2 + 1, page, tok0 + t, pageTokens,
+                                                   vpool, vPageBytes, kvHeads, h0, u);
         if constexpr (LY::STAGE_MU > 0) {
             // a chunk that starts a page: that page's key mean (kv head h0) into the chunk's slot
             if (page >= 0 && t % 8 == 0 && page_mod(tok0 + t, pageTokens) == 0) {
@@ -908,7 +928,7 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
     const u32* lutV = (const u32*) (smem + (LY::SHARED_LUT ? LY::OFF_LUTK : LY::OFF_LUTV));
 
     const int ntiles = (t1 + TT - 1) / TT;
-    const StageLoader<LY, 1, TT, PRE_WARPS * 32> loader(threadIdx.x);
+    const StageLoader<LY, 1, TT, PRE_WARPS * 32, true> loader(threadIdx.x);
     {
         int pages[NST - 1];
 #pragma unroll
@@ -925,7 +945,9 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
     build_luts<LY>(smem, threadIdx.x, blockDim.x);
     prepare_q<16>(qs, q, 0, nq, heads, G, kh, row0, qscale, lane);
 
-    const u8* qa = qs + ((lane & 7) + ((lane >> 3) & 1) * 8) * LY::QSTR + (lane >> 4) * 16;
+    // shared-memory addresses (ldsm_x4): the tile loop's loads are a base and constant offsets
+    const u32 sbase = smem_u32(smem);
+    const u32 qa = smem_u32(qs) + ((lane & 7) + ((lane >> 3) & 1) * 8) * LY::QSTR + (lane >> 4) * 16;
     u32 qf[PRE_Q_REGS ? DK / 16 : 1][4];
     if constexpr (PRE_Q_REGS) {
 #pragma unroll
@@ -974,24 +996,19 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
         const u8* rawV = rawK + TT * LY::SLOTK;
         const u8* offs = smem + LY::OFF_OFS + st * TT * 2;
 
-        const u8* kt;
-        int kstride;
-        if constexpr (K_DIRECT) {
-            kt = rawK;
-            kstride = LY::SLOTK;
-        } else {
+        constexpr int kstride = K_DIRECT ? LY::SLOTK : LY::TS;
+        const u32 kt = sbase + (K_DIRECT ? LY::OFF_RAW + st * LY::STAGE : LY::OFF_TILE);
+        if constexpr (!K_DIRECT) {
             dequant_tile<KF, DK, TT, LY::SLOTK, LY::TS, PRE_WARPS * 32>(tile, rawK, offs, 0, 0, valid, lutK,
                                                                         threadIdx.x, lane);
             __syncthreads();
-            kt = tile;
-            kstride = LY::TS;
         }
         // ---- S = Q K^T: 16 rows x 64 tokens per warp
         float s[TT / 8][4];
 #pragma unroll
         for (int j = 0; j < TT / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
         {
-            const u8* b = kt + ((lane & 7) + (lane >> 4) * 8) * kstride + ((lane >> 3) & 1) * 16;
+            const u32 b = kt + ((lane & 7) + (lane >> 4) * 8) * kstride + ((lane >> 3) & 1) * 16;
 #pragma unroll
             for (int ks = 0; ks < DK / 16; ks++) {
                 u32 a[4];
@@ -1033,45 +1050,69 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
             }
         }
         // ---- online softmax (lane: rows g, g+8; tokens 8j + 2c, +1). A tile every row of the warp sees entirely
-        // (below the diagonal, inside the range) needs no mask.
+        // (below the diagonal, inside the range) needs no mask, and without a sparse-V threshold no probability is
+        // dropped: both are uniform branches around their loops, so an ordinary tile pays for neither.
         u32 pa[TT / 16][4];
         bool any = false;
         const bool masked = tok0 + TT > imin(t1, warpFirstPos + 1);
+        if (masked) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+#pragma unroll
+                for (int j = 0; j < TT / 8; j++) {
+#pragma unroll
+                    for (int u = 0; u < 2; u++) {
+                        const int tok = tok0 + 8 * j + 2 * c + u;
+                        if (!(tok < t1 && tok <= rowPos[e])) s[j][2 * e + u] = NEG_INF;
+                    }
+                }
+            }
+        }
+        float corr[2];
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             float mx = NEG_INF;
 #pragma unroll
-            for (int j = 0; j < TT / 8; j++) {
-#pragma unroll
-                for (int u = 0; u < 2; u++) {
-                    const int tok = tok0 + 8 * j + 2 * c + u;
-                    if (masked && !(tok < t1 && tok <= rowPos[e])) s[j][2 * e + u] = NEG_INF;
-                    mx = fmaxf(mx, s[j][2 * e + u]);
-                }
-            }
+            for (int j = 0; j < TT / 8; j++) mx = fmaxf(fmaxf(mx, s[j][2 * e]), s[j][2 * e + 1]);
             mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
             const float mnew = fmaxf(mrow[e], mx);
             const float base = mnew == NEG_INF ? 0.f : mnew;
-            const float corr = fast_exp2(mrow[e] - base);
+            corr[e] = fast_exp2(mrow[e] - base);
             float sum = 0.f;
 #pragma unroll
             for (int j = 0; j < TT / 8; j++) {
 #pragma unroll
                 for (int u = 0; u < 2; u++) {
-                    float pv = fast_exp2(s[j][2 * e + u] - base);
+                    const float pv = fast_exp2(s[j][2 * e + u] - base);
                     sum += pv;
-                    if (pv < sparseThreshold) pv = 0.f;
-                    any |= pv != 0.f;
                     s[j][2 * e + u] = pv;
                 }
             }
-            lrow[e] = lrow[e] * corr + sum;
+            lrow[e] = lrow[e] * corr[e] + sum;
             mrow[e] = mnew;
+            any |= sum > 0.f;   // a sum of non-negative terms: some probability of the row is not 0
+        }
+        if (sparseThreshold > 0.f) {
+            any = false;
+#pragma unroll
+            for (int j = 0; j < TT / 8; j++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    if (s[j][i] < sparseThreshold) s[j][i] = 0.f;
+                    any |= s[j][i] != 0.f;
+                }
+            }
+        }
+        // Once the running maxima settle (most tiles of a long prompt) both factors are exactly 1 (2^0) in every
+        // lane: the warp skips the rescaling, which would leave the same bits.
+        if (__any_sync(FULL_MASK, corr[0] != 1.f || corr[1] != 1.f)) {
 #pragma unroll
             for (int i = 0; i < DV / 8; i++) {
-                o[i][2 * e] *= corr;
-                o[i][2 * e + 1] *= corr;
+                o[i][0] *= corr[0];
+                o[i][1] *= corr[0];
+                o[i][2] *= corr[1];
+                o[i][3] *= corr[1];
             }
         }
 #pragma unroll
@@ -1081,22 +1122,17 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
             pa[kk][2] = pack2<V_BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
             pa[kk][3] = pack2<V_BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
         }
-        const u8* vt;
-        int vstride;
-        if constexpr (V_DIRECT) {
-            vt = rawV;
-            vstride = LY::SLOTV;
-        } else {
+        constexpr int vstride = V_DIRECT ? LY::SLOTV : LY::TS;
+        const u32 vt = sbase + (V_DIRECT ? LY::OFF_RAW + st * LY::STAGE + TT * LY::SLOTK : LY::OFF_TILE);
+        if constexpr (!V_DIRECT) {
             __syncthreads();
             dequant_tile<VF, DV, TT, LY::SLOTV, LY::TS, PRE_WARPS * 32>(tile, rawV, offs, 1, 0, valid, lutV,
                                                                         threadIdx.x, lane);
             __syncthreads();
-            vt = tile;
-            vstride = LY::TS;
         }
         // ---- O += P V
         if (__any_sync(FULL_MASK, any)) {
-            const u8* b = vt + ((lane & 7) + ((lane >> 3) & 1) * 8) * vstride + (lane >> 4) * 16;
+            const u32 b = vt + ((lane & 7) + ((lane >> 3) & 1) * 8) * vstride + (lane >> 4) * 16;
 #pragma unroll
             for (int kk = 0; kk < TT / 16; kk++) {
                 if (!__any_sync(FULL_MASK, (pa[kk][0] | pa[kk][1] | pa[kk][2] | pa[kk][3]) != 0u)) continue;
