@@ -900,9 +900,13 @@ constexpr int PRE_TT = 64;
 constexpr int PRE_WARPS = 8;
 constexpr int PRE_ROWS = PRE_WARPS * 16;
 using PreLayout = Layout<1, PRE_WARPS, PRE_TT, 16, false, KMEAN>;
-constexpr bool PRE_Q_REGS = DK <= 128;
+// Prefill blocks an SM: two when their shared memory fits twice and the heads are small enough for the O and S
+// accumulators to fit in 128 registers beside the query fragments, which are then read from shared memory for
+// each k-step instead of kept.
+constexpr int PRE_BLOCKS = DK <= 128 && DV <= 128 && PreLayout::TOTAL <= 112 * 1024 ? 2 : 1;
+constexpr bool PRE_Q_REGS = DK <= 128 && PRE_BLOCKS == 1;
 
-extern "C" __global__ void __launch_bounds__(PRE_WARPS * 32, 1)
+extern "C" __global__ void __launch_bounds__(PRE_WARPS * 32, PRE_BLOCKS)
 kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, const u8* __restrict__ vpool,
                    const int* __restrict__ table, int qstart, int nq, float* __restrict__ out, int kvHeads, int G,
                    int pageTokens, i64 kPageBytes, i64 vPageBytes, float qscale, float sparseThreshold) {
