@@ -886,13 +886,15 @@ kvant_attn_decode_sel(const float* __restrict__ q, const u8* __restrict__ kpool,
 //
 // grid:   (1, kvHeads * ceil(nq * G / 128), 1); the row blocks run last-first, the longest (latest) queries first.
 // block:  8 warps, one kv head, 128 query rows (row = query * G + head in group), 16 rows per warp: each K/V tile
-//         loaded serves 128 rows (64 rows per block would double the L2 traffic per flop; 8 warps in one
-//         block keep the 8 warps per SM that two blocks of 4 would, the registers allowing no more).
+//         loaded serves 128 rows (64 rows per block would double the L2 traffic per flop). Heads up to 128: two
+//         blocks an SM (PRE_BLOCKS; 128 registers, 16 warps an SM), which the tensor cores need: with one block the
+//         warps spent most cycles waiting on mma and shared-memory results (ncu: tensor pipe 29% busy).
 // shared: Layout<1, 8, 64, 16>: Q (128 rows), pair tables, one dequant tile (K, then V), NST raw stages of 64 tokens.
-// thread: FA2-style: S = Q K^T per warp 16 rows x 64 tokens (8 n-tiles x 4 f32), Q as A fragments in registers
-//         (DK <= 128) or re-read by ldmatrix, K and V^T by ldmatrix(.trans) from the f16 tile; P from the S
-//         accumulators as A fragments; O = P V, DV/8 n-tiles x 4 f32 per lane. The four warps dequantize the shared
-//         tile together, so each compressed row is decoded once per 128 query rows.
+// thread: FA2-style: S = Q K^T per warp 16 rows x 64 tokens (8 n-tiles x 4 f32), Q as A fragments re-read by
+//         ldmatrix each k-step (kept in registers when one block an SM leaves room), K and V^T by ldmatrix(.trans)
+//         from the f16 tile; P from the S accumulators as A fragments; O = P V, DV/8 n-tiles x 4 f32 per lane. The
+//         eight warps dequantize the shared tile together, so each compressed row is decoded once per 128 query rows.
+//         A tile no row masks and a run without a sparse-V threshold skip those steps by uniform branches.
 // exact:  as decode. Writes out = O / l in head order; for a rotated V format kvant_attn_unrotate follows.
 // ================================================================================================================
 
