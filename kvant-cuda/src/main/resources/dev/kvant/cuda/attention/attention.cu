@@ -658,7 +658,7 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
                 kt = tile;
                 kstride = LY::TS;
             }
-            const u8* a = kt + ((lane & 7) + ((lane >> 3) & 1) * 8) * kstride + (lane >> 4) * 16;
+            const u32 a = smem_u32(kt) + ((lane & 7) + ((lane >> 3) & 1) * 8) * kstride + (lane >> 4) * 16;
 #pragma unroll
             for (int ks = 0; ks < DK / 16; ks++) {
                 u32 r[4];
@@ -819,7 +819,7 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
                 vt = tile;
                 vstride = LY::TS;
             }
-            const u8* a = vt + ((lane & 7) + (lane >> 4) * 8) * vstride + ((lane >> 3) & 1) * 16;
+            const u32 a = smem_u32(vt) + ((lane & 7) + (lane >> 4) * 8) * vstride + ((lane >> 3) & 1) * 16;
 #pragma unroll
             for (int mt = 0; mt < DV / 16; mt++) {
                 u32 r[4];
