@@ -288,10 +288,13 @@ __device__ __forceinline__ float row_norm(const u8* row) {
 }
 
 // Dequantizes the TT x D tile of one kv head (hl within the block) from a raw stage into tile (stride TS), by NT
-// threads (gtid = 0..NT-1); !NORM: turbo rows without their norms (see K_FOLD). Thread gtid always takes group gtid % G of its rows (NT is a multiple of G = D / 8), so
-// what locates a group in a row is worked out once, and its TT * G / NT rows are unrolled: their loads overlap.
+// threads (gtid = 0..NT-1); !NORM: turbo rows without their norms (see K_FOLD). Thread gtid always takes group gtid %
+// G of its rows (NT is a multiple of G = D / 8), so what locates a group in a row is worked out once, and its
+// TT * G / NT rows are unrolled: their loads overlap. Tokens past the range are decoded like the others: their
+// slots are zero-filled (copy_token), which decodes to finite values (zeros, or bare centroids that a zero norm
+// or a zero probability cancels), and their scores are masked.
 template <int FMT, int D, int TT, int SLOT, int TS, int NT, bool NORM = true>
-__device__ __forceinline__ void dequant_tile(u8* tile, const u8* raw, const u8* offs, int isV, int hl, int valid,
+__device__ __forceinline__ void dequant_tile(u8* tile, const u8* raw, const u8* offs, int isV, int hl,
                                              const u32* lut, int gtid, int lane) {
     constexpr int RB = fmt_row_bytes(FMT, D);
     constexpr int G = D / 8;
@@ -304,20 +307,14 @@ __device__ __forceinline__ void dequant_tile(u8* tile, const u8* raw, const u8* 
 #pragma unroll
         for (int k = 0; k < TT * G / NT; k++) {
             const int t = t0 + k * TSTEP;
-            // decoded whether valid or not (the slot and its offset are in the stage either way), then selected: no
-            // branch between the rows, so their loads overlap
-            uint4 v = dq_turbo<FMT, D, NORM>(src + t * SLOT + lds_u8(ofs + t * 2), grp, table);
-            if (t >= valid) v = make_uint4(0, 0, 0, 0);
-            *(uint4*) (dst + t * TS) = v;
+            *(uint4*) (dst + t * TS) = dq_turbo<FMT, D, NORM>(src + t * SLOT + lds_u8(ofs + t * 2), grp, table);
         }
     } else {
         const u8* src = raw + hl * RB;
 #pragma unroll
         for (int k = 0; k < TT * G / NT; k++) {
             const int t = t0 + k * TSTEP;
-            uint4 v = dq_group<FMT, D>(src + t * SLOT + offs[t * 2 + isV], grp, lut, lane);
-            if (t >= valid) v = make_uint4(0, 0, 0, 0);
-            *(uint4*) (dst + t * TS) = v;
+            *(uint4*) (dst + t * TS) = dq_group<FMT, D>(src + t * SLOT + offs[t * 2 + isV], grp, lut, lane);
         }
     }
 }
@@ -652,7 +649,7 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
                 kt = rawK + warp * RBK;
                 kstride = LY::SLOTK;
             } else {
-                dequant_tile<KF, DK, TT, LY::SLOTK, LY::TS, 32, !K_FOLD>(tile, rawK, offs, 0, warp, valid, lutK,
+                dequant_tile<KF, DK, TT, LY::SLOTK, LY::TS, 32, !K_FOLD>(tile, rawK, offs, 0, warp, lutK,
                                                                          lane, lane);
                 __syncwarp();
                 kt = tile;
@@ -813,7 +810,7 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
                 vstride = LY::SLOTV;
             } else {
                 __syncwarp();
-                dequant_tile<VF, DV, TT, LY::SLOTV, LY::TS, 32, !V_FOLD>(tile, rawV, offs, 1, warp, valid, lutV,
+                dequant_tile<VF, DV, TT, LY::SLOTV, LY::TS, 32, !V_FOLD>(tile, rawV, offs, 1, warp, lutV,
                                                                          lane, lane);
                 __syncwarp();
                 vt = tile;
@@ -997,7 +994,6 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
         }
         const int st = it % NST;
         const int tok0 = it * TT;
-        const int valid = imin(TT, t1 - tok0);
         const u8* rawK = smem + LY::OFF_RAW + st * LY::STAGE;
         const u8* rawV = rawK + TT * LY::SLOTK;
         const u8* offs = smem + LY::OFF_OFS + st * TT * 2;
@@ -1005,7 +1001,7 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
         constexpr int kstride = K_DIRECT ? LY::SLOTK : LY::TS;
         const u32 kt = sbase + (K_DIRECT ? LY::OFF_RAW + st * LY::STAGE : LY::OFF_TILE);
         if constexpr (!K_DIRECT) {
-            dequant_tile<KF, DK, TT, LY::SLOTK, LY::TS, PRE_WARPS * 32>(tile, rawK, offs, 0, 0, valid, lutK,
+            dequant_tile<KF, DK, TT, LY::SLOTK, LY::TS, PRE_WARPS * 32>(tile, rawK, offs, 0, 0, lutK,
                                                                         threadIdx.x, lane);
             __syncthreads();
         }
@@ -1132,7 +1128,7 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
         const u32 vt = sbase + (V_DIRECT ? LY::OFF_RAW + st * LY::STAGE + TT * LY::SLOTK : LY::OFF_TILE);
         if constexpr (!V_DIRECT) {
             __syncthreads();
-            dequant_tile<VF, DV, TT, LY::SLOTV, LY::TS, PRE_WARPS * 32>(tile, rawV, offs, 1, 0, valid, lutV,
+            dequant_tile<VF, DV, TT, LY::SLOTV, LY::TS, PRE_WARPS * 32>(tile, rawV, offs, 1, 0, lutV,
                                                                         threadIdx.x, lane);
             __syncthreads();
         }
