@@ -27,8 +27,12 @@ import java.util.regex.Pattern;
  *
  * <pre>
  * java --enable-native-access=ALL-UNNAMED -cp kvant-cuda.jar:kvant-core.jar dev.kvant.cuda.attention.AttentionPtx \
- *     turbo3 turbo3 [--head-dim 128] [--kv-heads 8] [--heads 32] [--arch compute_90] [--ptx FILE]
+ *     turbo3 turbo3 [--head-dim 128] [--kv-heads 8] [--heads 32] [--arch compute_90] [--ptx FILE] [--source FILE]
  * </pre>
+ *
+ * <p>{@code --source FILE} only writes the module's CUDA source to FILE and prints the compiler's -D options (no
+ * NVRTC needed): {@code scripts/cuda-regs} compiles it with nvcc where there is one, for the registers, spills and
+ * shared memory ptxas gives each kernel.
  */
 public final class AttentionPtx {
     /** The instruction classes counted, by the PTX opcode prefix that marks them. */
@@ -109,7 +113,7 @@ public final class AttentionPtx {
     public static void main(String[] args) throws IOException {
         if (args.length < 2) {
             System.err.println("usage: AttentionPtx K V [--head-dim N] [--kv-heads N] [--heads N] [--arch compute_90]"
-                    + " [--ptx FILE]");
+                    + " [--ptx FILE] [--source FILE]");
             System.exit(2);
         }
         int headDim = 128;
@@ -117,6 +121,7 @@ public final class AttentionPtx {
         int heads = 32;
         String arch = "compute_90";
         Path out = null;
+        Path source = null;
         for (int i = 2; i + 1 < args.length; i += 2) {
             switch (args[i]) {
                 case "--head-dim" -> headDim = Integer.parseInt(args[i + 1]);
@@ -124,11 +129,20 @@ public final class AttentionPtx {
                 case "--heads" -> heads = Integer.parseInt(args[i + 1]);
                 case "--arch" -> arch = args[i + 1];
                 case "--ptx" -> out = Path.of(args[i + 1]);
+                case "--source" -> source = Path.of(args[i + 1]);
                 default -> throw new IllegalArgumentException("unknown option " + args[i]);
             }
         }
         AttentionShape shape = new AttentionShape(new KvGeometry(1, kvHeads, headDim, headDim), heads,
                 KvFormat.parse(args[0]), KvFormat.parse(args[1]), 64);
+        if (source != null) {
+            Files.writeString(source, AttentionSource.source(shape).code());
+            StringBuilder defines = new StringBuilder();
+            new TreeMap<>(AttentionSource.defines(shape)).forEach((k, v) -> defines.append(" -D").append(k).append('=')
+                    .append(v));
+            System.out.println(defines.toString().strip());
+            return;
+        }
         String ptx = ptx(shape, arch);
         if (out != null) {
             Files.writeString(out, ptx);
