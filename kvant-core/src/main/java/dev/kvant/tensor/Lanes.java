@@ -32,14 +32,16 @@ final class Lanes {
 
     /** Shuffles pairing lane j with lane j ^ s, for s = L/2, L/4, ..., 1. */
     private static final VectorShuffle<Float>[] TREE = tree();
-    /** Lanes of the upper half, and of the second and fourth quarters. */
-    private static final VectorMask<Float> UPPER_HALF = VectorMask.fromLong(F, ((1L << L) - 1) & -(1L << L / 2));
-    private static final VectorMask<Float> ODD_QUARTERS = VectorMask.fromLong(F, oddQuarters());
-    private static final VectorShuffle<Float> SWAP_HALVES = TREE[0];
-    private static final VectorShuffle<Float> SWAP_QUARTERS = TREE[1];
-    private static final VectorShuffle<Float> SWAP_EIGHTHS = TREE[2];
+    /** Lanes of the upper half, of the second and fourth quarters, of every second eighth and every second lane. */
+    static final VectorMask<Float> UPPER_HALF = VectorMask.fromLong(F, ((1L << L) - 1) & -(1L << L / 2));
+    static final VectorMask<Float> ODD_QUARTERS = VectorMask.fromLong(F, odd(L / 4));
+    static final VectorMask<Float> ODD_EIGHTHS = VectorMask.fromLong(F, odd(L / 8));
+    static final VectorMask<Float> ODD_LANES = VectorMask.fromLong(F, odd(1));
+    static final VectorShuffle<Float> SWAP_HALVES = TREE[0];
+    static final VectorShuffle<Float> SWAP_QUARTERS = TREE[1];
+    static final VectorShuffle<Float> SWAP_EIGHTHS = TREE[2];
     /** Lane j with j ^ 1 when L = 16; unused (L = 8 ends at the eighths). */
-    private static final VectorShuffle<Float> SWAP_SIXTEENTHS = TREE[TREE.length - 1];
+    static final VectorShuffle<Float> SWAP_SIXTEENTHS = TREE[TREE.length - 1];
 
     /**
      * Lane j holds j (as a float) in TABLE_LOW, (j + L) mod 16 in TABLE_HIGH: {@code fma(TABLE_LOW, s, m)} and
@@ -68,10 +70,11 @@ final class Lanes {
         return t;
     }
 
-    private static long oddQuarters() {
+    /** The lanes of every second group of {@code group} lanes (the second, fourth, ...). */
+    private static long odd(int group) {
         long bits = 0;
         for (int j = 0; j < L; j++) {
-            if ((j / (L / 4)) % 2 == 1) {
+            if ((j / group) % 2 == 1) {
                 bits |= 1L << j;
             }
         }

@@ -2,6 +2,14 @@ package dev.kvant.tensor;
 
 import static dev.kvant.tensor.Lanes.F;
 import static dev.kvant.tensor.Lanes.L;
+import static dev.kvant.tensor.Lanes.ODD_EIGHTHS;
+import static dev.kvant.tensor.Lanes.ODD_LANES;
+import static dev.kvant.tensor.Lanes.ODD_QUARTERS;
+import static dev.kvant.tensor.Lanes.SWAP_EIGHTHS;
+import static dev.kvant.tensor.Lanes.SWAP_HALVES;
+import static dev.kvant.tensor.Lanes.SWAP_QUARTERS;
+import static dev.kvant.tensor.Lanes.SWAP_SIXTEENTHS;
+import static dev.kvant.tensor.Lanes.UPPER_HALF;
 
 import java.util.Arrays;
 import jdk.incubator.vector.FloatVector;
@@ -159,6 +167,30 @@ final class TiledMatmul {
             c13 = v1.fma(y, c13);
             c23 = v2.fma(y, c23);
             c33 = v3.fma(y, c33);
+        }
+        if (L == 16) {
+            // The 16 sums by Lanes.sum's tree on whole vectors: each level pairs two accumulators' partial sums per
+            // vector (lane j with j + 8, then + 4, + 2, + 1, the adds of sum), halving the vectors, so the last
+            // holds every result: lanes 4c..4c+3 are rows 0..3 of vector c. Half the operations of four sum4.
+            FloatVector p0 = c00.blend(c02, UPPER_HALF).add(c02.blend(c00, UPPER_HALF).rearrange(SWAP_HALVES));
+            FloatVector p1 = c01.blend(c03, UPPER_HALF).add(c03.blend(c01, UPPER_HALF).rearrange(SWAP_HALVES));
+            FloatVector p2 = c20.blend(c22, UPPER_HALF).add(c22.blend(c20, UPPER_HALF).rearrange(SWAP_HALVES));
+            FloatVector p3 = c21.blend(c23, UPPER_HALF).add(c23.blend(c21, UPPER_HALF).rearrange(SWAP_HALVES));
+            FloatVector p4 = c10.blend(c12, UPPER_HALF).add(c12.blend(c10, UPPER_HALF).rearrange(SWAP_HALVES));
+            FloatVector p5 = c11.blend(c13, UPPER_HALF).add(c13.blend(c11, UPPER_HALF).rearrange(SWAP_HALVES));
+            FloatVector p6 = c30.blend(c32, UPPER_HALF).add(c32.blend(c30, UPPER_HALF).rearrange(SWAP_HALVES));
+            FloatVector p7 = c31.blend(c33, UPPER_HALF).add(c33.blend(c31, UPPER_HALF).rearrange(SWAP_HALVES));
+            FloatVector q0 = p0.blend(p1, ODD_QUARTERS).add(p1.blend(p0, ODD_QUARTERS).rearrange(SWAP_QUARTERS));
+            FloatVector q1 = p2.blend(p3, ODD_QUARTERS).add(p3.blend(p2, ODD_QUARTERS).rearrange(SWAP_QUARTERS));
+            FloatVector q2 = p4.blend(p5, ODD_QUARTERS).add(p5.blend(p4, ODD_QUARTERS).rearrange(SWAP_QUARTERS));
+            FloatVector q3 = p6.blend(p7, ODD_QUARTERS).add(p7.blend(p6, ODD_QUARTERS).rearrange(SWAP_QUARTERS));
+            FloatVector r0 = q0.blend(q1, ODD_EIGHTHS).add(q1.blend(q0, ODD_EIGHTHS).rearrange(SWAP_EIGHTHS));
+            FloatVector r1 = q2.blend(q3, ODD_EIGHTHS).add(q3.blend(q2, ODD_EIGHTHS).rearrange(SWAP_EIGHTHS));
+            r0.blend(r1, ODD_LANES).add(r1.blend(r0, ODD_LANES).rearrange(SWAP_SIXTEENTHS)).intoArray(t, 0);
+            for (int c = 0; c < 4; c++) {
+                System.arraycopy(t, 4 * c, out, o + c * os, 4);
+            }
+            return;
         }
         c00.intoArray(t, 0);
         c10.intoArray(t, L);
