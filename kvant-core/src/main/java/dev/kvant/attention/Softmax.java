@@ -2,6 +2,19 @@ package dev.kvant.attention;
 
 import static dev.kvant.attention.Lanes.F;
 import static dev.kvant.attention.Lanes.I;
+import static dev.kvant.tensor.Exp.C2;
+import static dev.kvant.tensor.Exp.C3;
+import static dev.kvant.tensor.Exp.C4;
+import static dev.kvant.tensor.Exp.C5;
+import static dev.kvant.tensor.Exp.C6;
+import static dev.kvant.tensor.Exp.C7;
+import static dev.kvant.tensor.Exp.LN2_HI;
+import static dev.kvant.tensor.Exp.LN2_LO;
+import static dev.kvant.tensor.Exp.LOG2E;
+import static dev.kvant.tensor.Exp.OVERFLOW;
+import static dev.kvant.tensor.Exp.RINT;
+
+import dev.kvant.tensor.Exp;
 
 import jdk.incubator.vector.FloatVector;
 import jdk.incubator.vector.IntVector;
@@ -9,29 +22,12 @@ import jdk.incubator.vector.VectorMask;
 import jdk.incubator.vector.VectorOperators;
 
 /**
- * The exponential and soft-cap of the kernels, and the merge of partition partials.
- *
- * <p>exp is written out (range reduction by ln 2, degree-7 Taylor polynomial, exponent by bit arithmetic) rather
- * than taken from {@code Math.exp} or the Vector API's {@code EXP}: the vector operator runs a different algorithm
- * compiled than interpreted, so its bits would depend on JIT state, and the scalar and vector forms here must agree
- * bit for bit so that a lane computes what the scalar tail computes. Every step is an IEEE add, multiply or fma.
- * Relative error below 2 ulp; arguments below {@value #UNDERFLOW} give 0 (softmax weights that small vanish anyway).
+ * The softmax weights and soft-cap of the kernels, and the merge of partition partials, on {@link Exp}'s
+ * exponential (written out in lanes here with the same operations, so a lane computes what {@link Exp#exp}
+ * computes for a scalar).
  */
 final class Softmax {
-    static final float UNDERFLOW = -87f;
-    private static final float OVERFLOW = 88f;
-    private static final float LOG2E = 1.44269504089f;
-    /** ln 2 split so that k·LN2_HI is exact for |k| < 2^9: Cody and Waite's reduction. */
-    private static final float LN2_HI = 0.693359375f;
-    private static final float LN2_LO = -2.12194440e-4f;
-    /** 1.5·2^23: adding and subtracting it rounds a float below 2^22 in magnitude to an integer, ties to even. */
-    private static final float RINT = 12582912f;
-    private static final float C2 = 1f / 2;
-    private static final float C3 = 1f / 6;
-    private static final float C4 = 1f / 24;
-    private static final float C5 = 1f / 120;
-    private static final float C6 = 1f / 720;
-    private static final float C7 = 1f / 5040;
+    static final float UNDERFLOW = Exp.UNDERFLOW;
 
     private Softmax() {
     }
@@ -110,21 +106,7 @@ final class Softmax {
     }
 
     static float exp(float x) {
-        if (x < UNDERFLOW) {
-            return 0f;
-        }
-        float xc = Math.min(x, OVERFLOW);
-        float k = (xc * LOG2E + RINT) - RINT;
-        float r = Math.fma(k, -LN2_HI, xc);
-        r = Math.fma(k, -LN2_LO, r);
-        float p = Math.fma(r, C7, C6);
-        p = Math.fma(p, r, C5);
-        p = Math.fma(p, r, C4);
-        p = Math.fma(p, r, C3);
-        p = Math.fma(p, r, C2);
-        p = Math.fma(p, r, 1f);
-        p = Math.fma(p, r, 1f);
-        return Float.intBitsToFloat(Float.floatToRawIntBits(p) + ((int) k << 23));
+        return Exp.exp(x);
     }
 
     /**

@@ -1,5 +1,6 @@
 package dev.kvant.model;
 
+import dev.kvant.tensor.Exp;
 import dev.kvant.tensor.Parallel;
 
 /**
@@ -73,11 +74,8 @@ final class Ops {
         swiglu(gate, up, 0, len);
     }
 
-    /** gate = silu(gate) * up over [from, to). */
+    /** gate = silu(gate) * up over [from, to), on {@link Exp}'s exponential in vector lanes. */
     static void swiglu(float[] gate, float[] up, int from, int to) {
-        for (int i = from; i < to; i++) {
-            float g = gate[i];
-            gate[i] = g / (1f + (float) Math.exp(-g)) * up[i];
-        }
+        Exp.swiglu(gate, up, from, to);
     }
 }
