@@ -1,5 +1,8 @@
 package dev.kvant.tensor;
 
+import static dev.kvant.tensor.Lanes.F;
+import static dev.kvant.tensor.Lanes.L;
+
 import dev.kvant.gguf.GgmlType;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
@@ -125,6 +128,10 @@ public final class MatvecBench {
                                 "x"));
                     }
                 }
+            }
+            if (parts.equals("all") || parts.equals("matmul")) {
+                add(results, print, new Result("fma peak (independent vector fmas, all threads)", fmaPeakGflops(pool),
+                        "GFLOP/s"));
             }
             for (int[] shape : parts.equals("all") || parts.equals("matmul") ? MATMUL_SHAPES : new int[0][]) {
                 for (GgmlType type : MATMUL_TYPES) {
@@ -359,6 +366,43 @@ public final class MatvecBench {
             best = Math.max(best, (double) rows * cols * calls / (end - start));
         }
         return best;
+    }
+
+    /**
+     * The machine's float multiply-add ceiling for the matmul figures: every thread runs chains of twelve independent
+     * vector fmas on registers (no memory), as many as the pool has threads; 2 flops a lane an fma.
+     */
+    private static double fmaPeakGflops(Parallel pool) {
+        int threads = pool.threads();
+        float[][] sinks = new float[threads][L];
+        long iters = 20_000_000L;
+        for (int w = 0; w < 3; w++) {
+            pool.forEach(threads, t -> fmaChains(sinks[t], 200_000));
+        }
+        double seconds = median(() -> pool.forEach(threads, t -> fmaChains(sinks[t], iters)));
+        return threads * iters * 12.0 * 2 * L / seconds / 1e9;
+    }
+
+    private static void fmaChains(float[] sink, long iters) {
+        FloatVector c0 = FloatVector.broadcast(F, 1f), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;
+        FloatVector c6 = c0, c7 = c0, c8 = c0, c9 = c0, c10 = c0, c11 = c0;
+        FloatVector m = FloatVector.broadcast(F, 0.999999f), b = FloatVector.broadcast(F, 1e-6f);
+        for (long i = 0; i < iters; i++) {
+            c0 = c0.fma(m, b);
+            c1 = c1.fma(m, b);
+            c2 = c2.fma(m, b);
+            c3 = c3.fma(m, b);
+            c4 = c4.fma(m, b);
+            c5 = c5.fma(m, b);
+            c6 = c6.fma(m, b);
+            c7 = c7.fma(m, b);
+            c8 = c8.fma(m, b);
+            c9 = c9.fma(m, b);
+            c10 = c10.fma(m, b);
+            c11 = c11.fma(m, b);
+        }
+        c0.add(c1).add(c2).add(c3).add(c4).add(c5).add(c6).add(c7).add(c8).add(c9).add(c10).add(c11)
+                .intoArray(sink, 0);
     }
 
     private static double matmulGflops(GgmlType type, int rows, int cols, int n, Parallel pool, Arena arena) {
