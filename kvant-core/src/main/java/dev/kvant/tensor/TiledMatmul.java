@@ -20,10 +20,12 @@ import jdk.incubator.vector.FloatVector;
  *
  * <p>Inner kernel: 4 rows x 4 vectors, 16 accumulators (plus 4 weight and 4 x registers, 24 of the 32 AVX-512
  * registers), each a dot product in the one order of {@link WeightFormat}: chunk by chunk, fma into its own
- * accumulator, then {@link Lanes#sum4}. So every output is bitwise what {@link WeightMatrix#matvec} gives (the
+ * accumulator, then the lane tree of {@link Lanes#sum} (at 16 lanes all sixteen sums at once in registers, else
+ * {@link Lanes#sum4}). So every output is bitwise what {@link WeightMatrix#matvec} gives (the
  * tile holds exactly the values the fused kernels decode on the fly, zero-padded alike, and tile and x rows are
  * arranged in the chunk order of {@link FusedRows#chunkOrder}).
- * Loop order: vectors outer, rows inner, so a quad of x rows stays in L1 while the tile streams from L2.
+ * Loop order: vectors outer, rows inner, so a quad of x rows stays in L1 while the tile streams from L2 (blocking
+ * the rows so that some stay in L1 was slower, docs/BENCHMARKS.md).
  *
  * <p>Tasks are tiles of rows; a tile's size depends only on the matrix width, never on the thread count.
  */
