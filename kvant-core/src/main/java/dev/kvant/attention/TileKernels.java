@@ -7,6 +7,7 @@ import static dev.kvant.attention.Lanes.combine;
 
 import jdk.incubator.vector.FloatVector;
 import jdk.incubator.vector.IntVector;
+import jdk.incubator.vector.VectorMask;
 
 /**
  * The float micro-kernels over a decoded tile: scores (queries · K rows) and weighted sums (weights × V rows).
@@ -30,6 +31,10 @@ final class TileKernels {
     }
 
     /** The blocked-layout index of (row, query slot). */
+    /** The first 8 and 4 lanes (16-lane reductions of 8 or 4 accumulators leave their sums there). */
+    private static final VectorMask<Float> FIRST_8 = VectorMask.fromLong(F, 0xFFL);
+    private static final VectorMask<Float> FIRST_4 = VectorMask.fromLong(F, 0xFL);
+
     static int at(int row, int slot, int slots) {
         return (((row >> 2) * slots + slot) << 2) + (row & 3);
     }
@@ -166,6 +171,11 @@ final class TileKernels {
 
     private static void dots2(float[] q, int q0, int q1, float[] kt, int k0, int stride, int blocks, int dp,
                               float[] s, int so, int step, float[] red) {
+        IntVector l0 = IntVector.fromArray(I, Lanes.low(0), 0), h0 = IntVector.fromArray(I, Lanes.high(0), 0);
+        IntVector l1 = IntVector.fromArray(I, Lanes.low(1), 0), h1 = IntVector.fromArray(I, Lanes.high(1), 0);
+        IntVector l2 = IntVector.fromArray(I, Lanes.low(2), 0), h2 = IntVector.fromArray(I, Lanes.high(2), 0);
+        IntVector l3 = IntVector.fromArray(I, Lanes.low(Math.min(3, Lanes.STAGES - 1)), 0);
+        IntVector h3 = IntVector.fromArray(I, Lanes.high(Math.min(3, Lanes.STAGES - 1)), 0);
         for (int b = 0; b < blocks; b++) {
             FloatVector a00 = FloatVector.zero(F), a01 = a00, a02 = a00, a03 = a00;
             FloatVector a10 = a00, a11 = a00, a12 = a00, a13 = a00;
@@ -186,6 +196,32 @@ final class TileKernels {
                 a12 = v.fma(x2, a12);
                 a13 = v.fma(x3, a13);
             }
+            if (L == 16) {
+                // reduce(red, 8, ...)'s operations in registers: the same pairs, no stores and reloads
+                IntVector c0 = l0.selectFrom(a00.reinterpretAsInts(), a01.reinterpretAsInts()).reinterpretAsFloats()
+                        .add(h0.selectFrom(a00.reinterpretAsInts(), a01.reinterpretAsInts()).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector c1 = l0.selectFrom(a02.reinterpretAsInts(), a03.reinterpretAsInts()).reinterpretAsFloats()
+                        .add(h0.selectFrom(a02.reinterpretAsInts(), a03.reinterpretAsInts()).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector c2 = l0.selectFrom(a10.reinterpretAsInts(), a11.reinterpretAsInts()).reinterpretAsFloats()
+                        .add(h0.selectFrom(a10.reinterpretAsInts(), a11.reinterpretAsInts()).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector c3 = l0.selectFrom(a12.reinterpretAsInts(), a13.reinterpretAsInts()).reinterpretAsFloats()
+                        .add(h0.selectFrom(a12.reinterpretAsInts(), a13.reinterpretAsInts()).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector d0 = l1.selectFrom(c0, c1).reinterpretAsFloats().add(h1.selectFrom(c0, c1).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector d1 = l1.selectFrom(c2, c3).reinterpretAsFloats().add(h1.selectFrom(c2, c3).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector e0 = l2.selectFrom(d0, d1).reinterpretAsFloats().add(h2.selectFrom(d0, d1).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector e1 = l2.selectFrom(d0, d0).reinterpretAsFloats().add(h2.selectFrom(d0, d0).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                l3.selectFrom(e0, e1).reinterpretAsFloats().add(h3.selectFrom(e0, e1).reinterpretAsFloats())
+                        .intoArray(s, so + b * step, FIRST_8);
+                continue;
+            }
             a00.intoArray(red, 0);
             a01.intoArray(red, L);
             a02.intoArray(red, 2 * L);
@@ -200,6 +236,11 @@ final class TileKernels {
 
     private static void dots1(float[] q, int q0, float[] kt, int k0, int stride, int blocks, int dp, float[] s,
                               int so, int step, float[] red) {
+        IntVector l0 = IntVector.fromArray(I, Lanes.low(0), 0), h0 = IntVector.fromArray(I, Lanes.high(0), 0);
+        IntVector l1 = IntVector.fromArray(I, Lanes.low(1), 0), h1 = IntVector.fromArray(I, Lanes.high(1), 0);
+        IntVector l2 = IntVector.fromArray(I, Lanes.low(2), 0), h2 = IntVector.fromArray(I, Lanes.high(2), 0);
+        IntVector l3 = IntVector.fromArray(I, Lanes.low(Math.min(3, Lanes.STAGES - 1)), 0);
+        IntVector h3 = IntVector.fromArray(I, Lanes.high(Math.min(3, Lanes.STAGES - 1)), 0);
         for (int b = 0; b < blocks; b++) {
             FloatVector a0 = FloatVector.zero(F), a1 = a0, a2 = a0, a3 = a0;
             int r0 = k0 + 4 * b * stride, r1 = r0 + stride, r2 = r1 + stride, r3 = r2 + stride;
@@ -209,6 +250,22 @@ final class TileKernels {
                 a1 = v.fma(FloatVector.fromArray(F, kt, r1 + c), a1);
                 a2 = v.fma(FloatVector.fromArray(F, kt, r2 + c), a2);
                 a3 = v.fma(FloatVector.fromArray(F, kt, r3 + c), a3);
+            }
+            if (L == 16) {
+                // reduce(red, 4, ...)'s operations in registers (its later stages pair d0 with itself)
+                IntVector c0 = l0.selectFrom(a0.reinterpretAsInts(), a1.reinterpretAsInts()).reinterpretAsFloats()
+                        .add(h0.selectFrom(a0.reinterpretAsInts(), a1.reinterpretAsInts()).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector c1 = l0.selectFrom(a2.reinterpretAsInts(), a3.reinterpretAsInts()).reinterpretAsFloats()
+                        .add(h0.selectFrom(a2.reinterpretAsInts(), a3.reinterpretAsInts()).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector d0 = l1.selectFrom(c0, c1).reinterpretAsFloats().add(h1.selectFrom(c0, c1).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                IntVector e0 = l2.selectFrom(d0, d0).reinterpretAsFloats().add(h2.selectFrom(d0, d0).reinterpretAsFloats())
+                        .reinterpretAsInts();
+                l3.selectFrom(e0, e0).reinterpretAsFloats().add(h3.selectFrom(e0, e0).reinterpretAsFloats())
+                        .intoArray(s, so + b * step, FIRST_4);
+                continue;
             }
             a0.intoArray(red, 0);
             a1.intoArray(red, L);
