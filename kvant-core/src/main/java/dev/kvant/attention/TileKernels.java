@@ -277,82 +277,11 @@ final class TileKernels {
 
     /**
      * The lane sums of the n (16, 8 or 4) accumulators at red into s[so .. so+n), lane j of the result being
-     * accumulator j's sum, by the tree of {@link Lanes#combine}. With 16 lanes the tree is written out, no calls:
-     * left to calls, C2 did not inline them and the reduction cost as much as the dot products.
+     * accumulator j's sum, by the tree of {@link Lanes#combine} (a vector left without a partner pairs with itself).
+     * The kernels call it below 16 lanes only: with 16 they write the same tree out in registers (dots4, dots2,
+     * dots1), since left to calls C2 did not inline it and the reduction cost as much as the dot products.
      */
     static void reduce(float[] red, int n, float[] s, int so) {
-        if (L != 16) {
-            reduceAnyWidth(red, n, s, so);
-            return;
-        }
-        IntVector l0 = IntVector.fromArray(I, Lanes.low(0), 0), h0 = IntVector.fromArray(I, Lanes.high(0), 0);
-        IntVector l1 = IntVector.fromArray(I, Lanes.low(1), 0), h1 = IntVector.fromArray(I, Lanes.high(1), 0);
-        IntVector l2 = IntVector.fromArray(I, Lanes.low(2), 0), h2 = IntVector.fromArray(I, Lanes.high(2), 0);
-        IntVector l3 = IntVector.fromArray(I, Lanes.low(3), 0), h3 = IntVector.fromArray(I, Lanes.high(3), 0);
-        IntVector a0 = FloatVector.fromArray(F, red, 0).reinterpretAsInts();
-        IntVector a1 = FloatVector.fromArray(F, red, L).reinterpretAsInts();
-        IntVector a2 = FloatVector.fromArray(F, red, 2 * L).reinterpretAsInts();
-        IntVector a3 = FloatVector.fromArray(F, red, 3 * L).reinterpretAsInts();
-        // stage 0 (lanes 8 apart) and 1 (4 apart) over accumulators 0-3
-        IntVector c0 = l0.selectFrom(a0, a1).reinterpretAsFloats().add(h0.selectFrom(a0, a1).reinterpretAsFloats())
-                .reinterpretAsInts();
-        IntVector c1 = l0.selectFrom(a2, a3).reinterpretAsFloats().add(h0.selectFrom(a2, a3).reinterpretAsFloats())
-                .reinterpretAsInts();
-        IntVector d0 = l1.selectFrom(c0, c1).reinterpretAsFloats().add(h1.selectFrom(c0, c1).reinterpretAsFloats())
-                .reinterpretAsInts();
-        IntVector d1 = d0;
-        IntVector d2 = d0;
-        IntVector d3 = d0;
-        if (n >= 8) {
-            IntVector a4 = FloatVector.fromArray(F, red, 4 * L).reinterpretAsInts();
-            IntVector a5 = FloatVector.fromArray(F, red, 5 * L).reinterpretAsInts();
-            IntVector a6 = FloatVector.fromArray(F, red, 6 * L).reinterpretAsInts();
-            IntVector a7 = FloatVector.fromArray(F, red, 7 * L).reinterpretAsInts();
-            IntVector c2 = l0.selectFrom(a4, a5).reinterpretAsFloats().add(h0.selectFrom(a4, a5).reinterpretAsFloats())
-                    .reinterpretAsInts();
-            IntVector c3 = l0.selectFrom(a6, a7).reinterpretAsFloats().add(h0.selectFrom(a6, a7).reinterpretAsFloats())
-                    .reinterpretAsInts();
-            d1 = l1.selectFrom(c2, c3).reinterpretAsFloats().add(h1.selectFrom(c2, c3).reinterpretAsFloats())
-                    .reinterpretAsInts();
-        }
-        if (n == 16) {
-            IntVector a8 = FloatVector.fromArray(F, red, 8 * L).reinterpretAsInts();
-            IntVector a9 = FloatVector.fromArray(F, red, 9 * L).reinterpretAsInts();
-            IntVector a10 = FloatVector.fromArray(F, red, 10 * L).reinterpretAsInts();
-            IntVector a11 = FloatVector.fromArray(F, red, 11 * L).reinterpretAsInts();
-            IntVector a12 = FloatVector.fromArray(F, red, 12 * L).reinterpretAsInts();
-            IntVector a13 = FloatVector.fromArray(F, red, 13 * L).reinterpretAsInts();
-            IntVector a14 = FloatVector.fromArray(F, red, 14 * L).reinterpretAsInts();
-            IntVector a15 = FloatVector.fromArray(F, red, 15 * L).reinterpretAsInts();
-            IntVector c4 = l0.selectFrom(a8, a9).reinterpretAsFloats().add(h0.selectFrom(a8, a9).reinterpretAsFloats())
-                    .reinterpretAsInts();
-            IntVector c5 = l0.selectFrom(a10, a11).reinterpretAsFloats()
-                    .add(h0.selectFrom(a10, a11).reinterpretAsFloats()).reinterpretAsInts();
-            IntVector c6 = l0.selectFrom(a12, a13).reinterpretAsFloats()
-                    .add(h0.selectFrom(a12, a13).reinterpretAsFloats()).reinterpretAsInts();
-            IntVector c7 = l0.selectFrom(a14, a15).reinterpretAsFloats()
-                    .add(h0.selectFrom(a14, a15).reinterpretAsFloats()).reinterpretAsInts();
-            d2 = l1.selectFrom(c4, c5).reinterpretAsFloats().add(h1.selectFrom(c4, c5).reinterpretAsFloats())
-                    .reinterpretAsInts();
-            d3 = l1.selectFrom(c6, c7).reinterpretAsFloats().add(h1.selectFrom(c6, c7).reinterpretAsFloats())
-                    .reinterpretAsInts();
-        }
-        // stage 2 (lanes 2 apart) and 3 (adjacent); fewer accumulators pair a vector with itself
-        IntVector e0 = l2.selectFrom(d0, d1).reinterpretAsFloats().add(h2.selectFrom(d0, d1).reinterpretAsFloats())
-                .reinterpretAsInts();
-        IntVector e1 = l2.selectFrom(d2, d3).reinterpretAsFloats().add(h2.selectFrom(d2, d3).reinterpretAsFloats())
-                .reinterpretAsInts();
-        FloatVector f = l3.selectFrom(e0, e1).reinterpretAsFloats().add(h3.selectFrom(e0, e1).reinterpretAsFloats());
-        if (n == 16) {
-            f.intoArray(s, so);
-        } else {
-            f.intoArray(red, 0);
-            System.arraycopy(red, 0, s, so, n);
-        }
-    }
-
-    /** {@link #reduce} for vector widths other than 16, through {@link Lanes#combine}. */
-    private static void reduceAnyWidth(float[] red, int n, float[] s, int so) {
         int v = n;
         for (int stage = 0; stage < Lanes.STAGES; stage++) {
             int pairs = Math.max(1, v / 2);
