@@ -55,7 +55,10 @@ public final class Exp {
 
     /**
      * SwiGLU over [from, to): {@code gate[i] = gate[i] / (1 + exp(-gate[i])) * up[i]}, L lanes at a time with the
-     * exponential above written out in lanes (the same operations, so a lane and the scalar tail agree).
+     * exponential above written out in lanes (the same operations, so a lane and the scalar tail agree). Written out
+     * here as in {@code attention.Softmax.weights} rather than shared as a method taking a vector: kernels pass no
+     * vectors to methods of their own (see {@code attention.Lanes}), and a shared vector exp, tried 2026-12-01, was
+     * left not inlined ("callee is too large") in some of C2's compiles of its callers, where every vector boxes.
      */
     public static void swiglu(float[] gate, float[] up, int from, int to) {
         FloatVector one = FloatVector.broadcast(F, 1f);

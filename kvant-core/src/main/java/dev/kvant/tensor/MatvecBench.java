@@ -376,9 +376,6 @@ public final class MatvecBench {
         int threads = pool.threads();
         float[][] sinks = new float[threads][L];
         long iters = 20_000_000L;
-        for (int w = 0; w < 3; w++) {
-            pool.forEach(threads, t -> fmaChains(sinks[t], 200_000));
-        }
         double seconds = median(() -> pool.forEach(threads, t -> fmaChains(sinks[t], iters)));
         return threads * iters * 12.0 * 2 * L / seconds / 1e9;
     }

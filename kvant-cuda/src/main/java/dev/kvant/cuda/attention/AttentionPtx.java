@@ -137,10 +137,9 @@ public final class AttentionPtx {
                 KvFormat.parse(args[0]), KvFormat.parse(args[1]), 64);
         if (source != null) {
             Files.writeString(source, AttentionSource.source(shape).code());
-            StringBuilder defines = new StringBuilder();
-            new TreeMap<>(AttentionSource.defines(shape)).forEach((k, v) -> defines.append(" -D").append(k).append('=')
-                    .append(v));
-            System.out.println(defines.toString().strip());
+            // the -D options exactly as the kernel cache gives them to NVRTC
+            System.out.println(String.join(" ", KernelCache.options("sm_" + arch.replaceAll("\\D", ""),
+                    AttentionSource.defines(shape)).stream().filter(o -> o.startsWith("-D")).toList()));
             return;
         }
         String ptx = ptx(shape, arch);
