@@ -15,8 +15,9 @@ import jdk.incubator.vector.FloatVector;
  * The CUDA source of one attention module: a header generated here from the CPU's own constants (rotation signs
  * and scales from {@link Rotation}, codebooks from {@link TurboFormat#codebook}, and the vector width of the CPU
  * encoder), then {@code kv_format.cuh}, {@code rope.cuh}, {@code kv_write.cu}, {@code attention.cu} and
- * {@code select.cu}, compiled with the defines KF, VF (format ids in {@link KvFormat#all()} order), DK, DV and HBD
- * (kv heads per decode block).
+ * {@code select.cu}, compiled with the defines KF, VF (format ids in {@link KvFormat#all()} order), DK, DV, HBD
+ * (kv heads per decode block) and HB_ALL (1 when a decode block serves every kv head: its tokens' rows then start on
+ * 16 bytes in their pages).
  *
  * <p>Nothing is pasted: a new codebook or sign convention in core reaches the device through this header, and the
  * kernel cache key (a hash of the source) changes with it.
@@ -31,7 +32,10 @@ final class AttentionSource {
     private AttentionSource() {
     }
 
-    /** The module's source; its name says what it was made for, e.g. {@code attention[turbo3/turbo3/128/128/hb8]}. */
+    /**
+     * The module's source; its name says what it was made for, e.g. {@code attention[turbo3/turbo3/128/128/hb8-all]}
+     * (8 kv heads a decode block, all of them).
+     */
     static KernelSource source(AttentionShape shape) {
         return source(shape, decodeHeads(shape));
     }
@@ -43,7 +47,8 @@ final class AttentionSource {
     static KernelSource source(AttentionShape shape, int hb) {
         String code = generatedHeader(cpuEncoderLanes()) + "\n" + KernelSource.joined(FILES);
         return KernelSource.kvant("attention[" + shape.kFormat().name() + "/" + shape.vFormat().name() + "/"
-                + shape.headDimK() + "/" + shape.headDimV() + "/hb" + hb + "]", code);
+                + shape.headDimK() + "/" + shape.headDimV() + "/hb" + hb + (hb == shape.kvHeads() ? "-all" : "") + "]",
+                code);
     }
 
     static Map<String, String> defines(AttentionShape shape) {
@@ -56,7 +61,8 @@ final class AttentionSource {
                 "VF", Integer.toString(formatId(shape.vFormat())),
                 "DK", Integer.toString(shape.headDimK()),
                 "DV", Integer.toString(shape.headDimV()),
-                "HBD", Integer.toString(hb));
+                "HBD", Integer.toString(hb),
+                "HB_ALL", hb == shape.kvHeads() ? "1" : "0");
     }
 
     /**
@@ -109,8 +115,8 @@ final class AttentionSource {
         int dK = g.headDimK(), dV = g.headDimV();
         KvFormat k = PageMeanFormat.rows(kFormat), v = vFormat;
         boolean kMean = kFormat instanceof PageMeanFormat;
-        boolean kFrag = frag && k instanceof TurboFormat && dK == 128;
-        boolean vFrag = frag && v instanceof TurboFormat && dV == 128;
+        boolean kFrag = frag && (k instanceof TurboFormat && dK == 128 || eightBit(k));
+        boolean vFrag = frag && (v instanceof TurboFormat && dV == 128 || eightBit(v) && dV <= 256);
         int slotK = round16(hb * (int) k.rowBytes(dK)) + 16;
         int slotV = round16(hb * (int) v.rowBytes(dV)) + 16;
         int qStr = 2 * dK + 16;
@@ -131,6 +137,12 @@ final class AttentionSource {
 
     private static boolean direct(KvFormat f) {
         return formatId(f) <= 1;
+    }
+
+    /** kv_format.cuh fmt_8bit: q8_0 and int8, whose decode reads its fragments straight from the stage. */
+    private static boolean eightBit(KvFormat f) {
+        int id = formatId(f);
+        return id == 2 || id == 3;
     }
 
     /** kv_format.cuh lut_entries: turbo3's 7-bit indices have bit 5 clear, so they stop at 95. */

@@ -32,12 +32,15 @@ constexpr bool K_BF16 = KF == F_BF16;
 constexpr bool K_FOLD = fmt_turbo(KF) && DK == rot_block(DK);
 constexpr bool V_FOLD = fmt_turbo(VF) && DV == rot_block(DV);
 constexpr bool V_BF16 = VF == F_BF16;
-// Decode over turbo rows of 128 (K_FRAG, V_FRAG): no tile. Each lane decodes its mma A fragments straight from the
-// raw stage through the pair table (turbo_pairs, turbo4_pair), in a column order of its own (kfrag_col, vfrag_dim)
-// chosen so that a lane's pairs come from a few consecutive code bytes of a row; the query (K) and the output (V)
-// follow it.
-constexpr bool K_FRAG = fmt_turbo(KF) && DK == 128;
-constexpr bool V_FRAG = fmt_turbo(VF) && DV == 128;
+// Decode over turbo rows of 128 and over 8-bit rows (q8_0, int8: K_FRAG8, V_FRAG8): no tile (K_FRAG, V_FRAG). Each
+// lane decodes its mma A fragments straight from the raw stage — turbo through the pair table (turbo_pairs,
+// turbo4_pair), 8-bit values under an exponent byte (i8pair_to_h2, i8cross_to_h2) — in a column order of its own
+// (kfrag_col, vfrag_dim) chosen so that a lane's pairs come from a few consecutive bytes of a row; the query (K) and
+// the output (V) follow it.
+constexpr bool K_FRAG8 = fmt_8bit(KF);
+constexpr bool V_FRAG8 = fmt_8bit(VF) && DV <= 256;
+constexpr bool K_FRAG = (fmt_turbo(KF) && DK == 128) || K_FRAG8;
+constexpr bool V_FRAG = (fmt_turbo(VF) && DV == 128) || V_FRAG8;
 #define NEG_INF (-__int_as_float(0x7f800000))
 
 // ---- PTX helpers (smem_u32 and the cp.async copies come with every kvant source: KernelSource.CP_ASYNC)
@@ -118,9 +121,15 @@ __device__ __forceinline__ u32 turbo4_pair(u32 w, int h, u32 lutL) {
 // the A registers of columns 16ks + 8n + 2c (+1): column 16ks + 8h + 2c + e holds dimension 8c + ks + 32(2h + e).
 // turbo4: lane g·4 + c reads bytes 16c..16c+15, byte 16c + 2ks + h for the A registers of columns 16ks + 8h + 2c (+1):
 // column 16ks + 8h + 2c + e holds dimension 16c + 2ks + h + 64e.
+// q8_0, int8: lane g·4 + c reads bytes 8c..8c+7 of each 32 values j of its tokens' rows, the 16-bit word k of them
+// for k-step 2j + (k >> 1), the A registers of columns 2c (+1) (k even) or 8 + 2c (+1) (k odd): column
+// 16(2j + h) + 8x + 2c + e holds dimension 32j + 8c + 4h + 2x + e.
 template <int FMT>
 __device__ __forceinline__ int kfrag_col(int d) {
-    if constexpr (FMT == F_TURBO4) {
+    if constexpr (fmt_8bit(FMT)) {
+        const int r = d & 31;
+        return 16 * (2 * (d >> 5) + ((r >> 2) & 1)) + 8 * ((r >> 1) & 1) + 2 * (r >> 3) + (r & 1);
+    } else if constexpr (FMT == F_TURBO4) {
         const int b = d & 63, e = d >> 6;
         return 16 * ((b & 15) >> 1) + 8 * (b & 1) + 2 * (b >> 4) + e;
     } else {
@@ -133,10 +142,15 @@ __device__ __forceinline__ int kfrag_col(int d) {
 // 2i + n: column 16mt + 8h + g holds dimension 4g + (mt >> 1) + 32(2(mt & 1) + h).
 // turbo4: lane g·4 + c reads bytes 8g..8g+7; byte 8g + mt is m-tile mt: column 16mt + 8h + g holds dimension
 // 8g + mt + 64h.
+// q8_0, int8: lane g·4 + c reads bytes 4g..4g+3 of each 32 values of its four tokens' rows, the 16-bit word at 2i
+// of the 32 values j for m-tile 2j + i: column 16mt + 8h + g holds dimension 32(mt >> 1) + 4g + 2(mt & 1) + h. So a
+// lane's outputs of a row are runs of four dimensions that eight lanes write side by side (the partials' stores).
 template <int FMT>
 __device__ __forceinline__ int vfrag_dim(int m) {
     const int mt = m >> 4, g = m & 7, h = (m >> 3) & 1;
-    if constexpr (FMT == F_TURBO4) {
+    if constexpr (fmt_8bit(FMT)) {
+        return 32 * (mt >> 1) + 4 * g + 2 * (mt & 1) + h;
+    } else if constexpr (FMT == F_TURBO4) {
         return 8 * g + mt + 64 * h;
     } else {
         return 4 * g + (mt >> 1) + 32 * (2 * (mt & 1) + h);
@@ -163,8 +177,8 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {
 // per SM.
 // MU: (KMEAN prefill) each stage also holds the key means of the pages its 8-token chunks start, DK halves per
 // chunk in head order, copied with the rows.
-// FRAG (decode): turbo rows of 128 (K_FRAG, V_FRAG) are read as fragments straight from the stage, so they need no
-// tile, and their pair tables have lut_stride(f, true) entries.
+// FRAG (decode): turbo rows of 128 and 8-bit rows (K_FRAG, V_FRAG) are read as fragments straight from the stage, so
+// they need no tile, and turbo pair tables have lut_stride(f, true) entries.
 template <int HB, int WARPS, int TT, int QROWS, bool Q_ALIAS, bool MU = false, bool FRAG = false>
 struct Layout {
     static constexpr int SLOTK = round16(HB * RBK) + 16;   // one token's cover of HB K rows
@@ -215,20 +229,27 @@ __device__ __forceinline__ int page_mod(int x, int pageTokens) {
 // One token's cover of HB rows into its slot of a raw stage: the TPT threads of the token copy consecutive 16-byte
 // words (w = u, u + TPT, ...), so each group of TPT lanes reads one contiguous run. page < 0: the token is outside
 // the range and its slot is zero-filled (never read as data; zeros keep masked rows finite).
-// WHOLE (prefill): rows of whole 16-byte words (f16, bf16) start on 16 bytes — a page holds whole rows (and, for a
-// centered K, a mean area of 2·kvHeads·DK bytes), pools are 256-byte aligned — so the cover is HB·RB/16 words at
-// offset 0 and every thread copies the same number of them: no offset or word count worked out per token.
+// WHOLE: the caller knows that a cover of whole 16-byte words starts on 16 bytes — rows of whole words (prefill's
+// f16, bf16: a page holds whole rows and, for a centered K, a mean area of 2·kvHeads·DK bytes; pools are 256-byte
+// aligned), or the rows of every kv head of a token (decode with HB = kvHeads: a token's cover is HB·RB bytes at a
+// multiple of HB·RB in its page) — so where HB·RB is a multiple of 16, the cover is HB·RB/16 words at offset 0, a
+// fixed count a thread: no offset or word count worked out per token, and its offset is 0 (cover_aligned).
+template <int HB, int RB>
+__host__ __device__ constexpr bool cover_aligned(bool whole) { return whole && (HB * RB) % 16 == 0; }
+
 template <int HB, int RB, int SLOT, int TPT, bool WHOLE = false>
 __device__ __forceinline__ void copy_token(u8* dst, u8* offOut, int page, int tok, int pageTokens,
                                            const u8* __restrict__ pool, i64 pageBytes, int kvHeads, int h0, int u) {
     constexpr int WORDS = HB * RB / 16;
     if (page >= 0) {
         const i64 start = (i64) page * pageBytes + ((i64) page_mod(tok, pageTokens) * kvHeads + h0) * RB;
-        if constexpr (WHOLE && RB % 16 == 0 && WORDS % TPT == 0) {
+        if constexpr (cover_aligned<HB, RB>(WHOLE)) {
             if (u == 0) *offOut = 0;
+            const u8* src = pool + start;
 #pragma unroll
-            for (int k = 0; k < WORDS / TPT; k++) {
-                cp_async16(dst + (u + k * TPT) * 16, pool + start + (u + k * TPT) * 16);
+            for (int k = 0; k < (WORDS + TPT - 1) / TPT; k++) {
+                const int w = u + k * TPT;
+                if (WORDS % TPT == 0 || w < WORDS) cp_async16(dst + w * 16, src + w * 16);
             }
         } else {
             const int off = (int) (start & 15);
@@ -292,8 +313,8 @@ __device__ __forceinline__ float row_norm(const u8* row) {
 // G of its rows (NT is a multiple of G = D / 8), so what locates a group in a row is worked out once, and its
 // TT * G / NT rows are unrolled: their loads overlap. Tokens past the range are decoded like the others: their
 // slots are zero-filled (copy_token), which decodes to finite values (zeros, or bare centroids that a zero norm
-// or a zero probability cancels), and their scores are masked.
-template <int FMT, int D, int TT, int SLOT, int TS, int NT, bool NORM = true>
+// or a zero probability cancels), and their scores are masked. ALIGNED: every cover's offset is 0 (cover_aligned).
+template <int FMT, int D, int TT, int SLOT, int TS, int NT, bool NORM = true, bool ALIGNED = false>
 __device__ __forceinline__ void dequant_tile(u8* tile, const u8* raw, const u8* offs, int isV, int hl,
                                              const u32* lut, int gtid, int lane) {
     constexpr int RB = fmt_row_bytes(FMT, D);
@@ -307,14 +328,16 @@ __device__ __forceinline__ void dequant_tile(u8* tile, const u8* raw, const u8* 
 #pragma unroll
         for (int k = 0; k < TT * G / NT; k++) {
             const int t = t0 + k * TSTEP;
-            *(uint4*) (dst + t * TS) = dq_turbo<FMT, D, NORM>(src + t * SLOT + lds_u8(ofs + t * 2), grp, table);
+            const u32 off = ALIGNED ? 0u : lds_u8(ofs + t * 2);
+            *(uint4*) (dst + t * TS) = dq_turbo<FMT, D, NORM>(src + t * SLOT + off, grp, table);
         }
     } else {
         const u8* src = raw + hl * RB;
 #pragma unroll
         for (int k = 0; k < TT * G / NT; k++) {
             const int t = t0 + k * TSTEP;
-            *(uint4*) (dst + t * TS) = dq_group<FMT, D>(src + t * SLOT + offs[t * 2 + isV], grp, lut, lane);
+            const int off = ALIGNED ? 0 : offs[t * 2 + isV];
+            *(uint4*) (dst + t * TS) = dq_group<FMT, D>(src + t * SLOT + off, grp, lut, lane);
         }
     }
 }
@@ -433,8 +456,9 @@ __device__ __forceinline__ void build_luts(u8* smem, int tid, int nthreads) {
 // block:  HBD warps; warp w serves kv head h0 + w. One cp.async ring (all warps) brings the rows of all HBD heads
 //         for 16 tokens at a time, so each K/V row is read once for the whole GQA group.
 // shared: Layout<HBD, HBD, 16, 8, true, false, FRAG>: pair tables, one dequant tile per warp that first holds the
-//         warp's 8 query rows (f16/bf16 and turbo rows of 128, which need no tile: a Q area), NST raw stages.
+//         warp's 8 query rows (f16/bf16, turbo rows of 128 and 8-bit rows need no tile: a Q area), NST raw stages.
 //         llama3-8b d128: 77-109 KB (two blocks per SM), 150 KB for f16/bf16 (one block, the f16 stage being 66 KB).
+//         A block of every kv head (HB_ALL) copies whole-word covers at offset 0 (copy_token's WHOLE).
 // thread: S^T = K Q^T with the 16 tokens as M and the 8 query rows as N (mma m16n8k16: K tile by ldmatrix, Q
 //         fragments in registers), so a lane holds 2 tokens x 2 rows of S, 4 registers; P^T goes back into the
 //         tensor cores through movmatrix; O^T = V^T P^T accumulates DV/16 m-tiles x 4 f32 per lane. Sparse V: a
@@ -442,7 +466,7 @@ __device__ __forceinline__ void build_luts(u8* smem, int tid, int nthreads) {
 //         the denominator), and a 16-token block with none left skips its V dequantization and mma.
 //         Turbo rows of one block (K_FOLD, V_FOLD) enter the tile as bare centroid pairs; a K row's norm scales
 //         its scores after the mma, a V row's norm its probabilities before they become f16. turbo rows of 128
-//         (K_FRAG, V_FRAG) have no tile: a lane decodes its A fragments from the raw stage (turbo_pairs).
+//         and 8-bit rows (K_FRAG, V_FRAG) have no tile: a lane decodes its A fragments from the raw stage.
 // exact:  deterministic (fixed tile order, fixed split boundaries); not bitwise equal to the CPU's f32 attention
 //         (f16 operands); tests bound the NMSE against a float64 reference.
 // ================================================================================================================
@@ -459,6 +483,13 @@ __device__ __forceinline__ int split_for(int len, int minSplit, int maxSplits) {
 
 constexpr int DEC_TT = 16;
 using DecLayout = Layout<HBD, HBD, DEC_TT, 8, true, false, true>;
+// HB_ALL: a block serves every kv head (HBD = kvHeads), so a token's rows are one run at a multiple of HBD·RB in its
+// page: covers of whole words start on 16 bytes (copy_token's WHOLE) and their offsets are 0.
+#ifndef HB_ALL
+#define HB_ALL 0
+#endif
+constexpr bool DEC_KAL = cover_aligned<HBD, RBK>(HB_ALL != 0);
+constexpr bool DEC_VAL = cover_aligned<HBD, RBV>(HB_ALL != 0);
 // Decode blocks an SM: two when their shared memory fits twice (the launch bound asks the registers for it).
 constexpr int DEC_BLOCKS = (DV <= 128 && DecLayout::TOTAL <= 110 * 1024) ? 2 : 1;
 
@@ -524,7 +555,7 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
     const int ntiles = t1 > t0 ? (t1 - t0 + TT - 1) / TT : 0;
     float qx[8][DK / 32];
     load_q<8>(qx, q, seq, nq, heads, G, kh, row0, lane);
-    const StageLoader<LY, HBD, TT, HBD * 32> loader(threadIdx.x);
+    const StageLoader<LY, HBD, TT, HBD * 32, HB_ALL != 0> loader(threadIdx.x);
     // The page of this thread's token in tile s; tile s into its stage.
     auto pageOf = [&](int s) -> int {
         const int tok = t0 + s * TT;
@@ -594,16 +625,45 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
         const u8* rawK = smem + LY::OFF_RAW + st * LY::STAGE;
         const u8* rawV = rawK + TT * LY::SLOTK;
         const u8* offs = smem + LY::OFF_OFS + st * TT * 2;
+        // the offsets of token t's K and V covers in their slots
+        auto kofs = [&](int t) -> int { return DEC_KAL ? 0 : offs[t * 2]; };
+        auto vofs = [&](int t) -> int { return DEC_VAL ? 0 : offs[t * 2 + 1]; };
 
         // ---- S^T = K Q^T (16 tokens x 8 rows)
         float s[4] = {0.f, 0.f, 0.f, 0.f};
         // K_FRAG: the rows of tokens g and g + 8 (shared addresses of their norms; the codes follow)
         u32 krow0 = 0, krow1 = 0;
         if constexpr (K_FRAG) {
-            krow0 = smem_u32(rawK + g * LY::SLOTK + warp * RBK) + offs[g * 2];
-            krow1 = smem_u32(rawK + (g + 8) * LY::SLOTK + warp * RBK) + offs[(g + 8) * 2];
+            krow0 = smem_u32(rawK + g * LY::SLOTK + warp * RBK) + kofs(g);
+            krow1 = smem_u32(rawK + (g + 8) * LY::SLOTK + warp * RBK) + kofs(g + 8);
         }
-        if constexpr (K_FRAG && KF == F_TURBO4) {
+        if constexpr (K_FRAG8) {
+            // tokens g and g + 8: per 32 values j, words k of bytes 8c.. give k-steps 2j, 2j + 1 (a token past the
+            // tile's end reads its zero-filled slot: zeros, its score masked below)
+            constexpr int B = fmt_block8(KF);
+            u32 d2[2] = {0u, 0u};
+#pragma unroll
+            for (int j = 0; j < DK / 32; j++) {
+                const int blk = (32 * j / B) * (B + 2), base = blk + 2 + (32 * j) % B + 8 * c;
+                if ((32 * j) % B == 0) {
+                    const u32 d0 = lds_u16(krow0 + blk), d1 = lds_u16(krow1 + blk);
+                    d2[0] = d0 | (d0 << 16);
+                    d2[1] = d1 | (d1 << 16);
+                }
+                u32 w[2][4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    w[0][k] = lds_u16(krow0 + base + 2 * k);
+                    w[1][k] = lds_u16(krow1 + base + 2 * k);
+                }
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    mma16816<false>(s, i8pair_to_h2(w[0][2 * h], d2[0]), i8pair_to_h2(w[1][2 * h], d2[1]),
+                                    i8pair_to_h2(w[0][2 * h + 1], d2[0]), i8pair_to_h2(w[1][2 * h + 1], d2[1]),
+                                    qf[2 * j + h][0], qf[2 * j + h][1]);
+                }
+            }
+        } else if constexpr (K_FRAG && KF == F_TURBO4) {
             // tokens g and g + 8: 16-bit word ks of bytes 16c.. gives k-step ks (a token past the tile's end reads
             // its zero-filled slot: finite pairs, its score masked below)
             const u32 lutL = smem_u32(lutK + lane);
@@ -649,8 +709,8 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
                 kt = rawK + warp * RBK;
                 kstride = LY::SLOTK;
             } else {
-                dequant_tile<KF, DK, TT, LY::SLOTK, LY::TS, 32, !K_FOLD>(tile, rawK, offs, 0, warp, lutK,
-                                                                         lane, lane);
+                dequant_tile<KF, DK, TT, LY::SLOTK, LY::TS, 32, !K_FOLD, DEC_KAL>(tile, rawK, offs, 0, warp, lutK,
+                                                                                  lane, lane);
                 __syncwarp();
                 kt = tile;
                 kstride = LY::TS;
@@ -669,8 +729,8 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
                 n0 = h2f((u16) lds_u16(krow0));
                 n1 = h2f((u16) lds_u16(krow1));
             } else {
-                n0 = row_norm(rawK + g * LY::SLOTK + offs[g * 2] + warp * RBK);
-                n1 = row_norm(rawK + (g + 8) * LY::SLOTK + offs[(g + 8) * 2] + warp * RBK);
+                n0 = row_norm(rawK + g * LY::SLOTK + kofs(g) + warp * RBK);
+                n1 = row_norm(rawK + (g + 8) * LY::SLOTK + kofs(g + 8) + warp * RBK);
             }
             s[0] *= n0;
             s[1] *= n0;
@@ -737,9 +797,8 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
         if (!need) continue;
         float pv[4] = {p[0], p[1], p[2], p[3]};
         if constexpr (V_FOLD) {   // tokens g and g + 8 weighted by their V rows' norms (0 past the tile's end)
-            const float n0 = g < valid ? row_norm(rawV + g * LY::SLOTV + offs[g * 2 + 1] + warp * RBV) : 0.f;
-            const float n1 = g + 8 < valid ? row_norm(rawV + (g + 8) * LY::SLOTV + offs[(g + 8) * 2 + 1] + warp * RBV)
-                                           : 0.f;
+            const float n0 = g < valid ? row_norm(rawV + g * LY::SLOTV + vofs(g) + warp * RBV) : 0.f;
+            const float n1 = g + 8 < valid ? row_norm(rawV + (g + 8) * LY::SLOTV + vofs(g + 8) + warp * RBV) : 0.f;
             pv[0] *= n0;
             pv[1] *= n0;
             pv[2] *= n1;
@@ -749,7 +808,35 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
         const u32 b1 = movm_t(pack2<V_BF16>(pv[2], pv[3]));
 
         // ---- O^T += V^T P^T
-        if constexpr (V_FRAG) {
+        if constexpr (V_FRAG8) {
+            // tokens 2c, 2c + 1, 2c + 8, 2c + 9: the word at 4g + 2i of 32 values j of a row holds rows g, g + 8 of
+            // m-tile 2j + i; two tokens' bytes make an A register by halves, times the two tokens' scales (a token
+            // past the tile's end reads its zero-filled slot: zeros times a zero probability)
+            constexpr int B = fmt_block8(VF);
+            u32 vrow[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int t = 2 * c + (j & 1) + 8 * (j >> 1);
+                vrow[j] = smem_u32(rawV + t * LY::SLOTV + warp * RBV) + vofs(t);
+            }
+            u32 dA = 0u, dB = 0u;
+#pragma unroll
+            for (int j = 0; j < DV / 32; j++) {
+                const int blk = (32 * j / B) * (B + 2), base = blk + 2 + (32 * j) % B + 4 * g;
+                if ((32 * j) % B == 0) {
+                    dA = __byte_perm(lds_u16(vrow[0] + blk), lds_u16(vrow[1] + blk), 0x5410);
+                    dB = __byte_perm(lds_u16(vrow[2] + blk), lds_u16(vrow[3] + blk), 0x5410);
+                }
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    u32 x[4];
+#pragma unroll
+                    for (int t = 0; t < 4; t++) x[t] = lds_u16(vrow[t] + base + 2 * i) ^ 0x64648080u;
+                    mma16816<false>(o[2 * j + i], i8cross_to_h2<0>(x[0], x[1], dA), i8cross_to_h2<1>(x[0], x[1], dA),
+                                    i8cross_to_h2<0>(x[2], x[3], dB), i8cross_to_h2<1>(x[2], x[3], dB), b0, b1);
+                }
+            }
+        } else if constexpr (V_FRAG) {
             // tokens 2c, 2c + 1, 2c + 8, 2c + 9; two tokens' pairs make an A register by halves (a token past the
             // tile's end reads its zero-filled slot: finite pairs times a zero probability). turbo4: 16-bit words k
             // of bytes 8g.. give the pairs (rows g, g + 8) of m-tiles 2k, 2k + 1; turbo3, turbo2: words k of low
@@ -759,7 +846,7 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const int t = 2 * c + (j & 1) + 8 * (j >> 1);
-                vrow[j] = smem_u32(rawV + t * LY::SLOTV + warp * RBV) + offs[t * 2 + 1] + 2;
+                vrow[j] = smem_u32(rawV + t * LY::SLOTV + warp * RBV) + vofs(t) + 2;
             }
             if constexpr (VF == F_TURBO4) {
                 u32 w[4][4];
@@ -810,8 +897,8 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
                 vstride = LY::SLOTV;
             } else {
                 __syncwarp();
-                dequant_tile<VF, DV, TT, LY::SLOTV, LY::TS, 32, !V_FOLD>(tile, rawV, offs, 1, warp, lutV,
-                                                                         lane, lane);
+                dequant_tile<VF, DV, TT, LY::SLOTV, LY::TS, 32, !V_FOLD, DEC_VAL>(tile, rawV, offs, 1, warp, lutV,
+                                                                                  lane, lane);
                 __syncwarp();
                 vt = tile;
                 vstride = LY::TS;
@@ -842,10 +929,35 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
         const i64 part = (((i64) seq * nq + qi) * heads + hq) * maxSplits + split;
         if (g == 0) ml[part] = make_float2(mrow[e], lrow[e]);
         float* op = opart + part * DV;
+        // V_FRAG: a lane's outputs of a row are runs of four dimensions (vfrag_dim), stored whole, so that the
+        // eight lanes of a row write 128 contiguous bytes (one value at a time, 8-bit V's stores were 4x the lines)
+        if constexpr (V_FRAG8) {   // dimensions 32j + 4g .. + 3: m-tiles 2j (rows g, g + 8) and 2j + 1
 #pragma unroll
-        for (int mt = 0; mt < DV / 16; mt++) {
-            op[V_FRAG ? vfrag_dim<VF>(mt * 16 + g) : perm_col<VF, DV>(mt * 16 + g)] = o[mt][e];
-            op[V_FRAG ? vfrag_dim<VF>(mt * 16 + g + 8) : perm_col<VF, DV>(mt * 16 + g + 8)] = o[mt][2 + e];
+            for (int j = 0; j < DV / 32; j++) {
+                *(float4*) (op + 32 * j + 4 * g) = make_float4(o[2 * j][e], o[2 * j][2 + e], o[2 * j + 1][e],
+                                                               o[2 * j + 1][2 + e]);
+            }
+        } else if constexpr (V_FRAG && VF == F_TURBO4) {   // dimensions 64h + 8g + 4k .. + 3: m-tiles 4k .. 4k + 3
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int x = 2 * h + e;
+#pragma unroll
+                for (int k = 0; k < 2; k++)
+                    *(float4*) (op + 64 * h + 8 * g + 4 * k) =
+                            make_float4(o[4 * k][x], o[4 * k + 1][x], o[4 * k + 2][x], o[4 * k + 3][x]);
+            }
+        } else if constexpr (V_FRAG) {   // dimensions 32r + 4g .. + 3, r = 2(mt & 1) + h: m-tiles 2i + (r >> 1)
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int m = r >> 1, x = 2 * (r & 1) + e;
+                *(float4*) (op + 32 * r + 4 * g) = make_float4(o[m][x], o[2 + m][x], o[4 + m][x], o[6 + m][x]);
+            }
+        } else {
+#pragma unroll
+            for (int mt = 0; mt < DV / 16; mt++) {
+                op[perm_col<VF, DV>(mt * 16 + g)] = o[mt][e];
+                op[perm_col<VF, DV>(mt * 16 + g + 8)] = o[mt][2 + e];
+            }
         }
     }
 }

@@ -22,6 +22,9 @@ enum {
 __host__ __device__ constexpr bool fmt_rotated(int f) { return f == F_Q4_0H || f >= F_TURBO4; }
 __host__ __device__ constexpr bool fmt_turbo(int f) { return f >= F_TURBO4; }
 __host__ __device__ constexpr bool fmt_direct(int f) { return f <= F_BF16; }
+__host__ __device__ constexpr bool fmt_8bit(int f) { return f == F_Q8_0 || f == F_INT8; }
+// Values of one scale of an 8-bit format (a block: the fp16 scale, then that many int8 values).
+__host__ __device__ constexpr int fmt_block8(int f) { return f == F_Q8_0 ? 32 : 64; }
 __host__ __device__ constexpr int fmt_bits(int f) { return f == F_TURBO4 ? 4 : f == F_TURBO3 ? 3 : f == F_TURBO2 ? 2 : 0; }
 __host__ __device__ constexpr int rot_block(int d) { return d % 128 == 0 ? 128 : 64; }
 __host__ __device__ constexpr int fmt_row_bytes(int f, int d) {
@@ -238,6 +241,13 @@ __device__ void build_pair_lut(u32* lut, int tid, int nthreads) {
 // subtraction of 1152 (= 1024 + 128) leaves the exact integer, one multiplication the scaled value (rounded once).
 __device__ __forceinline__ u32 i8pair_to_h2(u32 w16, u32 d2) {
     const u32 t = __byte_perm(w16 ^ 0x8080u, 0x64646464u, 0x4140);
+    return hmul2(hsub2(t, 0x64806480u), d2);
+}
+// The int8 values of byte 0 of a and of b (lo, hi) or of their byte 1 (H = 1) to f16 times their scales d2, as
+// i8pair_to_h2: ax, bx are 16-bit words x-ored with 0x64648080 (the sign flip, and the exponent byte above them).
+template <int H>
+__device__ __forceinline__ u32 i8cross_to_h2(u32 ax, u32 bx, u32 d2) {
+    const u32 t = __byte_perm(ax, bx, H ? 0x6521 : 0x6420);
     return hmul2(hsub2(t, 0x64806480u), d2);
 }
 // Two 4-bit codes (bits 0..3 and 8..11 of w) to f16 (code - 8) * d.

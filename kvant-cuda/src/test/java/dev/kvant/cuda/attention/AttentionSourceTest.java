@@ -105,7 +105,8 @@ class AttentionSourceTest {
     /**
      * The Java mirror of the decode layout gives the bytes the device reported for llama3-8b's layer (attention.cu's
      * Layout::TOTAL through kvant_attn_info, printed by AttentionGpuBench on the H200, 2026-11-30): turbo rows of 128
-     * with no tile and 256-byte pair-table entries (turbo3, turbo2), q8_0 with its tile, f16 with its 66 KB stages;
+     * with no tile and 256-byte pair-table entries (turbo3, turbo2), q8_0 with no tile either (2026-12-01: its query
+     * rows in their own area, two stages), f16 with its 66 KB stages;
      * and the prefill's (one kv head, 64-token tiles, 128-byte entries: turbo3's 96 of them).
      */
     @Test
@@ -113,7 +114,7 @@ class AttentionSourceTest {
         assertEquals(108_800, AttentionSource.decodeSharedBytes(shape("turbo3", 8, 128), 8));
         assertEquals(77_056, AttentionSource.decodeSharedBytes(shape("turbo2", 8, 128), 8));
         assertEquals(102_656, AttentionSource.decodeSharedBytes(shape("turbo4", 8, 128), 8));
-        assertEquals(105_728, AttentionSource.decodeSharedBytes(shape("q8_0", 8, 128), 8));
+        assertEquals(88_320, AttentionSource.decodeSharedBytes(shape("q8_0", 8, 128), 8));
         assertEquals(149_760, AttentionSource.decodeSharedBytes(shape("f16", 8, 128), 8));
         KvGeometry g = new KvGeometry(1, 8, 128, 128);
         assertEquals(106_496, AttentionSource.prefillSharedBytes(g, TurboFormat.TURBO3, TurboFormat.TURBO3));
