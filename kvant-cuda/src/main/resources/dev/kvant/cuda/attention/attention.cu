@@ -157,6 +157,43 @@ __device__ __forceinline__ int vfrag_dim(int m) {
     }
 }
 
+// ---- bulk copies (sm_90): cp.async.bulk moves a run of 16-byte words into shared memory and counts its bytes on an
+// mbarrier, so one thread's instruction replaces a word per thread of cp.async (decode with HB_ALL: a token's rows).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define KVANT_BULK 1
+#else
+#define KVANT_BULK 0
+#endif
+__device__ __forceinline__ void mbar_init(u32 bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() {
+#if KVANT_BULK
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// This thread's arrival, announcing bytes that its bulk copies will bring.
+__device__ __forceinline__ void mbar_arrive_tx(u32 bar, int bytes) {
+#if KVANT_BULK
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+#if KVANT_BULK
+    asm volatile("{\n .reg .pred p;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 " @!p bra WAIT_%=;\n}" ::"r"(bar), "r"(parity) : "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, int bytes, u32 bar) {
+#if KVANT_BULK
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+#endif
+}
+
 // 2^x by the SFU (ex2.approx.ftz: relative error below 2^-22, 2^-inf = 0): the softmax's exponential, one
 // instruction instead of exp2f's range handling.
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -280,6 +317,31 @@ struct StageLoader {
     __device__ __forceinline__ int page(const int* __restrict__ table, int tok0, int tokEnd, int pos0,
                                         int pageTokens) const {
         return tok0 + t < tokEnd ? table[page_div(pos0 + t, pageTokens)] : -1;
+    }
+
+    // WHOLE covers by bulk copies: the first thread of each token copies its K and V covers (HB·RBK, HB·RBV bytes) and
+    // arrives on the stage's mbarrier bar (one arrival per token: a barrier of TT) announcing their bytes; a token
+    // outside the range has its slots zero-filled by its TPT threads first, then arrives with none.
+    __device__ __forceinline__ void issue_bulk(u8* smem, int stage, int tok0, int page, int pageTokens,
+                                               const u8* __restrict__ kpool, const u8* __restrict__ vpool,
+                                               i64 kPageBytes, i64 vPageBytes, int kvHeads, int h0, u32 bar) const {
+        static_assert(cover_aligned<HB, RBK>(true) && cover_aligned<HB, RBV>(true), "bulk copies move whole words");
+        u8* dk = smem + LY::OFF_RAW + stage * LY::STAGE + t * LY::SLOTK;
+        u8* dv = smem + LY::OFF_RAW + stage * LY::STAGE + TT * LY::SLOTK + t * LY::SLOTV;
+        if (page < 0) {
+            for (int w = u; w < LY::SLOTK / 16; w += TPT) *(uint4*) (dk + w * 16) = make_uint4(0, 0, 0, 0);
+            for (int w = u; w < LY::SLOTV / 16; w += TPT) *(uint4*) (dv + w * 16) = make_uint4(0, 0, 0, 0);
+        }
+        __syncwarp();
+        if (u != 0) return;
+        if (page >= 0) {
+            const i64 row = (i64) page_mod(tok0 + t, pageTokens) * kvHeads + h0;
+            mbar_arrive_tx(bar, HB * (RBK + RBV));
+            bulk_copy(smem_u32(dk), kpool + (i64) page * kPageBytes + row * RBK, HB * RBK, bar);
+            bulk_copy(smem_u32(dv), vpool + (i64) page * vPageBytes + row * RBV, HB * RBV, bar);
+        } else {
+            mbar_arrive(bar);
+        }
     }
 
     __device__ __forceinline__ void issue(u8* smem, int stage, int tok0, int page, int pageTokens,
@@ -490,6 +552,10 @@ using DecLayout = Layout<HBD, HBD, DEC_TT, 8, true, false, true>;
 #endif
 constexpr bool DEC_KAL = cover_aligned<HBD, RBK>(HB_ALL != 0);
 constexpr bool DEC_VAL = cover_aligned<HBD, RBV>(HB_ALL != 0);
+// Both covers whole words at offset 0 on sm_90: each token's K and V rows come by two bulk copies, one thread's, and
+// a stage is waited for on its mbarrier (kept in the offsets' area, which such covers do not use) instead of
+// cp.async groups.
+constexpr bool DEC_BULK = DEC_KAL && DEC_VAL && KVANT_BULK;
 // Decode blocks an SM: two when their shared memory fits twice (the launch bound asks the registers for it).
 constexpr int DEC_BLOCKS = (DV <= 128 && DecLayout::TOTAL <= 110 * 1024) ? 2 : 1;
 
@@ -561,9 +627,16 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
         const int tok = t0 + s * TT;
         return loader.page(table, tok, t1, pos(tok), pageTokens);
     };
+    // DEC_BULK: stage s's mbarrier, and the parity of its phase that tile it waits for
+    const u32 bars = smem_u32(smem + LY::OFF_OFS);
     auto issue = [&](int s, int page) {
-        loader.issue(smem, s % NST, pos(t0 + s * TT), page, pageTokens, kpool, vpool, kPageBytes, vPageBytes,
-                     kvHeads, hb * HBD);
+        if constexpr (DEC_BULK) {
+            loader.issue_bulk(smem, s % NST, pos(t0 + s * TT), page, pageTokens, kpool, vpool, kPageBytes,
+                              vPageBytes, kvHeads, hb * HBD, bars + 8 * (s % NST));
+        } else {
+            loader.issue(smem, s % NST, pos(t0 + s * TT), page, pageTokens, kpool, vpool, kPageBytes, vPageBytes,
+                         kvHeads, hb * HBD);
+        }
     };
     int pages[NST - 1];
 #pragma unroll
@@ -589,10 +662,18 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
     // would have to move below this wait (KernelSource.GRID_ENTER); lens, tables and the pair tables' constants may
     // stay above it. (Selected decode waited at its top: its lists come from the kernel before it.)
     if constexpr (!SEL) KVANT_GRID_WAIT();
+    if constexpr (DEC_BULK) {
+        if (threadIdx.x == 0) {
+#pragma unroll
+            for (int s = 0; s < NST; s++) mbar_init(bars + 8 * s, TT);
+            mbar_init_fence();
+        }
+        __syncthreads();
+    }
 #pragma unroll
     for (int s = 0; s < NST - 1; s++) {
         if (s < ntiles) issue(s, pages[s]);
-        cp_async_commit();
+        if constexpr (!DEC_BULK) cp_async_commit();
     }
 
     // Positions of this lane's two rows (2c, 2c+1 of the tile): a token is visible up to its row's query.
@@ -611,12 +692,16 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
     float2 bias = make_float2(0.f, 0.f);
 
     for (int it = 0; it < ntiles; it++) {
-        cp_async_wait<NST - 2>();
+        if constexpr (DEC_BULK) {
+            mbar_wait(bars + 8 * (it % NST), (it / NST) & 1);
+        } else {
+            cp_async_wait<NST - 2>();
+        }
         __syncthreads();
         {
             const int nx = it + NST - 1;
             if (nx < ntiles) issue(nx, pageNext);
-            cp_async_commit();
+            if constexpr (!DEC_BULK) cp_async_commit();
             pageNext = pageOf(nx + 1);
         }
         const int st = it % NST;
