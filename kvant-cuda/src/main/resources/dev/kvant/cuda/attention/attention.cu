@@ -515,12 +515,13 @@ __device__ __forceinline__ void build_luts(u8* smem, int tid, int nthreads) {
 //         (the merge reads ceil(len/split)).
 //         All sizes that change per step come from lens and tables in device memory, so a graph captured once
 //         replays at any length up to maxSplits * splitTokens.
-// block:  HBD warps; warp w serves kv head h0 + w. One cp.async ring (all warps) brings the rows of all HBD heads
-//         for 16 tokens at a time, so each K/V row is read once for the whole GQA group.
+// block:  HBD warps; warp w serves kv head h0 + w. One ring of stages (all warps) brings the rows of all HBD heads
+//         for 16 tokens at a time, so each K/V row is read once for the whole GQA group: by cp.async, or when the
+//         block serves every kv head on sm_90 (DEC_BULK), by two bulk copies a token counted on a stage's mbarrier.
 // shared: Layout<HBD, HBD, 16, 8, true, false, FRAG>: pair tables, one dequant tile per warp that first holds the
 //         warp's 8 query rows (f16/bf16, turbo rows of 128 and 8-bit rows need no tile: a Q area), NST raw stages.
 //         llama3-8b d128: 77-109 KB (two blocks per SM), 150 KB for f16/bf16 (one block, the f16 stage being 66 KB).
-//         A block of every kv head (HB_ALL) copies whole-word covers at offset 0 (copy_token's WHOLE).
+//         A block of every kv head (HB_ALL) copies whole-word covers at offset 0 (copy_token's WHOLE, or bulk).
 // thread: S^T = K Q^T with the 16 tokens as M and the 8 query rows as N (mma m16n8k16: K tile by ldmatrix, Q
 //         fragments in registers), so a lane holds 2 tokens x 2 rows of S, 4 registers; P^T goes back into the
 //         tensor cores through movmatrix; O^T = V^T P^T accumulates DV/16 m-tiles x 4 f32 per lane. Sparse V: a
@@ -627,7 +628,7 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
         const int tok = t0 + s * TT;
         return loader.page(table, tok, t1, pos(tok), pageTokens);
     };
-    // DEC_BULK: stage s's mbarrier, and the parity of its phase that tile it waits for
+    // DEC_BULK: the stages' mbarriers, 8 bytes each (tile it waits for phase it / NST of stage it % NST's)
     const u32 bars = smem_u32(smem + LY::OFF_OFS);
     auto issue = [&](int s, int page) {
         if constexpr (DEC_BULK) {
