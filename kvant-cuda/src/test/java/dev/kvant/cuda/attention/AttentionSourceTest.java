@@ -109,6 +109,22 @@ class AttentionSourceTest {
      * rows in their own area, two stages), f16 with its 66 KB stages;
      * and the prefill's (one kv head, 64-token tiles, 128-byte entries: turbo3's 96 of them).
      */
+    /**
+     * A decode block of every kv head compiles with HB_ALL=1 (its covers start on 16 bytes: whole-word and bulk
+     * copies), any other with 0; the module's name says which, so the two never share a cache entry or a
+     * precompiled module.
+     */
+    @Test
+    void aBlockOfEveryKvHeadIsItsOwnModule() {
+        AttentionShape eight = shape("q8_0", 8, 128), sixteen = shape("q8_0", 16, 128);
+        assertEquals("1", AttentionSource.defines(eight).get("HB_ALL"));
+        assertEquals("8", AttentionSource.defines(sixteen).get("HBD"));
+        assertEquals("0", AttentionSource.defines(sixteen).get("HB_ALL"));
+        assertEquals("0", AttentionSource.defines(eight, 1).get("HB_ALL"));
+        assertTrue(AttentionSource.source(eight).name().endsWith("/hb8-all]"), AttentionSource.source(eight).name());
+        assertTrue(AttentionSource.source(sixteen).name().endsWith("/hb8]"), AttentionSource.source(sixteen).name());
+    }
+
     @Test
     void decodeLayoutMirrorGivesTheDevicesBytes() {
         assertEquals(108_800, AttentionSource.decodeSharedBytes(shape("turbo3", 8, 128), 8));
