@@ -2,6 +2,7 @@ package dev.kvant.cuda.attention;
 
 import dev.kvant.cuda.CudaContext;
 import dev.kvant.cuda.CudaEvent;
+import dev.kvant.cuda.CudaGraph;
 import dev.kvant.cuda.CudaStream;
 import dev.kvant.cuda.DeviceBuffer;
 import dev.kvant.cuda.DeviceCopy;
@@ -21,8 +22,11 @@ import java.util.SplittableRandom;
  * GPU attention benchmark at llama3-8b geometry (32 query heads, 8 kv heads, head size 128), one layer:
  * <ul>
  * <li>decode of one query per sequence over 4K, 32K and 128K cached tokens, batch 1 and 16, every K/V format
- * (K and V alike): median time over CUDA events, bytes of cache read per second, and that over the device copy
- * bandwidth measured in the same run (DeviceCopy: bytes read + written per second);</li>
+ * (K and V alike), timed two ways: as a decode step runs it ({@link #graphTime}: {@value #INNER} decodes captured
+ * into one graph and replayed, no host launch time inside) — the time, bytes of cache read per second and that over
+ * the device copy bandwidth measured in the same run (DeviceCopy: bytes read + written per second) come from this —
+ * and launched one at a time from Java between two events (host launch time included, which dominates short
+ * decodes);</li>
  * <li>causal prefill of 4K and 32K tokens in f16 and turbo3: TFLOP/s counting 2 * L^2 * d * heads (the causal half
  * of QK^T and PV), the convention of scripts/gpu-sdpa-baseline.py;</li>
  * <li>quantize-on-write: K+V rows per second per format.</li>
@@ -43,6 +47,8 @@ public final class AttentionGpuBench {
     static final int[] BATCHES = {1, 16};
     static final int[] PREFILL = {4096, 32768};
     static final int CHUNK = 32768;
+    /** Decodes a timed graph replays (graphTime). */
+    static final int INNER = 10;
 
     private AttentionGpuBench() {
     }
@@ -77,8 +83,9 @@ public final class AttentionGpuBench {
             System.out.println("### Decode attention (llama3-8b layer: 32 q heads, 8 kv heads, d 128; one query per "
                     + "sequence)");
             System.out.println();
-            System.out.println("| K/V format | cached tokens | batch | time (µs, median) | cache read (GB/s) | of copy bw |");
-            System.out.println("| --- | ---: | ---: | ---: | ---: | ---: |");
+            System.out.println("| K/V format | cached tokens | batch | time (µs, median) | cache read (GB/s) | of copy bw "
+                    + "| launched (µs, median) |");
+            System.out.println("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
             decodeRows.forEach(System.out::println);
             System.out.println();
             System.out.println("### Prefill attention (causal, one sequence, 32 q heads, 8 kv heads, d 128)");
@@ -160,15 +167,16 @@ public final class AttentionGpuBench {
                         }
                         batch.upload();
                         for (int b : BATCHES) {
-                            double[] times = time(context, stream, 3, 20,
-                                    () -> attention.decode(kv, 0, q, batch, b, out, stream));
-                            double us = median(times) * 1e3;
+                            Runnable decode = () -> attention.decode(kv, 0, q, batch, b, out, stream);
+                            double launched = median(time(context, stream, 3, 20, decode)) * 1e3;
+                            double us = graphTime(context, stream, 1, 10, decode) * 1e3;
                             double bytes = (double) b * len * KV_HEADS * (shape.kRowBytes() + shape.vRowBytes());
                             double gbps = bytes / (us * 1e-6) / 1e9;
-                            decodeRows.add(String.format(Locale.ROOT, "| %s | %d | %d | %.1f | %.0f | %.0f%% |",
-                                    f.name(), len, b, us, gbps, 100 * gbps / copy));
-                            System.out.printf(Locale.ROOT, "decode %s L=%d B=%d split=%d: %.1f µs, %.0f GB/s%n",
-                                    f.name(), len, b, attention.decodeSplit(len), us, gbps);
+                            decodeRows.add(String.format(Locale.ROOT, "| %s | %d | %d | %.1f | %.0f | %.0f%% | %.1f |",
+                                    f.name(), len, b, us, gbps, 100 * gbps / copy, launched));
+                            System.out.printf(Locale.ROOT,
+                                    "decode %s L=%d B=%d split=%d: %.1f µs, %.0f GB/s (launched one at a time: %.1f µs)%n",
+                                    f.name(), len, b, attention.decodeSplit(len), us, gbps, launched);
                         }
                     }
                 }
@@ -191,6 +199,21 @@ public final class AttentionGpuBench {
                     }
                 }
             }
+        }
+    }
+
+    /**
+     * Milliseconds of one run of {@code work} as a decode step runs it: {@value #INNER} runs captured into one graph,
+     * the median of {@code reps} replays (after {@code warmup}) divided by {@value #INNER}, so no host launch time is
+     * inside the measurement. Kernel launches: {@value #INNER} x (warmup + reps).
+     */
+    static double graphTime(CudaContext context, CudaStream stream, int warmup, int reps, Runnable work) {
+        try (CudaGraph graph = CudaGraph.capture(stream, () -> {
+            for (int i = 0; i < INNER; i++) {
+                work.run();
+            }
+        })) {
+            return median(time(context, stream, warmup, reps, () -> graph.launch(stream))) / INNER;
         }
     }
 

@@ -1,7 +1,6 @@
 package dev.kvant.cuda.attention;
 
 import dev.kvant.cuda.CudaContext;
-import dev.kvant.cuda.CudaGraph;
 import dev.kvant.cuda.CudaStream;
 import dev.kvant.cuda.DeviceBuffer;
 import dev.kvant.cuda.KernelCache;
@@ -29,7 +28,6 @@ import java.util.Locale;
 public final class SelectionGpuBench {
     static final int LAYERS = 32;
     static final int CHUNK = 16384;
-    static final int INNER = 10;
 
     private SelectionGpuBench() {
     }
@@ -136,18 +134,9 @@ public final class SelectionGpuBench {
         }
     }
 
-    /**
-     * Milliseconds of one run of {@code work}, as a decode step runs it: captured {@value #INNER} times into one
-     * graph, the median replay over 20 divided by {@value #INNER} (no host launch time inside the measurement).
-     */
+    /** {@link AttentionGpuBench#graphTime} with 2 warm-up and 20 timed replays. */
     private static double graphTime(CudaContext context, CudaStream stream, Runnable work) {
-        try (CudaGraph graph = CudaGraph.capture(stream, () -> {
-            for (int i = 0; i < INNER; i++) {
-                work.run();
-            }
-        })) {
-            return median(AttentionGpuBench.time(context, stream, 2, 20, () -> graph.launch(stream))) / INNER;
-        }
+        return AttentionGpuBench.graphTime(context, stream, 2, 20, work);
     }
 
     private static double median(double[] ms) {
