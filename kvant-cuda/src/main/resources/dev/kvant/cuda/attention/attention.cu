@@ -618,6 +618,7 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
     u8* qs = LY::Q_IN_TILE ? tile : smem + warp * 8 * LY::QSTR;
     const u32* lutK = (const u32*) (smem + LY::OFF_LUTK);
     const u32* lutV = (const u32*) (smem + (LY::SHARED_LUT ? LY::OFF_LUTK : LY::OFF_LUTV));
+    const u32 lutKs = smem_u32(lutK), lutVs = smem_u32(lutV);
 
     const int ntiles = t1 > t0 ? (t1 - t0 + TT - 1) / TT : 0;
     float qx[8][DK / 32];
@@ -630,6 +631,7 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
     };
     // DEC_BULK: the stages' mbarriers, 8 bytes each (tile it waits for phase it / NST of stage it % NST's)
     const u32 bars = smem_u32(smem + LY::OFF_OFS);
+    const u32 sraw = smem_u32(smem + LY::OFF_RAW);   // the raw stages, as a 32-bit shared address
     auto issue = [&](int s, int page) {
         if constexpr (DEC_BULK) {
             loader.issue_bulk(smem, s % NST, pos(t0 + s * TT), page, pageTokens, kpool, vpool, kPageBytes,
@@ -684,6 +686,8 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
         const int row = row0 + 2 * c + e;
         rowPos[e] = row < nRows ? qstart + row / G : 0x7fffffff;
     }
+    // The position of the block's first row (row0 < nRows): every row of the block sees the tokens up to it.
+    const int firstPos = qstart + row0 / G;
 
     float o[DV / 16][4];
 #pragma unroll
@@ -711,6 +715,9 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
         const u8* rawK = smem + LY::OFF_RAW + st * LY::STAGE;
         const u8* rawV = rawK + TT * LY::SLOTK;
         const u8* offs = smem + LY::OFF_OFS + st * TT * 2;
+        // the same stage as 32-bit shared addresses: the fragment paths' row addresses are these plus lane constants
+        // (the generic pointers' 64-bit sums, redone every tile under the register limit, cost ~90 instructions a tile)
+        const u32 rawKs = sraw + st * LY::STAGE, rawVs = rawKs + TT * LY::SLOTK;
         // the offsets of token t's K and V covers in their slots
         auto kofs = [&](int t) -> int { return DEC_KAL ? 0 : offs[t * 2]; };
         auto vofs = [&](int t) -> int { return DEC_VAL ? 0 : offs[t * 2 + 1]; };
@@ -720,8 +727,8 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
         // K_FRAG: the rows of tokens g and g + 8 (shared addresses of their norms; the codes follow)
         u32 krow0 = 0, krow1 = 0;
         if constexpr (K_FRAG) {
-            krow0 = smem_u32(rawK + g * LY::SLOTK + warp * RBK) + kofs(g);
-            krow1 = smem_u32(rawK + (g + 8) * LY::SLOTK + warp * RBK) + kofs(g + 8);
+            krow0 = rawKs + (g * LY::SLOTK + warp * RBK) + kofs(g);
+            krow1 = rawKs + ((g + 8) * LY::SLOTK + warp * RBK) + kofs(g + 8);
         }
         if constexpr (K_FRAG8) {
             // tokens g and g + 8: per 32 values j, words k of bytes 8c.. give k-steps 2j, 2j + 1 (a token past the
@@ -752,7 +759,7 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
         } else if constexpr (K_FRAG && KF == F_TURBO4) {
             // tokens g and g + 8: 16-bit word ks of bytes 16c.. gives k-step ks (a token past the tile's end reads
             // its zero-filled slot: finite pairs, its score masked below)
-            const u32 lutL = smem_u32(lutK + lane);
+            const u32 lutL = lutKs + 4 * lane;
             u32 w[2][DK / 16];
 #pragma unroll
             for (int ks = 0; ks < DK / 16; ks++) {
@@ -767,7 +774,7 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
         } else if constexpr (K_FRAG) {
             // tokens g and g + 8: 16-bit words k of low bytes 8c.. and (turbo3) high bytes 8(c & 1).. give k-steps
             // 2k, 2k + 1 (a token past the tile's end reads its zero-filled slot: finite pairs, its score masked below)
-            const u32 lutA = smem_u32(lutK), lane4 = lane << 2;
+            const u32 lutA = lutKs, lane4 = lane << 2;
             u32 w[2][4][2];
 #pragma unroll
             for (int k = 0; k < 4; k++) {
@@ -843,11 +850,15 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
         // ---- online softmax over the 16 tokens (lane: tokens g, g+8; rows 2c, 2c+1)
         float p[4];
         {
+            // a tile inside [t0, t1) whose last position every row sees (most tiles; a tile's positions are
+            // consecutive) masks nothing: the warp skips the tests
             const int pa = pos(tok0) + g;   // the positions of list tokens tok0 + g and tok0 + g + 8
+            if (!(tok0 + TT <= t1 && pos(tok0) + TT - 1 <= firstPos)) {
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                if (!(tok0 + g < t1 && pa <= rowPos[e])) s[e] = NEG_INF;
-                if (!(tok0 + g + 8 < t1 && pa + 8 <= rowPos[e])) s[2 + e] = NEG_INF;
+                for (int e = 0; e < 2; e++) {
+                    if (!(tok0 + g < t1 && pa <= rowPos[e])) s[e] = NEG_INF;
+                    if (!(tok0 + g + 8 < t1 && pa + 8 <= rowPos[e])) s[2 + e] = NEG_INF;
+                }
             }
             float corr[2];
 #pragma unroll
@@ -875,16 +886,21 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
                     o[i][3] *= corr[1];
                 }
             }
+        }
+        // Sparse V: probabilities under the threshold are dropped, and a tile whose every probability is then zero
+        // skips its V. Off (threshold 0: the test is uniform) every tile has a visible token (t1 ends at the last
+        // row's position), so there is nothing to skip.
+        if (sparseThreshold > 0.f) {
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 if (p[e] < sparseThreshold) p[e] = 0.f;
+            if (!__any_sync(FULL_MASK, p[0] != 0.f || p[1] != 0.f || p[2] != 0.f || p[3] != 0.f)) continue;
         }
-        const bool need = __any_sync(FULL_MASK, p[0] != 0.f || p[1] != 0.f || p[2] != 0.f || p[3] != 0.f);
-        if (!need) continue;
         float pv[4] = {p[0], p[1], p[2], p[3]};
         if constexpr (V_FOLD) {   // tokens g and g + 8 weighted by their V rows' norms (0 past the tile's end)
-            const float n0 = g < valid ? row_norm(rawV + g * LY::SLOTV + vofs(g) + warp * RBV) : 0.f;
-            const float n1 = g + 8 < valid ? row_norm(rawV + (g + 8) * LY::SLOTV + vofs(g + 8) + warp * RBV) : 0.f;
+            const float n0 = g < valid ? h2f((u16) lds_u16(rawVs + (g * LY::SLOTV + warp * RBV) + vofs(g))) : 0.f;
+            const float n1 =
+                    g + 8 < valid ? h2f((u16) lds_u16(rawVs + ((g + 8) * LY::SLOTV + warp * RBV) + vofs(g + 8))) : 0.f;
             pv[0] *= n0;
             pv[1] *= n0;
             pv[2] *= n1;
@@ -903,7 +919,7 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const int t = 2 * c + (j & 1) + 8 * (j >> 1);
-                vrow[j] = smem_u32(rawV + t * LY::SLOTV + warp * RBV) + vofs(t);
+                vrow[j] = rawVs + (t * LY::SLOTV + warp * RBV) + vofs(t);
             }
             u32 dA = 0u, dB = 0u;
 #pragma unroll
@@ -927,12 +943,12 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
             // tile's end reads its zero-filled slot: finite pairs times a zero probability). turbo4: 16-bit words k
             // of bytes 8g.. give the pairs (rows g, g + 8) of m-tiles 2k, 2k + 1; turbo3, turbo2: words k of low
             // bytes 4g.. and (turbo3) high bytes 4(g & 3).. those of m-tiles 4k..4k + 3.
-            const u32 lutA = smem_u32(lutV), lane4 = lane << 2, lutL = lutA + lane4;
+            const u32 lutA = lutVs, lane4 = lane << 2, lutL = lutA + lane4;
             u32 vrow[4];
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const int t = 2 * c + (j & 1) + 8 * (j >> 1);
-                vrow[j] = smem_u32(rawV + t * LY::SLOTV + warp * RBV) + vofs(t) + 2;
+                vrow[j] = rawVs + (t * LY::SLOTV + warp * RBV + 2) + vofs(t);
             }
             if constexpr (VF == F_TURBO4) {
                 u32 w[4][4];
