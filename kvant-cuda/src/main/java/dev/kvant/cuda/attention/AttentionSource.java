@@ -117,8 +117,13 @@ final class AttentionSource {
         boolean kMean = kFormat instanceof PageMeanFormat;
         boolean kFrag = frag && (k instanceof TurboFormat && dK == 128 || eightBit(k));
         boolean vFrag = frag && (v instanceof TurboFormat && dV == 128 || eightBit(v) && dV <= 256);
-        int slotK = round16(hb * (int) k.rowBytes(dK)) + 16;
-        int slotV = round16(hb * (int) v.rowBytes(dV)) + 16;
+        int coverK = hb * (int) k.rowBytes(dK), coverV = hb * (int) v.rowBytes(dV);
+        // DEC_TIGHT: a decode block of every kv head reading both sides as fragments, covers of whole words whose
+        // stride is no multiple of 64 bytes (attention.cu's tight_cover)
+        boolean tight = frag && hb == g.kvHeads() && kFrag && vFrag && coverK % 16 == 0 && coverK % 64 != 0
+                && coverV % 16 == 0 && coverV % 64 != 0;
+        int slotK = tight ? coverK : round16(coverK) + 16;
+        int slotV = tight ? coverV : round16(coverV) + 16;
         int qStr = 2 * dK + 16;
         int ts = Math.max(direct(k) || kFrag ? 0 : 2 * dK + 16, direct(v) || vFrag ? 0 : 2 * dV + 16);
         int tiles = ts == 0 ? 0 : hb;

@@ -216,10 +216,14 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {
 // chunk in head order, copied with the rows.
 // FRAG (decode): turbo rows of 128 and 8-bit rows (K_FRAG, V_FRAG) are read as fragments straight from the stage, so
 // they need no tile, and turbo pair tables have lut_stride(f, true) entries.
-template <int HB, int WARPS, int TT, int QROWS, bool Q_ALIAS, bool MU = false, bool FRAG = false>
+// TIGHT: covers of whole words at offset 0 that are only read as fragments (no ldmatrix, whose rows want the odd
+// 16-byte stride of the padding): the slots follow each other with no padding, so the tokens of a tile that lie in
+// one page are one run in the stage as in the page (decode copies them with one bulk copy for K and one for V).
+template <int HB, int WARPS, int TT, int QROWS, bool Q_ALIAS, bool MU = false, bool FRAG = false, bool TIGHT = false>
 struct Layout {
-    static constexpr int SLOTK = round16(HB * RBK) + 16;   // one token's cover of HB K rows
-    static constexpr int SLOTV = round16(HB * RBV) + 16;
+    static constexpr int SLOTK = TIGHT ? HB * RBK : round16(HB * RBK) + 16;   // one token's cover of HB K rows
+    static constexpr int SLOTV = TIGHT ? HB * RBV : round16(HB * RBV) + 16;
+    static_assert(!TIGHT || (SLOTK % 16 == 0 && SLOTV % 16 == 0), "tight slots are whole 16-byte words");
     static constexpr int QSTR = 2 * DK + 16;               // bytes per Q row: 16-byte units odd, ldmatrix conflict-free
     static constexpr int TSK = 2 * DK + 16;
     static constexpr int TSV = 2 * DV + 16;
@@ -322,12 +326,30 @@ struct StageLoader {
     // WHOLE covers by bulk copies: the first thread of each token copies its K and V covers (HB·RBK, HB·RBV bytes) and
     // arrives on the stage's mbarrier bar (one arrival per token: a barrier of TT) announcing their bytes; a token
     // outside the range has its slots zero-filled by its TPT threads first, then arrives with none.
+    // run (TIGHT slots, uniform): the stage's TT tokens are consecutive positions of one page, from tok0: thread 0
+    // copies all their K rows and all their V rows with one bulk copy each (the other tokens' threads arrive with
+    // none); page then matters to thread 0 alone.
     __device__ __forceinline__ void issue_bulk(u8* smem, int stage, int tok0, int page, int pageTokens,
                                                const u8* __restrict__ kpool, const u8* __restrict__ vpool,
-                                               i64 kPageBytes, i64 vPageBytes, int kvHeads, int h0, u32 bar) const {
+                                               i64 kPageBytes, i64 vPageBytes, int kvHeads, int h0, u32 bar,
+                                               bool run = false) const {
         static_assert(cover_aligned<HB, RBK>(true) && cover_aligned<HB, RBV>(true), "bulk copies move whole words");
         u8* dk = smem + LY::OFF_RAW + stage * LY::STAGE + t * LY::SLOTK;
         u8* dv = smem + LY::OFF_RAW + stage * LY::STAGE + TT * LY::SLOTK + t * LY::SLOTV;
+        if constexpr (LY::SLOTK == HB * RBK && LY::SLOTV == HB * RBV) {
+            if (run) {
+                if (u != 0) return;
+                if (t == 0) {
+                    const i64 row = (i64) page_mod(tok0, pageTokens) * kvHeads + h0;
+                    mbar_arrive_tx(bar, TT * HB * (RBK + RBV));
+                    bulk_copy(smem_u32(dk), kpool + (i64) page * kPageBytes + row * RBK, TT * HB * RBK, bar);
+                    bulk_copy(smem_u32(dv), vpool + (i64) page * vPageBytes + row * RBV, TT * HB * RBV, bar);
+                } else {
+                    mbar_arrive(bar);
+                }
+                return;
+            }
+        }
         if (page < 0) {
             for (int w = u; w < LY::SLOTK / 16; w += TPT) *(uint4*) (dk + w * 16) = make_uint4(0, 0, 0, 0);
             for (int w = u; w < LY::SLOTV / 16; w += TPT) *(uint4*) (dv + w * 16) = make_uint4(0, 0, 0, 0);
@@ -545,12 +567,18 @@ __device__ __forceinline__ int split_for(int len, int minSplit, int maxSplits) {
 }
 
 constexpr int DEC_TT = 16;
-using DecLayout = Layout<HBD, HBD, DEC_TT, 8, true, false, true>;
 // HB_ALL: a block serves every kv head (HBD = kvHeads), so a token's rows are one run at a multiple of HBD·RB in its
 // page: covers of whole words start on 16 bytes (copy_token's WHOLE) and their offsets are 0.
 #ifndef HB_ALL
 #define HB_ALL 0
 #endif
+// Such covers read as fragments on both sides sit in tight slots (Layout's TIGHT): a tile's tokens in one page are then
+// also consecutive runs of the page, HBD·RB bytes a token — unless that stride is a multiple of 64 bytes (q8_0 with 8
+// kv heads: 1088): the 8 tokens a fragment load reads would then fall on 2 bank offsets, 4-way conflicts (measured
+// 1.3-1.4x slower than padded slots), so such covers keep the padding and their copies a token.
+constexpr bool tight_cover(int bytes) { return bytes % 16 == 0 && bytes % 64 != 0; }
+constexpr bool DEC_TIGHT = HB_ALL != 0 && K_FRAG && V_FRAG && tight_cover(HBD * RBK) && tight_cover(HBD * RBV);
+using DecLayout = Layout<HBD, HBD, DEC_TT, 8, true, false, true, DEC_TIGHT>;
 constexpr bool DEC_KAL = cover_aligned<HBD, RBK>(HB_ALL != 0);
 constexpr bool DEC_VAL = cover_aligned<HBD, RBV>(HB_ALL != 0);
 // Both covers whole words at offset 0 on sm_90: each token's K and V rows come by two bulk copies, one thread's, and
@@ -624,9 +652,21 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
     float qx[8][DK / 32];
     load_q<8>(qx, q, seq, nq, heads, G, kh, row0, lane);
     const StageLoader<LY, HBD, TT, HBD * 32, HB_ALL != 0> loader(threadIdx.x);
-    // The page of this thread's token in tile s; tile s into its stage.
+    // DEC_TIGHT with bulk copies: whether tile s is one run of TT consecutive positions in one page (issue_bulk's run)
+    auto runOf = [&](int s) -> bool {
+        if constexpr (DEC_TIGHT && DEC_BULK) {
+            const int tok = t0 + s * TT;
+            if (tok + TT > t1) return false;
+            const int p0 = pos(tok);
+            return page_mod(p0, pageTokens) + TT <= pageTokens && (!SEL || pos(tok + TT - 1) == p0 + TT - 1);
+        } else {
+            return false;
+        }
+    };
+    // The page of this thread's token in tile s (of its first token alone for a run); tile s into its stage.
     auto pageOf = [&](int s) -> int {
         const int tok = t0 + s * TT;
+        if (runOf(s) && threadIdx.x != 0) return 0;
         return loader.page(table, tok, t1, pos(tok), pageTokens);
     };
     // DEC_BULK: the stages' mbarriers, 8 bytes each (tile it waits for phase it / NST of stage it % NST's)
@@ -635,7 +675,7 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
     auto issue = [&](int s, int page) {
         if constexpr (DEC_BULK) {
             loader.issue_bulk(smem, s % NST, pos(t0 + s * TT), page, pageTokens, kpool, vpool, kPageBytes,
-                              vPageBytes, kvHeads, hb * HBD, bars + 8 * (s % NST));
+                              vPageBytes, kvHeads, hb * HBD, bars + 8 * (s % NST), runOf(s));
         } else {
             loader.issue(smem, s % NST, pos(t0 + s * TT), page, pageTokens, kpool, vpool, kPageBytes, vPageBytes,
                          kvHeads, hb * HBD);

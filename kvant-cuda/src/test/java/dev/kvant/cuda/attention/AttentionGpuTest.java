@@ -27,6 +27,7 @@ import org.junit.jupiter.api.Tag;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.params.ParameterizedTest;
 import org.junit.jupiter.params.provider.Arguments;
+import org.junit.jupiter.params.provider.CsvSource;
 import org.junit.jupiter.params.provider.MethodSource;
 
 /**
@@ -171,6 +172,68 @@ class AttentionGpuTest {
                             scale, loose, s * heads * dV);
                 });
                 check("decode G=" + group, first, tight, loose, kName, vName, seed);
+            }
+        }
+    }
+
+    /**
+     * Pages of 8, 24 and 64 tokens give the bits of 16-token pages: tiles and splits follow positions, not pages.
+     * With 16 and 64 a full tile lies in one page (a block of every kv head copies it with one bulk copy a side on
+     * sm_90); with 8 and 24 tiles cross pages and are copied a token at a time. Sequences interleave their pages.
+     */
+    @ParameterizedTest(name = "{0}/{1}")
+    @CsvSource({"turbo3,turbo3", "q8_0,q8_0", "q8_0,turbo3", "turbo4,turbo4", "turbo2,turbo2", "int8,int8", "f16,f16"})
+    void decodeGivesTheSameBitsWhateverThePageSize(String kName, String vName) {
+        CudaContext context = AttentionGpuFixture.context();
+        KernelCache cache = AttentionGpuFixture.cache();
+        long seed = AttentionGpuFixture.seed("page sizes " + kName + "/" + vName);
+        KvGeometry g = new KvGeometry(1, KV_HEADS, 128, 128);
+        int heads = KV_HEADS * 4;
+        float[] first = null;
+        for (int pageTokens : new int[] {16, 8, 24, 64}) {
+            SplittableRandom r = new SplittableRandom(seed);   // the same rows and queries for every page size
+            int pagesPerSeq = (MAX_TOKENS + pageTokens - 1) / pageTokens;
+            try (KvCache host = new KvCache(g, KvFormat.parse(kName), KvFormat.parse(vName), pageTokens,
+                    LENS.length * pagesPerSeq)) {
+                KvSequence[] seqs = new KvSequence[LENS.length];
+                for (int s = 0; s < seqs.length; s++) {
+                    seqs[s] = host.newSequence();
+                }
+                for (int reserved = pageTokens; reserved < MAX_TOKENS + pageTokens; reserved += pageTokens) {
+                    for (int s = 0; s < seqs.length; s++) {
+                        seqs[s].reserve(Math.min(LENS[s], reserved));
+                    }
+                }
+                for (int s = 0; s < seqs.length; s++) {
+                    float[] k = AttentionGpuFixture.gaussianRows(r, LENS[s] * KV_HEADS, 128, 1.0, 3);
+                    float[] v = AttentionGpuFixture.gaussianRows(r, LENS[s] * KV_HEADS, 128, 1.0, 0);
+                    seqs[s].writeRows(0, 0, LENS[s], k, 0, v, 0);
+                }
+                float[] q = AttentionGpuFixture.gaussianRows(r, LENS.length * heads, 128, 1.0, 0);
+                AttentionShape shape = AttentionShape.of(host, heads);
+                try (CudaKvCache device = CudaKvCache.mirror(context, host);
+                     CudaAttention attention = CudaAttention.create(context, cache, shape,
+                             AttentionPlan.of(LENS.length, 1, MAX_TOKENS, 0));
+                     DeviceBatch batch = DeviceBatch.allocate(context, LENS.length, pagesPerSeq)) {
+                    for (int s = 0; s < seqs.length; s++) {
+                        int[] pages = new int[seqs[s].pageCount()];
+                        for (int p = 0; p < pages.length; p++) {
+                            pages[p] = seqs[s].page(p);
+                        }
+                        batch.set(s, pages, pages.length, LENS[s]);
+                    }
+                    batch.upload();
+                    Data data = new Data(host, seqs, device, null, null, null, null, seed);
+                    float[] out = decode(context, attention, data, batch, q, LENS.length, 1, heads);
+                    assertTrue(allFinite(out), kName + "/" + vName + " pages of " + pageTokens
+                            + ": output has NaN/inf (unwritten or broken); seed " + seed);
+                    if (first == null) {
+                        first = out;
+                    } else {
+                        assertArrayEquals(first, out, kName + "/" + vName + ": pages of " + pageTokens
+                                + " tokens gave other bits than pages of 16; seed " + seed);
+                    }
+                }
             }
         }
     }

@@ -127,9 +127,9 @@ class AttentionSourceTest {
 
     @Test
     void decodeLayoutMirrorGivesTheDevicesBytes() {
-        assertEquals(108_800, AttentionSource.decodeSharedBytes(shape("turbo3", 8, 128), 8));
-        assertEquals(77_056, AttentionSource.decodeSharedBytes(shape("turbo2", 8, 128), 8));
-        assertEquals(102_656, AttentionSource.decodeSharedBytes(shape("turbo4", 8, 128), 8));
+        assertEquals(106_240, AttentionSource.decodeSharedBytes(shape("turbo3", 8, 128), 8));
+        assertEquals(73_984, AttentionSource.decodeSharedBytes(shape("turbo2", 8, 128), 8));
+        assertEquals(101_120, AttentionSource.decodeSharedBytes(shape("turbo4", 8, 128), 8));
         assertEquals(88_320, AttentionSource.decodeSharedBytes(shape("q8_0", 8, 128), 8));
         assertEquals(149_760, AttentionSource.decodeSharedBytes(shape("f16", 8, 128), 8));
         KvGeometry g = new KvGeometry(1, 8, 128, 128);
