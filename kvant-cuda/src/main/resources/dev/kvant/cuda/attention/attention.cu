@@ -328,22 +328,21 @@ struct StageLoader {
     // outside the range has its slots zero-filled by its TPT threads first, then arrives with none.
     // run (TIGHT slots, uniform): the stage's TT tokens are consecutive positions of one page, from tok0: thread 0
     // copies all their K rows and all their V rows with one bulk copy each (the other tokens' threads arrive with
-    // none); page then matters to thread 0 alone.
-    __device__ __forceinline__ void issue_bulk(u8* smem, int stage, int tok0, int page, int pageTokens,
+    // none); page then matters to thread 0 alone. sraw: the raw stages' 32-bit shared address (smem + OFF_RAW).
+    __device__ __forceinline__ void issue_bulk(u8* smem, u32 sraw, int stage, int tok0, int page, int pageTokens,
                                                const u8* __restrict__ kpool, const u8* __restrict__ vpool,
                                                i64 kPageBytes, i64 vPageBytes, int kvHeads, int h0, u32 bar,
                                                bool run = false) const {
         static_assert(cover_aligned<HB, RBK>(true) && cover_aligned<HB, RBV>(true), "bulk copies move whole words");
-        u8* dk = smem + LY::OFF_RAW + stage * LY::STAGE + t * LY::SLOTK;
-        u8* dv = smem + LY::OFF_RAW + stage * LY::STAGE + TT * LY::SLOTK + t * LY::SLOTV;
+        const int dk = stage * LY::STAGE + t * LY::SLOTK, dv = stage * LY::STAGE + TT * LY::SLOTK + t * LY::SLOTV;
         if constexpr (LY::SLOTK == HB * RBK && LY::SLOTV == HB * RBV) {
             if (run) {
                 if (u != 0) return;
                 if (t == 0) {
                     const i64 row = (i64) page_mod(tok0, pageTokens) * kvHeads + h0;
                     mbar_arrive_tx(bar, TT * HB * (RBK + RBV));
-                    bulk_copy(smem_u32(dk), kpool + (i64) page * kPageBytes + row * RBK, TT * HB * RBK, bar);
-                    bulk_copy(smem_u32(dv), vpool + (i64) page * vPageBytes + row * RBV, TT * HB * RBV, bar);
+                    bulk_copy(sraw + dk, kpool + (i64) page * kPageBytes + row * RBK, TT * HB * RBK, bar);
+                    bulk_copy(sraw + dv, vpool + (i64) page * vPageBytes + row * RBV, TT * HB * RBV, bar);
                 } else {
                     mbar_arrive(bar);
                 }
@@ -351,16 +350,17 @@ struct StageLoader {
             }
         }
         if (page < 0) {
-            for (int w = u; w < LY::SLOTK / 16; w += TPT) *(uint4*) (dk + w * 16) = make_uint4(0, 0, 0, 0);
-            for (int w = u; w < LY::SLOTV / 16; w += TPT) *(uint4*) (dv + w * 16) = make_uint4(0, 0, 0, 0);
+            u8* raw = smem + LY::OFF_RAW;
+            for (int w = u; w < LY::SLOTK / 16; w += TPT) *(uint4*) (raw + dk + w * 16) = make_uint4(0, 0, 0, 0);
+            for (int w = u; w < LY::SLOTV / 16; w += TPT) *(uint4*) (raw + dv + w * 16) = make_uint4(0, 0, 0, 0);
         }
         __syncwarp();
         if (u != 0) return;
         if (page >= 0) {
             const i64 row = (i64) page_mod(tok0 + t, pageTokens) * kvHeads + h0;
             mbar_arrive_tx(bar, HB * (RBK + RBV));
-            bulk_copy(smem_u32(dk), kpool + (i64) page * kPageBytes + row * RBK, HB * RBK, bar);
-            bulk_copy(smem_u32(dv), vpool + (i64) page * vPageBytes + row * RBV, HB * RBV, bar);
+            bulk_copy(sraw + dk, kpool + (i64) page * kPageBytes + row * RBK, HB * RBK, bar);
+            bulk_copy(sraw + dv, vpool + (i64) page * vPageBytes + row * RBV, HB * RBV, bar);
         } else {
             mbar_arrive(bar);
         }
@@ -663,28 +663,34 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
             return false;
         }
     };
-    // The page of this thread's token in tile s (of its first token alone for a run); tile s into its stage.
-    auto pageOf = [&](int s) -> int {
+    // The page of this thread's token in tile s (of its first token alone for a run: run = runOf(s)); tile s into its
+    // stage. Both are worked out a tile ahead, so no copy waits on a page-table load.
+    auto pageOf = [&](int s, bool run) -> int {
         const int tok = t0 + s * TT;
-        if (runOf(s) && threadIdx.x != 0) return 0;
+        if (run && threadIdx.x != 0) return 0;
         return loader.page(table, tok, t1, pos(tok), pageTokens);
     };
     // DEC_BULK: the stages' mbarriers, 8 bytes each (tile it waits for phase it / NST of stage it % NST's)
     const u32 bars = smem_u32(smem + LY::OFF_OFS);
     const u32 sraw = smem_u32(smem + LY::OFF_RAW);   // the raw stages, as a 32-bit shared address
-    auto issue = [&](int s, int page) {
+    auto issue = [&](int s, int page, bool run) {
         if constexpr (DEC_BULK) {
-            loader.issue_bulk(smem, s % NST, pos(t0 + s * TT), page, pageTokens, kpool, vpool, kPageBytes,
-                              vPageBytes, kvHeads, hb * HBD, bars + 8 * (s % NST), runOf(s));
+            loader.issue_bulk(smem, sraw, s % NST, pos(t0 + s * TT), page, pageTokens, kpool, vpool, kPageBytes,
+                              vPageBytes, kvHeads, hb * HBD, bars + 8 * (s % NST), run);
         } else {
             loader.issue(smem, s % NST, pos(t0 + s * TT), page, pageTokens, kpool, vpool, kPageBytes, vPageBytes,
                          kvHeads, hb * HBD);
         }
     };
     int pages[NST - 1];
+    bool runs[NST - 1];
 #pragma unroll
-    for (int s = 0; s < NST - 1; s++) pages[s] = pageOf(s);
-    int pageNext = pageOf(NST - 1);
+    for (int s = 0; s < NST - 1; s++) {
+        runs[s] = runOf(s);
+        pages[s] = pageOf(s, runs[s]);
+    }
+    bool runNext = runOf(NST - 1);
+    int pageNext = pageOf(NST - 1, runNext);
     build_luts<LY>(smem, threadIdx.x, blockDim.x);
     store_q<8, K_FRAG>(qs, qx, nRows - row0, qscale, lane);
 
@@ -715,7 +721,7 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
     }
 #pragma unroll
     for (int s = 0; s < NST - 1; s++) {
-        if (s < ntiles) issue(s, pages[s]);
+        if (s < ntiles) issue(s, pages[s], runs[s]);
         if constexpr (!DEC_BULK) cp_async_commit();
     }
 
@@ -745,9 +751,10 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
         __syncthreads();
         {
             const int nx = it + NST - 1;
-            if (nx < ntiles) issue(nx, pageNext);
+            if (nx < ntiles) issue(nx, pageNext, runNext);
             if constexpr (!DEC_BULK) cp_async_commit();
-            pageNext = pageOf(nx + 1);
+            runNext = runOf(nx + 1);
+            pageNext = pageOf(nx + 1, runNext);
         }
         const int st = it % NST;
         const int tok0 = t0 + it * TT;
@@ -929,7 +936,8 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
         }
         // Sparse V: probabilities under the threshold are dropped, and a tile whose every probability is then zero
         // skips its V. Off (threshold 0: the test is uniform) every tile has a visible token (t1 ends at the last
-        // row's position), so there is nothing to skip.
+        // row's position), so the only such tiles are those whose probabilities all underflowed, and their V adds
+        // zeros: not worth a vote every tile.
         if (sparseThreshold > 0.f) {
 #pragma unroll
             for (int e = 0; e < 4; e++)
