@@ -79,15 +79,7 @@ class AttentionGpuTest {
         KvFormat kf = KvFormat.parse(kName), vf = KvFormat.parse(vName);
         KvGeometry g = new KvGeometry(1, KV_HEADS, dK, dV);
         KvCache host = new KvCache(g, kf, vf, PAGE_TOKENS, 48);
-        KvSequence[] seqs = new KvSequence[LENS.length];
-        for (int s = 0; s < seqs.length; s++) {
-            seqs[s] = host.newSequence();
-        }
-        for (int reserved = PAGE_TOKENS; reserved < MAX_TOKENS + PAGE_TOKENS; reserved += PAGE_TOKENS) {
-            for (int s = 0; s < seqs.length; s++) {
-                seqs[s].reserve(Math.min(LENS[s], reserved));
-            }
-        }
+        KvSequence[] seqs = interleavedSequences(host);
         double[][][][] kDec = new double[seqs.length][][][], vDec = new double[seqs.length][][][];
         double[][][][] kEx = new double[seqs.length][][][], vEx = new double[seqs.length][][][];
         for (int s = 0; s < seqs.length; s++) {
@@ -102,6 +94,21 @@ class AttentionGpuTest {
         Data d = new Data(host, seqs, CudaKvCache.mirror(context, host), kDec, vDec, kEx, vEx, seed);
         DATA.put(key, d);
         return d;
+    }
+
+    /** Sequences of LENS tokens in host, reserved a page at a time in turn, so that their pages interleave. */
+    static KvSequence[] interleavedSequences(KvCache host) {
+        int pageTokens = host.pageTokens();
+        KvSequence[] seqs = new KvSequence[LENS.length];
+        for (int s = 0; s < seqs.length; s++) {
+            seqs[s] = host.newSequence();
+        }
+        for (int reserved = pageTokens; reserved < MAX_TOKENS + pageTokens; reserved += pageTokens) {
+            for (int s = 0; s < seqs.length; s++) {
+                seqs[s].reserve(Math.min(LENS[s], reserved));
+            }
+        }
+        return seqs;
     }
 
     @AfterAll
@@ -195,15 +202,7 @@ class AttentionGpuTest {
             int pagesPerSeq = (MAX_TOKENS + pageTokens - 1) / pageTokens;
             try (KvCache host = new KvCache(g, KvFormat.parse(kName), KvFormat.parse(vName), pageTokens,
                     LENS.length * pagesPerSeq)) {
-                KvSequence[] seqs = new KvSequence[LENS.length];
-                for (int s = 0; s < seqs.length; s++) {
-                    seqs[s] = host.newSequence();
-                }
-                for (int reserved = pageTokens; reserved < MAX_TOKENS + pageTokens; reserved += pageTokens) {
-                    for (int s = 0; s < seqs.length; s++) {
-                        seqs[s].reserve(Math.min(LENS[s], reserved));
-                    }
-                }
+                KvSequence[] seqs = interleavedSequences(host);
                 for (int s = 0; s < seqs.length; s++) {
                     float[] k = AttentionGpuFixture.gaussianRows(r, LENS[s] * KV_HEADS, 128, 1.0, 3);
                     float[] v = AttentionGpuFixture.gaussianRows(r, LENS[s] * KV_HEADS, 128, 1.0, 0);
