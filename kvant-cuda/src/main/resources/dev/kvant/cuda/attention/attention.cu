@@ -539,16 +539,19 @@ __device__ __forceinline__ void build_luts(u8* smem, int tid, int nthreads) {
 //         replays at any length up to maxSplits * splitTokens.
 // block:  HBD warps; warp w serves kv head h0 + w. One ring of stages (all warps) brings the rows of all HBD heads
 //         for 16 tokens at a time, so each K/V row is read once for the whole GQA group: by cp.async, or when the
-//         block serves every kv head on sm_90 (DEC_BULK), by two bulk copies a token counted on a stage's mbarrier.
-// shared: Layout<HBD, HBD, 16, 8, true, false, FRAG>: pair tables, one dequant tile per warp that first holds the
-//         warp's 8 query rows (f16/bf16, turbo rows of 128 and 8-bit rows need no tile: a Q area), NST raw stages.
-//         llama3-8b d128: 77-109 KB (two blocks per SM), 150 KB for f16/bf16 (one block, the f16 stage being 66 KB).
-//         A block of every kv head (HB_ALL) copies whole-word covers at offset 0 (copy_token's WHOLE, or bulk).
+//         block serves every kv head on sm_90 (DEC_BULK), by two bulk copies a token counted on a stage's mbarrier
+//         — one for K and one for V for the whole tile where its slots are tight (DEC_TIGHT) and it lies in a page.
+// shared: Layout<HBD, HBD, 16, 8, true, false, FRAG, DEC_TIGHT>: pair tables, one dequant tile per warp that first
+//         holds the warp's 8 query rows (f16/bf16, turbo rows of 128 and 8-bit rows need no tile: a Q area), NST raw
+//         stages. llama3-8b d128: 74-106 KB (two blocks per SM), 150 KB for f16/bf16 (one block, the f16 stage
+//         being 66 KB). A block of every kv head (HB_ALL) copies whole-word covers at offset 0 (copy_token's WHOLE,
+//         or bulk).
 // thread: S^T = K Q^T with the 16 tokens as M and the 8 query rows as N (mma m16n8k16: K tile by ldmatrix, Q
 //         fragments in registers), so a lane holds 2 tokens x 2 rows of S, 4 registers; P^T goes back into the
 //         tensor cores through movmatrix; O^T = V^T P^T accumulates DV/16 m-tiles x 4 f32 per lane. Sparse V: a
 //         probability below sparseThreshold (relative to the running row max) is dropped from the V sum (kept in
-//         the denominator), and a 16-token block with none left skips its V dequantization and mma.
+//         the denominator), and a 16-token block with none left skips its V dequantization and mma (tests only
+//         with sparse V on); a tile inside the range that every row sees whole skips the mask tests.
 //         Turbo rows of one block (K_FOLD, V_FOLD) enter the tile as bare centroid pairs; a K row's norm scales
 //         its scores after the mma, a V row's norm its probabilities before they become f16. turbo rows of 128
 //         and 8-bit rows (K_FRAG, V_FRAG) have no tile: a lane decodes its A fragments from the raw stage.
