@@ -6,6 +6,7 @@ import static dev.kvant.tensor.Lanes.I;
 import static dev.kvant.tensor.Lanes.L;
 import static dev.kvant.tensor.RawMemory.ALL;
 import static jdk.incubator.vector.VectorOperators.LSHL;
+import static jdk.incubator.vector.VectorOperators.AND;
 import static jdk.incubator.vector.VectorOperators.LSHR;
 import static jdk.incubator.vector.VectorOperators.OR;
 import static jdk.incubator.vector.VectorOperators.ZERO_EXTEND_B2I;
@@ -43,7 +44,9 @@ final class Q4_0Packed implements PackedRows {
      * Lane i holds i - 8 (lane 8: +0). A block's table is {@code fma(CENTERED, d, +0)}: each (i - 8)·d is exact,
      * and adding +0 turns nibble 8's -0 (for a negative d) into the +0 that Q4_0Format's {@code fma(i, d, -8d)}
      * gives, so the tables are bitwise equal for every finite d, in one multiply-add instead of a multiply, a
-     * second broadcast and a multiply-add.
+     * second broadcast and a multiply-add. A nibble is looked up as {@code (bits & 15).selectFrom(table)}: an and
+     * and a one-table permute ran 3% faster on Zen 5 than the two-table permute that wraps the index by itself
+     * ({@code selectFrom(table, table)}); the same nibble, the same entry.
      */
     private static final FloatVector CENTERED = Lanes.TABLE_LOW.sub(8);
 
@@ -94,8 +97,8 @@ final class Q4_0Packed implements PackedRows {
                 float d = scale(row, p + 2 * b);
                 IntVector t = CENTERED.fma(d, 0f).reinterpretAsInts();
                 int at = o + g * RUN + 32 * b;
-                v.lanewise(LSHR, 8 * b).selectFrom(t, t).reinterpretAsFloats().intoArray(dst, at);
-                v.lanewise(LSHR, 8 * b + 4).selectFrom(t, t).reinterpretAsFloats().intoArray(dst, at + 16);
+                v.lanewise(LSHR, 8 * b).lanewise(AND, 15).selectFrom(t).reinterpretAsFloats().intoArray(dst, at);
+                v.lanewise(LSHR, 8 * b + 4).lanewise(AND, 15).selectFrom(t).reinterpretAsFloats().intoArray(dst, at + 16);
             }
         }
     }
@@ -111,9 +114,9 @@ final class Q4_0Packed implements PackedRows {
                 float d = scale(row, p + 2 * b);
                 IntVector t = CENTERED.fma(d, 0f).reinterpretAsInts();
                 int xk = xOffset + g * RUN + 32 * b;
-                acc = v.lanewise(LSHR, 8 * b).selectFrom(t, t).reinterpretAsFloats()
+                acc = v.lanewise(LSHR, 8 * b).lanewise(AND, 15).selectFrom(t).reinterpretAsFloats()
                         .fma(FloatVector.fromArray(F, x, xk), acc);
-                acc = v.lanewise(LSHR, 8 * b + 4).selectFrom(t, t).reinterpretAsFloats()
+                acc = v.lanewise(LSHR, 8 * b + 4).lanewise(AND, 15).selectFrom(t).reinterpretAsFloats()
                         .fma(FloatVector.fromArray(F, x, xk + 16), acc);
             }
         }
@@ -152,14 +155,14 @@ final class Q4_0Packed implements PackedRows {
             FloatVector xLo = FloatVector.fromArray(F, x, xk);
             FloatVector xHi = FloatVector.fromArray(F, x, xk + 16);
             int lo = 8 * b, hi = 8 * b + 4;
-            a0 = v0.lanewise(LSHR, lo).selectFrom(t0, t0).reinterpretAsFloats().fma(xLo, a0);
-            a1 = v1.lanewise(LSHR, lo).selectFrom(t1, t1).reinterpretAsFloats().fma(xLo, a1);
-            a2 = v2.lanewise(LSHR, lo).selectFrom(t2, t2).reinterpretAsFloats().fma(xLo, a2);
-            a3 = v3.lanewise(LSHR, lo).selectFrom(t3, t3).reinterpretAsFloats().fma(xLo, a3);
-            a0 = v0.lanewise(LSHR, hi).selectFrom(t0, t0).reinterpretAsFloats().fma(xHi, a0);
-            a1 = v1.lanewise(LSHR, hi).selectFrom(t1, t1).reinterpretAsFloats().fma(xHi, a1);
-            a2 = v2.lanewise(LSHR, hi).selectFrom(t2, t2).reinterpretAsFloats().fma(xHi, a2);
-            a3 = v3.lanewise(LSHR, hi).selectFrom(t3, t3).reinterpretAsFloats().fma(xHi, a3);
+            a0 = v0.lanewise(LSHR, lo).lanewise(AND, 15).selectFrom(t0).reinterpretAsFloats().fma(xLo, a0);
+            a1 = v1.lanewise(LSHR, lo).lanewise(AND, 15).selectFrom(t1).reinterpretAsFloats().fma(xLo, a1);
+            a2 = v2.lanewise(LSHR, lo).lanewise(AND, 15).selectFrom(t2).reinterpretAsFloats().fma(xLo, a2);
+            a3 = v3.lanewise(LSHR, lo).lanewise(AND, 15).selectFrom(t3).reinterpretAsFloats().fma(xLo, a3);
+            a0 = v0.lanewise(LSHR, hi).lanewise(AND, 15).selectFrom(t0).reinterpretAsFloats().fma(xHi, a0);
+            a1 = v1.lanewise(LSHR, hi).lanewise(AND, 15).selectFrom(t1).reinterpretAsFloats().fma(xHi, a1);
+            a2 = v2.lanewise(LSHR, hi).lanewise(AND, 15).selectFrom(t2).reinterpretAsFloats().fma(xHi, a2);
+            a3 = v3.lanewise(LSHR, hi).lanewise(AND, 15).selectFrom(t3).reinterpretAsFloats().fma(xHi, a3);
         }
         a0.intoArray(t, 0);
         a1.intoArray(t, L);
