@@ -5,8 +5,8 @@ import static dev.kvant.tensor.Lanes.F;
 import static dev.kvant.tensor.Lanes.I;
 import static dev.kvant.tensor.Lanes.L;
 import static dev.kvant.tensor.RawMemory.ALL;
-import static jdk.incubator.vector.VectorOperators.LSHL;
 import static jdk.incubator.vector.VectorOperators.AND;
+import static jdk.incubator.vector.VectorOperators.LSHL;
 import static jdk.incubator.vector.VectorOperators.LSHR;
 import static jdk.incubator.vector.VectorOperators.OR;
 import static jdk.incubator.vector.VectorOperators.ZERO_EXTEND_B2I;
@@ -98,7 +98,8 @@ final class Q4_0Packed implements PackedRows {
                 IntVector t = CENTERED.fma(d, 0f).reinterpretAsInts();
                 int at = o + g * RUN + 32 * b;
                 v.lanewise(LSHR, 8 * b).lanewise(AND, 15).selectFrom(t).reinterpretAsFloats().intoArray(dst, at);
-                v.lanewise(LSHR, 8 * b + 4).lanewise(AND, 15).selectFrom(t).reinterpretAsFloats().intoArray(dst, at + 16);
+                v.lanewise(LSHR, 8 * b + 4).lanewise(AND, 15).selectFrom(t).reinterpretAsFloats()
+                        .intoArray(dst, at + 16);
             }
         }
     }

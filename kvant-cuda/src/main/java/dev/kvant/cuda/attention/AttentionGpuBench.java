@@ -83,8 +83,8 @@ public final class AttentionGpuBench {
             System.out.println("### Decode attention (llama3-8b layer: 32 q heads, 8 kv heads, d 128; one query per "
                     + "sequence)");
             System.out.println();
-            System.out.println("| K/V format | cached tokens | batch | time (µs, median) | cache read (GB/s) | of copy bw "
-                    + "| launched (µs, median) |");
+            System.out.println("| K/V format | cached tokens | batch | time (µs, median) | cache read (GB/s) "
+                    + "| of copy bw | launched (µs, median) |");
             System.out.println("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
             decodeRows.forEach(System.out::println);
             System.out.println();
@@ -174,9 +174,9 @@ public final class AttentionGpuBench {
                             double gbps = bytes / (us * 1e-6) / 1e9;
                             decodeRows.add(String.format(Locale.ROOT, "| %s | %d | %d | %.1f | %.0f | %.0f%% | %.1f |",
                                     f.name(), len, b, us, gbps, 100 * gbps / copy, launched));
-                            System.out.printf(Locale.ROOT,
-                                    "decode %s L=%d B=%d split=%d: %.1f µs, %.0f GB/s (launched one at a time: %.1f µs)%n",
-                                    f.name(), len, b, attention.decodeSplit(len), us, gbps, launched);
+                            System.out.printf(Locale.ROOT, "decode %s L=%d B=%d split=%d: %.1f µs, %.0f GB/s "
+                                    + "(launched one at a time: %.1f µs)%n", f.name(), len, b,
+                                    attention.decodeSplit(len), us, gbps, launched);
                         }
                     }
                 }
