@@ -115,8 +115,8 @@ final class AttentionSource {
         int dK = g.headDimK(), dV = g.headDimV();
         KvFormat k = PageMeanFormat.rows(kFormat), v = vFormat;
         boolean kMean = kFormat instanceof PageMeanFormat;
-        boolean kFrag = frag && (k instanceof TurboFormat && dK == 128 || eightBit(k));
-        boolean vFrag = frag && (v instanceof TurboFormat && dV == 128 || eightBit(v) && dV <= 256);
+        boolean kFrag = frag && (k instanceof TurboFormat && dK == 128 || blockFragments(k));
+        boolean vFrag = frag && (v instanceof TurboFormat && dV == 128 || blockFragments(v) && dV <= 256);
         int coverK = hb * (int) k.rowBytes(dK), coverV = hb * (int) v.rowBytes(dV);
         // DEC_TIGHT: a decode block of every kv head reading both sides as fragments, covers of whole words whose
         // stride is no multiple of 64 bytes (attention.cu's tight_cover)
@@ -144,10 +144,13 @@ final class AttentionSource {
         return formatId(f) <= 1;
     }
 
-    /** kv_format.cuh fmt_8bit: q8_0 and int8, whose decode reads its fragments straight from the stage. */
-    private static boolean eightBit(KvFormat f) {
+    /**
+     * kv_format.cuh fmt_8bit or fmt_q4: q8_0, int8, q4_0 and q4_0h, whose decode reads its fragments straight from
+     * the stage at any head size.
+     */
+    private static boolean blockFragments(KvFormat f) {
         int id = formatId(f);
-        return id == 2 || id == 3;
+        return id >= 2 && id <= 5;
     }
 
     /** kv_format.cuh lut_entries: turbo3's 7-bit indices have bit 5 clear, so they stop at 95. */

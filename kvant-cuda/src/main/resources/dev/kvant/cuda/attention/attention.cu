@@ -32,15 +32,17 @@ constexpr bool K_BF16 = KF == F_BF16;
 constexpr bool K_FOLD = fmt_turbo(KF) && DK == rot_block(DK);
 constexpr bool V_FOLD = fmt_turbo(VF) && DV == rot_block(DV);
 constexpr bool V_BF16 = VF == F_BF16;
-// Decode over turbo rows of 128 and over 8-bit rows (q8_0, int8: K_FRAG8, V_FRAG8): no tile (K_FRAG, V_FRAG). Each
-// lane decodes its mma A fragments straight from the raw stage — turbo through the pair table (turbo_pairs,
-// turbo4_pair), 8-bit values under an exponent byte (i8pair_to_h2, i8cross_to_h2) — in a column order of its own
-// (kfrag_col, vfrag_dim) chosen so that a lane's pairs come from a few consecutive bytes of a row; the query (K) and
-// the output (V) follow it.
+// Decode over turbo rows of 128, 8-bit rows (q8_0, int8: K_FRAG8, V_FRAG8) and 4-bit rows (q4_0, q4_0h: K_FRAG4,
+// V_FRAG4): no tile (K_FRAG, V_FRAG). Each lane decodes its mma A fragments straight from the raw stage — turbo
+// through the pair table (turbo_pairs, turbo4_pair), 8-bit and 4-bit values under an exponent byte (i8pair_to_h2,
+// i8cross_to_h2, q4pair_to_h2) — in a column order of its own (kfrag_col, vfrag_dim) chosen so that a lane's pairs
+// come from a few consecutive bytes of a row; the query (K) and the output (V) follow it.
 constexpr bool K_FRAG8 = fmt_8bit(KF);
 constexpr bool V_FRAG8 = fmt_8bit(VF) && DV <= 256;
-constexpr bool K_FRAG = (fmt_turbo(KF) && DK == 128) || K_FRAG8;
-constexpr bool V_FRAG = (fmt_turbo(VF) && DV == 128) || V_FRAG8;
+constexpr bool K_FRAG4 = fmt_q4(KF);
+constexpr bool V_FRAG4 = fmt_q4(VF) && DV <= 256;
+constexpr bool K_FRAG = (fmt_turbo(KF) && DK == 128) || K_FRAG8 || K_FRAG4;
+constexpr bool V_FRAG = (fmt_turbo(VF) && DV == 128) || V_FRAG8 || V_FRAG4;
 #define NEG_INF (-__int_as_float(0x7f800000))
 
 // ---- PTX helpers (smem_u32 and the cp.async copies come with every kvant source: KernelSource.CP_ASYNC)
@@ -124,11 +126,18 @@ __device__ __forceinline__ u32 turbo4_pair(u32 w, int h, u32 lutL) {
 // q8_0, int8: lane g·4 + c reads bytes 8c..8c+7 of each 32 values j of its tokens' rows, the 16-bit word k of them
 // for k-step 2j + (k >> 1), the A registers of columns 2c (+1) (k even) or 8 + 2c (+1) (k odd): column
 // 16(2j + h) + 8x + 2c + e holds dimension 32j + 8c + 4h + 2x + e.
+// q4_0, q4_0h: lane g·4 + c reads quant bytes 4c..4c+3 of each block j of its tokens' rows (byte b: value b in the
+// low nibble, b + 16 in the high), the 16-bit word x of them for k-step 2j + x, its low nibbles for the A registers
+// of columns 2c (+1), its high ones for 8 + 2c (+1): column 16(2j + x) + 8h + 2c + e holds dimension
+// 32j + 16h + 4c + 2x + e.
 template <int FMT>
 __device__ __forceinline__ int kfrag_col(int d) {
     if constexpr (fmt_8bit(FMT)) {
         const int r = d & 31;
         return 16 * (2 * (d >> 5) + ((r >> 2) & 1)) + 8 * ((r >> 1) & 1) + 2 * (r >> 3) + (r & 1);
+    } else if constexpr (fmt_q4(FMT)) {
+        const int r = d & 31;
+        return 16 * (2 * (d >> 5) + ((r >> 1) & 1)) + 8 * (r >> 4) + 2 * ((r >> 2) & 3) + (r & 1);
     } else if constexpr (FMT == F_TURBO4) {
         const int b = d & 63, e = d >> 6;
         return 16 * ((b & 15) >> 1) + 8 * (b & 1) + 2 * (b >> 4) + e;
@@ -145,11 +154,16 @@ __device__ __forceinline__ int kfrag_col(int d) {
 // q8_0, int8: lane g·4 + c reads bytes 4g..4g+3 of each 32 values of its four tokens' rows, the 16-bit word at 2i
 // of the 32 values j for m-tile 2j + i: column 16mt + 8h + g holds dimension 32(mt >> 1) + 4g + 2(mt & 1) + h. So a
 // lane's outputs of a row are runs of four dimensions that eight lanes write side by side (the partials' stores).
+// q4_0, q4_0h: lane g·4 + c reads quant bytes 2g, 2g + 1 of each block j of its four tokens' rows; byte 2g + i is
+// m-tile 2j + i, its low nibble row g, its high nibble row g + 8: column 16mt + 8h + g holds dimension
+// 32(mt >> 1) + 16h + 2g + (mt & 1) (runs of two dimensions a lane, eight lanes side by side).
 template <int FMT>
 __device__ __forceinline__ int vfrag_dim(int m) {
     const int mt = m >> 4, g = m & 7, h = (m >> 3) & 1;
     if constexpr (fmt_8bit(FMT)) {
         return 32 * (mt >> 1) + 4 * g + 2 * (mt & 1) + h;
+    } else if constexpr (fmt_q4(FMT)) {
+        return 32 * (mt >> 1) + 16 * h + 2 * g + (mt & 1);
     } else if constexpr (FMT == F_TURBO4) {
         return 8 * g + mt + 64 * h;
     } else {
@@ -553,8 +567,8 @@ __device__ __forceinline__ void build_luts(u8* smem, int tid, int nthreads) {
 //         the denominator), and a 16-token block with none left skips its V dequantization and mma (tests only
 //         with sparse V on); a tile inside the range that every row sees whole skips the mask tests.
 //         Turbo rows of one block (K_FOLD, V_FOLD) enter the tile as bare centroid pairs; a K row's norm scales
-//         its scores after the mma, a V row's norm its probabilities before they become f16. turbo rows of 128
-//         and 8-bit rows (K_FRAG, V_FRAG) have no tile: a lane decodes its A fragments from the raw stage.
+//         its scores after the mma, a V row's norm its probabilities before they become f16. turbo rows of 128,
+//         8-bit and 4-bit rows (K_FRAG, V_FRAG) have no tile: a lane decodes its A fragments from the raw stage.
 // exact:  deterministic (fixed tile order, fixed split boundaries); not bitwise equal to the CPU's f32 attention
 //         (f16 operands); tests bound the NMSE against a float64 reference.
 // ================================================================================================================
@@ -806,6 +820,28 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
                                     qf[2 * j + h][0], qf[2 * j + h][1]);
                 }
             }
+        } else if constexpr (K_FRAG4) {
+            // tokens g and g + 8: per block j (18 bytes: the scale, 16 quant bytes), words x of quant bytes 4c.. give
+            // k-step 2j + x, low nibbles then high (a token past the tile's end reads its zero-filled slot: finite
+            // values, its score masked below)
+#pragma unroll
+            for (int j = 0; j < DK / 32; j++) {
+                const int blk = 18 * j, base = blk + 2 + 4 * c;
+                const u32 d0 = lds_u16(krow0 + blk), d1 = lds_u16(krow1 + blk);
+                const u32 d2a = d0 | (d0 << 16), d2b = d1 | (d1 << 16);
+                u32 w[2][2];
+#pragma unroll
+                for (int x = 0; x < 2; x++) {
+                    w[0][x] = lds_u16(krow0 + base + 2 * x);
+                    w[1][x] = lds_u16(krow1 + base + 2 * x);
+                }
+#pragma unroll
+                for (int x = 0; x < 2; x++) {
+                    mma16816<false>(s, q4pair_to_h2(w[0][x] & 0x0F0Fu, d2a), q4pair_to_h2(w[1][x] & 0x0F0Fu, d2b),
+                                    q4pair_to_h2((w[0][x] >> 4) & 0x0F0Fu, d2a),
+                                    q4pair_to_h2((w[1][x] >> 4) & 0x0F0Fu, d2b), qf[2 * j + x][0], qf[2 * j + x][1]);
+                }
+            }
         } else if constexpr (K_FRAG && KF == F_TURBO4) {
             // tokens g and g + 8: 16-bit word ks of bytes 16c.. gives k-step ks (a token past the tile's end reads
             // its zero-filled slot: finite pairs, its score masked below)
@@ -989,6 +1025,33 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
                                     i8cross_to_h2<0>(x[2], x[3], dB), i8cross_to_h2<1>(x[2], x[3], dB), b0, b1);
                 }
             }
+        } else if constexpr (V_FRAG4) {
+            // tokens 2c, 2c + 1, 2c + 8, 2c + 9: byte 2g + i of block j's quants holds rows g (low nibble) and g + 8
+            // (high) of m-tile 2j + i; two tokens' bytes make an A register by halves, times the two tokens' scales
+            // (a token past the tile's end reads its zero-filled slot: finite values times a zero probability)
+            u32 vrow[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int t = 2 * c + (j & 1) + 8 * (j >> 1);
+                vrow[j] = rawVs + (t * LY::SLOTV + warp * RBV) + vofs(t);
+            }
+#pragma unroll
+            for (int j = 0; j < DV / 32; j++) {
+                const int blk = 18 * j, base = blk + 2 + 2 * g;
+                const u32 dA = __byte_perm(lds_u16(vrow[0] + blk), lds_u16(vrow[1] + blk), 0x5410);
+                const u32 dB = __byte_perm(lds_u16(vrow[2] + blk), lds_u16(vrow[3] + blk), 0x5410);
+                u32 x[4];
+#pragma unroll
+                for (int t = 0; t < 4; t++) x[t] = lds_u16(vrow[t] + base);
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    // byte i of tokens 2c, 2c + 1 (and of 2c + 8, 2c + 9) side by side
+                    const u32 ab = __byte_perm(x[0], x[1], i ? 0x51u : 0x40u);
+                    const u32 cd = __byte_perm(x[2], x[3], i ? 0x51u : 0x40u);
+                    mma16816<false>(o[2 * j + i], q4pair_to_h2(ab & 0x0F0Fu, dA), q4pair_to_h2((ab >> 4) & 0x0F0Fu, dA),
+                                    q4pair_to_h2(cd & 0x0F0Fu, dB), q4pair_to_h2((cd >> 4) & 0x0F0Fu, dB), b0, b1);
+                }
+            }
         } else if constexpr (V_FRAG) {
             // tokens 2c, 2c + 1, 2c + 8, 2c + 9; two tokens' pairs make an A register by halves (a token past the
             // tile's end reads its zero-filled slot: finite pairs times a zero probability). turbo4: 16-bit words k
@@ -1089,6 +1152,13 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
             for (int j = 0; j < DV / 32; j++) {
                 *(float4*) (op + 32 * j + 4 * g) = make_float4(o[2 * j][e], o[2 * j][2 + e], o[2 * j + 1][e],
                                                                o[2 * j + 1][2 + e]);
+            }
+        } else if constexpr (V_FRAG4) {   // dimensions 32j + 16h + 2g, + 1: m-tiles 2j and 2j + 1, row g + 8h
+#pragma unroll
+            for (int j = 0; j < DV / 32; j++) {
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    *(float2*) (op + 32 * j + 16 * h + 2 * g) = make_float2(o[2 * j][2 * h + e], o[2 * j + 1][2 * h + e]);
             }
         } else if constexpr (V_FRAG && VF == F_TURBO4) {   // dimensions 64h + 8g + 4k .. + 3: m-tiles 4k .. 4k + 3
 #pragma unroll

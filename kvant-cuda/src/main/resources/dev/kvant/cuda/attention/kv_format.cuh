@@ -23,6 +23,7 @@ __host__ __device__ constexpr bool fmt_rotated(int f) { return f == F_Q4_0H || f
 __host__ __device__ constexpr bool fmt_turbo(int f) { return f >= F_TURBO4; }
 __host__ __device__ constexpr bool fmt_direct(int f) { return f <= F_BF16; }
 __host__ __device__ constexpr bool fmt_8bit(int f) { return f == F_Q8_0 || f == F_INT8; }
+__host__ __device__ constexpr bool fmt_q4(int f) { return f == F_Q4_0 || f == F_Q4_0H; }
 // Values of one scale of an 8-bit format (a block: the fp16 scale, then that many int8 values).
 __host__ __device__ constexpr int fmt_block8(int f) { return f == F_Q8_0 ? 32 : 64; }
 __host__ __device__ constexpr int fmt_bits(int f) { return f == F_TURBO4 ? 4 : f == F_TURBO3 ? 3 : f == F_TURBO2 ? 2 : 0; }

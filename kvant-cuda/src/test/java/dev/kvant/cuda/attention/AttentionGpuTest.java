@@ -189,7 +189,8 @@ class AttentionGpuTest {
      * sm_90); with 8 and 24 tiles cross pages and are copied a token at a time. Sequences interleave their pages.
      */
     @ParameterizedTest(name = "{0}/{1}")
-    @CsvSource({"turbo3,turbo3", "q8_0,q8_0", "q8_0,turbo3", "turbo4,turbo4", "turbo2,turbo2", "int8,int8", "f16,f16"})
+    @CsvSource({"turbo3,turbo3", "q8_0,q8_0", "q8_0,turbo3", "turbo4,turbo4", "turbo2,turbo2", "int8,int8", "f16,f16",
+            "q4_0,q4_0", "q4_0h,q8_0"})
     void decodeGivesTheSameBitsWhateverThePageSize(String kName, String vName) {
         CudaContext context = AttentionGpuFixture.context();
         KernelCache cache = AttentionGpuFixture.cache();
