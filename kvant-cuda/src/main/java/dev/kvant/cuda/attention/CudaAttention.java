@@ -275,11 +275,15 @@ public final class CudaAttention implements AutoCloseable {
         requireBytes("output", out, rows * shape.headDimV() * 4);
         int rowTiles = (queries * shape.group() + 7) / 8;
         int maxSplits = decodeSplits;
-        Dim3 grid = new Dim3(maxSplits, shape.kvHeads() / decodeHeads * rowTiles, seqs);
+        // attention.cu dec_run: each block a run of one sequence's splits, about decodeSplits blocks in all for the
+        // launch's (kv-head block, row tile) pairs, at most seqs more
+        int yBlocks = shape.kvHeads() / decodeHeads * rowTiles;
+        int targetBlocks = Math.max(1, decodeSplits / yBlocks);
+        Dim3 grid = new Dim3(targetBlocks + seqs, yBlocks, 1);
         decode.launch(grid, Dim3.of(decodeThreads), decodeShared, stream, q, kv.kPool(layer), kv.vPool(layer),
                 batch.tables(), batch.tableStride(), batch.lengths(), partials, maxSums, shape.kvHeads(),
                 shape.group(), queries, shape.pageTokens(), kv.kPageBytes(layer), kv.vPageBytes(layer), plan.splitTokens(),
-                maxSplits, qscale(), sparseThreshold);
+                maxSplits, qscale(), sparseThreshold, seqs, targetBlocks);
         if (outQ8 != null) {
             requireBytes("8-bit output", outQ8, rows * shape.headDimV());
             requireBytes("8-bit output scales", outQ8Scales, rows * shape.headDimV() / 32 * 8);

@@ -545,10 +545,12 @@ __device__ __forceinline__ void build_luts(u8* smem, int tid, int nthreads) {
 // ================================================================================================================
 // kvant_attn_decode — split-K decode of nq queries (1..8) per sequence, causal among themselves.
 //
-// grid:   (maxSplits, (kvHeads / HBD) * ceil(nq * G / 8), seqs). Block (s, y, b) takes tokens
-//         [s * split, min((s + 1) * split, len_b)) of sequence b for HBD kv heads and 8 query rows (query, head in
-//         group) of each, split = split_for(len_b, splitTokens, maxSplits); a split at or past len_b exits at once
-//         (the merge reads ceil(len/split)).
+// grid:   (targetBlocks + seqs, (kvHeads / HBD) * ceil(nq * G / 8), 1). Sequence b is cut into splits of
+//         split = split_for(len_b, splitTokens, maxSplits) tokens (split s: [s * split, min((s + 1) * split, len_b)),
+//         the merge reads ceil(len_b / split)), and block (x, y) takes a run of consecutive splits of one sequence
+//         (dec_run: about targetBlocks blocks for the batch, a block a split for one sequence) for HBD kv heads and 8
+//         query rows (query, head in group) of each, writing each split's partial as a block of that split alone
+//         would; a block past the runs exits at once.
 //         All sizes that change per step come from lens and tables in device memory, so a graph captured once
 //         replays at any length up to maxSplits * splitTokens.
 // block:  HBD warps; warp w serves kv head h0 + w. One ring of stages (all warps) brings the rows of all HBD heads
@@ -605,6 +607,96 @@ constexpr bool DEC_BULK = DEC_KAL && DEC_VAL && KVANT_BULK;
 // Decode blocks an SM: two when their shared memory fits twice (the launch bound asks the registers for it).
 constexpr int DEC_BLOCKS = (DV <= 128 && DecLayout::TOTAL <= 110 * 1024) ? 2 : 1;
 
+// Dense decode's blocks (x) over the launch's sequences. A sequence's splits stay what split_for makes of its
+// length (so its bits do not depend on the batch), and a block takes a run of consecutive splits of one sequence:
+// the fewest splits that hold w tiles, w = ceil(the launch's tiles / targetBlocks). A batch so fills at most
+// targetBlocks + seqs blocks (a sequence's runs are at most ceil(its tiles / w)), each preparing its query and tables
+// once for its run and streaming its stages across the splits (a block a split repeated that prologue for every one:
+// a sequence of 4K tokens is 256 splits of one tile), and a longer sequence gets more blocks, so sequences of
+// different lengths share the grid by their work. One sequence alone (its splits are at most targetBlocks) keeps a
+// block a split. Block x is run x - (the runs of the sequences before) of the sequence whose runs hold it; a block
+// past them all returns -1. Every warp works it out alike, lane i for sequence base + i.
+__device__ __forceinline__ int dec_run(const int* __restrict__ lens, int seqs, int targetBlocks, int minSplit,
+                                       int maxSplits, int lane, int& s0, int& s1) {
+    int tiles = 0;
+    for (int base = 0; base < seqs; base += 32) {
+        int t = base + lane < seqs ? (lens[base + lane] + DEC_TT - 1) / DEC_TT : 0;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(FULL_MASK, t, o);
+        tiles += t;
+    }
+    const int w = (tiles + targetBlocks - 1) / targetBlocks;
+    int b = blockIdx.x;
+    for (int base = 0; base < seqs; base += 32) {
+        int runs = 0, per = 1;
+        if (base + lane < seqs) {
+            const int len = lens[base + lane];
+            const int split = split_for(len, minSplit, maxSplits);
+            per = imax(1, (w + split / DEC_TT - 1) / (split / DEC_TT));
+            runs = ((len + split - 1) / split + per - 1) / per;
+        }
+        int incl = runs;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(FULL_MASK, incl, o);
+            if (lane >= o) incl += y;
+        }
+        const unsigned hit = __ballot_sync(FULL_MASK, b >= incl - runs && b < incl);
+        if (hit != 0u) {
+            const int src = __ffs(hit) - 1;
+            per = __shfl_sync(FULL_MASK, per, src);
+            s0 = (b - __shfl_sync(FULL_MASK, incl - runs, src)) * per;
+            s1 = s0 + per;
+            return base + src;
+        }
+        b -= __shfl_sync(FULL_MASK, incl, 31);
+    }
+    return -1;
+}
+
+// A lane's values of output row 2c + e of the block's O^T accumulators into a split's partial row op (DV floats,
+// head order).
+__device__ __forceinline__ void store_partial(float* __restrict__ op, const float (&o)[DV / 16][4], int e, int g) {
+    // V_FRAG: a lane's outputs of a row are runs of four dimensions (vfrag_dim), stored whole, so that the
+    // eight lanes of a row write 128 contiguous bytes (one value at a time, 8-bit V's stores were 4x the lines)
+    if constexpr (V_FRAG8) {   // dimensions 32j + 4g .. + 3: m-tiles 2j (rows g, g + 8) and 2j + 1
+#pragma unroll
+        for (int j = 0; j < DV / 32; j++) {
+            *(float4*) (op + 32 * j + 4 * g) = make_float4(o[2 * j][e], o[2 * j][2 + e], o[2 * j + 1][e],
+                                                           o[2 * j + 1][2 + e]);
+        }
+    } else if constexpr (V_FRAG4) {   // dimensions 32j + 16h + 2g, + 1: m-tiles 2j and 2j + 1, row g + 8h
+#pragma unroll
+        for (int j = 0; j < DV / 32; j++) {
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                *(float2*) (op + 32 * j + 16 * h + 2 * g) =
+                        make_float2(o[2 * j][2 * h + e], o[2 * j + 1][2 * h + e]);
+        }
+    } else if constexpr (V_FRAG && VF == F_TURBO4) {   // dimensions 64h + 8g + 4k .. + 3: m-tiles 4k .. 4k + 3
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int x = 2 * h + e;
+#pragma unroll
+            for (int k = 0; k < 2; k++)
+                *(float4*) (op + 64 * h + 8 * g + 4 * k) =
+                        make_float4(o[4 * k][x], o[4 * k + 1][x], o[4 * k + 2][x], o[4 * k + 3][x]);
+        }
+    } else if constexpr (V_FRAG) {   // dimensions 32r + 4g .. + 3, r = 2(mt & 1) + h: m-tiles 2i + (r >> 1)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int m = r >> 1, x = 2 * (r & 1) + e;
+            *(float4*) (op + 32 * r + 4 * g) = make_float4(o[m][x], o[2 + m][x], o[4 + m][x], o[6 + m][x]);
+        }
+    } else {
+#pragma unroll
+        for (int mt = 0; mt < DV / 16; mt++) {
+            op[perm_col<VF, DV>(mt * 16 + g)] = o[mt][e];
+            op[perm_col<VF, DV>(mt * 16 + g + 8)] = o[mt][2 + e];
+        }
+    }
+}
+
 // Selected decode (kvant_attn_decode_sel, HBD = 1): the block reads the tokens of its kv head's selection list
 // instead of [0, len): list sel[(seq * kvHeads + kvHead) * selStride + i] (i < selCounts[...]) holds ascending
 // blocks of 2^selShift positions, the last one the queries' own. Tokens are numbered through the list ("list
@@ -616,17 +708,27 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
         const u8* __restrict__ vpool, const int* __restrict__ tables, int tableStride, const int* __restrict__ lens,
         float* __restrict__ opart, float2* __restrict__ ml, int kvHeads, int G, int nq, int pageTokens,
         i64 kPageBytes, i64 vPageBytes, int splitTokens, int maxSplits, float qscale, float sparseThreshold,
-        const int* __restrict__ sel, const int* __restrict__ selCounts, int selStride, int selShift) {
+        const int* __restrict__ sel, const int* __restrict__ selCounts, int selStride, int selShift, int seqs,
+        int targetBlocks) {
     using LY = DecLayout;
     constexpr int TT = DEC_TT;
     constexpr int NST = LY::NST;
     extern __shared__ __align__(16) u8 smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, c = lane & 3;
-    const int seq = blockIdx.z;
     const int headBlocks = kvHeads / HBD;
     const int hb = blockIdx.y % headBlocks, nt = blockIdx.y / headBlocks;
-    const int split = blockIdx.x;
+    // This block's sequence and its splits [s0, s1): selected decode, a block a split (x) and sequence (z); dense
+    // decode, a run of consecutive splits of one sequence (dec_run).
+    int seq, s0, s1;
+    if (SEL || (seqs == 1 && targetBlocks >= maxSplits)) {   // (one sequence of at most targetBlocks splits)
+        seq = blockIdx.z;
+        s0 = blockIdx.x;
+        s1 = s0 + 1;
+    } else {
+        seq = dec_run(lens, seqs, targetBlocks, splitTokens, maxSplits, lane, s0, s1);
+        if (seq < 0) return;
+    }
     const int len = lens[seq];
     const int kh = hb * HBD + warp;
     const int qstart = len - nq;
@@ -636,19 +738,23 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
     // The last position any of this block's rows sees.
     const int lastRow = imin(nRows - 1, row0 + 7);
     if constexpr (!SEL) splitTokens = split_for(len, splitTokens, maxSplits);
-    const int t0 = split * splitTokens;
-    int t1;
+    // The tokens of the block's splits: [t0, t1), the splits' tokens up to the end of the sequence (dense) or of the
+    // list (selected) and the last position the block's rows see; splits past that end (a multi-query block's rows
+    // see fewer tokens than the sequence has) write empty partials.
+    int total, limit;
     const int* list = nullptr;
     if constexpr (SEL) {
         list = sel + (i64) (seq * kvHeads + kh) * selStride;
         const int count = selCounts[seq * kvHeads + kh];
-        const int listLen = count > 0 ? ((count - 1) << selShift) + len - (list[count - 1] << selShift) : 0;
-        if (t0 >= listLen) return;
-        t1 = imin(t0 + splitTokens, listLen);
+        total = limit = count > 0 ? ((count - 1) << selShift) + len - (list[count - 1] << selShift) : 0;
     } else {
-        if (t0 >= len) return;
-        t1 = imin(imin(t0 + splitTokens, len), qstart + lastRow / G + 1);
+        total = len;
+        limit = imin(len, qstart + lastRow / G + 1);
     }
+    s1 = imin(s1, (total + splitTokens - 1) / splitTokens);
+    if (s0 >= s1) return;
+    const int t0 = s0 * splitTokens;
+    const int t1 = imin(s1 * splitTokens, limit);
     // The cache position of list token tok (below t1; tiles and stages never cross a selection block).
     auto pos = [&](int tok) -> int {
         if constexpr (SEL) {
@@ -759,429 +865,414 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
     int biasPage = -1;   // KMEAN: the page whose q·μ bias holds
     float2 bias = make_float2(0.f, 0.f);
 
-    for (int it = 0; it < ntiles; it++) {
-        if constexpr (DEC_BULK) {
-            mbar_wait(bars + 8 * (it % NST), (it / NST) & 1);
-        } else {
-            cp_async_wait<NST - 2>();
+    // ---- partials of split sp: the lane's sums over its tokens, added across the 8 lanes of a row in a fixed tree;
+    // then the running state starts again for the block's next split
+    auto flush = [&](int sp) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            lrow[e] += __shfl_xor_sync(FULL_MASK, lrow[e], 4);
+            lrow[e] += __shfl_xor_sync(FULL_MASK, lrow[e], 8);
+            lrow[e] += __shfl_xor_sync(FULL_MASK, lrow[e], 16);
         }
-        __syncthreads();
-        {
-            const int nx = it + NST - 1;
-            if (nx < ntiles) issue(nx, pageNext, runNext);
-            if constexpr (!DEC_BULK) cp_async_commit();
-            runNext = runOf(nx + 1);
-            pageNext = pageOf(nx + 1, runNext);
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int row = row0 + 2 * c + e;
+            if (row >= nRows) continue;
+            const int qi = row / G, hq = kh * G + (row - qi * G);
+            const i64 part = (((i64) seq * nq + qi) * heads + hq) * maxSplits + sp;
+            if (g == 0) ml[part] = make_float2(mrow[e], lrow[e]);
+            store_partial(opart + part * DV, o, e, g);
         }
-        const int st = it % NST;
-        const int tok0 = t0 + it * TT;
-        const int valid = imin(TT, t1 - tok0);
-        const u8* rawK = smem + LY::OFF_RAW + st * LY::STAGE;
-        const u8* rawV = rawK + TT * LY::SLOTK;
-        const u8* offs = smem + LY::OFF_OFS + st * TT * 2;
-        // the same stage as 32-bit shared addresses: the fragment paths' row addresses are these plus lane constants
-        // (the generic pointers' 64-bit sums, redone every tile under the register limit, cost ~90 instructions a tile)
-        const u32 rawKs = sraw + st * LY::STAGE, rawVs = rawKs + TT * LY::SLOTK;
-        // the offsets of token t's K and V covers in their slots
-        auto kofs = [&](int t) -> int { return DEC_KAL ? 0 : offs[t * 2]; };
-        auto vofs = [&](int t) -> int { return DEC_VAL ? 0 : offs[t * 2 + 1]; };
-
-        // ---- S^T = K Q^T (16 tokens x 8 rows)
-        float s[4] = {0.f, 0.f, 0.f, 0.f};
-        // K_FRAG: the rows of tokens g and g + 8 (shared addresses of their norms; the codes follow)
-        u32 krow0 = 0, krow1 = 0;
-        if constexpr (K_FRAG) {
-            krow0 = rawKs + (g * LY::SLOTK + warp * RBK) + kofs(g);
-            krow1 = rawKs + ((g + 8) * LY::SLOTK + warp * RBK) + kofs(g + 8);
-        }
-        if constexpr (K_FRAG8) {
-            // tokens g and g + 8: per 32 values j, words k of bytes 8c.. give k-steps 2j, 2j + 1 (a token past the
-            // tile's end reads its zero-filled slot: zeros, its score masked below)
-            constexpr int B = fmt_block8(KF);
-            u32 d2[2] = {0u, 0u};
 #pragma unroll
-            for (int j = 0; j < DK / 32; j++) {
-                const int blk = (32 * j / B) * (B + 2), base = blk + 2 + (32 * j) % B + 8 * c;
-                if ((32 * j) % B == 0) {
-                    const u32 d0 = lds_u16(krow0 + blk), d1 = lds_u16(krow1 + blk);
-                    d2[0] = d0 | (d0 << 16);
-                    d2[1] = d1 | (d1 << 16);
-                }
-                u32 w[2][4];
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    w[0][k] = lds_u16(krow0 + base + 2 * k);
-                    w[1][k] = lds_u16(krow1 + base + 2 * k);
-                }
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    mma16816<false>(s, i8pair_to_h2(w[0][2 * h], d2[0]), i8pair_to_h2(w[1][2 * h], d2[1]),
-                                    i8pair_to_h2(w[0][2 * h + 1], d2[0]), i8pair_to_h2(w[1][2 * h + 1], d2[1]),
-                                    qf[2 * j + h][0], qf[2 * j + h][1]);
-                }
-            }
-        } else if constexpr (K_FRAG4) {
-            // tokens g and g + 8: per block j (18 bytes: the scale, 16 quant bytes), words x of quant bytes 4c.. give
-            // k-step 2j + x, low nibbles then high (a token past the tile's end reads its zero-filled slot: finite
-            // values, its score masked below)
-#pragma unroll
-            for (int j = 0; j < DK / 32; j++) {
-                const int blk = 18 * j, base = blk + 2 + 4 * c;
-                const u32 d0 = lds_u16(krow0 + blk), d1 = lds_u16(krow1 + blk);
-                const u32 d2a = d0 | (d0 << 16), d2b = d1 | (d1 << 16);
-                u32 w[2][2];
-#pragma unroll
-                for (int x = 0; x < 2; x++) {
-                    w[0][x] = lds_u16(krow0 + base + 2 * x);
-                    w[1][x] = lds_u16(krow1 + base + 2 * x);
-                }
-#pragma unroll
-                for (int x = 0; x < 2; x++) {
-                    mma16816<false>(s, q4pair_to_h2(w[0][x] & 0x0F0Fu, d2a), q4pair_to_h2(w[1][x] & 0x0F0Fu, d2b),
-                                    q4pair_to_h2((w[0][x] >> 4) & 0x0F0Fu, d2a),
-                                    q4pair_to_h2((w[1][x] >> 4) & 0x0F0Fu, d2b), qf[2 * j + x][0], qf[2 * j + x][1]);
-                }
-            }
-        } else if constexpr (K_FRAG && KF == F_TURBO4) {
-            // tokens g and g + 8: 16-bit word ks of bytes 16c.. gives k-step ks (a token past the tile's end reads
-            // its zero-filled slot: finite pairs, its score masked below)
-            const u32 lutL = lutKs + 4 * lane;
-            u32 w[2][DK / 16];
-#pragma unroll
-            for (int ks = 0; ks < DK / 16; ks++) {
-                w[0][ks] = lds_u16(krow0 + 2 + 16 * c + 2 * ks);
-                w[1][ks] = lds_u16(krow1 + 2 + 16 * c + 2 * ks);
-            }
-#pragma unroll
-            for (int ks = 0; ks < DK / 16; ks++) {
-                mma16816<false>(s, turbo4_pair(w[0][ks], 0, lutL), turbo4_pair(w[1][ks], 0, lutL),
-                                turbo4_pair(w[0][ks], 1, lutL), turbo4_pair(w[1][ks], 1, lutL), qf[ks][0], qf[ks][1]);
-            }
-        } else if constexpr (K_FRAG) {
-            // tokens g and g + 8: 16-bit words k of low bytes 8c.. and (turbo3) high bytes 8(c & 1).. give k-steps
-            // 2k, 2k + 1 (a token past the tile's end reads its zero-filled slot: finite pairs, its score masked below)
-            const u32 lutA = lutKs, lane4 = lane << 2;
-            u32 w[2][4][2];
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                w[0][k][0] = lds_u16(krow0 + 2 + 8 * c + 2 * k);
-                w[1][k][0] = lds_u16(krow1 + 2 + 8 * c + 2 * k);
-                if constexpr (KF == F_TURBO3) {
-                    w[0][k][1] = lds_u16(krow0 + 2 + 32 + 8 * (c & 1) + 2 * k);
-                    w[1][k][1] = lds_u16(krow1 + 2 + 32 + 8 * (c & 1) + 2 * k);
-                } else {
-                    w[0][k][1] = w[1][k][1] = 0u;
-                }
-            }
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                u32 p0[4], p1[4];
-                turbo_pairs<KF>(p0, w[0][k][0], w[0][k][1], c >> 1, lutA, lane4);
-                turbo_pairs<KF>(p1, w[1][k][0], w[1][k][1], c >> 1, lutA, lane4);
-                mma16816<false>(s, p0[0], p1[0], p0[2], p1[2], qf[2 * k][0], qf[2 * k][1]);
-                mma16816<false>(s, p0[1], p1[1], p0[3], p1[3], qf[2 * k + 1][0], qf[2 * k + 1][1]);
-            }
-        } else {
-            const u8* kt;
-            int kstride;
-            if constexpr (K_DIRECT) {
-                kt = rawK + warp * RBK;
-                kstride = LY::SLOTK;
+        for (int i = 0; i < DV / 16; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+        mrow[0] = mrow[1] = NEG_INF;
+        lrow[0] = lrow[1] = 0.f;
+    };
+    // The block's splits one after the other, their tiles numbered on (it: the stages stream across the splits);
+    // a split past the rows' last position has none and writes an empty partial.
+    const int splitTiles = splitTokens / TT;
+    int it = 0;
+    for (int split = s0; split < s1; split++) {
+        for (const int itEnd = imin(ntiles, (split + 1 - s0) * splitTiles); it < itEnd; it++) {
+            if constexpr (DEC_BULK) {
+                mbar_wait(bars + 8 * (it % NST), (it / NST) & 1);
             } else {
-                dequant_tile<KF, DK, TT, LY::SLOTK, LY::TS, 32, !K_FOLD, DEC_KAL>(tile, rawK, offs, 0, warp, lutK,
-                                                                                  lane, lane);
-                __syncwarp();
-                kt = tile;
-                kstride = LY::TS;
+                cp_async_wait<NST - 2>();
             }
-            const u32 a = smem_u32(kt) + ((lane & 7) + ((lane >> 3) & 1) * 8) * kstride + (lane >> 4) * 16;
-#pragma unroll
-            for (int ks = 0; ks < DK / 16; ks++) {
-                u32 r[4];
-                ldsm_x4(r, a + ks * 32);
-                mma16816<K_BF16>(s, r[0], r[1], r[2], r[3], qf[ks][0], qf[ks][1]);
+            __syncthreads();
+            {
+                const int nx = it + NST - 1;
+                if (nx < ntiles) issue(nx, pageNext, runNext);
+                if constexpr (!DEC_BULK) cp_async_commit();
+                runNext = runOf(nx + 1);
+                pageNext = pageOf(nx + 1, runNext);
             }
-        }
-        if constexpr (K_FOLD) {   // the norms of tokens g and g + 8 (a token past the tile's end is masked below)
-            float n0, n1;
+            const int st = it % NST;
+            const int tok0 = t0 + it * TT;
+            const int valid = imin(TT, t1 - tok0);
+            const u8* rawK = smem + LY::OFF_RAW + st * LY::STAGE;
+            const u8* rawV = rawK + TT * LY::SLOTK;
+            const u8* offs = smem + LY::OFF_OFS + st * TT * 2;
+            // the same stage as 32-bit shared addresses: the fragment paths' row addresses are these plus lane
+            // constants (the generic pointers' 64-bit sums, redone every tile under the register limit, cost ~90
+            // instructions a tile)
+            const u32 rawKs = sraw + st * LY::STAGE, rawVs = rawKs + TT * LY::SLOTK;
+            // the offsets of token t's K and V covers in their slots
+            auto kofs = [&](int t) -> int { return DEC_KAL ? 0 : offs[t * 2]; };
+            auto vofs = [&](int t) -> int { return DEC_VAL ? 0 : offs[t * 2 + 1]; };
+
+            // ---- S^T = K Q^T (16 tokens x 8 rows)
+            float s[4] = {0.f, 0.f, 0.f, 0.f};
+            // K_FRAG: the rows of tokens g and g + 8 (shared addresses of their norms; the codes follow)
+            u32 krow0 = 0, krow1 = 0;
             if constexpr (K_FRAG) {
-                n0 = h2f((u16) lds_u16(krow0));
-                n1 = h2f((u16) lds_u16(krow1));
-            } else {
-                n0 = row_norm(rawK + g * LY::SLOTK + kofs(g) + warp * RBK);
-                n1 = row_norm(rawK + (g + 8) * LY::SLOTK + kofs(g + 8) + warp * RBK);
+                krow0 = rawKs + (g * LY::SLOTK + warp * RBK) + kofs(g);
+                krow1 = rawKs + ((g + 8) * LY::SLOTK + warp * RBK) + kofs(g + 8);
             }
-            s[0] *= n0;
-            s[1] *= n0;
-            s[2] *= n1;
-            s[3] *= n1;
-        }
-        if constexpr (KMEAN) {
-            // tokens g and g + 8: the tile's 8-token halves, each in one page (pages hold multiples of 8 tokens)
+            if constexpr (K_FRAG8) {
+                // tokens g and g + 8: per 32 values j, words k of bytes 8c.. give k-steps 2j, 2j + 1 (a token past the
+                // tile's end reads its zero-filled slot: zeros, its score masked below)
+                constexpr int B = fmt_block8(KF);
+                u32 d2[2] = {0u, 0u};
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                if (8 * e < valid) {
-                    const int page = table[page_div(pos(tok0 + 8 * e), pageTokens)];
-                    if (page != biasPage) {
-                        biasPage = page;
-                        u16* muT = (u16*) (smem + LY::OFF_MU) + warp * DK;
-                        stage_mean<K_FRAG>(muT, key_mean(kpool, page, kPageBytes, pageTokens, kvHeads, kh), lane);
-                        bias = key_bias_decode(qf, muT, lane);
+                for (int j = 0; j < DK / 32; j++) {
+                    const int blk = (32 * j / B) * (B + 2), base = blk + 2 + (32 * j) % B + 8 * c;
+                    if ((32 * j) % B == 0) {
+                        const u32 d0 = lds_u16(krow0 + blk), d1 = lds_u16(krow1 + blk);
+                        d2[0] = d0 | (d0 << 16);
+                        d2[1] = d1 | (d1 << 16);
                     }
-                    s[2 * e] += bias.x;
-                    s[2 * e + 1] += bias.y;
-                }
-            }
-        }
-        // ---- online softmax over the 16 tokens (lane: tokens g, g+8; rows 2c, 2c+1)
-        float p[4];
-        {
-            // a tile inside [t0, t1) whose last position every row sees (most tiles; a tile's positions are
-            // consecutive) masks nothing: the warp skips the tests
-            const int pa = pos(tok0) + g;   // the positions of list tokens tok0 + g and tok0 + g + 8
-            if (!(tok0 + TT <= t1 && pos(tok0) + TT - 1 <= firstPos)) {
+                    u32 w[2][4];
 #pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    if (!(tok0 + g < t1 && pa <= rowPos[e])) s[e] = NEG_INF;
-                    if (!(tok0 + g + 8 < t1 && pa + 8 <= rowPos[e])) s[2 + e] = NEG_INF;
-                }
-            }
-            float corr[2];
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                float mx = fmaxf(s[e], s[2 + e]);
-                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 4));
-                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 8));
-                mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 16));
-                const float mnew = fmaxf(mrow[e], mx);
-                const float base = mnew == NEG_INF ? 0.f : mnew;
-                corr[e] = fast_exp2(mrow[e] - base);
-                p[e] = fast_exp2(s[e] - base);
-                p[2 + e] = fast_exp2(s[2 + e] - base);
-                lrow[e] = lrow[e] * corr[e] + (p[e] + p[2 + e]);
-                mrow[e] = mnew;
-            }
-            // Once the running maxima settle (most tiles of a long context) every factor is exactly 1 (2^0): the
-            // warp skips the rescaling, which would leave the same bits.
-            if (__any_sync(FULL_MASK, corr[0] != 1.f || corr[1] != 1.f)) {
-#pragma unroll
-                for (int i = 0; i < DV / 16; i++) {
-                    o[i][0] *= corr[0];
-                    o[i][2] *= corr[0];
-                    o[i][1] *= corr[1];
-                    o[i][3] *= corr[1];
-                }
-            }
-        }
-        // Sparse V: probabilities under the threshold are dropped, and a tile whose every probability is then zero
-        // skips its V. Off (threshold 0: the test is uniform) every tile has a visible token (t1 ends at the last
-        // row's position), so the only such tiles are those whose probabilities all underflowed, and their V adds
-        // zeros: not worth a vote every tile.
-        if (sparseThreshold > 0.f) {
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                if (p[e] < sparseThreshold) p[e] = 0.f;
-            if (!__any_sync(FULL_MASK, p[0] != 0.f || p[1] != 0.f || p[2] != 0.f || p[3] != 0.f)) continue;
-        }
-        float pv[4] = {p[0], p[1], p[2], p[3]};
-        if constexpr (V_FOLD) {   // tokens g and g + 8 weighted by their V rows' norms (0 past the tile's end)
-            const float n0 = g < valid ? h2f((u16) lds_u16(rawVs + (g * LY::SLOTV + warp * RBV) + vofs(g))) : 0.f;
-            const float n1 =
-                    g + 8 < valid ? h2f((u16) lds_u16(rawVs + ((g + 8) * LY::SLOTV + warp * RBV) + vofs(g + 8))) : 0.f;
-            pv[0] *= n0;
-            pv[1] *= n0;
-            pv[2] *= n1;
-            pv[3] *= n1;
-        }
-        const u32 b0 = movm_t(pack2<V_BF16>(pv[0], pv[1]));
-        const u32 b1 = movm_t(pack2<V_BF16>(pv[2], pv[3]));
-
-        // ---- O^T += V^T P^T
-        if constexpr (V_FRAG8) {
-            // tokens 2c, 2c + 1, 2c + 8, 2c + 9: the word at 4g + 2i of 32 values j of a row holds rows g, g + 8 of
-            // m-tile 2j + i; two tokens' bytes make an A register by halves, times the two tokens' scales (a token
-            // past the tile's end reads its zero-filled slot: zeros times a zero probability)
-            constexpr int B = fmt_block8(VF);
-            u32 vrow[4];
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int t = 2 * c + (j & 1) + 8 * (j >> 1);
-                vrow[j] = rawVs + (t * LY::SLOTV + warp * RBV) + vofs(t);
-            }
-            u32 dA = 0u, dB = 0u;
-#pragma unroll
-            for (int j = 0; j < DV / 32; j++) {
-                const int blk = (32 * j / B) * (B + 2), base = blk + 2 + (32 * j) % B + 4 * g;
-                if ((32 * j) % B == 0) {
-                    dA = __byte_perm(lds_u16(vrow[0] + blk), lds_u16(vrow[1] + blk), 0x5410);
-                    dB = __byte_perm(lds_u16(vrow[2] + blk), lds_u16(vrow[3] + blk), 0x5410);
-                }
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    u32 x[4];
-#pragma unroll
-                    for (int t = 0; t < 4; t++) x[t] = lds_u16(vrow[t] + base + 2 * i) ^ 0x64648080u;
-                    mma16816<false>(o[2 * j + i], i8cross_to_h2<0>(x[0], x[1], dA), i8cross_to_h2<1>(x[0], x[1], dA),
-                                    i8cross_to_h2<0>(x[2], x[3], dB), i8cross_to_h2<1>(x[2], x[3], dB), b0, b1);
-                }
-            }
-        } else if constexpr (V_FRAG4) {
-            // tokens 2c, 2c + 1, 2c + 8, 2c + 9: byte 2g + i of block j's quants holds rows g (low nibble) and g + 8
-            // (high) of m-tile 2j + i; two tokens' bytes make an A register by halves, times the two tokens' scales
-            // (a token past the tile's end reads its zero-filled slot: finite values times a zero probability)
-            u32 vrow[4];
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int t = 2 * c + (j & 1) + 8 * (j >> 1);
-                vrow[j] = rawVs + (t * LY::SLOTV + warp * RBV) + vofs(t);
-            }
-#pragma unroll
-            for (int j = 0; j < DV / 32; j++) {
-                const int blk = 18 * j, base = blk + 2 + 2 * g;
-                const u32 dA = __byte_perm(lds_u16(vrow[0] + blk), lds_u16(vrow[1] + blk), 0x5410);
-                const u32 dB = __byte_perm(lds_u16(vrow[2] + blk), lds_u16(vrow[3] + blk), 0x5410);
-                u32 x[4];
-#pragma unroll
-                for (int t = 0; t < 4; t++) x[t] = lds_u16(vrow[t] + base);
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    // byte i of tokens 2c, 2c + 1 (and of 2c + 8, 2c + 9) side by side
-                    const u32 ab = __byte_perm(x[0], x[1], i ? 0x51u : 0x40u);
-                    const u32 cd = __byte_perm(x[2], x[3], i ? 0x51u : 0x40u);
-                    mma16816<false>(o[2 * j + i], q4pair_to_h2(ab & 0x0F0Fu, dA), q4pair_to_h2((ab >> 4) & 0x0F0Fu, dA),
-                                    q4pair_to_h2(cd & 0x0F0Fu, dB), q4pair_to_h2((cd >> 4) & 0x0F0Fu, dB), b0, b1);
-                }
-            }
-        } else if constexpr (V_FRAG) {
-            // tokens 2c, 2c + 1, 2c + 8, 2c + 9; two tokens' pairs make an A register by halves (a token past the
-            // tile's end reads its zero-filled slot: finite pairs times a zero probability). turbo4: 16-bit words k
-            // of bytes 8g.. give the pairs (rows g, g + 8) of m-tiles 2k, 2k + 1; turbo3, turbo2: words k of low
-            // bytes 4g.. and (turbo3) high bytes 4(g & 3).. those of m-tiles 4k..4k + 3.
-            const u32 lutA = lutVs, lane4 = lane << 2, lutL = lutA + lane4;
-            u32 vrow[4];
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int t = 2 * c + (j & 1) + 8 * (j >> 1);
-                vrow[j] = rawVs + (t * LY::SLOTV + warp * RBV + 2) + vofs(t);
-            }
-            if constexpr (VF == F_TURBO4) {
-                u32 w[4][4];
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-#pragma unroll
-                    for (int k = 0; k < 4; k++) w[j][k] = lds_u16(vrow[j] + 8 * g + 2 * k);
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
+                    for (int k = 0; k < 4; k++) {
+                        w[0][k] = lds_u16(krow0 + base + 2 * k);
+                        w[1][k] = lds_u16(krow1 + base + 2 * k);
+                    }
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
-                        u32 p[4];
-#pragma unroll
-                        for (int j = 0; j < 4; j++) p[j] = turbo4_pair(w[j][k], h, lutL);
-                        mma16816<false>(o[2 * k + h], __byte_perm(p[0], p[1], 0x5410), __byte_perm(p[0], p[1], 0x7632),
-                                        __byte_perm(p[2], p[3], 0x5410), __byte_perm(p[2], p[3], 0x7632), b0, b1);
+                        mma16816<false>(s, i8pair_to_h2(w[0][2 * h], d2[0]), i8pair_to_h2(w[1][2 * h], d2[1]),
+                                        i8pair_to_h2(w[0][2 * h + 1], d2[0]), i8pair_to_h2(w[1][2 * h + 1], d2[1]),
+                                        qf[2 * j + h][0], qf[2 * j + h][1]);
                     }
                 }
+            } else if constexpr (K_FRAG4) {
+                // tokens g and g + 8: per block j (18 bytes: the scale, 16 quant bytes), words x of quant bytes 4c..
+                // give k-step 2j + x, low nibbles then high (a token past the tile's end reads its zero-filled slot:
+                // finite values, its score masked below)
+#pragma unroll
+                for (int j = 0; j < DK / 32; j++) {
+                    const int blk = 18 * j, base = blk + 2 + 4 * c;
+                    const u32 d0 = lds_u16(krow0 + blk), d1 = lds_u16(krow1 + blk);
+                    const u32 d2a = d0 | (d0 << 16), d2b = d1 | (d1 << 16);
+                    u32 w[2][2];
+#pragma unroll
+                    for (int x = 0; x < 2; x++) {
+                        w[0][x] = lds_u16(krow0 + base + 2 * x);
+                        w[1][x] = lds_u16(krow1 + base + 2 * x);
+                    }
+#pragma unroll
+                    for (int x = 0; x < 2; x++) {
+                        mma16816<false>(s, q4pair_to_h2(w[0][x] & 0x0F0Fu, d2a), q4pair_to_h2(w[1][x] & 0x0F0Fu, d2b),
+                                        q4pair_to_h2((w[0][x] >> 4) & 0x0F0Fu, d2a),
+                                        q4pair_to_h2((w[1][x] >> 4) & 0x0F0Fu, d2b), qf[2 * j + x][0],
+                                        qf[2 * j + x][1]);
+                    }
+                }
+            } else if constexpr (K_FRAG && KF == F_TURBO4) {
+                // tokens g and g + 8: 16-bit word ks of bytes 16c.. gives k-step ks (a token past the tile's end reads
+                // its zero-filled slot: finite pairs, its score masked below)
+                const u32 lutL = lutKs + 4 * lane;
+                u32 w[2][DK / 16];
+#pragma unroll
+                for (int ks = 0; ks < DK / 16; ks++) {
+                    w[0][ks] = lds_u16(krow0 + 2 + 16 * c + 2 * ks);
+                    w[1][ks] = lds_u16(krow1 + 2 + 16 * c + 2 * ks);
+                }
+#pragma unroll
+                for (int ks = 0; ks < DK / 16; ks++) {
+                    mma16816<false>(s, turbo4_pair(w[0][ks], 0, lutL), turbo4_pair(w[1][ks], 0, lutL),
+                                    turbo4_pair(w[0][ks], 1, lutL), turbo4_pair(w[1][ks], 1, lutL), qf[ks][0],
+                                    qf[ks][1]);
+                }
+            } else if constexpr (K_FRAG) {
+                // tokens g and g + 8: 16-bit words k of low bytes 8c.. and (turbo3) high bytes 8(c & 1).. give k-steps
+                // 2k, 2k + 1 (a token past the tile's end reads its zero-filled slot: finite pairs, its score masked
+                // below)
+                const u32 lutA = lutKs, lane4 = lane << 2;
+                u32 w[2][4][2];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    w[0][k][0] = lds_u16(krow0 + 2 + 8 * c + 2 * k);
+                    w[1][k][0] = lds_u16(krow1 + 2 + 8 * c + 2 * k);
+                    if constexpr (KF == F_TURBO3) {
+                        w[0][k][1] = lds_u16(krow0 + 2 + 32 + 8 * (c & 1) + 2 * k);
+                        w[1][k][1] = lds_u16(krow1 + 2 + 32 + 8 * (c & 1) + 2 * k);
+                    } else {
+                        w[0][k][1] = w[1][k][1] = 0u;
+                    }
+                }
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    u32 p0[4], p1[4];
+                    turbo_pairs<KF>(p0, w[0][k][0], w[0][k][1], c >> 1, lutA, lane4);
+                    turbo_pairs<KF>(p1, w[1][k][0], w[1][k][1], c >> 1, lutA, lane4);
+                    mma16816<false>(s, p0[0], p1[0], p0[2], p1[2], qf[2 * k][0], qf[2 * k][1]);
+                    mma16816<false>(s, p0[1], p1[1], p0[3], p1[3], qf[2 * k + 1][0], qf[2 * k + 1][1]);
+                }
             } else {
-                u32 w[4][2][2];
+                const u8* kt;
+                int kstride;
+                if constexpr (K_DIRECT) {
+                    kt = rawK + warp * RBK;
+                    kstride = LY::SLOTK;
+                } else {
+                    dequant_tile<KF, DK, TT, LY::SLOTK, LY::TS, 32, !K_FOLD, DEC_KAL>(tile, rawK, offs, 0, warp, lutK,
+                                                                                      lane, lane);
+                    __syncwarp();
+                    kt = tile;
+                    kstride = LY::TS;
+                }
+                const u32 a = smem_u32(kt) + ((lane & 7) + ((lane >> 3) & 1) * 8) * kstride + (lane >> 4) * 16;
+#pragma unroll
+                for (int ks = 0; ks < DK / 16; ks++) {
+                    u32 r[4];
+                    ldsm_x4(r, a + ks * 32);
+                    mma16816<K_BF16>(s, r[0], r[1], r[2], r[3], qf[ks][0], qf[ks][1]);
+                }
+            }
+            if constexpr (K_FOLD) {   // the norms of tokens g and g + 8 (a token past the tile's end is masked below)
+                float n0, n1;
+                if constexpr (K_FRAG) {
+                    n0 = h2f((u16) lds_u16(krow0));
+                    n1 = h2f((u16) lds_u16(krow1));
+                } else {
+                    n0 = row_norm(rawK + g * LY::SLOTK + kofs(g) + warp * RBK);
+                    n1 = row_norm(rawK + (g + 8) * LY::SLOTK + kofs(g + 8) + warp * RBK);
+                }
+                s[0] *= n0;
+                s[1] *= n0;
+                s[2] *= n1;
+                s[3] *= n1;
+            }
+            if constexpr (KMEAN) {
+                // tokens g and g + 8: the tile's 8-token halves, each in one page (pages hold multiples of 8 tokens)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    if (8 * e < valid) {
+                        const int page = table[page_div(pos(tok0 + 8 * e), pageTokens)];
+                        if (page != biasPage) {
+                            biasPage = page;
+                            u16* muT = (u16*) (smem + LY::OFF_MU) + warp * DK;
+                            stage_mean<K_FRAG>(muT, key_mean(kpool, page, kPageBytes, pageTokens, kvHeads, kh), lane);
+                            bias = key_bias_decode(qf, muT, lane);
+                        }
+                        s[2 * e] += bias.x;
+                        s[2 * e + 1] += bias.y;
+                    }
+                }
+            }
+            // ---- online softmax over the 16 tokens (lane: tokens g, g+8; rows 2c, 2c+1)
+            float p[4];
+            {
+                // a tile inside [t0, t1) whose last position every row sees (most tiles; a tile's positions are
+                // consecutive) masks nothing: the warp skips the tests
+                const int pa = pos(tok0) + g;   // the positions of list tokens tok0 + g and tok0 + g + 8
+                if (!(tok0 + TT <= t1 && pos(tok0) + TT - 1 <= firstPos)) {
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        if (!(tok0 + g < t1 && pa <= rowPos[e])) s[e] = NEG_INF;
+                        if (!(tok0 + g + 8 < t1 && pa + 8 <= rowPos[e])) s[2 + e] = NEG_INF;
+                    }
+                }
+                float corr[2];
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float mx = fmaxf(s[e], s[2 + e]);
+                    mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 4));
+                    mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 8));
+                    mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 16));
+                    const float mnew = fmaxf(mrow[e], mx);
+                    const float base = mnew == NEG_INF ? 0.f : mnew;
+                    corr[e] = fast_exp2(mrow[e] - base);
+                    p[e] = fast_exp2(s[e] - base);
+                    p[2 + e] = fast_exp2(s[2 + e] - base);
+                    lrow[e] = lrow[e] * corr[e] + (p[e] + p[2 + e]);
+                    mrow[e] = mnew;
+                }
+                // Once the running maxima settle (most tiles of a long context) every factor is exactly 1 (2^0): the
+                // warp skips the rescaling, which would leave the same bits.
+                if (__any_sync(FULL_MASK, corr[0] != 1.f || corr[1] != 1.f)) {
+#pragma unroll
+                    for (int i = 0; i < DV / 16; i++) {
+                        o[i][0] *= corr[0];
+                        o[i][2] *= corr[0];
+                        o[i][1] *= corr[1];
+                        o[i][3] *= corr[1];
+                    }
+                }
+            }
+            // Sparse V: probabilities under the threshold are dropped, and a tile whose every probability is then zero
+            // skips its V. Off (threshold 0: the test is uniform) every tile has a visible token (t1 ends at the last
+            // row's position), so the only such tiles are those whose probabilities all underflowed, and their V adds
+            // zeros: not worth a vote every tile.
+            if (sparseThreshold > 0.f) {
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (p[e] < sparseThreshold) p[e] = 0.f;
+                if (!__any_sync(FULL_MASK, p[0] != 0.f || p[1] != 0.f || p[2] != 0.f || p[3] != 0.f)) continue;
+            }
+            float pv[4] = {p[0], p[1], p[2], p[3]};
+            if constexpr (V_FOLD) {   // tokens g and g + 8 weighted by their V rows' norms (0 past the tile's end)
+                const float n0 = g < valid ? h2f((u16) lds_u16(rawVs + (g * LY::SLOTV + warp * RBV) + vofs(g))) : 0.f;
+                const float n1 = g + 8 < valid
+                        ? h2f((u16) lds_u16(rawVs + ((g + 8) * LY::SLOTV + warp * RBV) + vofs(g + 8))) : 0.f;
+                pv[0] *= n0;
+                pv[1] *= n0;
+                pv[2] *= n1;
+                pv[3] *= n1;
+            }
+            const u32 b0 = movm_t(pack2<V_BF16>(pv[0], pv[1]));
+            const u32 b1 = movm_t(pack2<V_BF16>(pv[2], pv[3]));
+
+            // ---- O^T += V^T P^T
+            if constexpr (V_FRAG8) {
+                // tokens 2c, 2c + 1, 2c + 8, 2c + 9: the word at 4g + 2i of 32 values j of a row holds rows g, g + 8 of
+                // m-tile 2j + i; two tokens' bytes make an A register by halves, times the two tokens' scales (a token
+                // past the tile's end reads its zero-filled slot: zeros times a zero probability)
+                constexpr int B = fmt_block8(VF);
+                u32 vrow[4];
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
+                    const int t = 2 * c + (j & 1) + 8 * (j >> 1);
+                    vrow[j] = rawVs + (t * LY::SLOTV + warp * RBV) + vofs(t);
+                }
+                u32 dA = 0u, dB = 0u;
+#pragma unroll
+                for (int j = 0; j < DV / 32; j++) {
+                    const int blk = (32 * j / B) * (B + 2), base = blk + 2 + (32 * j) % B + 4 * g;
+                    if ((32 * j) % B == 0) {
+                        dA = __byte_perm(lds_u16(vrow[0] + blk), lds_u16(vrow[1] + blk), 0x5410);
+                        dB = __byte_perm(lds_u16(vrow[2] + blk), lds_u16(vrow[3] + blk), 0x5410);
+                    }
+#pragma unroll
+                    for (int i = 0; i < 2; i++) {
+                        u32 x[4];
+#pragma unroll
+                        for (int t = 0; t < 4; t++) x[t] = lds_u16(vrow[t] + base + 2 * i) ^ 0x64648080u;
+                        mma16816<false>(o[2 * j + i], i8cross_to_h2<0>(x[0], x[1], dA),
+                                        i8cross_to_h2<1>(x[0], x[1], dA), i8cross_to_h2<0>(x[2], x[3], dB),
+                                        i8cross_to_h2<1>(x[2], x[3], dB), b0, b1);
+                    }
+                }
+            } else if constexpr (V_FRAG4) {
+                // tokens 2c, 2c + 1, 2c + 8, 2c + 9: byte 2g + i of block j's quants holds rows g (low nibble) and g +
+                // 8 (high) of m-tile 2j + i; two tokens' bytes make an A register by halves, times the two tokens'
+                // scales (a token past the tile's end reads its zero-filled slot: finite values times a zero
+                // probability)
+                u32 vrow[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int t = 2 * c + (j & 1) + 8 * (j >> 1);
+                    vrow[j] = rawVs + (t * LY::SLOTV + warp * RBV) + vofs(t);
+                }
+#pragma unroll
+                for (int j = 0; j < DV / 32; j++) {
+                    const int blk = 18 * j, base = blk + 2 + 2 * g;
+                    const u32 dA = __byte_perm(lds_u16(vrow[0] + blk), lds_u16(vrow[1] + blk), 0x5410);
+                    const u32 dB = __byte_perm(lds_u16(vrow[2] + blk), lds_u16(vrow[3] + blk), 0x5410);
+                    u32 x[4];
+#pragma unroll
+                    for (int t = 0; t < 4; t++) x[t] = lds_u16(vrow[t] + base);
+#pragma unroll
+                    for (int i = 0; i < 2; i++) {
+                        // byte i of tokens 2c, 2c + 1 (and of 2c + 8, 2c + 9) side by side
+                        const u32 ab = __byte_perm(x[0], x[1], i ? 0x51u : 0x40u);
+                        const u32 cd = __byte_perm(x[2], x[3], i ? 0x51u : 0x40u);
+                        mma16816<false>(o[2 * j + i], q4pair_to_h2(ab & 0x0F0Fu, dA),
+                                        q4pair_to_h2((ab >> 4) & 0x0F0Fu, dA), q4pair_to_h2(cd & 0x0F0Fu, dB),
+                                        q4pair_to_h2((cd >> 4) & 0x0F0Fu, dB), b0, b1);
+                    }
+                }
+            } else if constexpr (V_FRAG) {
+                // tokens 2c, 2c + 1, 2c + 8, 2c + 9; two tokens' pairs make an A register by halves (a token past the
+                // tile's end reads its zero-filled slot: finite pairs times a zero probability). turbo4: 16-bit words k
+                // of bytes 8g.. give the pairs (rows g, g + 8) of m-tiles 2k, 2k + 1; turbo3, turbo2: words k of low
+                // bytes 4g.. and (turbo3) high bytes 4(g & 3).. those of m-tiles 4k..4k + 3.
+                const u32 lutA = lutVs, lane4 = lane << 2, lutL = lutA + lane4;
+                u32 vrow[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int t = 2 * c + (j & 1) + 8 * (j >> 1);
+                    vrow[j] = rawVs + (t * LY::SLOTV + warp * RBV + 2) + vofs(t);
+                }
+                if constexpr (VF == F_TURBO4) {
+                    u32 w[4][4];
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+#pragma unroll
+                        for (int k = 0; k < 4; k++) w[j][k] = lds_u16(vrow[j] + 8 * g + 2 * k);
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            u32 p[4];
+#pragma unroll
+                            for (int j = 0; j < 4; j++) p[j] = turbo4_pair(w[j][k], h, lutL);
+                            mma16816<false>(o[2 * k + h], __byte_perm(p[0], p[1], 0x5410),
+                                            __byte_perm(p[0], p[1], 0x7632), __byte_perm(p[2], p[3], 0x5410),
+                                            __byte_perm(p[2], p[3], 0x7632), b0, b1);
+                        }
+                    }
+                } else {
+                    u32 w[4][2][2];
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+#pragma unroll
+                        for (int k = 0; k < 2; k++) {
+                            w[j][k][0] = lds_u16(vrow[j] + 4 * g + 2 * k);
+                            w[j][k][1] = VF == F_TURBO3 ? lds_u16(vrow[j] + 32 + 4 * (g & 3) + 2 * k) : 0u;
+                        }
+                    }
 #pragma unroll
                     for (int k = 0; k < 2; k++) {
-                        w[j][k][0] = lds_u16(vrow[j] + 4 * g + 2 * k);
-                        w[j][k][1] = VF == F_TURBO3 ? lds_u16(vrow[j] + 32 + 4 * (g & 3) + 2 * k) : 0u;
+                        u32 p[4][4];
+#pragma unroll
+                        for (int j = 0; j < 4; j++) turbo_pairs<VF>(p[j], w[j][k][0], w[j][k][1], g >> 2, lutA, lane4);
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {   // pair i of a word: m-tile 4k + (0, 2, 1, 3)[i]
+                            const int mt = 4 * k + ((i & 1) << 1) + (i >> 1);
+                            mma16816<false>(o[mt], __byte_perm(p[0][i], p[1][i], 0x5410),
+                                            __byte_perm(p[0][i], p[1][i], 0x7632),
+                                            __byte_perm(p[2][i], p[3][i], 0x5410),
+                                            __byte_perm(p[2][i], p[3][i], 0x7632), b0, b1);
+                        }
                     }
                 }
-#pragma unroll
-                for (int k = 0; k < 2; k++) {
-                    u32 p[4][4];
-#pragma unroll
-                    for (int j = 0; j < 4; j++) turbo_pairs<VF>(p[j], w[j][k][0], w[j][k][1], g >> 2, lutA, lane4);
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {   // pair i of a word: m-tile 4k + (0, 2, 1, 3)[i]
-                        const int mt = 4 * k + ((i & 1) << 1) + (i >> 1);
-                        mma16816<false>(o[mt], __byte_perm(p[0][i], p[1][i], 0x5410),
-                                        __byte_perm(p[0][i], p[1][i], 0x7632), __byte_perm(p[2][i], p[3][i], 0x5410),
-                                        __byte_perm(p[2][i], p[3][i], 0x7632), b0, b1);
-                    }
-                }
-            }
-        } else {
-            const u8* vt;
-            int vstride;
-            if constexpr (V_DIRECT) {
-                vt = rawV + warp * RBV;
-                vstride = LY::SLOTV;
             } else {
-                __syncwarp();
-                dequant_tile<VF, DV, TT, LY::SLOTV, LY::TS, 32, !V_FOLD, DEC_VAL>(tile, rawV, offs, 1, warp, lutV,
-                                                                                  lane, lane);
-                __syncwarp();
-                vt = tile;
-                vstride = LY::TS;
-            }
-            const u32 a = smem_u32(vt) + ((lane & 7) + (lane >> 4) * 8) * vstride + ((lane >> 3) & 1) * 16;
+                const u8* vt;
+                int vstride;
+                if constexpr (V_DIRECT) {
+                    vt = rawV + warp * RBV;
+                    vstride = LY::SLOTV;
+                } else {
+                    __syncwarp();
+                    dequant_tile<VF, DV, TT, LY::SLOTV, LY::TS, 32, !V_FOLD, DEC_VAL>(tile, rawV, offs, 1, warp, lutV,
+                                                                                      lane, lane);
+                    __syncwarp();
+                    vt = tile;
+                    vstride = LY::TS;
+                }
+                const u32 a = smem_u32(vt) + ((lane & 7) + (lane >> 4) * 8) * vstride + ((lane >> 3) & 1) * 16;
 #pragma unroll
-            for (int mt = 0; mt < DV / 16; mt++) {
-                u32 r[4];
-                ldsm_x4_t(r, a + mt * 32);
-                mma16816<V_BF16>(o[mt], r[0], r[1], r[2], r[3], b0, b1);
-            }
-            if constexpr (!V_DIRECT) __syncwarp();
-        }
-    }
-
-    // ---- partials: the lane's sums over its tokens, added across the 8 lanes of a row in a fixed tree
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-        lrow[e] += __shfl_xor_sync(FULL_MASK, lrow[e], 4);
-        lrow[e] += __shfl_xor_sync(FULL_MASK, lrow[e], 8);
-        lrow[e] += __shfl_xor_sync(FULL_MASK, lrow[e], 16);
-    }
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-        const int row = row0 + 2 * c + e;
-        if (row >= nRows) continue;
-        const int qi = row / G, hq = kh * G + (row - qi * G);
-        const i64 part = (((i64) seq * nq + qi) * heads + hq) * maxSplits + split;
-        if (g == 0) ml[part] = make_float2(mrow[e], lrow[e]);
-        float* op = opart + part * DV;
-        // V_FRAG: a lane's outputs of a row are runs of four dimensions (vfrag_dim), stored whole, so that the
-        // eight lanes of a row write 128 contiguous bytes (one value at a time, 8-bit V's stores were 4x the lines)
-        if constexpr (V_FRAG8) {   // dimensions 32j + 4g .. + 3: m-tiles 2j (rows g, g + 8) and 2j + 1
-#pragma unroll
-            for (int j = 0; j < DV / 32; j++) {
-                *(float4*) (op + 32 * j + 4 * g) = make_float4(o[2 * j][e], o[2 * j][2 + e], o[2 * j + 1][e],
-                                                               o[2 * j + 1][2 + e]);
-            }
-        } else if constexpr (V_FRAG4) {   // dimensions 32j + 16h + 2g, + 1: m-tiles 2j and 2j + 1, row g + 8h
-#pragma unroll
-            for (int j = 0; j < DV / 32; j++) {
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-                    *(float2*) (op + 32 * j + 16 * h + 2 * g) = make_float2(o[2 * j][2 * h + e], o[2 * j + 1][2 * h + e]);
-            }
-        } else if constexpr (V_FRAG && VF == F_TURBO4) {   // dimensions 64h + 8g + 4k .. + 3: m-tiles 4k .. 4k + 3
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int x = 2 * h + e;
-#pragma unroll
-                for (int k = 0; k < 2; k++)
-                    *(float4*) (op + 64 * h + 8 * g + 4 * k) =
-                            make_float4(o[4 * k][x], o[4 * k + 1][x], o[4 * k + 2][x], o[4 * k + 3][x]);
-            }
-        } else if constexpr (V_FRAG) {   // dimensions 32r + 4g .. + 3, r = 2(mt & 1) + h: m-tiles 2i + (r >> 1)
-#pragma unroll
-            for (int r = 0; r < 4; r++) {
-                const int m = r >> 1, x = 2 * (r & 1) + e;
-                *(float4*) (op + 32 * r + 4 * g) = make_float4(o[m][x], o[2 + m][x], o[4 + m][x], o[6 + m][x]);
-            }
-        } else {
-#pragma unroll
-            for (int mt = 0; mt < DV / 16; mt++) {
-                op[perm_col<VF, DV>(mt * 16 + g)] = o[mt][e];
-                op[perm_col<VF, DV>(mt * 16 + g + 8)] = o[mt][2 + e];
+                for (int mt = 0; mt < DV / 16; mt++) {
+                    u32 r[4];
+                    ldsm_x4_t(r, a + mt * 32);
+                    mma16816<V_BF16>(o[mt], r[0], r[1], r[2], r[3], b0, b1);
+                }
+                if constexpr (!V_DIRECT) __syncwarp();
             }
         }
+        flush(split);
     }
 }
 
@@ -1190,10 +1281,11 @@ kvant_attn_decode(const float* __restrict__ q, const u8* __restrict__ kpool, con
                   const int* __restrict__ tables, int tableStride, const int* __restrict__ lens,
                   float* __restrict__ opart, float2* __restrict__ ml, int kvHeads, int G, int nq, int pageTokens,
                   i64 kPageBytes, i64 vPageBytes, int splitTokens, int maxSplits, float qscale,
-                  float sparseThreshold) {
+                  float sparseThreshold, int seqs, int targetBlocks) {
     // KVANT_GRID_WAIT() in decode_body, after the prologue that may come before it (KernelSource.GRID_ENTER)
     decode_body<false>(q, kpool, vpool, tables, tableStride, lens, opart, ml, kvHeads, G, nq, pageTokens, kPageBytes,
-                       vPageBytes, splitTokens, maxSplits, qscale, sparseThreshold, nullptr, nullptr, 0, 0);
+                       vPageBytes, splitTokens, maxSplits, qscale, sparseThreshold, nullptr, nullptr, 0, 0, seqs,
+                       targetBlocks);
 }
 
 #if HBD == 1
@@ -1207,7 +1299,7 @@ kvant_attn_decode_sel(const float* __restrict__ q, const u8* __restrict__ kpool,
     KVANT_GRID_WAIT();
     decode_body<true>(q, kpool, vpool, tables, tableStride, lens, opart, ml, kvHeads, G, nq, pageTokens, kPageBytes,
                       vPageBytes, splitTokens, maxSplits, qscale, sparseThreshold, sel, selCounts, selStride,
-                      selShift);
+                      selShift, 0, 0);
 }
 #endif
 

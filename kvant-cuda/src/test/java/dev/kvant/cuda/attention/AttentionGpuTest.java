@@ -216,11 +216,7 @@ class AttentionGpuTest {
                              AttentionPlan.of(LENS.length, 1, MAX_TOKENS, 0));
                      DeviceBatch batch = DeviceBatch.allocate(context, LENS.length, pagesPerSeq)) {
                     for (int s = 0; s < seqs.length; s++) {
-                        int[] pages = new int[seqs[s].pageCount()];
-                        for (int p = 0; p < pages.length; p++) {
-                            pages[p] = seqs[s].page(p);
-                        }
-                        batch.set(s, pages, pages.length, LENS[s]);
+                        batch.set(s, pagesOf(seqs[s]), seqs[s].pageCount(), LENS[s]);
                     }
                     batch.upload();
                     Data data = new Data(host, seqs, device, null, null, null, null, seed);
@@ -236,6 +232,66 @@ class AttentionGpuTest {
                 }
             }
         }
+    }
+
+    /**
+     * A batch gives each sequence the bits it gets decoded alone. In the batch (1, 150 and 515 tokens, a plan of
+     * {@value #MAX_TOKENS}) blocks take runs of two splits of a sequence (attention.cu dec_run); alone, a sequence
+     * keeps a block a split.
+     */
+    @ParameterizedTest(name = "{0}/{1}")
+    @CsvSource({"turbo3,turbo3", "q8_0,q8_0", "f16,f16", "q4_0,turbo4"})
+    void decodeGivesEachSequenceOfABatchItsBitsAlone(String kName, String vName) {
+        CudaContext context = AttentionGpuFixture.context();
+        KernelCache cache = AttentionGpuFixture.cache();
+        long seed = AttentionGpuFixture.seed("batch and alone " + kName + "/" + vName);
+        SplittableRandom r = new SplittableRandom(seed);
+        KvGeometry g = new KvGeometry(1, KV_HEADS, 128, 128);
+        int heads = KV_HEADS * 4;
+        int pagesPerSeq = (MAX_TOKENS + PAGE_TOKENS - 1) / PAGE_TOKENS;
+        try (KvCache host = new KvCache(g, KvFormat.parse(kName), KvFormat.parse(vName), PAGE_TOKENS,
+                LENS.length * pagesPerSeq)) {
+            KvSequence[] seqs = interleavedSequences(host);
+            for (int s = 0; s < seqs.length; s++) {
+                float[] k = AttentionGpuFixture.gaussianRows(r, LENS[s] * KV_HEADS, 128, 1.0, 3);
+                float[] v = AttentionGpuFixture.gaussianRows(r, LENS[s] * KV_HEADS, 128, 1.0, 0);
+                seqs[s].writeRows(0, 0, LENS[s], k, 0, v, 0);
+            }
+            float[] q = AttentionGpuFixture.gaussianRows(r, LENS.length * heads, 128, 1.0, 0);
+            AttentionShape shape = AttentionShape.of(host, heads);
+            try (CudaKvCache device = CudaKvCache.mirror(context, host);
+                 CudaAttention attention = CudaAttention.create(context, cache, shape,
+                         AttentionPlan.of(LENS.length, 1, MAX_TOKENS, 0));
+                 DeviceBatch batch = DeviceBatch.allocate(context, LENS.length, pagesPerSeq);
+                 DeviceBatch one = DeviceBatch.allocate(context, 1, pagesPerSeq)) {
+                Data data = new Data(host, seqs, device, null, null, null, null, seed);
+                for (int s = 0; s < seqs.length; s++) {
+                    batch.set(s, pagesOf(seqs[s]), seqs[s].pageCount(), LENS[s]);
+                }
+                batch.upload();
+                float[] all = decode(context, attention, data, batch, q, LENS.length, 1, heads);
+                int rowFloats = heads * 128;
+                for (int s = 0; s < seqs.length; s++) {
+                    one.set(0, pagesOf(seqs[s]), seqs[s].pageCount(), LENS[s]);
+                    one.upload();
+                    float[] alone = decode(context, attention, data, one,
+                            Arrays.copyOfRange(q, s * rowFloats, (s + 1) * rowFloats), 1, 1, heads);
+                    assertTrue(allFinite(alone), kName + "/" + vName + " sequence " + s + " alone: output has "
+                            + "NaN/inf; seed " + seed);
+                    assertArrayEquals(alone, Arrays.copyOfRange(all, s * rowFloats, (s + 1) * rowFloats),
+                            kName + "/" + vName + ": sequence " + s + " (" + LENS[s] + " tokens) has other bits "
+                                    + "in the batch than alone; seed " + seed);
+                }
+            }
+        }
+    }
+
+    private static int[] pagesOf(KvSequence seq) {
+        int[] pages = new int[seq.pageCount()];
+        for (int p = 0; p < pages.length; p++) {
+            pages[p] = seq.page(p);
+        }
+        return pages;
     }
 
     @ParameterizedTest(name = "{0}/{1} head {2}/{3}")
