@@ -111,6 +111,20 @@ class AttentionGpuTest {
         return seqs;
     }
 
+    /**
+     * {@link #interleavedSequences} written in full with Gaussian rows from r, heads of 128 (every third K row with
+     * outlier channels, see {@link AttentionGpuFixture#gaussianRows}).
+     */
+    static KvSequence[] gaussianSequences(KvCache host, SplittableRandom r) {
+        KvSequence[] seqs = interleavedSequences(host);
+        for (int s = 0; s < seqs.length; s++) {
+            float[] k = AttentionGpuFixture.gaussianRows(r, LENS[s] * KV_HEADS, 128, 1.0, 3);
+            float[] v = AttentionGpuFixture.gaussianRows(r, LENS[s] * KV_HEADS, 128, 1.0, 0);
+            seqs[s].writeRows(0, 0, LENS[s], k, 0, v, 0);
+        }
+        return seqs;
+    }
+
     @AfterAll
     static synchronized void release() {
         for (Data d : DATA.values()) {
@@ -187,11 +201,14 @@ class AttentionGpuTest {
      * Pages of 8, 24 and 64 tokens give the bits of 16-token pages: tiles and splits follow positions, not pages.
      * With 16 and 64 a full tile lies in one page (a block of every kv head copies it with one bulk copy a side on
      * sm_90); with 8 and 24 tiles cross pages and are copied a token at a time. Sequences interleave their pages.
+     * And the batch gives each sequence the bits it gets decoded alone: in the batch (1, 150 and 515 tokens, a plan
+     * of {@value #MAX_TOKENS}) blocks take runs of two splits of a sequence (attention.cu dec_run); alone, a
+     * sequence keeps a block a split.
      */
     @ParameterizedTest(name = "{0}/{1}")
     @CsvSource({"turbo3,turbo3", "q8_0,q8_0", "q8_0,turbo3", "turbo4,turbo4", "turbo2,turbo2", "int8,int8", "f16,f16",
             "q4_0,q4_0", "q4_0h,q8_0"})
-    void decodeGivesTheSameBitsWhateverThePageSize(String kName, String vName) {
+    void decodeGivesTheSameBitsWhateverThePageSizeOrBatch(String kName, String vName) {
         CudaContext context = AttentionGpuFixture.context();
         KernelCache cache = AttentionGpuFixture.cache();
         long seed = AttentionGpuFixture.seed("page sizes " + kName + "/" + vName);
@@ -203,18 +220,14 @@ class AttentionGpuTest {
             int pagesPerSeq = (MAX_TOKENS + pageTokens - 1) / pageTokens;
             try (KvCache host = new KvCache(g, KvFormat.parse(kName), KvFormat.parse(vName), pageTokens,
                     LENS.length * pagesPerSeq)) {
-                KvSequence[] seqs = interleavedSequences(host);
-                for (int s = 0; s < seqs.length; s++) {
-                    float[] k = AttentionGpuFixture.gaussianRows(r, LENS[s] * KV_HEADS, 128, 1.0, 3);
-                    float[] v = AttentionGpuFixture.gaussianRows(r, LENS[s] * KV_HEADS, 128, 1.0, 0);
-                    seqs[s].writeRows(0, 0, LENS[s], k, 0, v, 0);
-                }
+                KvSequence[] seqs = gaussianSequences(host, r);
                 float[] q = AttentionGpuFixture.gaussianRows(r, LENS.length * heads, 128, 1.0, 0);
                 AttentionShape shape = AttentionShape.of(host, heads);
                 try (CudaKvCache device = CudaKvCache.mirror(context, host);
                      CudaAttention attention = CudaAttention.create(context, cache, shape,
                              AttentionPlan.of(LENS.length, 1, MAX_TOKENS, 0));
-                     DeviceBatch batch = DeviceBatch.allocate(context, LENS.length, pagesPerSeq)) {
+                     DeviceBatch batch = DeviceBatch.allocate(context, LENS.length, pagesPerSeq);
+                     DeviceBatch one = DeviceBatch.allocate(context, 1, pagesPerSeq)) {
                     for (int s = 0; s < seqs.length; s++) {
                         batch.set(s, pagesOf(seqs[s]), seqs[s].pageCount(), LENS[s]);
                     }
@@ -223,64 +236,22 @@ class AttentionGpuTest {
                     float[] out = decode(context, attention, data, batch, q, LENS.length, 1, heads);
                     assertTrue(allFinite(out), kName + "/" + vName + " pages of " + pageTokens
                             + ": output has NaN/inf (unwritten or broken); seed " + seed);
+                    int rowFloats = heads * 128;
+                    for (int s = 0; s < seqs.length; s++) {
+                        one.set(0, pagesOf(seqs[s]), seqs[s].pageCount(), LENS[s]);
+                        one.upload();
+                        float[] alone = decode(context, attention, data, one,
+                                Arrays.copyOfRange(q, s * rowFloats, (s + 1) * rowFloats), 1, 1, heads);
+                        assertArrayEquals(alone, Arrays.copyOfRange(out, s * rowFloats, (s + 1) * rowFloats),
+                                kName + "/" + vName + " pages of " + pageTokens + ": sequence " + s + " ("
+                                        + LENS[s] + " tokens) has other bits in the batch than alone; seed " + seed);
+                    }
                     if (first == null) {
                         first = out;
                     } else {
                         assertArrayEquals(first, out, kName + "/" + vName + ": pages of " + pageTokens
                                 + " tokens gave other bits than pages of 16; seed " + seed);
                     }
-                }
-            }
-        }
-    }
-
-    /**
-     * A batch gives each sequence the bits it gets decoded alone. In the batch (1, 150 and 515 tokens, a plan of
-     * {@value #MAX_TOKENS}) blocks take runs of two splits of a sequence (attention.cu dec_run); alone, a sequence
-     * keeps a block a split.
-     */
-    @ParameterizedTest(name = "{0}/{1}")
-    @CsvSource({"turbo3,turbo3", "q8_0,q8_0", "f16,f16", "q4_0,turbo4"})
-    void decodeGivesEachSequenceOfABatchItsBitsAlone(String kName, String vName) {
-        CudaContext context = AttentionGpuFixture.context();
-        KernelCache cache = AttentionGpuFixture.cache();
-        long seed = AttentionGpuFixture.seed("batch and alone " + kName + "/" + vName);
-        SplittableRandom r = new SplittableRandom(seed);
-        KvGeometry g = new KvGeometry(1, KV_HEADS, 128, 128);
-        int heads = KV_HEADS * 4;
-        int pagesPerSeq = (MAX_TOKENS + PAGE_TOKENS - 1) / PAGE_TOKENS;
-        try (KvCache host = new KvCache(g, KvFormat.parse(kName), KvFormat.parse(vName), PAGE_TOKENS,
-                LENS.length * pagesPerSeq)) {
-            KvSequence[] seqs = interleavedSequences(host);
-            for (int s = 0; s < seqs.length; s++) {
-                float[] k = AttentionGpuFixture.gaussianRows(r, LENS[s] * KV_HEADS, 128, 1.0, 3);
-                float[] v = AttentionGpuFixture.gaussianRows(r, LENS[s] * KV_HEADS, 128, 1.0, 0);
-                seqs[s].writeRows(0, 0, LENS[s], k, 0, v, 0);
-            }
-            float[] q = AttentionGpuFixture.gaussianRows(r, LENS.length * heads, 128, 1.0, 0);
-            AttentionShape shape = AttentionShape.of(host, heads);
-            try (CudaKvCache device = CudaKvCache.mirror(context, host);
-                 CudaAttention attention = CudaAttention.create(context, cache, shape,
-                         AttentionPlan.of(LENS.length, 1, MAX_TOKENS, 0));
-                 DeviceBatch batch = DeviceBatch.allocate(context, LENS.length, pagesPerSeq);
-                 DeviceBatch one = DeviceBatch.allocate(context, 1, pagesPerSeq)) {
-                Data data = new Data(host, seqs, device, null, null, null, null, seed);
-                for (int s = 0; s < seqs.length; s++) {
-                    batch.set(s, pagesOf(seqs[s]), seqs[s].pageCount(), LENS[s]);
-                }
-                batch.upload();
-                float[] all = decode(context, attention, data, batch, q, LENS.length, 1, heads);
-                int rowFloats = heads * 128;
-                for (int s = 0; s < seqs.length; s++) {
-                    one.set(0, pagesOf(seqs[s]), seqs[s].pageCount(), LENS[s]);
-                    one.upload();
-                    float[] alone = decode(context, attention, data, one,
-                            Arrays.copyOfRange(q, s * rowFloats, (s + 1) * rowFloats), 1, 1, heads);
-                    assertTrue(allFinite(alone), kName + "/" + vName + " sequence " + s + " alone: output has "
-                            + "NaN/inf; seed " + seed);
-                    assertArrayEquals(alone, Arrays.copyOfRange(all, s * rowFloats, (s + 1) * rowFloats),
-                            kName + "/" + vName + ": sequence " + s + " (" + LENS[s] + " tokens) has other bits "
-                                    + "in the batch than alone; seed " + seed);
                 }
             }
         }
