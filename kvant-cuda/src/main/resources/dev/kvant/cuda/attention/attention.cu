@@ -228,8 +228,8 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {
 // per SM.
 // MU: (KMEAN prefill) each stage also holds the key means of the pages its 8-token chunks start, DK halves per
 // chunk in head order, copied with the rows.
-// FRAG (decode): turbo rows of 128 and 8-bit rows (K_FRAG, V_FRAG) are read as fragments straight from the stage, so
-// they need no tile, and turbo pair tables have lut_stride(f, true) entries.
+// FRAG (decode): turbo rows of 128, 8-bit and 4-bit rows (K_FRAG, V_FRAG) are read as fragments straight from the
+// stage, so they need no tile, and turbo pair tables have lut_stride(f, true) entries.
 // TIGHT: covers of whole words at offset 0 that are only read as fragments (no ldmatrix, whose rows want the odd
 // 16-byte stride of the padding): the slots follow each other with no padding, so the tokens of a tile that lie in
 // one page are one run in the stage as in the page (decode copies them with one bulk copy for K and one for V).
@@ -558,8 +558,8 @@ __device__ __forceinline__ void build_luts(u8* smem, int tid, int nthreads) {
 //         block serves every kv head on sm_90 (DEC_BULK), by two bulk copies a token counted on a stage's mbarrier
 //         — one for K and one for V for the whole tile where its slots are tight (DEC_TIGHT) and it lies in a page.
 // shared: Layout<HBD, HBD, 16, 8, true, false, FRAG, DEC_TIGHT>: pair tables, one dequant tile per warp that first
-//         holds the warp's 8 query rows (f16/bf16, turbo rows of 128 and 8-bit rows need no tile: a Q area), NST raw
-//         stages. llama3-8b d128: 74-106 KB (two blocks per SM), 150 KB for f16/bf16 (one block, the f16 stage
+//         holds the warp's 8 query rows (f16/bf16, turbo rows of 128, 8-bit and 4-bit rows need no tile: a Q area),
+//         NST raw stages. llama3-8b d128: 74-106 KB (two blocks per SM), 150 KB for f16/bf16 (one block, the f16 stage
 //         being 66 KB). A block of every kv head (HB_ALL) copies whole-word covers at offset 0 (copy_token's WHOLE,
 //         or bulk).
 // thread: S^T = K Q^T with the 16 tokens as M and the 8 query rows as N (mma m16n8k16: K tile by ldmatrix, Q

@@ -257,6 +257,66 @@ class AttentionGpuTest {
         }
     }
 
+    /**
+     * A batch of many sequences of different lengths gives each sequence the bits it gets alone, for one query and for
+     * eight (speculative verify): 36 sequences (attention.cu dec_run takes them in two rounds of 32 lanes), one of
+     * 8,003 tokens whose splits hold two tiles, so its runs are several splits of several tiles, beside 35 of up to
+     * 700; with eight queries the row tile of the first two queries sees 6 tokens fewer than the sequence, so a run
+     * can end in an empty split. Alone, a sequence takes runs of another length (or a block a split): the same bits.
+     */
+    @ParameterizedTest(name = "{0}/{1} queries {2}")
+    @CsvSource({"turbo3,turbo3,1", "turbo3,turbo3,8", "q8_0,q4_0,1", "f16,f16,8"})
+    void manySequencesOfABatchGetTheirBitsAlone(String kName, String vName, int queries) {
+        CudaContext context = AttentionGpuFixture.context();
+        KernelCache cache = AttentionGpuFixture.cache();
+        long seed = AttentionGpuFixture.seed("many sequences " + kName + "/" + vName + " x" + queries);
+        SplittableRandom r = new SplittableRandom(seed);
+        int[] lens = new int[36];
+        lens[0] = 8003;
+        for (int s = 1; s < lens.length; s++) {
+            lens[s] = queries + r.nextInt(700);
+        }
+        int maxTokens = 8192;
+        int pagesPerSeq = maxTokens / PAGE_TOKENS;
+        int pages = IntStream.of(lens).map(n -> (n + PAGE_TOKENS - 1) / PAGE_TOKENS).sum();
+        int heads = KV_HEADS * 4;
+        try (KvCache host = new KvCache(new KvGeometry(1, KV_HEADS, 128, 128), KvFormat.parse(kName),
+                KvFormat.parse(vName), PAGE_TOKENS, pages)) {
+            KvSequence[] seqs = new KvSequence[lens.length];
+            for (int s = 0; s < seqs.length; s++) {
+                seqs[s] = host.newSequence();
+                seqs[s].reserve(lens[s]);
+                float[] k = AttentionGpuFixture.gaussianRows(r, lens[s] * KV_HEADS, 128, 1.0, 3);
+                float[] v = AttentionGpuFixture.gaussianRows(r, lens[s] * KV_HEADS, 128, 1.0, 0);
+                seqs[s].writeRows(0, 0, lens[s], k, 0, v, 0);
+            }
+            float[] q = AttentionGpuFixture.gaussianRows(r, lens.length * queries * heads, 128, 1.0, 0);
+            try (CudaKvCache device = CudaKvCache.mirror(context, host);
+                 CudaAttention attention = CudaAttention.create(context, cache, AttentionShape.of(host, heads),
+                         AttentionPlan.of(lens.length, queries, maxTokens, 0));
+                 DeviceBatch batch = DeviceBatch.allocate(context, lens.length, pagesPerSeq);
+                 DeviceBatch one = DeviceBatch.allocate(context, 1, pagesPerSeq)) {
+                Data data = new Data(host, seqs, device, null, null, null, null, seed);
+                for (int s = 0; s < seqs.length; s++) {
+                    batch.set(s, pagesOf(seqs[s]), seqs[s].pageCount(), lens[s]);
+                }
+                batch.upload();
+                float[] all = decode(context, attention, data, batch, q, lens.length, queries, heads);
+                assertTrue(allFinite(all), kName + "/" + vName + ": output has NaN/inf; seed " + seed);
+                int seqFloats = queries * heads * 128;
+                for (int s = 0; s < seqs.length; s++) {
+                    one.set(0, pagesOf(seqs[s]), seqs[s].pageCount(), lens[s]);
+                    one.upload();
+                    float[] alone = decode(context, attention, data, one,
+                            Arrays.copyOfRange(q, s * seqFloats, (s + 1) * seqFloats), 1, queries, heads);
+                    assertArrayEquals(alone, Arrays.copyOfRange(all, s * seqFloats, (s + 1) * seqFloats),
+                            kName + "/" + vName + " x" + queries + ": sequence " + s + " (" + lens[s]
+                                    + " tokens) has other bits in the batch than alone; seed " + seed);
+                }
+            }
+        }
+    }
+
     private static int[] pagesOf(KvSequence seq) {
         int[] pages = new int[seq.pageCount()];
         for (int p = 0; p < pages.length; p++) {
