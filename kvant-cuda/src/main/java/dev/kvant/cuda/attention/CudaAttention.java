@@ -65,7 +65,10 @@ public final class CudaAttention implements AutoCloseable {
     private final int prefillShared;
     private final int prefillThreads;
     private final int decodeStages;
-    /** The dense decode grid's splits: the plan's for as many decode blocks an SM as the layout allows. */
+    /**
+     * The most splits dense decode cuts a sequence into (the plan's for as many decode blocks an SM as the layout
+     * allows), and about the blocks one decode launch fills (attention.cu dec_run).
+     */
     private final int decodeSplits;
     private final int prefillStages;
     private final int decodeHeads;
