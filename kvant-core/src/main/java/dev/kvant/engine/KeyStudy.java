@@ -1,7 +1,10 @@
 package dev.kvant.engine;
 
+import dev.kvant.kv.Codebook;
 import dev.kvant.kv.KvFormat;
 import dev.kvant.kv.KvSequence;
+import dev.kvant.kv.Rotation;
+import dev.kvant.kv.TurboFormat;
 import dev.kvant.model.KvRowHook;
 import dev.kvant.model.LlamaModel;
 import dev.kvant.tensor.Parallel;
@@ -26,7 +29,8 @@ import java.util.WeakHashMap;
  *
  * <pre>java ... dev.kvant.engine.KeyStudy MODEL.gguf TEXT FORMAT KMODE [VMODE|cache] [ctx 4096] [chunks 16] [threads 2]
  *   KMODE, VMODE: none | prev64 | block64 | first64 | first512   (see {@link Mode})
- *   VMODE cache (the default): V rows go to a cache of FORMAT as usual</pre>
+ *   VMODE cache (the default): V rows go to a cache of FORMAT as usual
+ *   -Dkvant.study.pairs=trained|product [-Dkvant.study.group=2|4]: turbo rows through a codebook of groups</pre>
  */
 public final class KeyStudy {
     /** Positions per mean block (64: a page); -Dkvant.study.block=N studies other sizes. */
@@ -35,6 +39,19 @@ public final class KeyStudy {
     private static final int SINK = Integer.getInteger("kvant.study.sink", 0);
     /** The same for V rows passed through a format; -Dkvant.study.vsink=N (default: as K). */
     private static final int VSINK = Integer.getInteger("kvant.study.vsink", SINK);
+    /**
+     * A codebook for groups of a turbo format's rotated values, in place of the format's encoder
+     * ({@code -Dkvant.study.pairs=trained|product}): the block's unit vector is cut into groups of {@link #GROUP}
+     * consecutive values (pairs by default), each group goes to the nearest of 2^(GROUP·bits) points, and the block
+     * keeps its corrected norm (norm / length of the decoded unit vector, through fp16). "product": the points are
+     * the scalar codebook's centroid tuples, so the codes are the format's nearest centroids without its gain
+     * search; "trained": Lloyd iterations on groups of a uniform unit vector's coordinates move them to the
+     * groups' own optimum. The study of a format change (docs/KV_FORMATS.md), not a format: nothing else reads
+     * these codes.
+     */
+    private static final String PAIRS = System.getProperty("kvant.study.pairs", "");
+    /** Coordinates a point of {@link #PAIRS} covers: 2 (pairs), or 4 ({@code -Dkvant.study.group=4}). */
+    private static final int GROUP = Integer.getInteger("kvant.study.group", 2);
 
     private KeyStudy() {
     }
@@ -77,9 +94,11 @@ public final class KeyStudy {
         private final Map<KvSequence, float[][]> means = Collections.synchronizedMap(new WeakHashMap<>());
 
         private final int sink;
+        private final PairCodebook pairs;
 
         Through(KvFormat format, Mode mode, int layers, int heads, int dim, int sink) {
             this.sink = sink;
+            this.pairs = PAIRS.isEmpty() ? null : PairCodebook.of(format, PAIRS, Rotation.blockSize(dim));
             this.format = format;
             this.mode = mode;
             this.layers = layers;
@@ -134,8 +153,12 @@ public final class KeyStudy {
                     for (int i = 0; i < dim; i++) {
                         centered[i] = x[o + h * dim + i] - mu[h * dim + i];
                     }
-                    format.encode(centered, 0, dim, buf, 0);
-                    format.decode(buf, 0, dim, row, 0);
+                    if (pairs != null) {
+                        pairs.through(centered, dim, row);
+                    } else {
+                        format.encode(centered, 0, dim, buf, 0);
+                        format.decode(buf, 0, dim, row, 0);
+                    }
                     format.unrotate(row, 0, dim);
                     for (int i = 0; i < dim; i++) {
                         x[o + h * dim + i] = row[i] + mu[h * dim + i];
@@ -145,6 +168,131 @@ public final class KeyStudy {
                     sum[i] += x[o + i];
                 }
                 sum[width] += 1;
+            }
+        }
+    }
+
+    /** {@link #PAIRS}: 2^(D·bits) points for groups of D coordinates of a unit vector in blocks of n. */
+    private record PairCodebook(float[][] points, int d, int n) {
+        static PairCodebook of(KvFormat format, String kind, int n) {
+            if (!(format instanceof TurboFormat t)) {
+                throw new IllegalArgumentException("kvant.study.pairs needs a turbo format, got " + format.name());
+            }
+            int d = GROUP;
+            float[] c = Codebook.sphere(t.bits(), n).centroidsAsFloat();
+            int m = 1;
+            for (int i = 0; i < d; i++) {
+                m *= c.length;
+            }
+            float[][] points = new float[m][d];
+            for (int k = 0; k < m; k++) {
+                for (int i = 0, r = k; i < d; i++, r /= c.length) {
+                    points[k][i] = c[r % c.length];
+                }
+            }
+            if (kind.equals("trained")) {
+                train(points, d, n);
+            } else if (!kind.equals("product")) {
+                throw new IllegalArgumentException("kvant.study.pairs is trained or product, got " + kind);
+            }
+            double mse = 0;
+            float[] u = sample(n, 20_000 * d, 7);
+            for (int i = 0; i < u.length; i += d) {
+                float[] p = points[nearest(points, u, i)];
+                for (int j = 0; j < d; j++) {
+                    mse += (u[i + j] - p[j]) * (u[i + j] - p[j]);
+                }
+            }
+            System.err.printf(Locale.ROOT, "%d-d codebook %s, %d points: %.5f squared error a value (x n: %.5f)%n",
+                    d, kind, m, mse / u.length, mse / u.length * n);
+            return new PairCodebook(points, d, n);
+        }
+
+        /** Lloyd iterations from the product codebook on groups of a uniform unit vector's coordinates. */
+        private static void train(float[][] points, int d, int n) {
+            float[] u = sample(n, Math.max(200_000, 400 * points.length) * d, 3);
+            int m = points.length;
+            for (int it = 0; it < 60; it++) {
+                double[][] sum = new double[m][d];
+                int[] count = new int[m];
+                for (int i = 0; i < u.length; i += d) {
+                    int k = nearest(points, u, i);
+                    for (int j = 0; j < d; j++) {
+                        sum[k][j] += u[i + j];
+                    }
+                    count[k]++;
+                }
+                for (int k = 0; k < m; k++) {
+                    for (int j = 0; j < d && count[k] > 0; j++) {
+                        points[k][j] = (float) (sum[k][j] / count[k]);
+                    }
+                }
+            }
+        }
+
+        /** `values` coordinates of Gaussian vectors of n, each normalized (a uniform unit vector's). */
+        private static float[] sample(int n, int values, long seed) {
+            java.util.SplittableRandom r = new java.util.SplittableRandom(seed);
+            float[] u = new float[values];
+            double[] g = new double[n];
+            for (int at = 0; at < u.length; ) {
+                double norm = 0;
+                for (int i = 0; i < n; i++) {
+                    g[i] = r.nextGaussian();
+                    norm += g[i] * g[i];
+                }
+                norm = Math.sqrt(norm);
+                for (int i = 0; i < n && at < u.length; i++) {
+                    u[at++] = (float) (g[i] / norm);
+                }
+            }
+            return u;
+        }
+
+        private static int nearest(float[][] points, float[] u, int at) {
+            int best = 0;
+            float bd = Float.POSITIVE_INFINITY;
+            for (int k = 0; k < points.length; k++) {
+                float dist = 0;
+                for (int j = 0; j < points[k].length; j++) {
+                    float e = u[at + j] - points[k][j];
+                    dist += e * e;
+                }
+                if (dist < bd) {
+                    bd = dist;
+                    best = k;
+                }
+            }
+            return best;
+        }
+
+        /** One row (unrotated, dim values) into rotated-domain values in {@code out}, as the format's decode gives. */
+        void through(float[] src, int dim, float[] out) {
+            int padded = Rotation.paddedDim(dim);
+            System.arraycopy(src, 0, out, 0, dim);
+            Rotation.forwardRow(out, 0, dim);
+            float[] u = new float[n];
+            for (int b = 0; b < padded; b += n) {
+                double s = 0;
+                for (int i = b; i < b + n; i++) {
+                    s += (double) out[i] * out[i];
+                }
+                s = Math.sqrt(s);
+                for (int i = 0; i < n; i++) {
+                    u[i] = s > 0 ? (float) (out[b + i] / s) : 0f;
+                }
+                double len = 0;
+                for (int i = 0; i < n; i += d) {
+                    float[] p = points[nearest(points, u, i)];
+                    for (int j = 0; j < d; j++) {
+                        out[b + i + j] = p[j];
+                        len += (double) p[j] * p[j];
+                    }
+                }
+                float gain = Float.float16ToFloat(Float.floatToFloat16((float) (s / Math.sqrt(len))));
+                for (int i = b; i < b + n; i++) {
+                    out[i] *= gain;
+                }
             }
         }
     }
