@@ -16,24 +16,22 @@ import java.util.concurrent.ConcurrentHashMap;
  * order of HF tokenizers and llama.cpp. A heap keeps each piece O(n log n), so long runs (indentation, rulers) stay
  * cheap; a cache maps recurring pieces to their ids, which is what makes whole files fast.
  */
-public final class BpeTokenizer implements Tokenizer {
+public final class BpeTokenizer extends VocabularyTokenizer {
 
     /** Pieces longer than this are not cached: they are rare, and would let one input fill the cache. */
     private static final int CACHE_MAX_PIECE = 128;
     /** The cache is dropped when it grows past this many pieces (a few tens of MB at most). */
     private static final int CACHE_MAX_ENTRIES = 1 << 18;
 
-    private final Vocabulary vocab;
     private final PreTokenizer pre;
     private final boolean ignoreMerges;
     private final MergeTable merges;
     /** The id of the one-character token for each byte, -1 where the vocabulary lacks it. */
     private final int[] byteTokens = new int[256];
-    private final byte[][] tokenBytes;
     private final ConcurrentHashMap<String, int[]> cache = new ConcurrentHashMap<>();
 
     BpeTokenizer(TokenizerSpec spec) {
-        vocab = new Vocabulary(spec);
+        super(spec, BpeTokenizer::bytesOf);
         pre = PreTokenizer.forName(spec.pre());
         ignoreMerges = PreTokenizer.ignoresMerges(spec.pre());
         if (spec.merges() == null) {
@@ -42,10 +40,6 @@ public final class BpeTokenizer implements Tokenizer {
         merges = new MergeTable(spec.merges(), vocab);
         for (int b = 0; b < 256; b++) {
             byteTokens[b] = vocab.id(String.valueOf(ByteLevel.charOf(b)));
-        }
-        tokenBytes = new byte[vocab.size()][];
-        for (int id = 0; id < vocab.size(); id++) {
-            tokenBytes[id] = bytesOf(vocab.text(id), vocab.type(id));
         }
     }
 
@@ -238,47 +232,6 @@ public final class BpeTokenizer implements Tokenizer {
             out.writeBytes(tokenBytes[id]);
         }
         return out.toString(StandardCharsets.UTF_8);
-    }
-
-    @Override
-    public byte[] tokenBytes(int id) {
-        vocab.checkRange(id);
-        return tokenBytes[id].clone();
-    }
-
-    @Override
-    public String tokenText(int id) {
-        return vocab.text(id);
-    }
-
-    @Override
-    public TokenType tokenType(int id) {
-        return vocab.type(id);
-    }
-
-    @Override
-    public int vocabSize() {
-        return vocab.size();
-    }
-
-    @Override
-    public int bos() {
-        return vocab.bos;
-    }
-
-    @Override
-    public int eos() {
-        return vocab.eos;
-    }
-
-    @Override
-    public boolean addBos() {
-        return vocab.addBos;
-    }
-
-    @Override
-    public boolean isEndOfGeneration(int id) {
-        return vocab.isEndOfGeneration(id);
     }
 
     /**

@@ -17,35 +17,30 @@ import java.util.PriorityQueue;
  * <p>{@link #decode} turns "▁" back into spaces and drops the one space the encoder added at each of those places, so
  * it inverts {@link #encode} exactly; the stream decoder keeps every space, since generated text continues a prompt.
  */
-public final class SpmTokenizer implements Tokenizer {
+public final class SpmTokenizer extends VocabularyTokenizer {
 
     private static final char SPACE_MARK = '\u2581';
 
-    private final Vocabulary vocab;
     private final boolean addSpacePrefix;
     /** The id of {@code <0xNN>} for each byte, -1 where the vocabulary lacks it. */
     private final int[] byteTokens = new int[256];
-    private final byte[][] tokenBytes;
 
     SpmTokenizer(TokenizerSpec spec) {
-        vocab = new Vocabulary(spec);
+        super(spec, SpmTokenizer::bytesOf);
         addSpacePrefix = spec.addSpacePrefix();
         for (int b = 0; b < 256; b++) {
             byteTokens[b] = vocab.id(String.format("<0x%02X>", b));
         }
-        tokenBytes = new byte[vocab.size()][];
-        for (int id = 0; id < vocab.size(); id++) {
-            String text = vocab.text(id);
-            TokenType type = vocab.type(id);
-            int b = type == TokenType.BYTE ? byteTokenValue(text) : -1;
-            if (b >= 0) {
-                tokenBytes[id] = new byte[] {(byte) b};
-            } else if (type.isText()) {
-                tokenBytes[id] = text.replace(SPACE_MARK, ' ').getBytes(StandardCharsets.UTF_8);
-            } else {
-                tokenBytes[id] = text.getBytes(StandardCharsets.UTF_8);
-            }
+    }
+
+    /** A token's bytes: a byte token's byte, text with its space marks as spaces, control text as it is. */
+    private static byte[] bytesOf(String text, TokenType type) {
+        int b = type == TokenType.BYTE ? byteTokenValue(text) : -1;
+        if (b >= 0) {
+            return new byte[] {(byte) b};
         }
+        return type.isText() ? text.replace(SPACE_MARK, ' ').getBytes(StandardCharsets.UTF_8)
+                : text.getBytes(StandardCharsets.UTF_8);
     }
 
     /** The byte a {@code <0xNN>} token stands for, or -1 if the text is not of that form. */
@@ -195,46 +190,5 @@ public final class SpmTokenizer implements Tokenizer {
             }
         }
         return out.toString(StandardCharsets.UTF_8);
-    }
-
-    @Override
-    public byte[] tokenBytes(int id) {
-        vocab.checkRange(id);
-        return tokenBytes[id].clone();
-    }
-
-    @Override
-    public String tokenText(int id) {
-        return vocab.text(id);
-    }
-
-    @Override
-    public TokenType tokenType(int id) {
-        return vocab.type(id);
-    }
-
-    @Override
-    public int vocabSize() {
-        return vocab.size();
-    }
-
-    @Override
-    public int bos() {
-        return vocab.bos;
-    }
-
-    @Override
-    public int eos() {
-        return vocab.eos;
-    }
-
-    @Override
-    public boolean addBos() {
-        return vocab.addBos;
-    }
-
-    @Override
-    public boolean isEndOfGeneration(int id) {
-        return vocab.isEndOfGeneration(id);
     }
 }

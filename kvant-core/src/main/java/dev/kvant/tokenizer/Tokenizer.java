@@ -19,7 +19,7 @@ package dev.kvant.tokenizer;
  * <p>Text is handled as UTF-8; an unpaired surrogate in a Java string is encoded as '?', as
  * {@link String#getBytes(java.nio.charset.Charset)} does. Instances are immutable and safe to use from several threads.
  */
-public sealed interface Tokenizer permits BpeTokenizer, SpmTokenizer {
+public sealed interface Tokenizer permits VocabularyTokenizer {
 
     /**
      * Builds the tokenizer that {@code spec.model()} names.
