@@ -17,6 +17,8 @@ import java.util.Arrays;
 import java.util.Collections;
 import java.util.Locale;
 import java.util.Map;
+import java.util.SplittableRandom;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.WeakHashMap;
 
 /**
@@ -174,7 +176,14 @@ public final class KeyStudy {
 
     /** {@link #PAIRS}: 2^(D·bits) points for groups of D coordinates of a unit vector in blocks of n. */
     private record PairCodebook(float[][] points, int d, int n) {
+        /** Built once per format and block size: K's and V's rows share it when both pass through. */
+        private static final Map<String, PairCodebook> BUILT = new ConcurrentHashMap<>();
+
         static PairCodebook of(KvFormat format, String kind, int n) {
+            return BUILT.computeIfAbsent(format.name() + "/" + kind + "/" + n, key -> build(format, kind, n));
+        }
+
+        private static PairCodebook build(KvFormat format, String kind, int n) {
             if (!(format instanceof TurboFormat t)) {
                 throw new IllegalArgumentException("kvant.study.pairs needs a turbo format, got " + format.name());
             }
@@ -232,7 +241,7 @@ public final class KeyStudy {
 
         /** `values` coordinates of Gaussian vectors of n, each normalized (a uniform unit vector's). */
         private static float[] sample(int n, int values, long seed) {
-            java.util.SplittableRandom r = new java.util.SplittableRandom(seed);
+            SplittableRandom r = new SplittableRandom(seed);
             float[] u = new float[values];
             double[] g = new double[n];
             for (int at = 0; at < u.length; ) {
