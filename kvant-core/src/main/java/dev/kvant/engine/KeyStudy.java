@@ -32,7 +32,8 @@ import java.util.WeakHashMap;
  * <pre>java ... dev.kvant.engine.KeyStudy MODEL.gguf TEXT FORMAT KMODE [VMODE|cache] [ctx 4096] [chunks 16] [threads 2]
  *   KMODE, VMODE: none | prev64 | block64 | first64 | first512   (see {@link Mode})
  *   VMODE cache (the default): V rows go to a cache of FORMAT as usual
- *   -Dkvant.study.pairs=trained|product [-Dkvant.study.group=2|4]: turbo rows through a codebook of groups</pre>
+ *   -Dkvant.study.pairs=trained|product [-Dkvant.study.group=2|4]: turbo rows through a codebook of groups
+ *   -Dkvant.study.vgain=lsq: with pairs, V rows keep the least-squares gain</pre>
  */
 public final class KeyStudy {
     /** Positions per mean block (64: a page); -Dkvant.study.block=N studies other sizes. */
@@ -54,6 +55,11 @@ public final class KeyStudy {
     private static final String PAIRS = System.getProperty("kvant.study.pairs", "");
     /** Coordinates a point of {@link #PAIRS} covers: 2 (pairs), or 4 ({@code -Dkvant.study.group=4}). */
     private static final int GROUP = Integer.getInteger("kvant.study.group", 2);
+    /**
+     * The gain {@link #PAIRS} stores for V rows ({@code -Dkvant.study.vgain=lsq}): the least-squares one, norm · cos
+     * / length of the decoded unit vector, in place of the length-exact norm / length (keys keep that one).
+     */
+    private static final boolean V_LSQ = "lsq".equals(System.getProperty("kvant.study.vgain", ""));
 
     private KeyStudy() {
     }
@@ -75,8 +81,8 @@ public final class KeyStudy {
     /** The hook: K rows through {@code format} centered per {@code kMode}; V rows too unless {@code vMode} is null. */
     public static KvRowHook hook(KvFormat format, Mode kMode, Mode vMode, int layers, int kvHeads, int headDimK,
                                  int headDimV) {
-        Through k = new Through(format, kMode, layers, kvHeads, headDimK, SINK);
-        Through v = vMode == null ? null : new Through(format, vMode, layers, kvHeads, headDimV, VSINK);
+        Through k = new Through(format, kMode, layers, kvHeads, headDimK, SINK, false);
+        Through v = vMode == null ? null : new Through(format, vMode, layers, kvHeads, headDimV, VSINK, V_LSQ);
         return (seq, layer, position, n, q, qOffset, kRows, kOffset, vRows, vOffset) -> {
             k.apply(seq, layer, position, n, kRows, kOffset);
             if (v != null) {
@@ -97,9 +103,11 @@ public final class KeyStudy {
 
         private final int sink;
         private final PairCodebook pairs;
+        private final boolean lsq;
 
-        Through(KvFormat format, Mode mode, int layers, int heads, int dim, int sink) {
+        Through(KvFormat format, Mode mode, int layers, int heads, int dim, int sink, boolean lsq) {
             this.sink = sink;
+            this.lsq = lsq;
             this.pairs = PAIRS.isEmpty() ? null : PairCodebook.of(format, PAIRS, Rotation.blockSize(dim));
             this.format = format;
             this.mode = mode;
@@ -156,7 +164,7 @@ public final class KeyStudy {
                         centered[i] = x[o + h * dim + i] - mu[h * dim + i];
                     }
                     if (pairs != null) {
-                        pairs.through(centered, dim, row);
+                        pairs.through(centered, dim, row, lsq);
                     } else {
                         format.encode(centered, 0, dim, buf, 0);
                         format.decode(buf, 0, dim, row, 0);
@@ -276,7 +284,7 @@ public final class KeyStudy {
         }
 
         /** One row (unrotated, dim values) into rotated-domain values in {@code out}, as the format's decode gives. */
-        void through(float[] src, int dim, float[] out) {
+        void through(float[] src, int dim, float[] out, boolean lsq) {
             int padded = Rotation.paddedDim(dim);
             System.arraycopy(src, 0, out, 0, dim);
             Rotation.forwardRow(out, 0, dim);
@@ -290,15 +298,17 @@ public final class KeyStudy {
                 for (int i = 0; i < n; i++) {
                     u[i] = s > 0 ? (float) (out[b + i] / s) : 0f;
                 }
-                double len = 0;
+                double len = 0, dot = 0;
                 for (int i = 0; i < n; i += d) {
                     float[] p = points[nearest(points, u, i)];
                     for (int j = 0; j < d; j++) {
                         out[b + i + j] = p[j];
                         len += (double) p[j] * p[j];
+                        dot += (double) p[j] * u[i + j];
                     }
                 }
-                float gain = Float.float16ToFloat(Float.floatToFloat16((float) (s / Math.sqrt(len))));
+                double g = lsq ? s * dot / len : s / Math.sqrt(len);
+                float gain = Float.float16ToFloat(Float.floatToFloat16((float) g));
                 for (int i = b; i < b + n; i++) {
                     out[i] *= gain;
                 }
