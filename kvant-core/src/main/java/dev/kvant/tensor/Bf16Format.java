@@ -75,9 +75,7 @@ final class Bf16Format implements WeightFormat, FusedRows {
                 acc = FloatVector.fromArray(F, buf, full).fma(FloatVector.fromArray(F, xt, 0), acc);
             }
         }
-        float[] t = new float[L];
-        acc.intoArray(t, 0);
-        return Lanes.sum(t, 0);
+        return Lanes.sum(acc);
     }
 
     @Override

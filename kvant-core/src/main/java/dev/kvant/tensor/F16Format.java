@@ -106,9 +106,7 @@ final class F16Format implements WeightFormat, FusedRows {
             acc = FloatVector.fromArray(F, w, 0).fma(FloatVector.fromArray(F, Lanes.padded(x, xOffset + full,
                     n - full), 0), acc);
         }
-        float[] t = new float[L];
-        acc.intoArray(t, 0);
-        return Lanes.sum(t, 0);
+        return Lanes.sum(acc);
     }
 
     @Override

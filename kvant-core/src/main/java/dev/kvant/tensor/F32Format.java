@@ -54,9 +54,7 @@ final class F32Format implements WeightFormat, FusedRows {
             acc = FloatVector.fromArray(F, wt, 0)
                     .fma(FloatVector.fromArray(F, Lanes.padded(x, xOffset + full, n - full), 0), acc);
         }
-        float[] t = new float[L];
-        acc.intoArray(t, 0);
-        return Lanes.sum(t, 0);
+        return Lanes.sum(acc);
     }
 
     @Override

@@ -88,6 +88,13 @@ final class Lanes {
         return p;
     }
 
+    /** The lanes of an accumulator summed as {@link #sum(float[], int)} sums them (a one-row kernel's result). */
+    static float sum(FloatVector acc) {
+        float[] t = new float[L];
+        acc.intoArray(t, 0);
+        return sum(t, 0);
+    }
+
     /**
      * The lanes of {@code t[off .. off+L)} summed as a pairwise tree: first lane j with lane j + L/2, then with
      * j + L/4, and so on down to lanes 0 and 1. Kernels store their accumulator (one {@code intoArray}) and call

@@ -94,9 +94,7 @@ final class Q4_0Format implements WeightFormat, FusedRows {
                         .fma(FloatVector.fromArray(F, x, xk + 16), acc);
             }
         }
-        float[] t = new float[L];
-        acc.intoArray(t, 0);
-        return Lanes.sum(t, 0);
+        return Lanes.sum(acc);
     }
 
     @Override

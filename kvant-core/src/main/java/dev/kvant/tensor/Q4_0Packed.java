@@ -121,9 +121,7 @@ final class Q4_0Packed implements PackedRows {
                         .fma(FloatVector.fromArray(F, x, xk + 16), acc);
             }
         }
-        float[] t = new float[L];
-        acc.intoArray(t, 0);
-        return Lanes.sum(t, 0);
+        return Lanes.sum(acc);
     }
 
     @Override

@@ -125,9 +125,7 @@ final class Q4_KFormat implements WeightFormat, FusedRows {
             acc = q.lanewise(LSHR, 4).selectFrom(ha, hb).reinterpretAsFloats()
                     .fma(FloatVector.fromArray(F, x, xk + 32), acc);
         }
-        float[] t = new float[L];
-        acc.intoArray(t, 0);
-        return Lanes.sum(t, 0);
+        return Lanes.sum(acc);
     }
 
     @Override

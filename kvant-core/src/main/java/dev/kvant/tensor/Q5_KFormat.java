@@ -116,9 +116,7 @@ final class Q5_KFormat implements WeightFormat, FusedRows {
                     .fma(sm[KQuantScales.scaleAt(j + 1)], sm[KQuantScales.minAt(j + 1)])
                     .fma(FloatVector.fromArray(F, x, xk + 32), acc);
         }
-        float[] t = new float[L];
-        acc.intoArray(t, 0);
-        return Lanes.sum(t, 0);
+        return Lanes.sum(acc);
     }
 
     @Override

@@ -149,9 +149,7 @@ final class Q6_KFormat implements WeightFormat, FusedRows {
             acc = ((FloatVector) lb.lanewise(LSHR, 4).or(h.lanewise(LSHR, 2).and(0x30)).convert(I2F, 0))
                     .fma(ds[si + 6], ds[si + 22]).fma(FloatVector.fromArray(F, x, xk + 96), acc);
         }
-        float[] t = new float[L];
-        acc.intoArray(t, 0);
-        return Lanes.sum(t, 0);
+        return Lanes.sum(acc);
     }
 
     /**

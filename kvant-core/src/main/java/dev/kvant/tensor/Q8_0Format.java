@@ -64,9 +64,7 @@ final class Q8_0Format implements WeightFormat, FusedRows {
                 acc = q.mul(d).fma(FloatVector.fromArray(F, x, xOffset + b * QK + part * L), acc);
             }
         }
-        float[] t = new float[L];
-        acc.intoArray(t, 0);
-        return Lanes.sum(t, 0);
+        return Lanes.sum(acc);
     }
 
     @Override
