@@ -29,6 +29,8 @@ import java.util.Map;
 final class GgufParser {
     static final int MAGIC = 0x46554747; // "GGUF" read as a little-endian u32
     static final int DEFAULT_ALIGNMENT = 32;
+    /** The largest general.alignment taken, 1 GiB (files use 32; the parser keeps the alignment in an int). */
+    static final long MAX_ALIGNMENT = 1L << 30;
     static final String ALIGNMENT_KEY = "general.alignment";
     static final int MAX_DIMS = 4;
     /** Arrays of arrays are legal; this bounds the recursion a hostile file can ask for. */
@@ -177,6 +179,9 @@ final class GgufParser {
         long a = (Long) v.value();
         if (a == 0 || Long.bitCount(a) != 1) {
             throw fail("key '%s' is %d, which is not a nonzero power of two", ALIGNMENT_KEY, a);
+        }
+        if (a > MAX_ALIGNMENT) {
+            throw fail("key '%s' is %d, above the largest alignment taken (%d)", ALIGNMENT_KEY, a, MAX_ALIGNMENT);
         }
         return (int) a;
     }

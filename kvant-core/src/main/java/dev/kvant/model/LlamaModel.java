@@ -2,6 +2,7 @@ package dev.kvant.model;
 
 import dev.kvant.attention.AttentionOptions;
 import dev.kvant.attention.CpuAttention;
+import dev.kvant.gguf.GgufException;
 import dev.kvant.gguf.GgufFile;
 import dev.kvant.kv.KvSequence;
 import dev.kvant.select.PageTopK;
@@ -64,10 +65,15 @@ public final class LlamaModel implements AutoCloseable {
             LlamaWeights weights = LlamaWeights.load(file, config, embedding, ropeFactors);
             Tokenizer tokenizer = file.metadata().contains("tokenizer.ggml.model")
                     ? Tokenizer.create(TokenizerSpec.fromGguf(file.metadata())) : null;
+            if (tokenizer != null && tokenizer.vocabSize() != config.vocabSize()) {
+                // every id the model can sample must be a token, and every token an embedding row
+                throw new GgufException("GGUF " + file.name() + ": the tokenizer has " + tokenizer.vocabSize()
+                        + " tokens but token_embd.weight has " + config.vocabSize() + " rows");
+            }
             LlamaModel model = new LlamaModel(file.name(), config, weights, tokenizer, file);
             model.chatTemplate = file.metadata().getString("tokenizer.chat_template", null);
             return model;
-        } catch (RuntimeException e) {
+        } catch (RuntimeException | Error e) {
             file.close();
             throw e;
         }

@@ -30,6 +30,8 @@ public record LlamaWeights(WeightMatrix tokenEmbedding, float[] outputNorm, Weig
     }
 
     static LlamaWeights load(GgufFile f, ModelConfig c, WeightMatrix embedding, float[] ropeFreqFactors) {
+        // the last block first: a block count the file does not hold fails here, before anything is sized by it
+        f.requireTensor("blk." + (c.layers() - 1) + ".attn_norm.weight");
         Layer[] layers = new Layer[c.layers()];
         for (int i = 0; i < c.layers(); i++) {
             String p = "blk." + i + ".";

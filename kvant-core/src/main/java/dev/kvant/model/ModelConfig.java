@@ -26,8 +26,16 @@ public record ModelConfig(String architecture, int dim, int layers, int heads, i
                           boolean qkNorm) {
 
     public ModelConfig {
-        if (dim <= 0 || layers <= 0 || heads <= 0 || kvHeads <= 0 || ffnDim <= 0 || vocabSize <= 0) {
+        if (dim <= 0 || layers <= 0 || heads <= 0 || kvHeads <= 0 || headDimK <= 0 || headDimV <= 0 || ffnDim <= 0
+                || vocabSize <= 0 || contextLength <= 0) {
             throw new IllegalArgumentException("model sizes must be positive: " + this);
+        }
+        if (rope.ropeDim() > headDimK) {
+            throw new IllegalArgumentException("the rope dimension (" + rope.ropeDim() + ") exceeds the key head size ("
+                    + headDimK + ")");
+        }
+        if (!(rmsEps >= 0f) || Float.isInfinite(rmsEps)) {
+            throw new IllegalArgumentException("the RMSNorm epsilon must be finite and not negative, got " + rmsEps);
         }
         if (heads % kvHeads != 0) {
             throw new IllegalArgumentException(
@@ -66,6 +74,10 @@ public record ModelConfig(String architecture, int dim, int layers, int heads, i
         }
         int dim = md.getInt(arch + ".embedding_length");
         int heads = md.getInt(arch + ".attention.head_count");
+        if (heads <= 0) {
+            throw new GgufException("GGUF " + fileName + ": " + arch + ".attention.head_count is " + heads
+                    + ", not a positive count");
+        }
         int kvHeads = md.getInt(arch + ".attention.head_count_kv", heads);
         int headDimK = md.getInt(arch + ".attention.key_length", dim / heads);
         int headDimV = md.getInt(arch + ".attention.value_length", headDimK);
@@ -79,9 +91,13 @@ public record ModelConfig(String architecture, int dim, int layers, int heads, i
             throw new GgufException("GGUF " + fileName + ": rope scaling '" + scaling
                     + "' is not supported (supported: none, linear, llama3 frequency factors)");
         }
-        Rope rope = new Rope(mode, ropeDim, base, linearScale, ropeFreqFactors);
-        return new ModelConfig(arch, dim, md.getInt(arch + ".block_count"), heads, kvHeads, headDimK, headDimV,
-                md.getInt(arch + ".feed_forward_length"), vocabSize, md.getInt(arch + ".context_length", 4096),
-                md.getFloat(arch + ".attention.layer_norm_rms_epsilon", 1e-5f), rope, qkvBias, qkNorm);
+        try {
+            Rope rope = new Rope(mode, ropeDim, base, linearScale, ropeFreqFactors);
+            return new ModelConfig(arch, dim, md.getInt(arch + ".block_count"), heads, kvHeads, headDimK, headDimV,
+                    md.getInt(arch + ".feed_forward_length"), vocabSize, md.getInt(arch + ".context_length", 4096),
+                    md.getFloat(arch + ".attention.layer_norm_rms_epsilon", 1e-5f), rope, qkvBias, qkNorm);
+        } catch (IllegalArgumentException e) {
+            throw new GgufException("GGUF " + fileName + ": " + e.getMessage(), e);
+        }
     }
 }

@@ -218,6 +218,9 @@ class GgufValidationTest {
         assertContains(reject(GgufBytes.header(3, 0, 1).kvU32("general.alignment", 48)),
                 "key 'general.alignment' is 48, which is not a nonzero power of two");
         assertContains(reject(GgufBytes.header(3, 0, 1).kvU32("general.alignment", 0)), "is 0, which is not");
+        // a power of two past an int: it used to open as alignment -2147483648
+        assertContains(reject(GgufBytes.header(3, 0, 1).kvU32("general.alignment", 1L << 31)),
+                "key 'general.alignment' is 2147483648, above the largest alignment taken (1073741824)");
     }
 
     @Test

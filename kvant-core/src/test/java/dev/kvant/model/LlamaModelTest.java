@@ -2,6 +2,8 @@ package dev.kvant.model;
 
 import dev.kvant.engine.Session;
 import dev.kvant.gguf.GgmlType;
+import dev.kvant.gguf.GgufException;
+import dev.kvant.gguf.GgufWriter;
 import dev.kvant.kv.KvFormat;
 import dev.kvant.tensor.Parallel;
 import org.junit.jupiter.api.Test;
@@ -10,11 +12,16 @@ import org.junit.jupiter.params.provider.Arguments;
 import org.junit.jupiter.params.provider.MethodSource;
 
 import java.lang.foreign.Arena;
+import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.List;
 import java.util.Random;
+import java.util.function.Consumer;
 import java.util.stream.Stream;
 
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 class LlamaModelTest {
@@ -88,6 +95,65 @@ class LlamaModelTest {
             }
             assertArrayEquals(results[0], results[1], "1 vs 2 threads (seed " + seed + ")");
             assertArrayEquals(results[0], results[2], "1 vs 3 threads (seed " + seed + ")");
+        }
+    }
+
+    /** A byte-level BPE vocabulary of n tokens (the 256 bytes, then fillers) for the tiny models. */
+    private static void bpeTokenizer(GgufWriter w, int n) {
+        List<String> tokens = new ArrayList<>();
+        int extra = 0;
+        for (int b = 0; b < 256; b++) {   // GPT-2's byte-level characters: printable bytes stand for themselves
+            boolean printable = b >= '!' && b <= '~' || b >= 0xA1 && b <= 0xAC || b >= 0xAE;
+            tokens.add(String.valueOf((char) (printable ? b : 256 + extra++)));
+        }
+        for (int i = 256; i < n; i++) {
+            tokens.add("<|filler" + i + "|>");
+        }
+        w.putString("tokenizer.ggml.model", "gpt2");
+        w.putStringArray("tokenizer.ggml.tokens", tokens.subList(0, n));
+        w.putStringArray("tokenizer.ggml.merges", List.of());
+    }
+
+    static Stream<Arguments> hostileSettings() {
+        return Stream.of(
+                Arguments.of("no query heads", (Consumer<GgufWriter>) w -> w.putU32("llama.attention.head_count", 0),
+                        "llama.attention.head_count is 0"),
+                Arguments.of("a RoPE wider than the head",
+                        (Consumer<GgufWriter>) w -> w.putU32("llama.rope.dimension_count", 128),
+                        "rope dimension (128) exceeds the key head size (64)"),
+                Arguments.of("two billion blocks", (Consumer<GgufWriter>) w -> w.putU32("llama.block_count", 2_000_000_000L),
+                        "blk.1999999999.attn_norm.weight"),
+                Arguments.of("a context of 0", (Consumer<GgufWriter>) w -> w.putU32("llama.context_length", 0),
+                        "must be positive"),
+                Arguments.of("fewer tokens than embedding rows", (Consumer<GgufWriter>) w -> bpeTokenizer(w, 256),
+                        "the tokenizer has 256 tokens but token_embd.weight has 300 rows"));
+    }
+
+    /**
+     * A file whose settings the weights or the tokenizer cannot honour is refused at load with a message naming what
+     * is wrong: before this, such files loaded and then failed deep inside a forward pass (a RoPE past the head, a
+     * sampled id with no token), divided by zero, or ran out of memory sizing two billion blocks.
+     */
+    @ParameterizedTest(name = "{0}")
+    @MethodSource("hostileSettings")
+    void settingsTheModelCannotHonourAreRefusedAtLoad(String what, Consumer<GgufWriter> setting, String message) {
+        try (Arena arena = Arena.ofShared()) {
+            TinyModels.Built built = TinyModels.build("llama", GgmlType.F32, 1, arena, setting);
+            GgufException e = assertThrows(GgufException.class, () -> LlamaModel.fromGguf(built.file()), what);
+            assertTrue(e.getMessage().contains(message), what + ": " + e.getMessage());
+            assertTrue(e.getMessage().contains(built.file().name()), what + ": the message names the file: "
+                    + e.getMessage());
+        }
+    }
+
+    @Test
+    void aTokenizerOfTheEmbeddingTablesSizeLoads() {
+        try (Arena arena = Arena.ofShared()) {
+            TinyModels.Built built = TinyModels.build("llama", GgmlType.F32, 1, arena,
+                    w -> bpeTokenizer(w, TinyModels.VOCAB));
+            try (LlamaModel model = LlamaModel.fromGguf(built.file())) {
+                assertEquals(TinyModels.VOCAB, model.tokenizer().vocabSize());
+            }
         }
     }
 

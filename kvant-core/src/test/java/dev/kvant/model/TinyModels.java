@@ -10,6 +10,7 @@ import java.lang.foreign.MemorySegment;
 import java.util.LinkedHashMap;
 import java.util.Map;
 import java.util.Random;
+import java.util.function.Consumer;
 
 /**
  * Small models of every supported architecture, written with the GGUF writer, and the exact float weights they hold
@@ -37,6 +38,11 @@ public final class TinyModels {
     }
 
     public static Built build(String arch, GgmlType weights, long seed, Arena arena) {
+        return build(arch, weights, seed, arena, w -> { });
+    }
+
+    /** As above, {@code metadata} putting (or replacing) keys last: a hostile or unusual file. */
+    public static Built build(String arch, GgmlType weights, long seed, Arena arena, Consumer<GgufWriter> metadata) {
         Random r = new Random(seed);
         WeightFormat fmt = WeightFormat.of(weights);
         GgufWriter w = new GgufWriter();
@@ -77,6 +83,7 @@ public final class TinyModels {
             // qwen3 here ties its output to the embedding, to cover that path.
             matrix(w, values, fmt, "output.weight", VOCAB, DIM, 0.1, r, arena);
         }
+        metadata.accept(w);
         GgufFile file = GgufFile.of(w.writeToSegment(arena), "tiny-" + arch + "-" + weights);
         return new Built(file, values, arch);
     }
