@@ -73,8 +73,12 @@ final class CompletionHandler {
         }
         int maxTokens = r.maxTokens() != null ? r.maxTokens() : ctx - prompt.length;
         long seed = r.seed() != null ? r.seed() : new SecureRandom().nextLong();
-        SamplerConfig sampling = new SamplerConfig(r.temperature(), r.topK(), r.topP(), r.minP(), r.repeatPenalty(), 64,
-                seed);
+        SamplerConfig sampling;
+        try {
+            sampling = new SamplerConfig(r.temperature(), r.topK(), r.topP(), r.minP(), r.repeatPenalty(), 64, seed);
+        } catch (IllegalArgumentException e) {   // CompletionRequest checks each field; this is the last word
+            throw ApiException.invalid(null, e.getMessage());
+        }
         LinkedBlockingQueue<GenerationEvent> events = new LinkedBlockingQueue<>();
         Generation g;
         try {
@@ -115,7 +119,7 @@ final class CompletionHandler {
             ObjectNode delta = Json.MAPPER.createObjectNode().put("role", "assistant").put("content", "");
             event(out, chunk(id, created, r, delta, null, null));
         }
-        Outcome o = consume(r, g, events, arrival, text -> event(out, chunk(id, created, r, null, text, null)),
+        Outcome o = consume(r, g, events, arrival, true, text -> event(out, chunk(id, created, r, null, text, null)),
                 () -> write(out, ": keep-alive\n\n"));
         if (o.failure() != null) {
             event(out, ApiException.body(o.failure().message(), "server_error", null,
@@ -138,13 +142,9 @@ final class CompletionHandler {
                          LinkedBlockingQueue<GenerationEvent> events, String id, long created, long arrival) {
         StringBuilder text = new StringBuilder();
         OutputStream[] committed = {null};
-        long heartbeatAfter = System.nanoTime() + config.heartbeat().toNanos();
-        Outcome o = consume(r, g, events, arrival, text::append, () -> {
-            // A long generation: send the headers and a space (JSON allows leading blanks) so that a write fails,
-            // and the generation is cancelled, once the client has gone.
-            if (System.nanoTime() - heartbeatAfter < 0) {
-                return;
-            }
+        Outcome o = consume(r, g, events, arrival, false, text::append, () -> {
+            // A generation past a heartbeat period: send the headers and a space (JSON allows leading blanks) so that
+            // a write fails, and the generation is cancelled, once the client has gone.
             if (committed[0] == null) {
                 res.status(200);
                 res.header(HeaderNames.CONTENT_TYPE, "application/json");
@@ -186,28 +186,35 @@ final class CompletionHandler {
 
     /**
      * Reads the generation's events until it ends, handing text to sink as soon as no stop string can claim it, and
-     * calling idle after each heartbeat period without an event.
+     * calling idle whenever a heartbeat period has passed with nothing written to the client: since the last idle
+     * call or, when sinkWrites (a stream), the last text handed to sink. So a response held back until the end (not
+     * streamed) writes its heartbeat every period while tokens flow, and a client that has gone is noticed within a
+     * period either way.
      */
     private Outcome consume(CompletionRequest r, Generation g, LinkedBlockingQueue<GenerationEvent> events,
-                            long arrival, Consumer<String> sink, Runnable idle) {
+                            long arrival, boolean sinkWrites, Consumer<String> sink, Runnable idle) {
         TextCodec.Detokenizer decoder = codec.detokenizer();
         StopStrings stops = new StopStrings(r.stop());
         int promptTokens = 0;
         int cachedTokens = 0;
         int generated = 0;
         long last = 0;
-        long heartbeatMillis = config.heartbeat().toMillis();
+        long period = config.heartbeat().toNanos();
+        long quietSince = System.nanoTime();
         while (true) {
             GenerationEvent e;
             try {
-                e = events.poll(heartbeatMillis, TimeUnit.MILLISECONDS);
+                e = events.poll(Math.max(0, quietSince + period - System.nanoTime()), TimeUnit.NANOSECONDS);
             } catch (InterruptedException ex) {
                 Thread.currentThread().interrupt();
                 g.cancel();
                 throw new UncheckedIOException(new IOException("interrupted while waiting for tokens"));
             }
-            if (e == null) {
+            if (System.nanoTime() - quietSince >= period) {
                 idle.run();
+                quietSince = System.nanoTime();
+            }
+            if (e == null) {
                 continue;
             }
             switch (e) {
@@ -227,6 +234,9 @@ final class CompletionHandler {
                     String text = stops.push(decoder.feed(t.id()));
                     if (!text.isEmpty()) {
                         sink.accept(text);
+                        if (sinkWrites) {
+                            quietSince = System.nanoTime();
+                        }
                     }
                     if (stops.matched()) {
                         g.cancel();

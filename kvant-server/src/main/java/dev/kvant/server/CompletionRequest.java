@@ -139,7 +139,7 @@ record CompletionRequest(Kind kind, List<ChatMessage> messages, String prompt, i
         Integer topK = b.integer("top_k", 0, Integer.MAX_VALUE);
         Double minP = b.number("min_p", 0, 1);
         Double repeat = b.number("repeat_penalty", 0, 10);
-        if (repeat != null && repeat == 0) {
+        if (repeat != null && repeat.floatValue() == 0f) {   // 0, or so small that a float holds 0
             throw ApiException.invalid("repeat_penalty", "'repeat_penalty' must be above 0 (1 is off)");
         }
         Long seed = b.longInteger("seed");

@@ -109,6 +109,9 @@ class ServerErrorsTest {
                 "messages[0].role", "'robot'");
         assertError(post("/v1/completions", "{\"prompt\": [1, 2, 300]}"), 400, "prompt", "outside the vocabulary");
         assertError(post("/v1/completions", "{\"prompt\": {\"a\": 1}}"), 400, "prompt", "must be a string");
+        // above 0 as a double, 0 as the float the sampler takes: it used to be a 500 from the sampler's settings
+        assertError(post("/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 2, \"repeat_penalty\": 1e-50}"),
+                400, "repeat_penalty", "must be above 0");
     }
 
     @Test
