@@ -87,6 +87,18 @@ final class AttentionBenchCommand implements Runnable {
         for (int t : threads) {
             ModelOptions.checkThreads(t);
         }
+        if (heads < 1 || kvHeads < 1) {
+            throw new IllegalArgumentException("--heads and --kv-heads must be at least 1, got " + heads + " and "
+                    + kvHeads);
+        }
+        if (reps < 1) {
+            throw new IllegalArgumentException("-r must be at least 1");
+        }
+        for (int c : ctx) {
+            if (c < 1) {
+                throw new IllegalArgumentException("--ctx must be at least 1, got " + c);
+            }
+        }
         if (heads % kvHeads != 0) {
             throw new IllegalArgumentException("--heads " + heads + " must be a multiple of --kv-heads " + kvHeads);
         }

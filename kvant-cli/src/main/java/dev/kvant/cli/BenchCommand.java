@@ -13,6 +13,7 @@ import picocli.CommandLine.Mixin;
 import picocli.CommandLine.Option;
 
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.List;
 import java.util.Locale;
 
@@ -119,6 +120,9 @@ final class BenchCommand implements Runnable {
                     throw new IllegalArgumentException("sizes and depths must not be negative");
                 }
             }
+        }
+        if (Arrays.stream(prompt).allMatch(p -> p == 0) && Arrays.stream(gen).allMatch(n -> n == 0)) {
+            throw new IllegalArgumentException("nothing to run: every -p and -n is 0");
         }
         if (opts.model != null && synthetic != null) {
             throw new IllegalArgumentException("give either -m or --synthetic, not both");

@@ -13,10 +13,6 @@ import dev.kvant.tensor.Parallel;
 import picocli.CommandLine.Command;
 import picocli.CommandLine.Option;
 
-import java.io.IOException;
-import java.io.UncheckedIOException;
-import java.nio.charset.StandardCharsets;
-import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -103,12 +99,7 @@ final class KvEvalCommand implements Runnable {
 
     /** Reads the text with an f16 cache and returns every K row and every V row the model wrote. */
     private float[][][] modelRows(LlamaModel m) {
-        String text;
-        try {
-            text = Files.readString(file, StandardCharsets.UTF_8);
-        } catch (IOException e) {
-            throw new UncheckedIOException("cannot read " + file + ": " + e.getMessage(), e);
-        }
+        String text = TextFiles.read(file);
         int[] ids = m.tokenizer().encode(text, true, false);
         int n = Math.min(tokens, Math.min(ids.length, m.config().contextLength()));
         ModelConfig c = m.config();

@@ -29,7 +29,13 @@ public final class Main implements Runnable {
             }
             return 1;
         });
-        return cl.execute(args);
+        try {
+            return cl.execute(args);
+        } catch (OutOfMemoryError e) {   // picocli hands on Errors; this one has a remedy to name
+            cl.getErr().println("kvant: out of Java heap memory (" + e.getMessage() + "): give the JVM more, e.g. "
+                    + "KVANT_JAVA_OPTS=-Xmx16g, or ask for less (a smaller -c or --kv-mem)");
+            return 1;
+        }
     }
 
     @Override

@@ -15,10 +15,6 @@ import picocli.CommandLine.Model.CommandSpec;
 import picocli.CommandLine.Option;
 import picocli.CommandLine.Spec;
 
-import java.io.IOException;
-import java.io.UncheckedIOException;
-import java.nio.charset.StandardCharsets;
-import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.HashMap;
@@ -137,12 +133,7 @@ final class NeedleCommand implements Runnable {
     }
 
     private List<NeedleProbe> fromFile() {
-        List<String> lines;
-        try {
-            lines = Files.readAllLines(probes, StandardCharsets.UTF_8);
-        } catch (IOException e) {
-            throw new UncheckedIOException("cannot read " + probes + ": " + e.getMessage(), e);
-        }
+        List<String> lines = TextFiles.lines(probes);
         // --lengths and --depths, when given, pick cells of the file (their defaults are for pass-key probes)
         Set<Integer> pickLengths = null;
         Set<Integer> pickDepths = null;
@@ -183,12 +174,7 @@ final class NeedleCommand implements Runnable {
     }
 
     private List<NeedleProbe> passKeys(LlamaModel model, Tokenizer tok) {
-        String text;
-        try {
-            text = Files.readString(haystack, StandardCharsets.UTF_8);
-        } catch (IOException e) {
-            throw new UncheckedIOException("cannot read " + haystack + ": " + e.getMessage(), e);
-        }
+        String text = TextFiles.read(haystack);
         ChatTemplate template = ChatTemplate.detect(model.chatTemplate(), chatTemplate);
         SplittableRandom rnd = new SplittableRandom(seed);
         int n = perCell > 0 ? perCell : 4;

@@ -10,10 +10,6 @@ import picocli.CommandLine.Command;
 import picocli.CommandLine.Mixin;
 import picocli.CommandLine.Option;
 
-import java.io.IOException;
-import java.io.UncheckedIOException;
-import java.nio.charset.StandardCharsets;
-import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.Locale;
 
@@ -48,12 +44,10 @@ final class PerplexityCommand implements Runnable {
     @Override
     public void run() {
         ModelOptions.checkThreads(opts.threads);
-        String text;
-        try {
-            text = Files.readString(file, StandardCharsets.UTF_8);
-        } catch (IOException e) {
-            throw new UncheckedIOException("cannot read " + file + ": " + e.getMessage(), e);
+        if (chunks < 0) {
+            throw new IllegalArgumentException("--chunks must not be negative (0 = all), got " + chunks);
         }
+        String text = TextFiles.read(file);
         Progress progress = new Progress(json);
         try (LlamaModel model = opts.load();
              Parallel pool = new Parallel(opts.threads);

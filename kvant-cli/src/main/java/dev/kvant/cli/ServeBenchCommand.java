@@ -9,9 +9,6 @@ import picocli.CommandLine.Command;
 import picocli.CommandLine.Mixin;
 import picocli.CommandLine.Option;
 
-import java.io.IOException;
-import java.nio.charset.StandardCharsets;
-import java.nio.file.Files;
 import java.nio.file.Path;
 import java.time.Duration;
 import java.time.LocalDate;
@@ -143,11 +140,7 @@ final class ServeBenchCommand implements Runnable {
     private void prefix(ServeBench.Setup setup, LlamaModel model) {
         String corpus;
         if (file != null) {
-            try {
-                corpus = Files.readString(file, StandardCharsets.UTF_8);
-            } catch (IOException e) {
-                throw new IllegalArgumentException("cannot read " + file + ": " + e.getMessage());
-            }
+            corpus = TextFiles.read(file);
         } else {
             StringBuilder sb = new StringBuilder();
             SplittableRandom r = new SplittableRandom(7);

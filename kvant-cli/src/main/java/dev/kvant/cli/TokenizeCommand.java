@@ -6,11 +6,8 @@ import dev.kvant.tokenizer.TokenizerSpec;
 import picocli.CommandLine.Command;
 import picocli.CommandLine.Option;
 
-import java.io.IOException;
 import java.io.PrintStream;
-import java.io.UncheckedIOException;
 import java.nio.charset.StandardCharsets;
-import java.nio.file.Files;
 import java.nio.file.Path;
 
 /** Prints the token ids of a text. */
@@ -40,12 +37,7 @@ final class TokenizeCommand implements Runnable {
         if ((prompt == null) == (file == null)) {
             throw new IllegalArgumentException("give exactly one of -p and -f");
         }
-        String text;
-        try {
-            text = prompt != null ? prompt : Files.readString(file, StandardCharsets.UTF_8);
-        } catch (IOException e) {
-            throw new UncheckedIOException("cannot read " + file + ": " + e.getMessage(), e);
-        }
+        String text = prompt != null ? prompt : TextFiles.read(file);
         int[] ids;
         try (GgufFile f = GgufFile.open(model)) {
             Tokenizer tok = Tokenizer.create(TokenizerSpec.fromGguf(f.metadata()));

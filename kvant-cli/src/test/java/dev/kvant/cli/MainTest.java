@@ -49,6 +49,28 @@ class MainTest {
         assertTrue(r.out().strip().startsWith("[") && r.out().strip().endsWith("]"), r.out());
     }
 
+    /** Options that leave nothing to do or name nothing that exists are one-line errors (exit 1), not stack traces. */
+    @Test
+    void emptyOrImpossibleRequestsAreOneLineErrors() {
+        Object[][] cases = {
+                {new String[] {"bench", "--synthetic", "tiny", "-p", "0", "-n", "0", "-r", "1"},
+                        "nothing to run: every -p and -n is 0"},
+                {new String[] {"bench-attention", "--kv-heads", "0", "--ctx", "64", "-r", "1"},
+                        "--heads and --kv-heads must be at least 1"},
+                {new String[] {"bench-attention", "--ctx", "0", "-r", "1"}, "--ctx must be at least 1, got 0"},
+                {new String[] {"perplexity", "-m", "none.gguf", "-f", "none.txt", "--chunks", "-1"},
+                        "--chunks must not be negative"},
+                {new String[] {"perplexity", "-m", "none.gguf", "-f", "no-such-text.txt"},
+                        "cannot read no-such-text.txt: no such file"},
+        };
+        for (Object[] c : cases) {
+            Run r = run((String[]) c[0]);
+            assertEquals(1, r.code(), String.join(" ", (String[]) c[0]) + ": " + r.err());
+            assertTrue(r.err().strip().startsWith("kvant: ") && r.err().contains((String) c[1])
+                    && r.err().strip().lines().count() == 1, r.err());
+        }
+    }
+
     @Test
     void benchMedianReportsTheRepetitionsQuartiles() {
         Run r = run("bench", "--synthetic", "tiny", "-p", "8", "-n", "2", "-r", "5", "--median", "--json");

@@ -65,11 +65,9 @@ public final class Perplexity {
         int chunks = maxChunks > 0 ? Math.min(maxChunks, available) : available;
         int vocab = session.model().config().vocabSize();
         int first = ctx / 2;
-        float[] logits = new float[ctx * vocab];
         int[] chunk = new int[ctx];
-        double nll = 0;
-        double nll2 = 0;
-        long count = 0;
+        // the sums in position order, chunk after chunk (the same order whatever the prefill's chunk size)
+        double[] sums = new double[3];   // nll, nll², this chunk's nll
         double[] chunkNll = new double[chunks];
         long t0 = System.nanoTime();
         for (int c = 0; c < chunks; c++) {
@@ -78,18 +76,22 @@ public final class Perplexity {
                 chunk[0] = bos;
             }
             session.truncate(0);
-            session.prefillAllLogits(chunk, 0, ctx, logits);
-            double own = 0;
-            for (int j = first; j < ctx - 1; j++) {
-                double v = -logSoftmax(logits, j * vocab, vocab, chunk[j + 1]);
-                own += v;
-                nll += v;
-                nll2 += v * v;
-                count++;
-            }
-            chunkNll[c] = own / (ctx - 1 - first);
+            sums[2] = 0;
+            // each prefill chunk's logits scored as they come: positions first .. ctx - 2 predict the next token
+            session.prefillLogits(chunk, 0, ctx, (start, n, logits) -> {
+                for (int j = Math.max(start, first); j < Math.min(start + n, ctx - 1); j++) {
+                    double v = -logSoftmax(logits, (j - start) * vocab, vocab, chunk[j + 1]);
+                    sums[0] += v;
+                    sums[1] += v * v;
+                    sums[2] += v;
+                }
+            });
+            chunkNll[c] = sums[2] / (ctx - 1 - first);
             progress.accept(c + 1);
         }
+        long count = (long) chunks * (ctx - 1 - first);
+        double nll = sums[0];
+        double nll2 = sums[1];
         double mean = nll / count;
         double var = nll2 / count - mean * mean;
         double err = count > 1 ? Math.sqrt(Math.max(var, 0) / (count - 1)) : 0;

@@ -174,13 +174,34 @@ public final class Session implements AutoCloseable {
      * Feeds tokens[off .. off+n) in chunks and writes the logits of every one of them into out (n x vocab).
      */
     public void prefillAllLogits(int[] tokens, int off, int n, float[] out) {
+        int vocab = backend.model().config().vocabSize();
+        if ((long) n * vocab > out.length) {
+            throw new IllegalArgumentException(n + " positions of " + vocab + " logits do not fit in " + out.length
+                    + " floats");
+        }
+        prefillLogits(tokens, off, n, (first, count, logits) ->
+                System.arraycopy(logits, 0, out, first * vocab, count * vocab));
+    }
+
+    /** The logits of a run of positions: rows [0, count) of {@code logits} are positions first.. of the prefill. */
+    @FunctionalInterface
+    public interface LogitRows {
+        void accept(int first, int count, float[] logits);
+    }
+
+    /**
+     * As {@link #prefillAllLogits}, handing each prefill chunk's rows of logits to {@code rows} as they come (the
+     * array is reused for the next chunk): a whole context's logits need never be held at once (a 32K context of a
+     * 128K vocabulary would be 16 GB).
+     */
+    public void prefillLogits(int[] tokens, int off, int n, LogitRows rows) {
         checkRoom(n);
         int vocab = backend.model().config().vocabSize();
-        float[] chunkLogits = new float[Math.min(prefillChunk, n) * vocab];
+        float[] chunkLogits = new float[Math.toIntExact((long) Math.min(prefillChunk, n) * vocab)];
         for (int done = 0; done < n; done += prefillChunk) {
             int m = Math.min(prefillChunk, n - done);
             seq.forward(tokens, off + done, m, true, chunkLogits);
-            System.arraycopy(chunkLogits, 0, out, done * vocab, m * vocab);
+            rows.accept(done, m, chunkLogits);
         }
     }
 

@@ -14,10 +14,29 @@ public record SamplerConfig(float temperature, int topK, float topP, float minP,
                             long seed) {
 
     public SamplerConfig {
-        if (temperature < 0 || topK < 0 || topP <= 0 || topP > 1 || minP < 0 || minP > 1 || repeatPenalty <= 0
-                || repeatLastN < 0) {
-            throw new IllegalArgumentException("invalid sampler settings: " + this);
+        // each test is written so that NaN fails it
+        if (!(temperature >= 0) || Float.isInfinite(temperature)) {
+            throw invalid("temperature", "a finite number of at least 0", temperature);
         }
+        if (topK < 0) {
+            throw invalid("top-k", "at least 0 (0 is off)", topK);
+        }
+        if (!(topP > 0 && topP <= 1)) {
+            throw invalid("top-p", "above 0 and at most 1 (1 is off)", topP);
+        }
+        if (!(minP >= 0 && minP <= 1)) {
+            throw invalid("min-p", "between 0 and 1 (0 is off)", minP);
+        }
+        if (!(repeatPenalty > 0) || Float.isInfinite(repeatPenalty)) {
+            throw invalid("repeat penalty", "a finite number above 0 (1 is off)", repeatPenalty);
+        }
+        if (repeatLastN < 0) {
+            throw invalid("repeat-last-n", "at least 0", repeatLastN);
+        }
+    }
+
+    private static IllegalArgumentException invalid(String setting, String must, Object got) {
+        return new IllegalArgumentException("the sampler's " + setting + " must be " + must + ", got " + got);
     }
 
     public static SamplerConfig greedy() {

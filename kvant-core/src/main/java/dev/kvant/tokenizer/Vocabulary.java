@@ -36,7 +36,6 @@ final class Vocabulary {
     final int eos;
     final int eot;
     final int unk;
-    final int pad;
     final boolean addBos;
     final boolean addEos;
     private final BitSet endOfGeneration = new BitSet();
@@ -80,7 +79,8 @@ final class Vocabulary {
         eos = checkId(spec.eos(), n, "tokenizer.ggml.eos_token_id");
         eot = checkId(spec.eot(), n, "tokenizer.ggml.eot_token_id");
         unk = checkId(spec.unk(), n, "tokenizer.ggml.unknown_token_id");
-        pad = checkId(spec.pad(), n, "tokenizer.ggml.padding_token_id");
+        // tokenizer.ggml.padding_token_id is not used (nothing is padded), so a file whose id lies outside the
+        // vocabulary still loads, as llama.cpp loads it
         addBos = spec.addBos();
         addEos = spec.addEos();
         if (addBos && bos < 0) {

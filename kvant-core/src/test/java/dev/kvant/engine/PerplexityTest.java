@@ -52,4 +52,39 @@ class PerplexityTest {
             }
         }
     }
+
+    /**
+     * The logits are scored chunk by chunk as the prefill makes them (a whole context's would not fit: 32K positions of
+     * a 128K vocabulary are 16 GB), with prefill chunks that do not line up with the scored half: the same bits as
+     * scoring every position's logits held at once.
+     */
+    @Test
+    void scoringEachPrefillChunkAsItComesGivesTheBitsOfAllLogitsAtOnce() {
+        long seed = new Random().nextLong();
+        try (Arena arena = Arena.ofShared();
+             Parallel pool = new Parallel(2)) {
+            LlamaModel model = LlamaModel.fromGguf(TinyModels.build("llama", GgmlType.F16, seed, arena).file());
+            Random rnd = new Random(seed);
+            int[] tokens = new int[2 * CTX];
+            for (int i = 0; i < tokens.length; i++) {
+                tokens[i] = rnd.nextInt(TinyModels.VOCAB);
+            }
+            try (Session s = new Session(model, CTX, KvFormat.parse("f16"), KvFormat.parse("f16"), 5, pool)) {
+                Perplexity.Result r = Perplexity.evaluate(s, tokens, CTX, -1, 0, done -> { });
+                double nll = 0;
+                float[] all = new float[CTX * TinyModels.VOCAB];
+                for (int c = 0; c < 2; c++) {
+                    int[] chunk = Arrays.copyOfRange(tokens, c * CTX, (c + 1) * CTX);
+                    s.truncate(0);
+                    s.prefillAllLogits(chunk, 0, CTX, all);
+                    for (int j = CTX / 2; j < CTX - 1; j++) {
+                        nll += -Perplexity.logSoftmax(all, j * TinyModels.VOCAB, TinyModels.VOCAB, chunk[j + 1]);
+                    }
+                }
+                long scored = 2L * (CTX - 1 - CTX / 2);
+                assertEquals(scored, r.tokensScored());
+                assertEquals(Math.exp(nll / scored), r.ppl(), "seed " + seed);
+            }
+        }
+    }
 }

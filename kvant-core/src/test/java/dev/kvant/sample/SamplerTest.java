@@ -7,6 +7,7 @@ import java.util.SplittableRandom;
 
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 class SamplerTest {
@@ -93,6 +94,32 @@ class SamplerTest {
             double got = counts[c[0]] / (double) n;
             assertTrue(Math.abs(got - expected) < 0.015, "token " + c[0] + ": " + got + " vs " + expected
                     + " (seed " + seed + ")");
+        }
+    }
+
+    /**
+     * Settings outside their ranges, NaN and infinities included (every test used to be a comparison that NaN passes),
+     * are refused with the setting's name and the value given.
+     */
+    @Test
+    void settingsOutsideTheirRangesAreRefusedByName() {
+        Object[][] cases = {
+                {"temperature", (Runnable) () -> new SamplerConfig(Float.NaN, 0, 1f, 0f, 1f, 64, 1), "NaN"},
+                {"temperature", (Runnable) () -> new SamplerConfig(-1f, 0, 1f, 0f, 1f, 64, 1), "-1.0"},
+                {"temperature", (Runnable) () -> new SamplerConfig(Float.POSITIVE_INFINITY, 0, 1f, 0f, 1f, 64, 1),
+                        "Infinity"},
+                {"top-k", (Runnable) () -> new SamplerConfig(1f, -1, 1f, 0f, 1f, 64, 1), "-1"},
+                {"top-p", (Runnable) () -> new SamplerConfig(1f, 0, Float.NaN, 0f, 1f, 64, 1), "NaN"},
+                {"top-p", (Runnable) () -> new SamplerConfig(1f, 0, 1.5f, 0f, 1f, 64, 1), "1.5"},
+                {"min-p", (Runnable) () -> new SamplerConfig(1f, 0, 1f, Float.NaN, 1f, 64, 1), "NaN"},
+                {"repeat penalty", (Runnable) () -> new SamplerConfig(1f, 0, 1f, 0f, Float.NaN, 64, 1), "NaN"},
+                {"repeat penalty", (Runnable) () -> new SamplerConfig(1f, 0, 1f, 0f, 0f, 64, 1), "0.0"},
+                {"repeat-last-n", (Runnable) () -> new SamplerConfig(1f, 0, 1f, 0f, 1f, -1, 1), "-1"},
+        };
+        for (Object[] c : cases) {
+            IllegalArgumentException e = assertThrows(IllegalArgumentException.class, ((Runnable) c[1])::run);
+            assertTrue(e.getMessage().contains("sampler's " + c[0] + " must be") && e.getMessage().endsWith(
+                    "got " + c[2]), e.getMessage());
         }
     }
 }

@@ -120,6 +120,24 @@ class BpeTokenizerTest {
         assertTrue(e.getMessage().contains("tokenizer.ggml.merges[10] = 'x y'"), e.getMessage());
     }
 
+    /**
+     * A special id outside the vocabulary is refused, except the padding id, which nothing reads: converted files
+     * with a stale one load (as llama.cpp loads them, with a warning there) and tokenize as without it.
+     */
+    @Test
+    void anOutOfRangeSpecialIdIsRefusedButAnUnusedPaddingIdIsNot() {
+        TokenizerSpec s = SyntheticVocab.bpe("gpt-2");
+        int n = s.tokens().size();
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> Tokenizer.create(
+                new TokenizerSpec("gpt2", "gpt-2", s.tokens(), null, s.tokenTypes(), s.merges(), -1, n + 5, -1, -1, -1,
+                        false, false, false, null)));
+        assertTrue(e.getMessage().contains("tokenizer.ggml.eos_token_id = " + (n + 5) + " is outside the vocabulary"),
+                e.getMessage());
+        Tokenizer padded = Tokenizer.create(new TokenizerSpec("gpt2", "gpt-2", s.tokens(), null, s.tokenTypes(),
+                s.merges(), -1, -1, -1, -1, 999_999, false, false, false, null));
+        assertArrayEquals(tok.encode("hello world", false, false), padded.encode("hello world", false, false));
+    }
+
     @Test
     void decodeRejectsIdsOutsideTheVocabulary() {
         IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> tok.decode(new int[] {5000}));
