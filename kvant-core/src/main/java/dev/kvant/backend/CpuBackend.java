@@ -123,6 +123,11 @@ public final class CpuBackend implements Backend {
         }
 
         @Override
+        public boolean forksKeepBits() {
+            return !cache.anyKeyMeans();
+        }
+
+        @Override
         public int totalPages() {
             return cache.totalPages();
         }

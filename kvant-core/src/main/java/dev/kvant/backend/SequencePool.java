@@ -31,6 +31,16 @@ public interface SequencePool extends AutoCloseable {
      */
     BackendSequence fork(BackendSequence parent, int prefixTokens, int capacity);
 
+    /**
+     * Whether a sequence forked from a prefix gives the bits the same tokens give computed afresh, so that reusing
+     * cached prefixes keeps a request's output independent of the cache (false where K pages are centered on their
+     * means: a page's mean comes from the write that opens it, and a cached prefix's pages were opened by its own
+     * writes, decode steps among them).
+     */
+    default boolean forksKeepBits() {
+        return true;
+    }
+
     /** Frees the pages; every sequence of the pool is unusable afterwards. */
     @Override
     void close();

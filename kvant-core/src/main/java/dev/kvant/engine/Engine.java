@@ -43,7 +43,9 @@ import java.util.function.Consumer;
  * <p><b>Prefix reuse.</b> A finished (or cancelled) request's sequence is kept in a {@link PrefixCache} with the tokens
  * it holds; a request whose prompt starts with the same tokens forks it (whole pages shared, the boundary page copied)
  * and computes only the rest. When a prompt has been read, its whole pages are also kept, at no cost in pages, so
- * requests running at the same time share a system prompt.
+ * requests running at the same time share a system prompt. Not with keys centered on their page's mean ({@code +mean}): a
+ * page's mean comes from the write that opens it, so a reused prefix would give other bits than the same prompt
+ * computed afresh ({@link SequencePool#forksKeepBits}); such pools compute every prompt whole.
  *
  * <p><b>Threads.</b> One engine thread runs every step and owns every sequence; {@link #submit} and {@link
  * Generation#cancel} may be called from any thread. A failing step fails the requests it ran, not the engine.
@@ -61,6 +63,8 @@ public final class Engine implements AutoCloseable {
     private final int vocab;
     private final int pageTokens;
     private final PrefixCache cache = new PrefixCache(MAX_PREFIX_ENTRIES);
+    /** Prefixes are kept and reused: asked for, and the pool's forks give the bits of a fresh computation. */
+    private final boolean reusePrefixes;
     private final LinkedBlockingQueue<Object> inbox = new LinkedBlockingQueue<>();
     private final ArrayDeque<Pending> waiting = new ArrayDeque<>();
     private final List<Active> running = new ArrayList<>();
@@ -72,6 +76,8 @@ public final class Engine implements AutoCloseable {
     private final float[] prefillLogits;
     private final float[] row;
     private volatile boolean stopping;
+    /** Set by the engine thread before its very last look at the inbox ({@link #submit}). */
+    private volatile boolean finished;
     private volatile long deadlineNanos;
     private volatile int runningCount;
     private int prefillTurn;
@@ -168,6 +174,7 @@ public final class Engine implements AutoCloseable {
         this.config = Objects.requireNonNull(config, "config");
         this.vocab = backend.model().config().vocabSize();
         this.pageTokens = pool.pageTokens();
+        this.reusePrefixes = config.prefixCache() && pool.forksKeepBits();
         if (pool.totalPages() < pages(config.contextLength())) {
             throw new IllegalArgumentException("the KV pool holds " + (long) pool.totalPages() * pageTokens
                     + " tokens, less than one context of " + config.contextLength() + " (raise the KV memory or lower -c)");
@@ -232,7 +239,14 @@ public final class Engine implements AutoCloseable {
             }
         }
         Generation g = new Generation(ids.incrementAndGet());
-        inbox.add(new Pending(g, request, listener));
+        Pending pending = new Pending(g, request, listener);
+        inbox.add(pending);
+        // The engine thread's last look at the inbox may have come before this add: then nothing would ever answer
+        // the request. Taken back here, it is refused; else the engine has it (its last look comes after finished).
+        if (finished && inbox.remove(pending)) {
+            inFlight.decrementAndGet();
+            throw new EngineBusyException("the server is shutting down", true);
+        }
         return g;
     }
 
@@ -314,6 +328,11 @@ public final class Engine implements AutoCloseable {
             cache.clear();
             receive(false);
             failAll("the server is shutting down");
+            // a request added after that look: submit takes it back once it sees finished; one added before this
+            // look is failed here
+            finished = true;
+            receive(false);
+            failAll("the server is shutting down");
         }
     }
 
@@ -370,7 +389,7 @@ public final class Engine implements AutoCloseable {
     /** Gives the request a sequence if the pool can hold it to its end; false when it must wait. */
     private boolean start(Pending p) {
         int[] prompt = p.request.prompt();
-        PrefixCache.Match m = config.prefixCache() ? cache.match(prompt) : new PrefixCache.Match(null, 0);
+        PrefixCache.Match m = reusePrefixes ? cache.match(prompt) : new PrefixCache.Match(null, 0);
         int maxPages = pages(maxLength(p.request));
         while (available() < maxPages - m.tokens() / pageTokens) {
             if (!cache.evictLeastRecent(m.entry())) {
@@ -560,7 +579,7 @@ public final class Engine implements AutoCloseable {
     /** Lends the prompt's whole pages to the prefix cache (a fork at a page boundary copies nothing). */
     private void keepPromptPages(Active a) {
         int whole = a.prompt().length / pageTokens * pageTokens;
-        if (!config.prefixCache() || whole < PrefixCache.MIN_MATCH || whole <= a.cached) {
+        if (!reusePrefixes || whole < PrefixCache.MIN_MATCH || whole <= a.cached) {
             return;
         }
         try {
@@ -624,7 +643,7 @@ public final class Engine implements AutoCloseable {
     /** Returns the sequence: to the prefix cache when its contents can be trusted, else to the pool. */
     private void release(Active a, boolean keep) {
         inFlight.decrementAndGet();
-        if (keep && config.prefixCache() && a.seq.length() >= PrefixCache.MIN_MATCH && !stopping) {
+        if (keep && reusePrefixes && a.seq.length() >= PrefixCache.MIN_MATCH && !stopping) {
             try {
                 cache.insert(a.heldTokens(), a.seq);
                 return;
@@ -672,7 +691,9 @@ public final class Engine implements AutoCloseable {
     private void deliver(Pending p, GenerationEvent e) {
         try {
             p.listener.accept(e);
-        } catch (RuntimeException ex) {
+        } catch (VirtualMachineError ex) {   // out of memory and the like: the engine's own state is in doubt
+            throw ex;
+        } catch (RuntimeException | Error ex) {   // an assertion in a listener is that request's, not the engine's
             p.handle.cancel();
         }
     }

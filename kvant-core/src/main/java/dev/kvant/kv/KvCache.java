@@ -337,6 +337,16 @@ public final class KvCache implements AutoCloseable {
         return keyMeans(0);
     }
 
+    /** True when some layer's K rows are centered on their page's mean. */
+    public boolean anyKeyMeans() {
+        for (KvFormat f : kFormats) {
+            if (f instanceof PageMeanFormat) {
+                return true;
+            }
+        }
+        return false;
+    }
+
     /** True when a layer's K rows are centered on their page's mean ({@link PageMeanFormat}). */
     public boolean keyMeans(int layer) {
         return kFormats[layer] instanceof PageMeanFormat;

@@ -66,6 +66,16 @@ public record KvLayerFormats(KvFormat k, KvFormat v, Map<Integer, KvFormat> kLay
         return pick(vLayers, v, layer, layers);
     }
 
+    /** Whether some layer of a model of {@code layers} layers centers its keys on their page's mean. */
+    public boolean anyKeyMeans(int layers) {
+        for (int l = 0; l < layers; l++) {
+            if (k(l, layers) instanceof PageMeanFormat) {
+                return true;
+            }
+        }
+        return false;
+    }
+
     /** Whether every layer of a model of {@code layers} layers has the same K format and the same V format. */
     public boolean uniform(int layers) {
         check(layers);

@@ -376,6 +376,113 @@ class EngineTest {
         }
     }
 
+    /**
+     * With keys centered on their page's mean a reused prefix would give other bits than the prompt computed afresh (a
+     * page's mean comes from the write that opens it; the first turn's pages were opened by its decode steps), so such
+     * a pool reuses nothing: the next turn generates what a fresh engine generates, with the cache asked for.
+     */
+    @Test
+    void keysCenteredOnPageMeansReuseNoPrefixAndGiveAFreshEnginesTokens() throws Exception {
+        Random r = new Random(SEED + 7);
+        KvFormat centered = KvFormat.parse("turbo3+mean");
+        KvFormat turbo3 = KvFormat.parse("turbo3");
+        int[] turn1 = r.ints(150, 0, TinyModels.VOCAB).toArray();
+        int[] question = r.ints(40, 0, TinyModels.VOCAB).toArray();
+        int[] turn2;
+        Events b = new Events();
+        try (SequencePool pool = backend.newSequencePool(2 * CTX, centered, turbo3);
+             Engine engine = new Engine(backend, pool, new EngineConfig(2, CTX, CHUNK, 8, true))) {
+            Events a = new Events();
+            engine.submit(greedy(turn1, 20), a.queue::add);
+            assertInstanceOf(GenerationEvent.Finished.class, a.end());
+            int[] reply = a.ids();
+            turn2 = new int[turn1.length + reply.length + question.length];
+            System.arraycopy(turn1, 0, turn2, 0, turn1.length);
+            System.arraycopy(reply, 0, turn2, turn1.length, reply.length);
+            System.arraycopy(question, 0, turn2, turn1.length + reply.length, question.length);
+            engine.submit(greedy(turn2, 12), b.queue::add);
+            assertInstanceOf(GenerationEvent.Finished.class, b.end());
+            assertEquals(0, b.started.cachedTokens(), "seed " + SEED);
+            assertEquals(0, engine.stats().prefixHits(), "seed " + SEED);
+            assertEquals(pool.totalPages(), engine.stats().freePages(), "nothing kept, nothing leaked");
+        }
+        try (SequencePool pool = backend.newSequencePool(2 * CTX, centered, turbo3);
+             Engine fresh = new Engine(backend, pool, new EngineConfig(2, CTX, CHUNK, 8, false))) {
+            Events c = new Events();
+            fresh.submit(greedy(turn2, 12), c.queue::add);
+            assertInstanceOf(GenerationEvent.Finished.class, c.end());
+            assertArrayEquals(c.ids(), b.ids(), "seed " + SEED);
+        }
+    }
+
+    /**
+     * Requests submitted while the engine shuts down each get exactly one answer: accepted ones end (finished or
+     * failed), refused ones throw. One added after the engine thread's last look at its inbox used to be accepted and
+     * never answered.
+     */
+    @Test
+    void everyRequestSubmittedDuringShutdownIsAnsweredOnce() throws Exception {
+        for (int round = 0; round < 200; round++) {
+            try (SequencePool pool = backend.newSequencePool(2 * CTX, F16, F16)) {
+                Engine engine = new Engine(backend, pool, new EngineConfig(2, CTX, CHUNK, 64, true));
+                List<Events> accepted = java.util.Collections.synchronizedList(new ArrayList<>());
+                java.util.concurrent.CountDownLatch go = new java.util.concurrent.CountDownLatch(1);
+                List<Thread> submitters = new ArrayList<>();
+                for (int t = 0; t < 4; t++) {
+                    submitters.add(Thread.ofPlatform().start(() -> {
+                        try {
+                            go.await();
+                        } catch (InterruptedException e) {
+                            return;
+                        }
+                        for (int i = 0; i < 100; i++) {
+                            Events e = new Events();
+                            try {
+                                engine.submit(greedy(new int[] {1, 2, 3}, 2), e.queue::add);
+                                accepted.add(e);
+                            } catch (EngineBusyException refused) {
+                                // refused: answered by the exception
+                            }
+                        }
+                    }));
+                }
+                go.countDown();
+                engine.shutdown(Duration.ZERO);
+                for (Thread t : submitters) {
+                    t.join();
+                }
+                for (Events e : accepted) {
+                    GenerationEvent end = e.end();
+                    assertTrue(end instanceof GenerationEvent.Finished || end instanceof GenerationEvent.Failed, "" + end);
+                }
+                assertEquals(0, engine.stats().waiting() + engine.stats().running(), "round " + round);
+                assertEquals(pool.totalPages(), pool.freePages(), "round " + round);
+            }
+        }
+    }
+
+    /** A listener that throws an Error (an assertion of its own) cancels its request, not the engine. */
+    @Test
+    void aListenerThrowingAnAssertionErrorCancelsOnlyItsRequest() throws Exception {
+        Random r = new Random(SEED + 8);
+        try (SequencePool pool = backend.newSequencePool(2 * CTX, F16, F16);
+             Engine engine = new Engine(backend, pool, new EngineConfig(2, CTX, CHUNK, 8, true))) {
+            engine.submit(greedy(r.ints(20, 0, TinyModels.VOCAB).toArray(), 50), e -> {
+                if (e instanceof GenerationEvent.Token) {
+                    throw new AssertionError("a listener's own check failed");
+                }
+            });
+            Events other = new Events();
+            int[] prompt = r.ints(20, 0, TinyModels.VOCAB).toArray();
+            engine.submit(greedy(prompt, 10), other.queue::add);
+            assertInstanceOf(GenerationEvent.Finished.class, other.end());
+            assertEquals(10, other.ids().length);
+            Events after = new Events();
+            engine.submit(greedy(prompt, 3), after.queue::add);
+            assertInstanceOf(GenerationEvent.Finished.class, after.end(), "the engine goes on");
+        }
+    }
+
     @Test
     void cancelledRequestFreesItsSequenceAndOthersGoOn() throws Exception {
         Random r = new Random(SEED + 2);

@@ -634,6 +634,11 @@ public final class CudaBackend implements Backend {
         }
 
         @Override
+        public boolean forksKeepBits() {
+            return !pool.keyMeans();
+        }
+
+        @Override
         public int totalPages() {
             return pool.totalPages();
         }

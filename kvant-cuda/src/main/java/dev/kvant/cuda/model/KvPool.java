@@ -39,6 +39,7 @@ final class KvPool implements AutoCloseable {
     }
 
     private final KvLayerFormats formats;
+    private final boolean keyMeans;
     private final int maxContext;
     private final SelectionConfig selection;
     private final List<Part> parts = new ArrayList<>();
@@ -51,10 +52,16 @@ final class KvPool implements AutoCloseable {
      * @param selection query-aware selection of the decode steps (null: dense): every page then carries key
      *                  summaries, and each stage's attention the selection kernels
      */
+    /** Whether some layer's K rows are centered on their page's mean. */
+    boolean keyMeans() {
+        return keyMeans;
+    }
+
     KvPool(Stage[] stages, ModelConfig c, KvLayerFormats formats, int pageTokens, long tokens,
            int maxContext, int maxBatch, int maxPrefill, long headroom, float sparseV, SelectionConfig selection) {
         formats.check(c.layers());
         this.formats = formats;
+        this.keyMeans = formats.anyKeyMeans(c.layers());
         this.selection = selection;
         this.maxContext = maxContext;
         long pages = Math.max((tokens + pageTokens - 1) / pageTokens, (maxContext + pageTokens - 1) / pageTokens);
