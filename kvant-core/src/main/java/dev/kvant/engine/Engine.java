@@ -391,9 +391,14 @@ public final class Engine implements AutoCloseable {
         int[] prompt = p.request.prompt();
         PrefixCache.Match m = reusePrefixes ? cache.match(prompt) : new PrefixCache.Match(null, 0);
         int maxPages = pages(maxLength(p.request));
+        // Evicting is only worth it where it can make room: while requests run, an eviction that cannot free enough
+        // (the other entries' pages, counted as if none were shared, are too few) waits for them instead, and the
+        // request's own match is kept for when they are done; with none running, every page not free is the cache's.
         while (available() < maxPages - m.tokens() / pageTokens) {
-            if (!cache.evictLeastRecent(m.entry())) {
-                if (m.entry() == null) {
+            int shortBy = maxPages - m.tokens() / pageTokens - available();
+            boolean hopeless = !running.isEmpty() && cache.pagesExcept(m.entry(), pageTokens) < shortBy;
+            if (hopeless || !cache.evictLeastRecent(m.entry())) {
+                if (m.entry() == null || !running.isEmpty()) {
                     return false;
                 }
                 cache.remove(m.entry());

@@ -97,6 +97,20 @@ final class PrefixCache {
         size = entries.size();
     }
 
+    /**
+     * The pages of every entry but keep, counted as if none were shared: at most what evicting them all would free
+     * (pages an entry shares with another sequence stay until that one goes).
+     */
+    int pagesExcept(Entry keep, int pageTokens) {
+        long n = 0;
+        for (Entry e : entries) {
+            if (e != keep) {
+                n += (e.seq.length() + pageTokens - 1) / pageTokens;
+            }
+        }
+        return (int) Math.min(n, Integer.MAX_VALUE);
+    }
+
     /** Closes the least recently used entry other than keep; false when there is none. */
     boolean evictLeastRecent(Entry keep) {
         Entry lru = null;

@@ -483,6 +483,43 @@ class EngineTest {
         }
     }
 
+    /**
+     * A request that must wait for pages keeps its cached prefix: while another request runs and evicting cannot make
+     * room, nothing is evicted (the queue's head used to empty the whole cache, its own match too, on every step it
+     * waited), and once the other is done its entry makes way and the request forks its prefix.
+     */
+    @Test
+    void aRequestWaitingForPagesKeepsItsCachedPrefix() throws Exception {
+        Random r = new Random(SEED + 9);
+        int pageTokens = 64;
+        try (SequencePool pool = backend.newSequencePool(7 * pageTokens, F16, F16);
+             Engine engine = new Engine(backend, pool, new EngineConfig(2, CTX, CHUNK, 8, true))) {
+            assertEquals(pageTokens, pool.pageTokens());
+            int[] turn1 = r.ints(150, 0, TinyModels.VOCAB).toArray();
+            Events a = new Events();
+            engine.submit(greedy(turn1, 20), a.queue::add);
+            assertInstanceOf(GenerationEvent.Finished.class, a.end());
+            int[] reply = a.ids();
+            int held = turn1.length + reply.length - 1;
+            // another request takes the rest of the pool for a long answer
+            Events b = new Events();
+            engine.submit(greedy(r.ints(10, 0, TinyModels.VOCAB).toArray(), 230), b.queue::add);
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(60);
+            while (engine.stats().running() == 0 && System.nanoTime() < deadline) {
+                Thread.sleep(1);
+            }
+            int[] turn2 = Arrays.copyOf(turn1, turn1.length + reply.length + 11);
+            System.arraycopy(reply, 0, turn2, turn1.length, reply.length);
+            Events c = new Events();
+            engine.submit(greedy(turn2, 20), c.queue::add);
+            assertInstanceOf(GenerationEvent.Finished.class, b.end());
+            assertInstanceOf(GenerationEvent.Finished.class, c.end());
+            assertEquals(held, c.started.cachedTokens(), "seed " + SEED);
+            engine.clearPrefixCache();
+            assertEquals(pool.totalPages(), engine.stats().freePages(), "no page leaked");
+        }
+    }
+
     @Test
     void cancelledRequestFreesItsSequenceAndOthersGoOn() throws Exception {
         Random r = new Random(SEED + 2);
