@@ -10,6 +10,9 @@ import io.helidon.webserver.http.HttpRouting;
 import io.helidon.webserver.http.ServerRequest;
 import io.helidon.webserver.http.ServerResponse;
 
+import java.io.IOException;
+import java.net.InetSocketAddress;
+import java.net.ServerSocket;
 import java.nio.charset.StandardCharsets;
 import java.security.MessageDigest;
 import java.time.Duration;
@@ -95,6 +98,7 @@ public final class KvantServer implements AutoCloseable {
                         + e.getMessage(), 0)))
                 .error(Throwable.class, (req, res, e) -> error(res, new ApiException(500, "server_error", null, null,
                         "internal error: " + e, 0)));
+        requireFreePort(config);
         this.web = WebServer.builder()
                 .host(config.host())
                 .port(config.port())
@@ -105,6 +109,31 @@ public final class KvantServer implements AutoCloseable {
                 .routing(routing)
                 .build()
                 .start();
+        if (!web.isRunning() || web.port() < 0) {   // taken between the check and the bind
+            web.stop();
+            throw new IllegalStateException(cannotListen(config, "the server did not start"));
+        }
+    }
+
+    /**
+     * Fails with one clear line where the address cannot be bound (a port in use, a host that is not this machine's),
+     * before the web server starts: it would log a stack trace and go on listening nowhere.
+     */
+    private static void requireFreePort(ServerConfig config) {
+        if (config.port() == 0) {
+            return;
+        }
+        try (ServerSocket probe = new ServerSocket()) {
+            probe.setReuseAddress(true);
+            probe.bind(new InetSocketAddress(config.host(), config.port()));
+        } catch (IOException e) {
+            throw new IllegalStateException(cannotListen(config, e.getMessage()));
+        }
+    }
+
+    private static String cannotListen(ServerConfig config, String why) {
+        return "cannot listen on " + config.host() + ":" + config.port() + " (" + why + "): is another server using "
+                + "the port? Pick another with --port";
     }
 
     /** Starts listening; the engine and the codec stay the caller's to close, after {@link #shutdown}. */

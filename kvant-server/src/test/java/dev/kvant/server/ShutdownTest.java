@@ -48,4 +48,24 @@ class ShutdownTest {
             assertEquals(pool.totalPages(), pool.freePages(), "seed " + seed);
         }
     }
+
+    /** A port already in use is one clear error at start, not a logged stack trace and a server listening nowhere. */
+    @Test
+    void aPortInUseIsRefusedAtStart() throws Exception {
+        KvFormat f16 = KvFormat.parse("f16");
+        try (java.net.ServerSocket taken = new java.net.ServerSocket(0, 50, java.net.InetAddress.getLoopbackAddress());
+             TestServers m = TestServers.tiny(1);
+             SequencePool pool = m.backend.newSequencePool(512, f16, f16)) {
+            Engine engine = new Engine(m.backend, pool, new EngineConfig(1, 256, 32, 4, true));
+            try {
+                IllegalStateException e = assertThrows(IllegalStateException.class, () -> KvantServer.start(
+                        ServerConfig.local(taken.getLocalPort(), "tiny"), engine, TextCodec.of(m.model, null)));
+                assertTrue(e.getMessage().startsWith("cannot listen on 127.0.0.1:" + taken.getLocalPort()),
+                        e.getMessage());
+                assertTrue(e.getMessage().contains("--port"), e.getMessage());
+            } finally {
+                engine.close();
+            }
+        }
+    }
 }
