@@ -3,8 +3,9 @@
 
 Usage: scripts/ppl-paired.py A.txt B.txt
 
-Each file holds lines "CONFIG<TAB>{json}" as scripts/gpu-perplexity prints them, the JSON from
-`kvant perplexity --json --chunk-nll`. Lines with the same CONFIG are paired. For each pair it prints B's
+Each file holds the JSON of `kvant perplexity --json --chunk-nll` (saved as it prints it: a line "{...}", paired with
+the other file's), or lines "CONFIG<TAB>{json}" as scripts/gpu-perplexity prints them, paired by CONFIG. A file with
+neither is an error. For each pair it prints B's
 perplexity against A's, exp(mean over chunks of (nll_B - nll_A)) - 1 (every chunk scores the same number of
 tokens, so this is exactly ppl_B / ppl_A - 1), and the 95% interval of that difference from the spread of the
 per-chunk differences (1.96 standard errors of their mean). Chunk to chunk, the two runs see the same tokens, so
@@ -20,13 +21,19 @@ def read(path):
     runs = {}
     with open(path) as f:
         for line in f:
-            if "\t" not in line:
-                continue
-            config, _, rest = line.rstrip("\n").partition("\t")
-            rest = rest.strip()
-            if not rest.startswith("{"):
+            line = line.rstrip("\n")
+            if line.lstrip().startswith("{"):
+                config, rest = "run", line.strip()   # kvant perplexity --json's own line
+            elif "\t" in line:
+                config, _, rest = line.partition("\t")
+                rest = rest.strip()
+                if not rest.startswith("{"):
+                    continue
+            else:
                 continue
             runs[config.strip()] = json.loads(rest)
+    if not runs:
+        sys.exit(f"{path}: no perplexity JSON (kvant perplexity --json --chunk-nll) and no CONFIG<TAB>JSON lines")
     return runs
 
 

@@ -21,8 +21,9 @@ import java.util.Locale;
 
 /** The error of every KV format, on random rows and on the rows a real model writes. */
 @Command(name = "kv-eval", mixinStandardHelpOptions = true,
-        description = {"Measure every KV cache format: bits per value, bytes per token, relative MSE and relative",
-                "inner-product error, on Gaussian rows and (with -m and -f) on the K and V rows a model writes."})
+        description = {"Measure every KV cache format's bits, bytes per token and error.",
+                "Relative MSE and relative inner-product error, on Gaussian rows and (with -m and -f) on the K and V",
+                "rows a model writes."})
 final class KvEvalCommand implements Runnable {
 
     @Option(names = "--head-dim", paramLabel = "N", defaultValue = "128",

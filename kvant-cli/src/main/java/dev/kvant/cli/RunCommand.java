@@ -59,8 +59,9 @@ final class RunCommand implements Runnable {
                     });
             out.println();
             System.err.printf(Locale.ROOT,
-                    "prompt: %d tokens, %.2f tokens/s | generation: %d tokens, %.2f tokens/s | %s%n",
+                    "prompt: %d tokens, %.2f tokens/s | generation: %d tokens, %.2f tokens/s%s | %s%n",
                     st.promptTokens(), st.promptRate(), st.generatedTokens(), st.generateRate(),
+                    "context".equals(st.stopReason()) ? " (stopped: the context is full, raise -c)" : "",
                     backend.name().equals("cpu") ? "cpu, " + backend.threads() + " threads" : backend.name());
         }
     }

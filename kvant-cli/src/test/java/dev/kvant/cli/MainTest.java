@@ -49,6 +49,29 @@ class MainTest {
         assertTrue(r.out().strip().startsWith("[") && r.out().strip().endsWith("]"), r.out());
     }
 
+    /** info prints the header, every metadata key with its value (long ones cut), and with --tensors each tensor. */
+    @Test
+    void infoListsTheMetadataAndTheTensors(@org.junit.jupiter.api.io.TempDir java.nio.file.Path dir) {
+        java.nio.file.Path file = dir.resolve("small.gguf");
+        try (java.lang.foreign.Arena arena = java.lang.foreign.Arena.ofConfined()) {
+            java.lang.foreign.MemorySegment data = arena.allocate(4L * 6, 32);
+            new dev.kvant.gguf.GgufWriter()
+                    .putString("general.architecture", "llama")
+                    .putU32("llama.block_count", 2)
+                    .putString("tokenizer.chat_template", "x".repeat(500))
+                    .putStringArray("tokenizer.ggml.tokens", java.util.List.of("a", "b", "c"))
+                    .addTensor("blk.0.attn_norm.weight", dev.kvant.gguf.GgmlType.F32, new long[] {3, 2}, data)
+                    .write(file);
+        }
+        Run r = run("info", "-m", file.toString(), "--tensors");
+        assertEquals(0, r.code(), r.err());
+        assertTrue(r.out().contains("  general.architecture = \"llama\""), r.out());
+        assertTrue(r.out().contains("  llama.block_count = 2"), r.out());
+        assertTrue(r.out().contains("... (502 characters)"), r.out());
+        assertTrue(r.out().contains("tokenizer.ggml.tokens = array<string>[3] [\"a\", \"b\", \"c\"]"), r.out());
+        assertTrue(r.out().matches("(?s).*  blk\\.0\\.attn_norm\\.weight +F32 +3 x 2 +24 bytes.*"), r.out());
+    }
+
     /** Options that leave nothing to do or name nothing that exists are one-line errors (exit 1), not stack traces. */
     @Test
     void emptyOrImpossibleRequestsAreOneLineErrors() {
