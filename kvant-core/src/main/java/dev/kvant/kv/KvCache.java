@@ -384,7 +384,7 @@ public final class KvCache implements AutoCloseable {
         long at = page * kPageBytes[layer] + kMeanOffset(layer, head);
         int dim = kFormats[layer].domainDim(geometry.headDimK());
         for (int i = 0; i < dim; i++) {
-            kPools[layer].set(LE_HALF, at + 2L * i, Float.floatToFloat16(src[off + i]));
+            kPools[layer].set(LE_HALF, at + 2L * i, KvLanes.toHalf(src[off + i]));   // clamped, as scales are
         }
     }
 

@@ -171,8 +171,14 @@ public final class KvSequence implements AutoCloseable {
      * rotated): their own mean when they are at least a quarter of a page; else none (0) for the first page; else,
      * when the write starts at the page ({@code atStart}), the mean of the previous page's keys as stored (decoded,
      * its mean added back); else (the previous page is being written too) their own mean. Sums run over the rows in
-     * order, one float per value; the same rule on every backend.
+     * order, one float per value; a value that is not finite adds 0, so a NaN or infinite key stays in its own row
+     * instead of making the page's mean (every row of the page, and each page opened after it) non-finite. The same
+     * rule on every backend.
      */
+    private static float finite(float v) {
+        return Float.isFinite(v) ? v : 0f;
+    }
+
     private void pageMean(int layer, int lp, boolean atStart, int span, float[] mean) {
         KvGeometry g = cache.geometry();
         KvFormat kf = cache.kFormat(layer);
@@ -184,7 +190,7 @@ public final class KvSequence implements AutoCloseable {
             for (int r = 0; r < span; r++) {
                 for (int h = 0; h < heads; h++) {
                     for (int i = 0; i < dom; i++) {
-                        mean[h * dom + i] += scratch[(r * heads + h) * dom + i];
+                        mean[h * dom + i] += finite(scratch[(r * heads + h) * dom + i]);
                     }
                 }
             }
@@ -200,7 +206,7 @@ public final class KvSequence implements AutoCloseable {
                     kf.decode(cache.kPool(layer), prev * cache.kPageBytes(layer) + cache.kRowOffset(layer, t, h), d,
                             row, 0);
                     for (int i = 0; i < dom; i++) {
-                        mean[h * dom + i] += row[i];
+                        mean[h * dom + i] += finite(row[i]);
                     }
                 }
                 cache.keyMean(layer, prev, h, prevMean, 0);

@@ -229,4 +229,70 @@ class PageMeanFormatTest {
             }
         }
     }
+
+    /**
+     * A NaN or infinite key stays in its own row: the page mean adds 0 for it, so the page's other rows, the pages
+     * opened after it (from the previous page's keys) and rows rewritten after a truncation decode finite (a NaN in
+     * the mean used to make every row of its head non-finite from that page on, truncated away or not).
+     */
+    @Test
+    void aNonFiniteKeyStaysInItsRow() {
+        for (float bad : new float[] {Float.NaN, Float.POSITIVE_INFINITY}) {
+            for (String name : new String[] {"q8_0+mean", "turbo3+mean"}) {
+                SplittableRandom rnd = new SplittableRandom(SEED ^ 7);
+                KvFormat f = KvFormat.parse(name);
+                int n = 4 * PAGE;
+                float[] k = keys(rnd, n, 3f);
+                float[] v = new float[n * HEADS * D];
+                int badRow = PAGE / 2;
+                k[(badRow * HEADS) * D + 3] = bad;   // head 0, channel 3
+                try (KvCache c = KvCache.forTokens(G, f, KvFormat.parse("f16"), PAGE, 8 * PAGE)) {
+                    KvSequence s = c.newSequence();
+                    s.writeRows(0, 0, PAGE, k, 0, v, 0);                  // page 0 whole, the bad row in it
+                    for (int t = PAGE; t < n; t++) {                      // pages 1-3 a row at a time
+                        s.writeRows(0, t, 1, k, t * HEADS * D, v, 0);
+                    }
+                    float[] mean = new float[f.domainDim(D)];
+                    for (int lp = 0; lp < 4; lp++) {
+                        c.keyMean(0, s.page(lp), 0, mean, 0);
+                        for (float m : mean) {
+                            assertTrue(Float.isFinite(m), name + " with " + bad + ": page " + lp + "'s mean");
+                        }
+                    }
+                    float[] row = new float[f.domainDim(D)];
+                    for (int t = 0; t < n; t++) {
+                        if (t == badRow) {
+                            continue;
+                        }
+                        s.decodeK(0, t, 0, row, 0);
+                        for (float x : row) {
+                            assertTrue(Float.isFinite(x), name + " with " + bad + ": row " + t + " decodes " + x);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /** A page mean beyond the fp16 range is stored clamped, as scales and norms are, not as infinity. */
+    @Test
+    void aPageMeanBeyondTheHalfRangeIsClamped() {
+        SplittableRandom rnd = new SplittableRandom(SEED ^ 8);
+        KvFormat f = KvFormat.parse("q8_0+mean");
+        float[] k = keys(rnd, PAGE, 1f);
+        for (int t = 0; t < PAGE; t++) {
+            k[(t * HEADS) * D] = 70000f + (float) rnd.nextGaussian();   // head 0, channel 0
+        }
+        try (KvCache c = KvCache.forTokens(G, f, KvFormat.parse("f16"), PAGE, 4 * PAGE)) {
+            KvSequence s = c.newSequence();
+            s.writeRows(0, 0, PAGE, k, 0, new float[PAGE * HEADS * D], 0);
+            float[] row = new float[f.domainDim(D)];
+            for (int t = 0; t < PAGE; t++) {
+                s.decodeK(0, t, 0, row, 0);
+                for (float x : row) {
+                    assertTrue(Float.isFinite(x), "row " + t + " decodes " + x);
+                }
+            }
+        }
+    }
 }

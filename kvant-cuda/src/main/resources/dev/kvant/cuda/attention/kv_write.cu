@@ -417,7 +417,8 @@ extern "C" __global__ void __launch_bounds__(KV_GAINS * 32) kvant_rope_write(con
 // dev.kvant.kv.KvSequence.pageMean, in its order and roundings: span = the write's rows in the page (the tokens after
 // this one with the following slots); the span rows' own mean (rotated into K's domain, summed in order, divided by
 // span) when 4 * span >= pageTokens or when the previous page is in this write; 0 for a sequence's first page; else
-// the previous page's stored keys (decoded, summed in order, divided by pageTokens, plus its mean).
+// the previous page's stored keys (decoded, summed in order, divided by pageTokens, plus its mean). A value that is
+// not finite adds 0 (a NaN key stays in its row), and the mean is stored clamped to the fp16 range, as on the CPU.
 //
 // prev int32 [tokens], read for page-opening tokens only: -1 the sequence's first page, -2 the token is not the
 //      first of its sequence's write (the previous page is in this write), else the previous logical page's id.
@@ -442,7 +443,7 @@ extern "C" __global__ void __launch_bounds__(32) kvant_kv_page_means(const float
                 load_row<DK>(k + ((i64) (t + r) * kvHeads + h) * DK, x, lane);
                 if constexpr (fmt_rotated(KF)) wht_row<DK>(x, lane, false);
 #pragma unroll
-                for (int j = 0; j < DK / 32; j++) acc[j] = __fadd_rn(acc[j], x[j]);
+                for (int j = 0; j < DK / 32; j++) acc[j] = __fadd_rn(acc[j], isfinite(x[j]) ? x[j] : 0.f);
             }
 #pragma unroll
             for (int j = 0; j < DK / 32; j++) acc[j] = __fdiv_rn(acc[j], (float) span);
@@ -450,7 +451,10 @@ extern "C" __global__ void __launch_bounds__(32) kvant_kv_page_means(const float
             for (int r = 0; r < pageTokens; r++) {
                 const u8* row = kPool + (i64) before * kPageBytes + ((i64) r * kvHeads + h) * fmt_row_bytes(KF, DK);
 #pragma unroll
-                for (int j = 0; j < DK / 32; j++) acc[j] = __fadd_rn(acc[j], decode_elem<KF, DK>(row, 32 * j + lane));
+                for (int j = 0; j < DK / 32; j++) {
+                    const float v = decode_elem<KF, DK>(row, 32 * j + lane);
+                    acc[j] = __fadd_rn(acc[j], isfinite(v) ? v : 0.f);
+                }
             }
             const u16* pm = key_mean(kPool, before, kPageBytes, pageTokens, kvHeads, h);
 #pragma unroll
@@ -459,7 +463,7 @@ extern "C" __global__ void __launch_bounds__(32) kvant_kv_page_means(const float
         }
         u16* m = (u16*) key_mean(kPool, slot / pageTokens, kPageBytes, pageTokens, kvHeads, h);
 #pragma unroll
-        for (int j = 0; j < DK / 32; j++) m[32 * j + lane] = f2h(acc[j]);
+        for (int j = 0; j < DK / 32; j++) m[32 * j + lane] = to_half_clamped(acc[j]);
     }
 }
 
