@@ -71,7 +71,9 @@ public record SelectionConfig(int budget, int blockTokens, int sink, int recent,
      * probes that one round finds (docs/BENCHMARKS.md); 32 coarse blocks of 256 keep every block of an 8K context.
      */
     public static int defaultCoarseKeep(int budget, int coarseTokens) {
-        return Math.max(32, 4 * Math.max(1, (budget + coarseTokens - 1) / coarseTokens));
+        long fills = Math.max(1, ((long) budget + coarseTokens - 1) / coarseTokens);
+        // at most the largest keep taken: a keep that large keeps every candidate anyway
+        return (int) Math.min(1 << 16, Math.max(32, 4 * fills));
     }
 
     /** Blocks per coarse block (0 without a coarse level). */
@@ -86,12 +88,17 @@ public record SelectionConfig(int budget, int blockTokens, int sink, int recent,
 
     /** Blocks of the sink window: ceil(sink / blockTokens). */
     public int sinkBlocks() {
-        return (sink + blockTokens - 1) / blockTokens;
+        return blocksOf(sink);
     }
 
     /** Blocks of the recent window before the queries' first block: ceil(recent / blockTokens). */
     public int recentBlocks() {
-        return (recent + blockTokens - 1) / blockTokens;
+        return blocksOf(recent);
+    }
+
+    /** ceil(tokens / blockTokens), without the int overflow of a window near 2^31 tokens ("all of it"). */
+    private int blocksOf(int tokens) {
+        return (int) (((long) tokens + blockTokens - 1) / blockTokens);
     }
 
     @Override

@@ -287,4 +287,20 @@ class PageTopKTest {
         Arrays.sort(sorted);
         assertArrayEquals(new int[] {0, 4, 6, 2, 3, 1, 7, 5}, Arrays.stream(sorted).mapToInt(x -> (int) x).toArray());
     }
+
+    /**
+     * Windows and budgets near 2^31 tokens ("all of it") count their blocks without overflow, and the default coarse
+     * keep stays within the keeps taken: a sink or recent window of Integer.MAX_VALUE made a negative block count and
+     * an out-of-bounds read; a budget of 600,000 with coarse blocks of 32 refused its own default keep.
+     */
+    @Test
+    void hugeWindowsAndBudgetsCountTheirBlocksWithoutOverflow() {
+        SelectionConfig c = new SelectionConfig(64, 16, Integer.MAX_VALUE, Integer.MAX_VALUE, 0);
+        assertEquals((Integer.MAX_VALUE + 15L) / 16, c.sinkBlocks());
+        assertEquals((Integer.MAX_VALUE + 15L) / 16, c.recentBlocks());
+        assertEquals(1 << 16, SelectionConfig.defaultCoarseKeep(600_000, 32));
+        assertEquals(1 << 16, SelectionConfig.defaultCoarseKeep(Integer.MAX_VALUE, 32));
+        assertEquals(32, SelectionConfig.defaultCoarseKeep(64, 256));
+        new SelectionConfig(600_000, 16, 64, 256, 2, 32, SelectionConfig.defaultCoarseKeep(600_000, 32));
+    }
 }
