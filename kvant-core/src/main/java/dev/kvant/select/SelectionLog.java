@@ -25,6 +25,21 @@ public record SelectionLog(Header header, List<Entry> entries) {
 
     /** The geometry the selections were made for. */
     public record Header(int layers, int heads, int kvHeads, int headDimK, int headDimV, int blockTokens) {
+        public Header {
+            if (layers < 1 || heads < 1 || kvHeads < 1 || headDimK < 1 || headDimV < 1 || blockTokens < 1) {
+                throw new IllegalArgumentException("every header count must be at least 1: " + line(layers, heads,
+                        kvHeads, headDimK, headDimV, blockTokens));
+            }
+            if (heads % kvHeads != 0) {
+                throw new IllegalArgumentException("heads=" + heads + " is not a multiple of kv_heads=" + kvHeads);
+            }
+        }
+
+        private static String line(int layers, int heads, int kvHeads, int headDimK, int headDimV, int blockTokens) {
+            return MAGIC + " layers=" + layers + " heads=" + heads + " kv_heads=" + kvHeads + " head_dim_k="
+                    + headDimK + " head_dim_v=" + headDimV + " block_tokens=" + blockTokens;
+        }
+
         String line() {
             return MAGIC + " layers=" + layers + " heads=" + heads + " kv_heads=" + kvHeads + " head_dim_k="
                     + headDimK + " head_dim_v=" + headDimV + " block_tokens=" + blockTokens;
@@ -145,8 +160,14 @@ public record SelectionLog(Header header, List<Entry> entries) {
                     blocks[g] = p.isEmpty() ? new int[0]
                             : java.util.Arrays.stream(p.split("\\s+")).mapToInt(Integer::parseInt).toArray();
                 }
-                entries.add(new Entry(Integer.parseInt(lead[0]), Integer.parseInt(lead[1]), Integer.parseInt(lead[2]),
-                        blocks));
+                int layer = Integer.parseInt(lead[0]), position = Integer.parseInt(lead[1]);
+                int tokens = Integer.parseInt(lead[2]);
+                if (layer < 0 || layer >= h.layers() || position < 0 || tokens < 1
+                        || (long) position + tokens > Integer.MAX_VALUE) {
+                    throw new IllegalArgumentException("layer " + layer + ", position " + position + ", tokens " + tokens
+                            + " do not fit the header's " + h.layers() + " layers and an int context");
+                }
+                entries.add(new Entry(layer, position, tokens, blocks));
             } catch (RuntimeException e) {
                 throw new IllegalArgumentException(path + ", line " + (i + 1) + ": " + e.getMessage(), e);
             }

@@ -41,4 +41,22 @@ class SelectionLogTest {
         IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> SelectionLog.read(f));
         assertTrue(e.getMessage().contains("line 2") && e.getMessage().contains("2 kv head lists"), e.getMessage());
     }
+
+    /** A header count of 0 or a position past an int context is named with its file and line, not a division by 0. */
+    @Test
+    void impossibleHeadersAndPositionsAreNamed(@TempDir Path dir) throws Exception {
+        String good = "kvant-selection v1 layers=1 heads=2 kv_heads=2 head_dim_k=64 head_dim_v=64 block_tokens=16\n";
+        String[][] cases = {
+                {good.replace("kv_heads=2", "kv_heads=0") + "0 5 1||\n", "line 1", "at least 1"},
+                {good.replace("heads=2 kv", "heads=3 kv") + "0 5 1|0|0\n", "line 1", "not a multiple"},
+                {good + "0 2147483647 1|0|0\n", "line 2", "do not fit"},
+                {good + "3 5 1|0|0\n", "line 2", "do not fit"},
+        };
+        for (String[] c : cases) {
+            Path f = dir.resolve("bad.txt");
+            Files.writeString(f, c[0]);
+            IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> SelectionLog.read(f));
+            assertTrue(e.getMessage().contains(f + ", " + c[1]) && e.getMessage().contains(c[2]), e.getMessage());
+        }
+    }
 }
