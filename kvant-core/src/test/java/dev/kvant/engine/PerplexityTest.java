@@ -19,6 +19,11 @@ class PerplexityTest {
 
     private static final int CTX = 32;
 
+    /** n ids of the tiny model's vocabulary drawn from seed. */
+    private static int[] tokens(long seed, int n) {
+        return new Random(seed).ints(n, 0, TinyModels.VOCAB).toArray();
+    }
+
     /**
      * Each chunk's mean NLL is that chunk's own perplexity (the log of it, bit for bit: the same sum in the same
      * order) and the chunks' mean is the whole run's, so two runs can be compared chunk by chunk.
@@ -29,11 +34,7 @@ class PerplexityTest {
         try (Arena arena = Arena.ofShared();
              Parallel pool = new Parallel(2)) {
             LlamaModel model = LlamaModel.fromGguf(TinyModels.build("llama", GgmlType.F16, seed, arena).file());
-            Random rnd = new Random(seed);
-            int[] tokens = new int[3 * CTX + 5];
-            for (int i = 0; i < tokens.length; i++) {
-                tokens[i] = rnd.nextInt(TinyModels.VOCAB);
-            }
+            int[] tokens = tokens(seed, 3 * CTX + 5);
             try (Session s = new Session(model, CTX, KvFormat.parse("f16"), KvFormat.parse("f16"), 16, pool)) {
                 Perplexity.Result all = Perplexity.evaluate(s, tokens, CTX, -1, 0, done -> { });
                 assertEquals(3, all.chunks());
@@ -64,11 +65,7 @@ class PerplexityTest {
         try (Arena arena = Arena.ofShared();
              Parallel pool = new Parallel(2)) {
             LlamaModel model = LlamaModel.fromGguf(TinyModels.build("llama", GgmlType.F16, seed, arena).file());
-            Random rnd = new Random(seed);
-            int[] tokens = new int[2 * CTX];
-            for (int i = 0; i < tokens.length; i++) {
-                tokens[i] = rnd.nextInt(TinyModels.VOCAB);
-            }
+            int[] tokens = tokens(seed, 2 * CTX);
             try (Session s = new Session(model, CTX, KvFormat.parse("f16"), KvFormat.parse("f16"), 5, pool)) {
                 Perplexity.Result r = Perplexity.evaluate(s, tokens, CTX, -1, 0, done -> { });
                 double nll = 0;
