@@ -242,7 +242,7 @@ public final class Engine implements AutoCloseable {
         Pending pending = new Pending(g, request, listener);
         inbox.add(pending);
         // The engine thread's last look at the inbox may have come before this add: then nothing would ever answer
-        // the request. Taken back here, it is refused; else the engine has it (its last look comes after finished).
+        // the request. Taken back here, it is refused; else the engine took it (that look follows finished).
         if (finished && inbox.remove(pending)) {
             inFlight.decrementAndGet();
             throw new EngineBusyException("the server is shutting down", true);
@@ -326,10 +326,8 @@ public final class Engine implements AutoCloseable {
         } finally {
             stopping = true;
             cache.clear();
-            receive(false);
-            failAll("the server is shutting down");
-            // a request added after that look: submit takes it back once it sees finished; one added before this
-            // look is failed here
+            // the last look at the inbox comes after finished: a request added before it is failed here, one added
+            // after it is taken back by submit, which sees finished
             finished = true;
             receive(false);
             failAll("the server is shutting down");
