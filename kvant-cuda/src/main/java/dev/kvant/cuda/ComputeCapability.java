@@ -27,9 +27,13 @@ public record ComputeCapability(int major, int minor) {
         }
     }
 
-    /** The NVRTC/PTXAS name of the real architecture: {@code sm_90}. */
+    /**
+     * The NVRTC/PTXAS name of the real architecture: {@code sm_86}; on 9.0 (H100, H200) {@code sm_90a}, the same
+     * architecture with its own instructions (wgmma, which the prefill attention uses): a cubin for it runs on 9.0
+     * devices only, which is all a cubin for a real architecture ever does here.
+     */
     public String arch() {
-        return "sm_" + major + minor;
+        return "sm_" + major + minor + (major == 9 && minor == 0 ? "a" : "");
     }
 
     @Override

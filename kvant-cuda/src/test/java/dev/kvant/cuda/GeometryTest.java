@@ -54,7 +54,7 @@ class GeometryTest {
 
     @Test
     void computeCapabilityNamesTheRealArchitecture() {
-        assertEquals("sm_90", new ComputeCapability(9, 0).arch());
+        assertEquals("sm_90a", new ComputeCapability(9, 0).arch());
         assertEquals("sm_120", new ComputeCapability(12, 0).arch());
         assertEquals("8.9", new ComputeCapability(8, 9).toString());
     }

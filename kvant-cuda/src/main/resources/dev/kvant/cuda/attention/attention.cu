@@ -1304,6 +1304,445 @@ kvant_attn_decode_sel(const float* __restrict__ q, const u8* __restrict__ kpool,
 #endif
 
 
+// ---- prefill on Hopper's warpgroup tensor cores (wgmma, sm_90a: the module is compiled for sm_90a on a 9.0 device)
+//
+// Compiled where NVRTC targets sm_90a (__CUDA_ARCH_FEAT_SM90_ALL) for f16/bf16 K and V rows of 64 or 128 values
+// (one size), uncentered keys: kvant_attn_prefill then runs prefill_wg below instead of its mma.sync tile loop; the
+// other formats, shapes and architectures keep that loop. Same grid, block (8 warps = 2 warpgroups of 64 query rows)
+// and row order as it: warp w owns rows 16w..16w+15 of the block's 128, lane (g, c) rows g and g + 8 of those, so
+// the softmax and output code is the same. The products give mma.sync's sums (with 64-token tiles this kernel gave
+// the loop's bits exactly); its tiles are of 128 tokens, so the running maximum moves every 128 tokens instead of
+// 64 and the bits differ from the loop's within rounding (measured on an H200: 128 tokens +5% at 32K over 64).
+// Shared-memory operands in wgmma's 128-byte swizzled layout: a tile of R rows (query rows, or tokens) x D values is
+// cut into blocks of 64 values (128 bytes a row, R·128 bytes a block); in a block, row r sits at (r/8)·1024 +
+// (r%8)·128 and its 16-byte chunk u (values 8u..8u+7) at chunk u ^ (r % 8) of that row (the XOR spreads rows over
+// the banks: the plain layout of 8-row core matrices ran this kernel 1.33x slower at 32K). One layout serves three
+// operands: Q (A, K-major) and K (B, K-major): 8-row groups 1024 bytes apart, a k16 step 32 bytes into the row;
+// V (B with the transpose bit, its rows the k dimension): 8-token groups 1024 bytes apart, the next 64 values
+// R·128 bytes on. Tiles start on 1024 bytes (the swizzle is of address bits).
+// Pipeline: NST stages of TT tokens (K and V) in a ring, each with two mbarriers: full (every thread's copies of
+// the stage landed: cp.async arrives for it when they do) and empty (every thread's warpgroup finished its products
+// over the stage). Each thread issues its share of the copies NST - 1 tiles ahead, after waiting for that stage to
+// be empty; no block-wide barrier in the loop, so the two warpgroups may drift apart (measured: no faster than a
+// block barrier a tile, which it replaced at no cost). A warpgroup waits for its S = Q K^T (DK / 16 k-steps), does the softmax in registers and waits
+// for O += P V (P as register A fragments): left running into the next tile, ptxas serializes the products anyway
+// (C7515, its accumulators being reassigned in between).
+// (1: F_BF16, which the preprocessor cannot read)
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && KF <= 1 && VF <= 1 && !KMEAN && DK == DV && (DK == 64 || DK == 128)
+#define KVANT_WGMMA 1
+#else
+#define KVANT_WGMMA 0
+#endif
+constexpr bool PRE_WG = KVANT_WGMMA;
+static_assert(F_F16 == 0 && F_BF16 == 1, "KVANT_WGMMA's test of the formats");
+constexpr int WG_TT = 128;
+constexpr int WG_NST = 3;
+constexpr int WG_Q_BYTES = 128 * DK * 2;
+constexpr int WG_KST = WG_TT * DK * 2;
+constexpr int WG_STAGE = WG_KST + WG_TT * DV * 2;
+constexpr int WG_BARS = WG_Q_BYTES + WG_NST * WG_STAGE;   // full[NST], then empty[NST]
+constexpr int WG_TOTAL = WG_BARS + 16 * WG_NST + 1024;   // + the alignment of the tiles
+
+#if KVANT_WGMMA
+typedef unsigned long long u64;
+
+// A shared-memory matrix descriptor, 128-byte swizzle: start, leading and stride byte offsets in 16-byte units.
+__device__ __forceinline__ u64 wg_desc(u32 addr, u32 lbo, u32 sbo) {
+    return (u64) ((addr & 0x3FFFF) >> 4) | ((u64) (lbo >> 4) << 16) | ((u64) (sbo >> 4) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// Pins accumulators after a wait: without it the compiler could move their reads above the wait, which it does
+// not know the asynchronous product writes behind.
+template <int N>
+__device__ __forceinline__ void wg_pin(float (&d)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[i][e])::"memory");
+    }
+}
+// 16 bytes from global memory, or (bytes = 0) 16 zero bytes.
+__device__ __forceinline__ void cp_async16_zfill(u32 dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+// An arrival on bar once this thread's cp.async copies so far have landed (counted in the barrier's arrivals).
+__device__ __forceinline__ void cp_async_arrive(u32 bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+
+template <bool BF>
+__device__ __forceinline__ void wg_rs64(float (&d)[8][4], const u32 (&a)[4], u64 descB, int scaleD) {
+    if constexpr (BF) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                     "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                     "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+                     "}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+                     : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+                       "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+                       "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+                       "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                       "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+                       "+f"(d[7][2]), "+f"(d[7][3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(descB), "r"(scaleD));
+    } else {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+                     "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                     "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+                     "}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+                     : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+                       "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+                       "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+                       "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                       "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+                       "+f"(d[7][2]), "+f"(d[7][3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(descB), "r"(scaleD));
+    }
+}
+template <bool BF>
+__device__ __forceinline__ void wg_ss128(float (&d)[16][4], u64 descA, u64 descB, int scaleD) {
+    if constexpr (BF) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                     "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                     "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+                     "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+                     "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+                     "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                     : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+                       "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+                       "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+                       "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                       "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+                       "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+                       "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+                       "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+                       "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]),
+                       "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+                       "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+                     : "l"(descA), "l"(descB), "r"(scaleD));
+    } else {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+                     "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                     "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+                     "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+                     "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+                     "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                     : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+                       "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+                       "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+                       "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                       "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+                       "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+                       "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+                       "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+                       "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]),
+                       "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+                       "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+                     : "l"(descA), "l"(descB), "r"(scaleD));
+    }
+}
+template <bool BF>
+__device__ __forceinline__ void wg_rs128(float (&d)[16][4], const u32 (&a)[4], u64 descB, int scaleD) {
+    if constexpr (BF) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                     "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                     "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+                     "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+                     "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+                     "}, {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"
+                     : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+                       "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+                       "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+                       "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                       "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+                       "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+                       "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+                       "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+                       "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]),
+                       "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+                       "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(descB), "r"(scaleD));
+    } else {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+                     "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                     "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+                     "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+                     "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+                     "}, {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"
+                     : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+                       "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+                       "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+                       "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                       "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+                       "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+                       "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+                       "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+                       "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]),
+                       "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+                       "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(descB), "r"(scaleD));
+    }
+}
+
+// The byte offset of 16-byte chunk u (values 8u..8u+7) of row r in a tile of R rows (the layout above).
+template <int R>
+__device__ __forceinline__ int wg_chunk(int r, int u) {
+    return (u >> 3) * R * 128 + (r >> 3) * 1024 + (r & 7) * 128 + (((u & 7) ^ (r & 7)) << 4);
+}
+
+// O += P V step with P as register fragments: m64 n DV k16.
+template <bool BF>
+__device__ __forceinline__ void wg_pv(float (&o)[DV / 8][4], const u32 (&a)[4], u64 descB) {
+    if constexpr (DV == 128) {
+        wg_rs128<BF>(o, a, descB, 1);
+    } else {
+        wg_rs64<BF>(o, a, descB, 1);
+    }
+}
+
+constexpr int WG_CHUNKS = WG_TT * DK / 8 / 256;   // 16-byte words of a K (or V) tile a thread copies
+
+// Issues this thread's copies of a tile (tokens tok0..) of one pool into dst: 16-byte chunks tid, tid + 256, ...
+// (chunk i: word i % CH of token i / CH, CH words a row), so eight lanes read 128 contiguous bytes of a row and
+// fill one swizzled 128-byte row. Tokens at or past t1 are zero-filled.
+// pages: the pages of this thread's tokens of that tile (wg_pages).
+__device__ __forceinline__ void wg_copy(u32 dst, const u8* __restrict__ pool, const int (&pages)[WG_CHUNKS],
+                                        int tok0, int t1, int pageTokens, i64 pageBytes, int kvHeads, int kh,
+                                        int tid) {
+    constexpr int CH = DK / 8, RB = DK * 2;
+#pragma unroll
+    for (int k = 0; k < WG_CHUNKS; k++) {
+        const int i = tid + 256 * k;
+        const int t = i / CH, j = i % CH;
+        const u32 d = dst + wg_chunk<WG_TT>(t, j);
+        const int tok = tok0 + t;
+        const bool in = tok < t1;
+        const u8* src = in ? pool + (i64) pages[k] * pageBytes
+                                 + ((i64) page_mod(tok, pageTokens) * kvHeads + kh) * RB + j * 16
+                           : pool;
+        cp_async16_zfill(d, src, in ? 16 : 0);
+    }
+}
+
+// The pages of this thread's tokens of the tile from tok0 (as wg_copy numbers them; a token's K and V rows share it).
+__device__ __forceinline__ void wg_pages(int (&pages)[WG_CHUNKS], const int* __restrict__ table, int tok0, int t1,
+                                         int pageTokens, int tid) {
+    constexpr int CH = DK / 8;
+#pragma unroll
+    for (int k = 0; k < WG_CHUNKS; k++) {
+        const int t = (tid + 256 * k) / CH;
+        pages[k] = tok0 + t < t1 ? table[page_div(tok0 + t, pageTokens)] : 0;
+    }
+}
+
+__device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8* __restrict__ kpool,
+                                           const u8* __restrict__ vpool, const int* __restrict__ table, int qstart,
+                                           int nq, float* __restrict__ out, int kvHeads, int G, int pageTokens,
+                                           i64 kPageBytes, i64 vPageBytes, float qscale, float sparseThreshold) {
+    constexpr int TT = WG_TT, NST = WG_NST, AHEAD = WG_NST - 1;
+    extern __shared__ __align__(128) u8 smem[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, c = lane & 3;
+    const int nRows = nq * G;
+    const int rowBlocks = (nRows + 127) / 128;
+    const int kh = blockIdx.y % kvHeads;
+    const int rb = rowBlocks - 1 - blockIdx.y / kvHeads;
+    const int heads = kvHeads * G;
+    const int row0 = rb * 128 + warp * 16;
+    const int lastRow = imin(nRows - 1, rb * 128 + 127);
+    const int t1 = qstart + lastRow / G + 1;
+    const int ntiles = (t1 + TT - 1) / TT;
+    const u32 base = (smem_u32(smem) + 1023) & ~1023u;   // the swizzle is of address bits: tiles on 1024 bytes
+    u8* qs = smem + (base - smem_u32(smem)) + (warp >> 2) * 64 * DK * 2;   // this warpgroup's 64 query rows
+    const u32 qa = smem_u32(qs), sa = base + WG_Q_BYTES, bars = base + WG_BARS;
+    auto full = [&](int st) { return bars + 8 * st; };
+    auto empty = [&](int st) { return bars + 8 * (NST + st); };
+    if (tid == 0) {
+        for (int st = 0; st < NST; st++) {
+            mbar_init(full(st), 256);
+            mbar_init(empty(st), 256);
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    int pages[WG_CHUNKS];
+#pragma unroll
+    for (int x = 0; x < AHEAD; x++) {
+        if (x < ntiles) {
+            wg_pages(pages, table, x * TT, t1, pageTokens, tid);
+            wg_copy(sa + x * WG_STAGE, kpool, pages, x * TT, t1, pageTokens, kPageBytes, kvHeads, kh, tid);
+            wg_copy(sa + x * WG_STAGE + WG_KST, vpool, pages, x * TT, t1, pageTokens, vPageBytes, kvHeads, kh, tid);
+            cp_async_arrive(full(x));
+        }
+    }
+    if (AHEAD < ntiles) wg_pages(pages, table, AHEAD * TT, t1, pageTokens, tid);
+
+    // the warp's 16 query rows, scaled, as f16/bf16 in the operand layout
+    for (int r = 0; r < 16; r++) {
+        float x[1][DK / 32];
+        load_q<1>(x, q, 0, nq, heads, G, kh, row0 + r, lane);
+        const int rr = (warp & 3) * 16 + r;
+        const bool valid = row0 + r < nRows;
+#pragma unroll
+        for (int j = 0; j < DK / 32; j++) {
+            const int col = 32 * j + lane;
+            const float v = valid ? x[0][j] * qscale : 0.f;
+            *(u16*) (qs + wg_chunk<64>(rr, col >> 3) + (col & 7) * 2) = K_BF16 ? f2bf(v) : f2h(v);
+        }
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+
+    int rowPos[2];
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const int row = row0 + g + 8 * e;
+        rowPos[e] = row < nRows ? qstart + row / G : -1;
+    }
+    const int warpFirstPos = row0 < nRows ? qstart + row0 / G : -1;
+
+    float o[DV / 8][4];
+#pragma unroll
+    for (int i = 0; i < DV / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float s[TT / 8][4];
+#pragma unroll
+    for (int j = 0; j < TT / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+    float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
+
+    for (int it = 0; it < ntiles; it++) {
+        {
+            const int nx = it + AHEAD, st = nx % NST;
+            if (nx < ntiles) {
+                if (nx >= NST) mbar_wait(empty(st), ((nx / NST) - 1) & 1);
+                wg_copy(sa + st * WG_STAGE, kpool, pages, nx * TT, t1, pageTokens, kPageBytes, kvHeads, kh, tid);
+                wg_copy(sa + st * WG_STAGE + WG_KST, vpool, pages, nx * TT, t1, pageTokens, vPageBytes, kvHeads, kh,
+                        tid);
+                cp_async_arrive(full(st));
+                if (nx + 1 < ntiles) wg_pages(pages, table, (nx + 1) * TT, t1, pageTokens, tid);
+            }
+        }
+        const int st = it % NST;
+        mbar_wait(full(st), (it / NST) & 1);
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        const u32 kt = sa + st * WG_STAGE;
+        const u32 vt = kt + WG_KST;
+        const int tok0 = it * TT;
+
+        // ---- S = Q K^T: m64 n128 (tokens) k16, DK / 16 steps
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < DK / 16; ks++) {
+            wg_ss128<K_BF16>(s, wg_desc(qa + (ks >> 2) * 64 * 128 + (ks & 3) * 32, 16, 1024),
+                             wg_desc(kt + (ks >> 2) * TT * 128 + (ks & 3) * 32, 16, 1024), ks > 0);
+        }
+        wg_commit();
+        wg_wait0();
+        wg_pin(s);
+
+        // ---- online softmax, as kvant_attn_prefill's loop
+        const bool masked = tok0 + TT > imin(t1, warpFirstPos + 1);
+        if (masked) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+#pragma unroll
+                for (int j = 0; j < TT / 8; j++) {
+#pragma unroll
+                    for (int u = 0; u < 2; u++) {
+                        const int tok = tok0 + 8 * j + 2 * c + u;
+                        if (!(tok < t1 && tok <= rowPos[e])) s[j][2 * e + u] = NEG_INF;
+                    }
+                }
+            }
+        }
+        float corr[2];
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            float mx = NEG_INF;
+#pragma unroll
+            for (int j = 0; j < TT / 8; j++) mx = fmaxf(fmaxf(mx, s[j][2 * e]), s[j][2 * e + 1]);
+            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+            const float mnew = fmaxf(mrow[e], mx);
+            const float base = mnew == NEG_INF ? 0.f : mnew;
+            corr[e] = fast_exp2(mrow[e] - base);
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < TT / 8; j++) {
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    const float pv = fast_exp2(s[j][2 * e + u] - base);
+                    sum += pv;
+                    s[j][2 * e + u] = pv;
+                }
+            }
+            lrow[e] = lrow[e] * corr[e] + sum;
+            mrow[e] = mnew;
+        }
+        if (sparseThreshold > 0.f) {
+#pragma unroll
+            for (int j = 0; j < TT / 8; j++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    if (s[j][i] < sparseThreshold) s[j][i] = 0.f;
+                }
+            }
+        }
+        if (__any_sync(FULL_MASK, corr[0] != 1.f || corr[1] != 1.f)) {
+#pragma unroll
+            for (int i = 0; i < DV / 8; i++) {
+                o[i][0] *= corr[0];
+                o[i][1] *= corr[0];
+                o[i][2] *= corr[1];
+                o[i][3] *= corr[1];
+            }
+        }
+        u32 pa[TT / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < TT / 16; kk++) {
+            pa[kk][0] = pack2<V_BF16>(s[2 * kk][0], s[2 * kk][1]);
+            pa[kk][1] = pack2<V_BF16>(s[2 * kk][2], s[2 * kk][3]);
+            pa[kk][2] = pack2<V_BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pa[kk][3] = pack2<V_BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        }
+        // ---- O += P V: TT / 16 steps (k = tokens)
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < TT / 16; kk++) wg_pv<V_BF16>(o, pa[kk], wg_desc(vt + kk * 2 * 1024, TT * 128, 1024));
+        wg_commit();
+        wg_wait0();
+        wg_pin(o);
+        mbar_arrive(empty(st));
+    }
+
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        lrow[e] += __shfl_xor_sync(FULL_MASK, lrow[e], 1);
+        lrow[e] += __shfl_xor_sync(FULL_MASK, lrow[e], 2);
+    }
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const int row = row0 + g + 8 * e;
+        if (row >= nRows) continue;
+        const int qi = row / G, hq = kh * G + (row - qi * G);
+        const float inv = 1.f / lrow[e];
+        float* op = out + ((i64) qi * heads + hq) * DV;
+#pragma unroll
+        for (int j = 0; j < DV / 8; j++) {
+            op[8 * j + 2 * c] = o[j][2 * e] * inv;
+            op[8 * j + 2 * c + 1] = o[j][2 * e + 1] * inv;
+        }
+    }
+}
+#endif
+
 // ================================================================================================================
 // kvant_attn_prefill — causal attention of nq queries at positions qstart.. over cached tokens [0, qstart + nq) of
 // one sequence (the chunk's own K/V must already be written), for every query head.
@@ -1320,6 +1759,7 @@ kvant_attn_decode_sel(const float* __restrict__ q, const u8* __restrict__ kpool,
 //         eight warps dequantize the shared tile together, so each compressed row is decoded once per 128 query rows.
 //         A tile no row masks and a run without a sparse-V threshold skip those steps by uniform branches.
 // exact:  as decode. Writes out = O / l in head order; for a rotated V format kvant_attn_unrotate follows.
+// sm_90a: f16/bf16 rows of one head size of 64 or 128 take prefill_wg above (same grid, block and rows).
 // ================================================================================================================
 
 constexpr int PRE_TT = 64;
@@ -1329,7 +1769,7 @@ using PreLayout = Layout<1, PRE_WARPS, PRE_TT, 16, false, KMEAN>;
 // Prefill blocks an SM: two when their shared memory fits twice and the heads are small enough for the O and S
 // accumulators to fit in 128 registers beside the query fragments, which are then read from shared memory for
 // each k-step instead of kept.
-constexpr int PRE_BLOCKS = DK <= 128 && DV <= 128 && PreLayout::TOTAL <= 112 * 1024 ? 2 : 1;
+constexpr int PRE_BLOCKS = !PRE_WG && DK <= 128 && DV <= 128 && PreLayout::TOTAL <= 112 * 1024 ? 2 : 1;
 constexpr bool PRE_Q_REGS = DK <= 128 && PRE_BLOCKS == 1;
 
 extern "C" __global__ void __launch_bounds__(PRE_WARPS * 32, PRE_BLOCKS)
@@ -1337,6 +1777,13 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
                    const int* __restrict__ table, int qstart, int nq, float* __restrict__ out, int kvHeads, int G,
                    int pageTokens, i64 kPageBytes, i64 vPageBytes, float qscale, float sparseThreshold) {
     KVANT_GRID_ENTER();
+#if KVANT_WGMMA
+    if constexpr (PRE_WG) {
+        prefill_wg(q, kpool, vpool, table, qstart, nq, out, kvHeads, G, pageTokens, kPageBytes, vPageBytes, qscale,
+                   sparseThreshold);
+        return;
+    }
+#endif
     using LY = PreLayout;
     constexpr int TT = PRE_TT;
     constexpr int NST = LY::NST;
@@ -1810,9 +2257,9 @@ extern "C" __global__ void kvant_attn_info(int* out) {
     out[0] = DecLayout::TOTAL;
     out[1] = HBD * 32;
     out[2] = DecLayout::NST;
-    out[3] = PreLayout::TOTAL;
+    out[3] = PRE_WG ? WG_TOTAL : PreLayout::TOTAL;
     out[4] = PRE_WARPS * 32;
-    out[5] = PreLayout::NST;
+    out[5] = PRE_WG ? WG_NST : PreLayout::NST;
     out[6] = RBK;
     out[7] = RBV;
     out[8] = DEC_BLOCKS;
