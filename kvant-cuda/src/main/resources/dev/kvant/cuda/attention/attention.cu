@@ -1322,11 +1322,12 @@ kvant_attn_decode_sel(const float* __restrict__ q, const u8* __restrict__ kpool,
 // R·128 bytes on. Tiles start on 1024 bytes (the swizzle is of address bits).
 // Pipeline: NST stages of TT tokens (K and V) in a ring, each with two mbarriers: full (every thread's copies of
 // the stage landed: cp.async arrives for it when they do) and empty (every thread's warpgroup finished its products
-// over the stage). Each thread issues its share of the copies NST - 1 tiles ahead, after waiting for that stage to
-// be empty; no block-wide barrier in the loop, so the two warpgroups may drift apart (measured: no faster than a
-// block barrier a tile, which it replaced at no cost). A warpgroup waits for its S = Q K^T (DK / 16 k-steps), does the softmax in registers and waits
-// for O += P V (P as register A fragments): left running into the next tile, ptxas serializes the products anyway
-// (C7515, its accumulators being reassigned in between).
+// over the stage). Each thread issues its share of the copies NST - 2 tiles ahead (a tile, 64 KB, covers the
+// memory latency; the stage it refills was released a tile before), after waiting for that stage to be empty; no
+// block-wide barrier in the loop. A warpgroup waits for its S = Q K^T (DK / 16 k-steps), does the softmax in
+// registers and waits for O += P V (P as register A fragments; left running into the next tile, ptxas serializes
+// the products anyway: C7515, its accumulators being reassigned in between). The two warpgroups take turns on the
+// tensor cores (named barriers, below), so one's softmax runs while the other's products do: +8% at 32K.
 // (1: F_BF16, which the preprocessor cannot read)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) && KF <= 1 && VF <= 1 && !KMEAN && DK == DV && (DK == 64 || DK == 128)
 #define KVANT_WGMMA 1
@@ -1546,10 +1547,10 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
                                            const u8* __restrict__ vpool, const int* __restrict__ table, int qstart,
                                            int nq, float* __restrict__ out, int kvHeads, int G, int pageTokens,
                                            i64 kPageBytes, i64 vPageBytes, float qscale, float sparseThreshold) {
-    constexpr int TT = WG_TT, NST = WG_NST, AHEAD = WG_NST - 1;
+    constexpr int TT = WG_TT, NST = WG_NST, AHEAD = WG_NST - 2;
     extern __shared__ __align__(128) u8 smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int g = lane >> 2, c = lane & 3;
+    const int g = lane >> 2, c = lane & 3, wg = warp >> 2;
     const int nRows = nq * G;
     const int rowBlocks = (nRows + 127) / 128;
     const int kh = blockIdx.y % kvHeads;
@@ -1608,6 +1609,18 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
         rowPos[e] = row < nRows ? qstart + row / G : -1;
     }
     const int warpFirstPos = row0 < nRows ? qstart + row0 / G : -1;
+    // Turns: a warpgroup issues its products between turn_wait (named barrier 1 + wg) and turn_pass (the other's),
+    // so the two alternate on the tensor cores — S0, S1, PV0, PV1, ... — and each one's softmax runs while the
+    // other's products do. Warpgroup 0 goes first; warpgroup 1 skips its last pass, which nobody waits for.
+    auto turn_wait = [&]() {
+        if (wg == 0) asm volatile("bar.sync 1, 256;" ::: "memory");
+        else asm volatile("bar.sync 2, 256;" ::: "memory");
+    };
+    auto turn_pass = [&]() {
+        if (wg == 0) asm volatile("bar.arrive 2, 256;" ::: "memory");
+        else asm volatile("bar.arrive 1, 256;" ::: "memory");
+    };
+    if (wg == 1) turn_pass();
 
     float o[DV / 8][4];
 #pragma unroll
@@ -1637,6 +1650,7 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
         const int tok0 = it * TT;
 
         // ---- S = Q K^T: m64 n128 (tokens) k16, DK / 16 steps
+        turn_wait();
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < DK / 16; ks++) {
@@ -1644,6 +1658,7 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
                              wg_desc(kt + (ks >> 2) * TT * 128 + (ks & 3) * 32, 16, 1024), ks > 0);
         }
         wg_commit();
+        turn_pass();
         wg_wait0();
         wg_pin(s);
 
@@ -1713,10 +1728,12 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
             pa[kk][3] = pack2<V_BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
         }
         // ---- O += P V: TT / 16 steps (k = tokens)
+        turn_wait();
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < TT / 16; kk++) wg_pv<V_BF16>(o, pa[kk], wg_desc(vt + kk * 2 * 1024, TT * 128, 1024));
         wg_commit();
+        if (wg == 0 || it + 1 < ntiles) turn_pass();
         wg_wait0();
         wg_pin(o);
         mbar_arrive(empty(st));
