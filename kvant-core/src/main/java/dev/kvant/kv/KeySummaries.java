@@ -33,6 +33,12 @@ public final class KeySummaries {
     private final int coarseTokens;
     private final float[][] coarse;
     private int capacityCoarse;
+    /**
+     * Per layer, the sequence length the last update left its summaries exact for: a write that starts there and
+     * ends the sequence (decode's append) merges its rows into the block it continues instead of decoding the
+     * block's earlier rows again — min and max give the same bits in any order.
+     */
+    private final int[] through;
 
     KeySummaries(KvSequence seq, int blockTokens) {
         this(seq, blockTokens, 0);
@@ -56,6 +62,7 @@ public final class KeySummaries {
         this.data = new float[cache.geometry().layers()][0];
         this.row = new float[dim];
         this.coarse = new float[coarseTokens == 0 ? 0 : cache.geometry().layers()][0];
+        this.through = new int[cache.geometry().layers()];
     }
 
     /** Positions per coarse block; 0 without a coarse level. */
@@ -111,24 +118,30 @@ public final class KeySummaries {
 
     /**
      * Recomputes the blocks of a layer that positions [from, to) fall in, each from its first row up to the
-     * sequence's length (rows past {@code to} may exist when the write overwrote earlier positions).
+     * sequence's length (rows past {@code to} may exist when the write overwrote earlier positions). An append —
+     * the write starts where the last update of the layer left the sequence and ends it — only merges its own rows
+     * into the block it continues (the block's summary is already that of its rows before {@code from}).
      */
     void update(int layer, int from, int to) {
         if (to <= from) {
             return;
         }
         int length = seq.length();
+        boolean append = from == through[layer] && to == length;
         int lastBlock = (to - 1) / blockTokens;
         ensure(lastBlock + 1);
         float[] s = data[layer];
         for (int b = from / blockTokens; b <= lastBlock; b++) {
             int p0 = b * blockTokens;
             int p1 = Math.min(p0 + blockTokens, length);
+            int start = append ? Math.max(p0, from) : p0;
             for (int g = 0; g < kvHeads; g++) {
                 int o = offset(b, g);
-                Arrays.fill(s, o, o + dim, Float.POSITIVE_INFINITY);
-                Arrays.fill(s, o + dim, o + 2 * dim, Float.NEGATIVE_INFINITY);
-                for (int p = p0; p < p1; p++) {
+                if (start == p0) {
+                    Arrays.fill(s, o, o + dim, Float.POSITIVE_INFINITY);
+                    Arrays.fill(s, o + dim, o + 2 * dim, Float.NEGATIVE_INFINITY);
+                }
+                for (int p = start; p < p1; p++) {
                     seq.decodeK(layer, p, g, row, 0);
                     for (int d = 0; d < dim; d++) {
                         s[o + d] = Math.min(s[o + d], row[d]);
@@ -140,6 +153,7 @@ public final class KeySummaries {
         if (coarseTokens > 0) {
             updateCoarse(layer, from, to, length);
         }
+        through[layer] = length;
     }
 
     /** Recomputes the coarse blocks of positions [from, to) from their blocks of written positions. */
@@ -211,6 +225,7 @@ public final class KeySummaries {
                 k.update(l, tokens - 1, tokens);
             }
         }
+        Arrays.fill(k.through, tokens);
         return k;
     }
 

@@ -95,6 +95,10 @@ class KeySummariesTest {
             seq.truncate(90);
             write(seq, rnd, 90, 3);
             assertExact(seq, "after truncation and rewrite");
+            for (int pos = 93; pos < 115; pos++) {   // decode's appends, one token a step, across two block edges
+                write(seq, rnd, pos, 1);
+            }
+            assertExact(seq, "after single-token appends");
             write(seq, rnd, 40, 2);
             assertExact(seq, "after an overwrite");
             KvSequence child = cache.fork(seq, 75);
