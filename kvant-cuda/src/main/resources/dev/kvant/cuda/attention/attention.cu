@@ -1325,8 +1325,8 @@ kvant_attn_decode_sel(const float* __restrict__ q, const u8* __restrict__ kpool,
 // over the stage). Each thread issues its share of the copies NST - 2 tiles ahead (a tile, 64 KB, covers the
 // memory latency; the stage it refills was released a tile before), after waiting for that stage to be empty; no
 // block-wide barrier in the loop. A warpgroup waits for its S = Q K^T (DK / 16 k-steps), does the softmax in
-// registers and waits for O += P V (P as register A fragments; left running into the next tile, ptxas serializes
-// the products anyway: C7515, its accumulators being reassigned in between). The two warpgroups take turns on the
+// registers and waits for O += P V (P as register A fragments) before its next tile (left running into it,
+// ptxas serialized the products anyway: C7515, its accumulators being reassigned in between). The two warpgroups take turns on the
 // tensor cores (named barriers, below), so one's softmax runs while the other's products do: +8% at 32K.
 // (1: F_BF16, which the preprocessor cannot read)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) && KF <= 1 && VF <= 1 && !KMEAN && DK == DV && (DK == 64 || DK == 128)
@@ -1343,6 +1343,7 @@ constexpr int WG_KST = WG_TT * DK * 2;
 constexpr int WG_STAGE = WG_KST + WG_TT * DV * 2;
 constexpr int WG_BARS = WG_Q_BYTES + WG_NST * WG_STAGE;   // full[NST], then empty[NST]
 constexpr int WG_TOTAL = WG_BARS + 16 * WG_NST + 1024;   // + the alignment of the tiles
+static_assert(!PRE_WG || WG_TOTAL <= 227 * 1024, "prefill_wg's tiles do not fit in shared memory");
 
 #if KVANT_WGMMA
 typedef unsigned long long u64;
@@ -1355,7 +1356,10 @@ __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.alig
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
 // Pins accumulators after a wait: without it the compiler could move their reads above the wait, which it does
-// not know the asynchronous product writes behind.
+// not know the asynchronous product writes behind. (Nothing pins the writes of the softmax, the rescale and the
+// packing of P above the wgmma.fence that follows them; NVCC/NVRTC 13.0 keeps them there — only descriptor
+// arithmetic sits between fence and product in its PTX — and pinning them too, as CUTLASS does, is the change
+// to make with the next device run.)
 template <int N>
 __device__ __forceinline__ void wg_pin(float (&d)[N][4]) {
 #pragma unroll
