@@ -34,9 +34,10 @@ public final class KeySummaries {
     private final float[][] coarse;
     private int capacityCoarse;
     /**
-     * Per layer, the sequence length the last update left its summaries exact for: a write that starts there and
-     * ends the sequence (decode's append) merges its rows into the block it continues instead of decoding the
-     * block's earlier rows again — min and max give the same bits in any order.
+     * Per layer, a position t such that every block holds exactly the min and max of its rows before t (the block
+     * of t: of its rows [start, t), and no other): a write that starts at t and ends the sequence (decode's append)
+     * merges its rows into the block it continues instead of decoding the block's earlier rows again — min and max
+     * give the same bits in any order.
      */
     private final int[] through;
 
@@ -127,7 +128,8 @@ public final class KeySummaries {
             return;
         }
         int length = seq.length();
-        boolean append = from == through[layer] && to == length;
+        int exact = through[layer];
+        boolean append = from == exact && to == length;
         int lastBlock = (to - 1) / blockTokens;
         ensure(lastBlock + 1);
         float[] s = data[layer];
@@ -153,7 +155,20 @@ public final class KeySummaries {
         if (coarseTokens > 0) {
             updateCoarse(layer, from, to, length);
         }
-        through[layer] = length;
+        // the blocks from the write's on are recomputed up to the length; those before it are as exact as before
+        boolean whole = append || (to == length && exact >= from - from % blockTokens);
+        through[layer] = whole ? length : Math.min(exact, length);
+    }
+
+    /**
+     * The sequence was cut to {@code length} positions: the block holding it may summarize rows past it, so appends
+     * merge into it only after it is recomputed.
+     */
+    void truncated(int length) {
+        int blockStart = length - length % blockTokens;
+        for (int l = 0; l < through.length; l++) {
+            through[l] = Math.min(through[l], blockStart);
+        }
     }
 
     /** Recomputes the coarse blocks of positions [from, to) from their blocks of written positions. */

@@ -302,6 +302,9 @@ public final class KvSequence implements AutoCloseable {
         for (int l = 0; l < layerLength.length; l++) {
             layerLength[l] = Math.min(layerLength[l], length);
         }
+        if (summaries != null) {
+            summaries.truncated(length);
+        }
     }
 
     /** The physical page id of a logical page. */

@@ -101,6 +101,10 @@ class KeySummariesTest {
             assertExact(seq, "after single-token appends");
             write(seq, rnd, 40, 2);
             assertExact(seq, "after an overwrite");
+            seq.truncate(109);   // inside a block, then an overwrite before it, then the append at the cut
+            write(seq, rnd, 20, 1);
+            write(seq, rnd, 109, 1);
+            assertExact(seq, "after a truncation, an overwrite and an append at the cut");
             KvSequence child = cache.fork(seq, 75);
             assertExact(child, "fork");
             write(child, rnd, 75, 20);
