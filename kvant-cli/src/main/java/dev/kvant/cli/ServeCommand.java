@@ -88,6 +88,12 @@ final class ServeCommand implements Runnable {
             description = "how long in-flight requests may take to finish on shutdown (default ${DEFAULT-VALUE})")
     int grace;
 
+    /** Tokens of a pool of whole pages for {@code parallel} sequences of {@code context} tokens. */
+    private static long poolTokens(int parallel, int context) {
+        int pageTokens = Session.PAGE_TOKENS;
+        return (long) parallel * (((long) context + pageTokens - 1) / pageTokens * pageTokens);
+    }
+
     @Override
     public void run() {
         ModelOptions.checkThreads(opts.threads);
@@ -96,6 +102,15 @@ final class ServeCommand implements Runnable {
         }
         if (pipeline < 0) {
             throw new IllegalArgumentException("--pipeline must not be negative, got " + pipeline);
+        }
+        if (ctx != null && ctx < 1) {
+            throw new IllegalArgumentException("-c must be at least 1, got " + ctx);
+        }
+        long wanted = poolTokens(parallel, ctx != null ? ctx : 4096);
+        if (opts.kvMem == null && wanted > Integer.MAX_VALUE) {
+            throw new IllegalArgumentException("--parallel " + parallel + " x -c " + ctx + " is " + wanted
+                    + " tokens of KV cache, more than one pool holds (" + Integer.MAX_VALUE + "); use fewer or"
+                    + " shorter sequences, or --kv-mem");
         }
         if (opts.model != null && synthetic != null) {
             throw new IllegalArgumentException("give either -m or --synthetic, not both");
@@ -120,7 +135,7 @@ final class ServeCommand implements Runnable {
                 context = Math.min(ctx != null ? ctx : Math.min(4096, poolTokens), poolTokens);
             } else {
                 context = ctx != null ? ctx : 4096;
-                poolTokens = parallel * ((context + pageTokens - 1) / pageTokens * pageTokens);
+                poolTokens = (int) poolTokens(parallel, context);
             }
             String name = alias != null ? alias : synthetic != null ? "synthetic-" + synthetic
                     : stripGguf(opts.model.getFileName());

@@ -25,6 +25,16 @@ class ServeCommandTest {
     }
 
     @Test
+    void aContextOrPoolTooLargeOrTooSmallIsNamedBeforeAnythingLoads() {
+        MainTest.Run big = MainTest.run("serve", "--synthetic", "tiny", "--port", "0", "-np", "256", "-c", "8388608");
+        assertEquals(1, big.code());
+        assertTrue(big.err().contains("tokens of KV cache, more than one pool holds"), big.err());
+        MainTest.Run zero = MainTest.run("serve", "--synthetic", "tiny", "--port", "0", "-c", "0");
+        assertEquals(1, zero.code());
+        assertTrue(zero.err().contains("-c must be at least 1"), zero.err());
+    }
+
+    @Test
     void benchServeRunsThroughAQueryAwareSelection() {
         MainTest.Run r = MainTest.run("bench-serve", "--synthetic", "tiny", "--mode", "batching", "-np", "2",
                 "--clients", "2", "--requests", "2", "-p", "300", "-n", "4", "-c", "512", "-t", "2", "--seed", "1",

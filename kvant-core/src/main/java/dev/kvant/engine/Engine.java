@@ -707,6 +707,6 @@ public final class Engine implements AutoCloseable {
     }
 
     private int pages(int tokens) {
-        return (tokens + pageTokens - 1) / pageTokens;
+        return (int) (((long) tokens + pageTokens - 1) / pageTokens);
     }
 }

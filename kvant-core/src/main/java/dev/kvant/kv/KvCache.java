@@ -109,7 +109,7 @@ public final class KvCache implements AutoCloseable {
             throw new IllegalArgumentException("KV cache needs positive tokens and pageTokens, got tokens=" + tokens
                     + " pageTokens=" + pageTokens);
         }
-        return new KvCache(g, f, pageTokens, (tokens + pageTokens - 1) / pageTokens);
+        return new KvCache(g, f, pageTokens, (int) (((long) tokens + pageTokens - 1) / pageTokens));
     }
 
     /** The largest cache whose pools (all layers, K and V) fit in this many bytes. */
