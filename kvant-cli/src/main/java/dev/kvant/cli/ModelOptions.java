@@ -201,6 +201,13 @@ final class ModelOptions {
         if (gpus != null && name.equals("cpu")) {
             throw new IllegalArgumentException("--gpus names GPUs for the cuda backend; --backend cpu uses none");
         }
+        if (gpus != null) {
+            for (int g : gpus) {
+                if (g < 0) {
+                    throw new IllegalArgumentException("--gpus takes GPU ordinals 0, 1, ... (nvidia-smi's), got " + g);
+                }
+            }
+        }
         return switch (name) {
             case "cpu" -> new CpuBackend(loaded, pool);
             case "cuda" -> openCuda(loaded, maxBatch);

@@ -158,6 +158,10 @@ class MainTest {
                 "--gpus", "0,1");
         assertEquals(1, gpusOnCpu.code());
         assertTrue(gpusOnCpu.err().contains("--gpus"), gpusOnCpu.err());
+        Run negative = run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--backend", "cuda",
+                "--gpus", "0,-1");
+        assertEquals(1, negative.code());
+        assertTrue(negative.err().contains("GPU ordinals"), negative.err());
         Run unknown = run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--backend", "tpu");
         assertEquals(1, unknown.code());
         assertTrue(unknown.err().contains("tpu") && unknown.err().contains("cuda"), unknown.err());

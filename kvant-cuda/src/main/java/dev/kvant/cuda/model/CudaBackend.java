@@ -24,6 +24,7 @@ import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.HashMap;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
@@ -172,20 +173,33 @@ public final class CudaBackend implements Backend {
         List<CudaContext> contexts = new ArrayList<>();
         try {
             int from = 0;
+            int rowsMax = Math.max(options.maxBatch(), options.maxPrefill());
+            int logitRows = Math.max(options.maxBatch(), ModelKernels.MAX_VECTORS);
+            // what the stages before this one planned on the same device (one GPU may hold two stages)
+            Map<Integer, Long> planned = new HashMap<>();
             for (int i = 0; i < devices.length; i++) {
                 CudaContext context = devices[i] < 0 ? CudaContext.open() : CudaContext.open(devices[i]);
                 contexts.add(context);
                 context.computeCapability().requireKvantKernels(context.toString());
-                long need = stageWeightBytes(model, from, from + split[i]) + HEADROOM;
+                int to = from + split[i];
+                long stage = stageWeightBytes(model, from, to)
+                        + Stage.scratchBytes(c, rowsMax, logitRows, options.maxPrefill(), to == c.layers());
+                long before = planned.getOrDefault(context.ordinal(), 0L);
+                planned.put(context.ordinal(), before + stage);
+                long need = before + stage + HEADROOM;
                 long free = context.memoryInfo().free();
                 if (need > free) {
                     throw new IllegalArgumentException(String.format(java.util.Locale.ROOT,
-                            "layers %d..%d of %s need %.2f GiB of GPU memory for their weights; %s (device %d) has "
-                                    + "%.2f GiB free%s", from, from + split[i] - 1, model.name(),
-                            need / 1073741824.0, context.deviceName(), context.ordinal(), free / 1073741824.0,
-                            devices.length == 1 ? " (split the layers over more GPUs with --gpus)" : ""));
+                            "layers %d..%d of %s need %.2f GiB of GPU memory for their weights and activations"
+                                    + " (a prefill chunk of %d tokens)%s; %s (device %d) has %.2f GiB free%s",
+                            from, to - 1, model.name(), need / 1073741824.0, options.maxPrefill(),
+                            before > 0 ? String.format(java.util.Locale.ROOT, ", with %.2f GiB of the stages before"
+                                    + " it on the same device", before / 1073741824.0) : "",
+                            context.deviceName(), context.ordinal(), free / 1073741824.0,
+                            devices.length == 1 ? " (split the layers over more GPUs with --gpus, or a smaller"
+                                    + " --prefill-chunk)" : ""));
                 }
-                from += split[i];
+                from = to;
             }
         } catch (RuntimeException e) {
             contexts.forEach(CudaContext::close);
@@ -388,7 +402,7 @@ public final class CudaBackend implements Backend {
         KvPool pool = pools.get(key);
         if (pool == null) {
             // maxBatch whole contexts, each a whole number of pages
-            long perSequence = (long) (contextLength + PAGE_TOKENS - 1) / PAGE_TOKENS * PAGE_TOKENS;
+            long perSequence = ((long) contextLength + PAGE_TOKENS - 1) / PAGE_TOKENS * PAGE_TOKENS;
             long tokens = options.kvTokens() > 0 ? options.kvTokens() : perSequence * options.maxBatch();
             pool = new KvPool(stages, c, formats, PAGE_TOKENS, tokens, contextLength, options.maxBatch(),
                     options.maxPrefill(), HEADROOM, sparseV(), model.selection());
@@ -417,6 +431,9 @@ public final class CudaBackend implements Backend {
         Sequence[] s = checkBatch(seqs, tokens);
         int n = s.length;
         int vocab = c.vocabSize();
+        if (out != null && out.length < (long) n * vocab) {
+            throw new IllegalArgumentException("a logits array of " + out.length + " floats for " + n + " rows");
+        }
         int[] ids = new int[n];
         for (int from = 0; from < n; from += options.maxBatch()) {
             int m = Math.min(options.maxBatch(), n - from);
@@ -925,6 +942,11 @@ public final class CudaBackend implements Backend {
             }
             Objects.checkFromIndexSize(off, n, tokens.length);
             checkRoom(n);
+            long rows = allLogits ? n : 1;
+            if (out != null && out.length < rows * c.vocabSize()) {
+                throw new IllegalArgumentException("a logits array of " + out.length + " floats for " + rows
+                        + " rows of " + c.vocabSize());
+            }
             if (n == 1 && !allLogits) {
                 return decode(new Sequence[] {this}, new int[] {tokens[off]}, out)[0];
             }
@@ -950,6 +972,9 @@ public final class CudaBackend implements Backend {
         void checkUsable() {
             if (released) {
                 throw new IllegalStateException("the sequence is closed");
+            }
+            if (pool.isClosed()) {
+                throw new IllegalStateException("the sequence's KV pool is closed");
             }
             if (inFlight != null) {
                 throw new IllegalStateException("the sequence has a decode step in flight; await it first");

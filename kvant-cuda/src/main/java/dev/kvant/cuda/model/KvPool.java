@@ -43,6 +43,7 @@ final class KvPool implements AutoCloseable {
     private final int maxContext;
     private final SelectionConfig selection;
     private final List<Part> parts = new ArrayList<>();
+    private boolean closed;
     private final int[] free;
     /** Sequences holding each page (a shared prefix page has several); 0 for a free page. */
     private final int[] refs;
@@ -64,9 +65,12 @@ final class KvPool implements AutoCloseable {
         this.keyMeans = formats.anyKeyMeans(c.layers());
         this.selection = selection;
         this.maxContext = maxContext;
-        long pages = Math.max((tokens + pageTokens - 1) / pageTokens, (maxContext + pageTokens - 1) / pageTokens);
-        if (pages > Integer.MAX_VALUE / 2) {
-            throw new IllegalArgumentException("a KV cache of " + tokens + " tokens has too many pages");
+        long pages = Math.max((tokens + pageTokens - 1) / pageTokens,
+                ((long) maxContext + pageTokens - 1) / pageTokens);
+        // a cache slot is page * pageTokens + row, an int32 on the device
+        if (pages > Integer.MAX_VALUE / pageTokens) {
+            throw new IllegalArgumentException("a KV cache of " + Math.max(tokens, maxContext) + " tokens has more"
+                    + " than the " + Integer.MAX_VALUE / pageTokens + " pages of " + pageTokens + " tokens a pool holds");
         }
         try {
             for (Stage s : stages) {
@@ -110,7 +114,7 @@ final class KvPool implements AutoCloseable {
                         attentions[l] = a;
                     }
                     batch = DeviceBatch.allocate(s.context, Math.max(1, maxBatch),
-                            (maxContext + pageTokens - 1) / pageTokens);
+                            (int) (((long) maxContext + pageTokens - 1) / pageTokens));
                     if (selection != null) {
                         cache.enableKeySummaries(selection.blockTokens(), selection.coarseTokens());
                     }
@@ -222,8 +226,14 @@ final class KvPool implements AutoCloseable {
         return part.graphs()[n];
     }
 
+    /** Whether {@link #close} ran: its pages, tables and graphs are gone. */
+    boolean isClosed() {
+        return closed;
+    }
+
     @Override
     public void close() {
+        closed = true;
         for (Part p : parts) {
             for (CudaGraph g : p.graphs()) {
                 if (g != null) {

@@ -120,6 +120,33 @@ final class Stage implements AutoCloseable {
         }
     }
 
+    /**
+     * Device bytes the constructor allocates besides the weights (activations, logits, prefill operands), with the
+     * prefill's weight scratch at its bound (the f16 copy of the largest projection): what a stage needs on its GPU
+     * beyond {@link CudaBackend#stageWeightBytes}, for the fit check before anything is allocated.
+     */
+    static long scratchBytes(ModelConfig c, int rowsMax, int logitRows, int maxPrefill, boolean last) {
+        long r = rowsMax;
+        long dim = c.dim();
+        long ffn = c.ffnDim();
+        long qkvDim = (long) c.qDim() + c.kvDimK() + c.kvDimV();
+        long attnDim = (long) c.heads() * c.headDimV();
+        long bytes = 16 * r + 8L * logitRows;                                  // tokens, positions, slots, pages; best
+        bytes += 4 * r * dim + vectorBytes(r, dim);                            // x, xb
+        bytes += 4 * r * (qkvDim + c.qDim() + c.kvDimK() + c.kvDimV());        // qkv, q, kRows, vRows
+        bytes += vectorBytes(r, attnDim) + 4 * r * 2 * ffn + vectorBytes(r, ffn);   // attn, gu, g
+        bytes += last ? 4L * logitRows * c.vocabSize() : 0;                     // logits
+        bytes += 2L * maxPrefill * (dim + attnDim + ffn);                       // xh, ah, gh
+        bytes += 2 * Math.max(Math.max(qkvDim * dim, dim * attnDim), 2 * ffn * dim);   // wScratch, at most
+        bytes += 8 * r * Math.max(1, c.rope().ropeDim() / 2);                   // angles
+        return bytes;
+    }
+
+    /** ModelKernels.Vectors.allocate's bytes: floats, 8-bit codes and their scales. */
+    private static long vectorBytes(long rows, long width) {
+        return 4 * rows * width + rows * width + 8 * rows * (width / 32);
+    }
+
     private <T extends AutoCloseable> T own(T resource) {
         return owned.add(resource);
     }

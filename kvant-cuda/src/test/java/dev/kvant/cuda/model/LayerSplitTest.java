@@ -2,6 +2,7 @@ package dev.kvant.cuda.model;
 
 import dev.kvant.gguf.GgmlType;
 import dev.kvant.model.LlamaModel;
+import dev.kvant.model.ModelConfig;
 import dev.kvant.model.SyntheticModel;
 import org.junit.jupiter.api.Test;
 
@@ -70,5 +71,19 @@ class LayerSplitTest {
             int[] even = CudaBackend.autoSplit(model, 2, 1000 * weights);
             assertEquals(layers / 2, even[0], java.util.Arrays.toString(even));
         }
+    }
+
+    @Test
+    void theFitCheckCountsTheStagesActivationsBesideTheWeights() {
+        ModelConfig c = SyntheticModel.Shape.LLAMA3_8B.config();
+        // a prefill chunk of 2048 rows: gate|up's outputs alone are 4 B x 2048 x 2 x 14336 = 235 MB, their f16
+        // operands and SwiGLU's 150 MB more, the f16 copy of gate|up (the prefill's weight scratch) 235 MB: 0.88 GiB
+        // in all
+        long prefill = Stage.scratchBytes(c, 2048, 8, 2048, true);
+        assertTrue(prefill > 800L << 20 && prefill < 2L << 30, "scratch of a 2048-token chunk: " + prefill);
+        long small = Stage.scratchBytes(c, 64, 8, 64, true);
+        long middle = Stage.scratchBytes(c, 64, 8, 64, false);
+        assertTrue(small < prefill / 2, small + " vs " + prefill);
+        assertTrue(small - middle == 4L * 8 * c.vocabSize(), "the last stage adds the logits: " + (small - middle));
     }
 }
