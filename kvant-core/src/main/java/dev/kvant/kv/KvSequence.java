@@ -40,6 +40,11 @@ public final class KvSequence implements AutoCloseable {
         return length;
     }
 
+    /** Whether {@link #close} ran. */
+    public boolean isClosed() {
+        return closed;
+    }
+
     /** Pages in the page table. */
     public int pageCount() {
         return pageCount;
@@ -50,7 +55,9 @@ public final class KvSequence implements AutoCloseable {
     }
 
     /**
-     * Ensures pages for positions [0, tokens).
+     * Ensures pages for positions [0, tokens), and private copies of the shared pages that the positions from the
+     * length on fall in (the ones a write of [length, tokens) will change): a batch that reserves every member's
+     * pages before writing any fails before it writes, never half way.
      *
      * @throws KvCacheFullException when the free pages do not suffice; nothing is allocated then
      */
@@ -60,7 +67,7 @@ public final class KvSequence implements AutoCloseable {
             throw new IllegalArgumentException("cannot reserve a negative number of tokens: " + tokens);
         }
         synchronized (allocator) {
-            prepare(tokens, tokens);
+            prepare(tokens, Math.min(length, tokens));
         }
     }
 

@@ -152,7 +152,7 @@ public final class LlamaModel implements AutoCloseable {
                         Scratch s, Parallel pool) {
         int start = seq.length();
         seq.reserve(start + n);
-        run(new KvSequence[] {seq}, new int[] {start}, tokens, off, n, allLogits, logits, s, pool);
+        runOrRollBack(new KvSequence[] {seq}, new int[] {start}, tokens, off, n, allLogits, logits, s, pool);
     }
 
     /**
@@ -177,7 +177,25 @@ public final class LlamaModel implements AutoCloseable {
         for (int i = 0; i < n; i++) {
             seqs[i].reserve(starts[i] + 1);
         }
-        run(seqs, starts, tokens, 0, n, true, logits, s, pool);
+        runOrRollBack(seqs, starts, tokens, 0, n, true, logits, s, pool);
+    }
+
+    /**
+     * {@link #run}; when it fails part way (a later layer, a selection, an interrupted pool), every sequence is cut
+     * back to its length before the step, so none keeps a position written in some layers only.
+     */
+    private void runOrRollBack(KvSequence[] seqs, int[] starts, int[] tokens, int off, int n, boolean allLogits,
+                               float[] logits, Scratch s, Parallel pool) {
+        try {
+            run(seqs, starts, tokens, off, n, allLogits, logits, s, pool);
+        } catch (RuntimeException | Error e) {
+            for (int i = 0; i < seqs.length; i++) {
+                if (!seqs[i].isClosed() && seqs[i].length() > starts[i]) {
+                    seqs[i].truncate(starts[i]);
+                }
+            }
+            throw e;
+        }
     }
 
     /**

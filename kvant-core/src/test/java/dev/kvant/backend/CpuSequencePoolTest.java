@@ -1,6 +1,7 @@
 package dev.kvant.backend;
 
 import dev.kvant.gguf.GgmlType;
+import dev.kvant.kv.KvCacheFullException;
 import dev.kvant.kv.KvFormat;
 import dev.kvant.model.LlamaModel;
 import dev.kvant.model.TinyModels;
@@ -70,6 +71,40 @@ class CpuSequencePoolTest {
                  SequencePool b = backend.newSequencePool(256, f, f);
                  BackendSequence s = a.newSequence(128)) {
                 assertThrows(IllegalArgumentException.class, () -> b.fork(s, 0, 128));
+            }
+        }
+    }
+
+    /**
+     * A batch whose second member needs a copy-on-write page the pool does not have fails before any member writes:
+     * the first keeps its length (it had one layer written, its length advanced, before reserve counted copies).
+     */
+    @Test
+    void aBatchThatCannotCopyASharedPageFailsBeforeAnyMemberWrites() {
+        try (Arena arena = Arena.ofShared(); Parallel threads = new Parallel(2)) {
+            LlamaModel model = LlamaModel.fromGguf(TinyModels.build("llama", GgmlType.F16, 5, arena).file());
+            CpuBackend backend = new CpuBackend(model, threads);
+            KvFormat f = KvFormat.parse("q8_0");
+            try (SequencePool pool = backend.newSequencePool(6 * 64, f, f)) {
+                int pt = pool.pageTokens();
+                int[] tokens = new int[4 * pt];
+                for (int i = 0; i < tokens.length; i++) {
+                    tokens[i] = (i * 7 + 3) % TinyModels.VOCAB;
+                }
+                float[] sink = new float[TinyModels.VOCAB];
+                BackendSequence a = pool.newSequence(1000);
+                a.forward(tokens, 0, 10, false, sink);
+                BackendSequence p = pool.newSequence(1000);
+                p.forward(tokens, 0, 2 * pt, false, sink);
+                BackendSequence b = pool.fork(p, 2 * pt, 1000);   // shares both pages
+                b.truncate(2 * pt - 28);                            // its next write lands in a shared page
+                BackendSequence filler = pool.newSequence(1000);
+                filler.forward(tokens, 0, pool.freePages() * pt, false, sink);
+                assertEquals(0, pool.freePages());
+                assertThrows(KvCacheFullException.class, () -> backend.decodeBatch(new BackendSequence[] {a, b},
+                        new int[] {5, 6}, new float[2 * TinyModels.VOCAB]));
+                assertEquals(10, a.length(), "the first member wrote nothing");
+                assertEquals(2 * pt - 28, b.length());
             }
         }
     }
