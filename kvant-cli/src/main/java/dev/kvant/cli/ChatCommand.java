@@ -49,7 +49,8 @@ final class ChatCommand implements Runnable {
     String system;
 
     @Option(names = "--chat-template", paramLabel = "NAME",
-            description = "override the template detected from the model: llama3, llama2, chatml, mistral, gemma, raw")
+            description = "override the template detected from the model: llama3, llama2, chatml, mistral,"
+                    + " mistral-v3, mistral-v3-tekken, mistral-v7, gemma, raw")
     String template;
 
     @Override

@@ -38,6 +38,21 @@ public enum ChatTemplate {
      */
     MISTRAL("mistral"),
     /**
+     * Mistral's v3 template (Mistral 7B Instruct v0.3, Mixtral 8x22B): {@code [INST] user[/INST] answer</s>}, the
+     * answer trimmed; a system prompt goes before the last user message with a blank line between.
+     */
+    MISTRAL_V3("mistral-v3"),
+    /**
+     * Mistral's v3 Tekken template (Mistral Nemo, Ministral): {@code [INST]user[/INST]answer</s>}, no spaces; a
+     * system prompt goes before the last user message with a blank line between.
+     */
+    MISTRAL_V3_TEKKEN("mistral-v3-tekken"),
+    /**
+     * Mistral's v7 Tekken template (Mistral Small 3.x): {@code [SYSTEM_PROMPT]system[/SYSTEM_PROMPT]}, then
+     * {@code [INST]user[/INST]answer</s>}, no spaces; system prompts stay where they are.
+     */
+    MISTRAL_V7("mistral-v7"),
+    /**
      * Gemma: {@code <start_of_turn>user\ncontent<end_of_turn>\n}, the assistant's role written {@code model}, content
      * trimmed; a system prompt goes before the first user message with a blank line between (Gemma 2/3 templates).
      */
@@ -79,8 +94,21 @@ public enum ChatTemplate {
         if (t.contains("<start_of_turn>")) {
             return GEMMA;
         }
+        if (t.contains("[SYSTEM_PROMPT]")) {
+            return MISTRAL_V7;
+        }
         if (t.contains("[INST]")) {
-            return t.contains("<<SYS>>") ? LLAMA2 : MISTRAL;
+            if (t.contains("<<SYS>>")) {
+                return LLAMA2;
+            }
+            // Mistral's own templates (as llama.cpp tells them apart): tools or a system message put into a turn
+            if (t.contains("[AVAILABLE_TOOLS]") || t.contains("' [INST] ' + system_message")) {
+                if (t.contains(" [INST]")) {
+                    return MISTRAL;
+                }
+                return t.contains("\"[INST]\"") || t.contains("'[INST]'") ? MISTRAL_V3_TEKKEN : MISTRAL_V3;
+            }
+            return MISTRAL;
         }
         String head = t.length() > 80 ? t.substring(0, 80) + "..." : t;
         throw new IllegalArgumentException("the model's chat template (tokenizer.chat_template, starting '"
@@ -109,7 +137,7 @@ public enum ChatTemplate {
      * The prompt text for a conversation.
      *
      * @param addGenerationPrompt end with the opening of an assistant turn, for the model to continue (formats whose
-     *                            user turn already ends in the cue, llama2 and mistral, add nothing)
+     *                            user turn already ends in the cue, llama2 and the mistral ones, add nothing)
      * @throws IllegalArgumentException for a role the format cannot express
      */
     public String render(List<ChatMessage> messages, boolean addGenerationPrompt) {
@@ -161,6 +189,41 @@ public enum ChatTemplate {
                             system = null;
                             sb.append("[INST] ").append(content).append(" [/INST]");
                         }
+                        default -> sb.append(m.content()).append("</s>");
+                    }
+                }
+            }
+            case MISTRAL_V3, MISTRAL_V3_TEKKEN -> {
+                boolean tekken = this == MISTRAL_V3_TEKKEN;
+                String system = null;
+                int lastUser = -1;
+                for (int i = 0; i < messages.size(); i++) {
+                    String role = role(messages.get(i));
+                    String content = messages.get(i).content();
+                    if (role.equals("system")) {
+                        system = system == null ? content : system + "\n\n" + content;
+                    } else if (role.equals("user")) {
+                        lastUser = i;
+                    }
+                }
+                for (int i = 0; i < messages.size(); i++) {
+                    ChatMessage m = messages.get(i);
+                    switch (role(m)) {
+                        case "system" -> { }
+                        case "user" -> {
+                            String content = i == lastUser && system != null ? system + "\n\n" + m.content()
+                                    : m.content();
+                            sb.append(tekken ? "[INST]" : "[INST] ").append(content).append("[/INST]");
+                        }
+                        default -> sb.append(tekken ? m.content() : " " + m.content().strip()).append("</s>");
+                    }
+                }
+            }
+            case MISTRAL_V7 -> {
+                for (ChatMessage m : messages) {
+                    switch (role(m)) {
+                        case "system" -> sb.append("[SYSTEM_PROMPT]").append(m.content()).append("[/SYSTEM_PROMPT]");
+                        case "user" -> sb.append("[INST]").append(m.content()).append("[/INST]");
                         default -> sb.append(m.content()).append("</s>");
                     }
                 }

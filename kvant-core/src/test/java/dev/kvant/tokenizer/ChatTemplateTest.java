@@ -16,6 +16,8 @@ class ChatTemplateTest {
             ChatMessage.user("What is 2+2?"),
             ChatMessage.assistant("4"));
     private static final List<ChatMessage> QUESTION = CONVERSATION.subList(0, 2);
+    private static final String NAMES = "llama3, llama2, chatml, mistral, mistral-v3, mistral-v3-tekken, mistral-v7,"
+            + " gemma, raw";
 
     @Test
     void llama3() {
@@ -58,6 +60,24 @@ class ChatTemplateTest {
     }
 
     @Test
+    void mistralV3AndTekkenPutTheSystemPromptBeforeTheLastUserMessage() {
+        List<ChatMessage> twoTurns = List.of(ChatMessage.system("Be terse."), ChatMessage.user("Hi"),
+                ChatMessage.assistant("Hello"), ChatMessage.user("Again"));
+        assertEquals("[INST]Hi[/INST]Hello</s>[INST]Be terse.\n\nAgain[/INST]",
+                ChatTemplate.MISTRAL_V3_TEKKEN.render(twoTurns, true));
+        assertEquals("[INST] Hi[/INST] Hello</s>[INST] Be terse.\n\nAgain[/INST]",
+                ChatTemplate.MISTRAL_V3.render(twoTurns, true));
+        assertEquals("[INST] You are terse.\n\nWhat is 2+2?[/INST] 4</s>", ChatTemplate.MISTRAL_V3.render(CONVERSATION,
+                false));
+    }
+
+    @Test
+    void mistralV7KeepsTheSystemPromptInItsOwnBlock() {
+        assertEquals("[SYSTEM_PROMPT]You are terse.[/SYSTEM_PROMPT][INST]What is 2+2?[/INST]4</s>",
+                ChatTemplate.MISTRAL_V7.render(CONVERSATION, false));
+    }
+
+    @Test
     void gemma() {
         assertEquals("<start_of_turn>user\nYou are terse.\n\nWhat is 2+2?<end_of_turn>\n"
                 + "<start_of_turn>model\n4<end_of_turn>\n",
@@ -84,6 +104,15 @@ class ChatTemplateTest {
                 null));
         assertEquals(ChatTemplate.MISTRAL, ChatTemplate.detect("{{ bos_token }}{% for message in messages %}"
                 + "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% endfor %}", null));
+        // Mistral's own templates (shortened): v1 has " [INST] ", v3 "[INST] ", v3 Tekken "[INST]", v7 a system block
+        assertEquals(ChatTemplate.MISTRAL, ChatTemplate.detect("{%- if tools %}[AVAILABLE_TOOLS]{%- endif %}"
+                + "{{- ' [INST] ' + message['content'] + ' [/INST]' }}", null));
+        assertEquals(ChatTemplate.MISTRAL_V3, ChatTemplate.detect("{%- if tools %}[AVAILABLE_TOOLS]{%- endif %}"
+                + "{{- '[INST] ' + message['content'] + '[/INST]' }}", null));
+        assertEquals(ChatTemplate.MISTRAL_V3_TEKKEN, ChatTemplate.detect("{%- if tools %}[AVAILABLE_TOOLS]{%- endif %}"
+                + "{{- \"[INST]\" + message[\"content\"] + \"[/INST]\" }}", null));
+        assertEquals(ChatTemplate.MISTRAL_V7, ChatTemplate.detect("{{- '[SYSTEM_PROMPT]' + system_message"
+                + " + '[/SYSTEM_PROMPT]' }}{{- '[INST]' + message['content'] + '[/INST]' }}", null));
         assertEquals(ChatTemplate.RAW, ChatTemplate.detect(null, null));
     }
 
@@ -98,11 +127,11 @@ class ChatTemplateTest {
         IllegalArgumentException byName = assertThrows(IllegalArgumentException.class,
                 () -> ChatTemplate.detect(null, "vicuna"));
         assertTrue(byName.getMessage().contains("'vicuna'")
-                && byName.getMessage().contains("llama3, llama2, chatml, mistral, gemma, raw"), byName.getMessage());
+                && byName.getMessage().contains(NAMES), byName.getMessage());
         IllegalArgumentException byText = assertThrows(IllegalArgumentException.class,
                 () -> ChatTemplate.detect("{{ 'USER: ' + message['content'] }}", null));
         assertTrue(byText.getMessage().contains("tokenizer.chat_template")
-                && byText.getMessage().contains("llama3, llama2, chatml, mistral, gemma, raw"), byText.getMessage());
+                && byText.getMessage().contains(NAMES), byText.getMessage());
     }
 
     @Test
