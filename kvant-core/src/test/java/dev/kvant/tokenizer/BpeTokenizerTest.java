@@ -84,6 +84,19 @@ class BpeTokenizerTest {
     }
 
     @Test
+    void anEndOfTurnMarkerTypedAsTextIsStillOneControlToken() {
+        // some converters type <|im_end|> as a normal token; llama.cpp retypes it, and a chat prompt's marker must
+        // reach the model as that one token
+        TokenizerSpec s = SyntheticVocab.bpe("gpt-2");
+        int[] types = s.tokenTypes().clone();
+        types[IM_END] = 1;   // NORMAL
+        Tokenizer typedAsText = Tokenizer.create(new TokenizerSpec(s.model(), s.pre(), s.tokens(), s.scores(), types,
+                s.merges(), -1, IM_END, -1, -1, -1, false, false, false, null));
+        assertArrayEquals(new int[] {HELLO, IM_END}, typedAsText.encode("hello<|im_end|>", false, true));
+        assertTrue(typedAsText.isEndOfGeneration(IM_END));
+    }
+
+    @Test
     void endOfGenerationCoversEosAndEndOfTurnMarkers() {
         assertEquals(IM_END, tok.eos());
         assertTrue(tok.isEndOfGeneration(IM_END));
