@@ -715,10 +715,17 @@ public final class CudaBackend implements Backend {
         public void close() {
             if (!closed) {
                 closed = true;
-                for (Stage st : stages) {
-                    st.stream.synchronize();
+                try {
+                    // a backend closed first has waited for its streams and given its contexts back (the pool's
+                    // device memory with them): only the pool's own bookkeeping is left
+                    if (!CudaBackend.this.closed) {
+                        for (Stage st : stages) {
+                            st.stream.synchronize();
+                        }
+                    }
+                } finally {
+                    pool.close();
                 }
-                pool.close();
             }
         }
     }
@@ -868,20 +875,40 @@ public final class CudaBackend implements Backend {
             return;
         }
         closed = true;
+        // every release runs even when one before it throws (a sticky device error makes the first synchronize
+        // throw): the first failure is rethrown once everything was given back
+        List<Runnable> steps = new ArrayList<>();
         for (Stage st : stages) {
-            st.stream.synchronize();
+            steps.add(st.stream::synchronize);
         }
         for (KvPool p : pools.values()) {
-            p.close();
+            steps.add(p::close);
         }
-        pools.clear();
+        steps.add(pools::clear);
         for (Landing l : landings) {
-            l.close();
+            steps.add(l::close);
         }
         for (Stage st : stages) {
-            st.close();
+            steps.add(st::close);
         }
-        contexts.forEach(CudaContext::close);
+        for (CudaContext context : contexts) {
+            steps.add(context::close);
+        }
+        RuntimeException first = null;
+        for (Runnable step : steps) {
+            try {
+                step.run();
+            } catch (RuntimeException e) {
+                if (first == null) {
+                    first = e;
+                } else {
+                    first.addSuppressed(e);
+                }
+            }
+        }
+        if (first != null) {
+            throw first;
+        }
     }
 
     /** A sequence whose cache pages live in its pool on the device. */
