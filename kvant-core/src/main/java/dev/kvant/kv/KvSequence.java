@@ -368,29 +368,34 @@ public final class KvSequence implements AutoCloseable {
         int shared = prefixTokens / pageTokens;
         int partial = prefixTokens % pageTokens;
         KvSequence child = new KvSequence(cache);
-        synchronized (allocator) {
-            if (partial > 0 && allocator.free() == 0) {
-                throw new KvCacheFullException("KV cache full: forking a prefix of " + prefixTokens
-                        + " tokens needs a free page to copy the page it ends in; none of " + allocator.total()
-                        + " is free, so only " + shared * pageTokens + " tokens can be forked", prefixTokens,
-                        shared * pageTokens);
+        try {
+            synchronized (allocator) {
+                if (partial > 0 && allocator.free() == 0) {
+                    throw new KvCacheFullException("KV cache full: forking a prefix of " + prefixTokens
+                            + " tokens needs a free page to copy the page it ends in; none of " + allocator.total()
+                            + " is free, so only " + shared * pageTokens + " tokens can be forked", prefixTokens,
+                            shared * pageTokens);
+                }
+                for (int p = 0; p < shared; p++) {
+                    allocator.retain(table[p]);
+                    child.append(table[p]);
+                }
+                if (partial > 0) {
+                    int copy = allocator.allocate();
+                    child.append(copy);
+                    cache.copyPage(table[shared], copy, partial);
+                }
             }
-            for (int p = 0; p < shared; p++) {
-                allocator.retain(table[p]);
-                child.append(table[p]);
+            child.length = prefixTokens;
+            for (int l = 0; l < layerLength.length; l++) {
+                child.layerLength[l] = Math.min(layerLength[l], prefixTokens);
             }
-            if (partial > 0) {
-                int copy = allocator.allocate();
-                cache.copyPage(table[shared], copy, partial);
-                child.append(copy);
+            if (summaries != null) {
+                child.summaries = summaries.copyFor(child, prefixTokens);
             }
-        }
-        child.length = prefixTokens;
-        for (int l = 0; l < layerLength.length; l++) {
-            child.layerLength[l] = Math.min(layerLength[l], prefixTokens);
-        }
-        if (summaries != null) {
-            child.summaries = summaries.copyFor(child, prefixTokens);
+        } catch (RuntimeException | Error e) {
+            child.close();   // gives back what the child holds so far: no page stays retained or allocated
+            throw e;
         }
         return child;
     }
