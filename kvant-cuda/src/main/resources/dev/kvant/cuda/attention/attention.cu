@@ -1304,6 +1304,122 @@ kvant_attn_decode_sel(const float* __restrict__ q, const u8* __restrict__ kpool,
 #endif
 
 
+// ---- the two prefill kernels' tile steps (kvant_attn_prefill's mma.sync loop and prefill_wg)
+
+// The online softmax of one tile's scores (lane: rows g, g + 8; tokens 8j + 2c, +1). A masked tile first sets the
+// scores a row may not see (past t1 or its position) to -inf; a tile every row of the warp sees entirely (below the
+// diagonal, inside the range) needs no mask: a uniform branch around the loop, so an ordinary tile pays nothing.
+// The row maxima move to the tile's, corr gets the factors that rescale what was summed before, s becomes the
+// probabilities and lrow their running sums. Returns whether some probability of the lane's rows is not 0.
+template <int TT>
+__device__ __forceinline__ bool tile_softmax(float (&s)[TT / 8][4], bool masked, int tok0, int t1,
+                                             const int (&rowPos)[2], int c, float (&mrow)[2], float (&lrow)[2],
+                                             float (&corr)[2]) {
+    bool any = false;
+    if (masked) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+#pragma unroll
+            for (int j = 0; j < TT / 8; j++) {
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    const int tok = tok0 + 8 * j + 2 * c + u;
+                    if (!(tok < t1 && tok <= rowPos[e])) s[j][2 * e + u] = NEG_INF;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        float mx = NEG_INF;
+#pragma unroll
+        for (int j = 0; j < TT / 8; j++) mx = fmaxf(fmaxf(mx, s[j][2 * e]), s[j][2 * e + 1]);
+        mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+        const float mnew = fmaxf(mrow[e], mx);
+        const float base = mnew == NEG_INF ? 0.f : mnew;
+        corr[e] = fast_exp2(mrow[e] - base);
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < TT / 8; j++) {
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const float pv = fast_exp2(s[j][2 * e + u] - base);
+                sum += pv;
+                s[j][2 * e + u] = pv;
+            }
+        }
+        lrow[e] = lrow[e] * corr[e] + sum;
+        mrow[e] = mnew;
+        any |= sum > 0.f;   // a sum of non-negative terms: some probability of the row is not 0
+    }
+    return any;
+}
+
+// Sparse V: drops the probabilities under the threshold; returns whether any of the lane's is left.
+template <int TT>
+__device__ __forceinline__ bool tile_sparse_v(float (&s)[TT / 8][4], float threshold) {
+    bool any = false;
+#pragma unroll
+    for (int j = 0; j < TT / 8; j++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if (s[j][i] < threshold) s[j][i] = 0.f;
+            any |= s[j][i] != 0.f;
+        }
+    }
+    return any;
+}
+
+// O *= the rows' factors. Once the running maxima settle (most tiles of a long prompt) both factors are exactly 1
+// (2^0) in every lane: the warp skips the rescaling, which would leave the same bits.
+__device__ __forceinline__ void rescale_rows(float (&o)[DV / 8][4], const float (&corr)[2]) {
+    if (__any_sync(FULL_MASK, corr[0] != 1.f || corr[1] != 1.f)) {
+#pragma unroll
+        for (int i = 0; i < DV / 8; i++) {
+            o[i][0] *= corr[0];
+            o[i][1] *= corr[0];
+            o[i][2] *= corr[1];
+            o[i][3] *= corr[1];
+        }
+    }
+}
+
+// The probabilities as the A fragments of P V (f16, bf16 for a bf16 V).
+template <int TT>
+__device__ __forceinline__ void pack_probs(u32 (&pa)[TT / 16][4], const float (&s)[TT / 8][4]) {
+#pragma unroll
+    for (int kk = 0; kk < TT / 16; kk++) {
+        pa[kk][0] = pack2<V_BF16>(s[2 * kk][0], s[2 * kk][1]);
+        pa[kk][1] = pack2<V_BF16>(s[2 * kk][2], s[2 * kk][3]);
+        pa[kk][2] = pack2<V_BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[kk][3] = pack2<V_BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+}
+
+// out = O / l for the lane's rows of the warp's 16 (row0..), in head order (perm_col undoes a turbo V's column order).
+__device__ __forceinline__ void store_rows(const float (&o)[DV / 8][4], float (&lrow)[2], float* __restrict__ out,
+                                           int row0, int nRows, int G, int kh, int heads, int g, int c) {
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        lrow[e] += __shfl_xor_sync(FULL_MASK, lrow[e], 1);
+        lrow[e] += __shfl_xor_sync(FULL_MASK, lrow[e], 2);
+    }
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const int row = row0 + g + 8 * e;
+        if (row >= nRows) continue;
+        const int qi = row / G, hq = kh * G + (row - qi * G);
+        const float inv = 1.f / lrow[e];
+        float* op = out + ((i64) qi * heads + hq) * DV;
+#pragma unroll
+        for (int j = 0; j < DV / 8; j++) {
+            op[perm_col<VF, DV>(8 * j + 2 * c)] = o[j][2 * e] * inv;
+            op[perm_col<VF, DV>(8 * j + 2 * c + 1)] = o[j][2 * e + 1] * inv;
+        }
+    }
+}
+
 // ---- prefill on Hopper's warpgroup tensor cores (wgmma, sm_90a: the module is compiled for sm_90a on a 9.0 device)
 //
 // Compiled where NVRTC targets sm_90a (__CUDA_ARCH_FEAT_SM90_ALL) for f16/bf16 K and V rows of 64 or 128 values
@@ -1326,8 +1442,9 @@ kvant_attn_decode_sel(const float* __restrict__ q, const u8* __restrict__ kpool,
 // memory latency; the stage it refills was released a tile before), after waiting for that stage to be empty; no
 // block-wide barrier in the loop. A warpgroup waits for its S = Q K^T (DK / 16 k-steps), does the softmax in
 // registers and waits for O += P V (P as register A fragments) before its next tile (left running into it,
-// ptxas serialized the products anyway: C7515, its accumulators being reassigned in between). The two warpgroups take turns on the
-// tensor cores (named barriers, below), so one's softmax runs while the other's products do: +8% at 32K.
+// ptxas serialized the products anyway: C7515, its accumulators being reassigned in between). The two warpgroups
+// take turns on the tensor cores (named barriers, below), so one's softmax runs while the other's products do: +8%
+// at 32K.
 // (1: F_BF16, which the preprocessor cannot read)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) && KF <= 1 && VF <= 1 && !KMEAN && DK == DV && (DK == 64 || DK == 128)
 #define KVANT_WGMMA 1
@@ -1667,70 +1784,12 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
         wg_pin(s);
 
         // ---- online softmax, as kvant_attn_prefill's loop
-        const bool masked = tok0 + TT > imin(t1, warpFirstPos + 1);
-        if (masked) {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-#pragma unroll
-                for (int j = 0; j < TT / 8; j++) {
-#pragma unroll
-                    for (int u = 0; u < 2; u++) {
-                        const int tok = tok0 + 8 * j + 2 * c + u;
-                        if (!(tok < t1 && tok <= rowPos[e])) s[j][2 * e + u] = NEG_INF;
-                    }
-                }
-            }
-        }
         float corr[2];
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            float mx = NEG_INF;
-#pragma unroll
-            for (int j = 0; j < TT / 8; j++) mx = fmaxf(fmaxf(mx, s[j][2 * e]), s[j][2 * e + 1]);
-            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
-            const float mnew = fmaxf(mrow[e], mx);
-            const float base = mnew == NEG_INF ? 0.f : mnew;
-            corr[e] = fast_exp2(mrow[e] - base);
-            float sum = 0.f;
-#pragma unroll
-            for (int j = 0; j < TT / 8; j++) {
-#pragma unroll
-                for (int u = 0; u < 2; u++) {
-                    const float pv = fast_exp2(s[j][2 * e + u] - base);
-                    sum += pv;
-                    s[j][2 * e + u] = pv;
-                }
-            }
-            lrow[e] = lrow[e] * corr[e] + sum;
-            mrow[e] = mnew;
-        }
-        if (sparseThreshold > 0.f) {
-#pragma unroll
-            for (int j = 0; j < TT / 8; j++) {
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    if (s[j][i] < sparseThreshold) s[j][i] = 0.f;
-                }
-            }
-        }
-        if (__any_sync(FULL_MASK, corr[0] != 1.f || corr[1] != 1.f)) {
-#pragma unroll
-            for (int i = 0; i < DV / 8; i++) {
-                o[i][0] *= corr[0];
-                o[i][1] *= corr[0];
-                o[i][2] *= corr[1];
-                o[i][3] *= corr[1];
-            }
-        }
+        tile_softmax<TT>(s, tok0 + TT > imin(t1, warpFirstPos + 1), tok0, t1, rowPos, c, mrow, lrow, corr);
+        if (sparseThreshold > 0.f) tile_sparse_v<TT>(s, sparseThreshold);
+        rescale_rows(o, corr);
         u32 pa[TT / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < TT / 16; kk++) {
-            pa[kk][0] = pack2<V_BF16>(s[2 * kk][0], s[2 * kk][1]);
-            pa[kk][1] = pack2<V_BF16>(s[2 * kk][2], s[2 * kk][3]);
-            pa[kk][2] = pack2<V_BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[kk][3] = pack2<V_BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-        }
+        pack_probs<TT>(pa, s);
         // ---- O += P V: TT / 16 steps (k = tokens)
         turn_wait();
         wg_fence();
@@ -1743,24 +1802,7 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
         mbar_arrive(empty(st));
     }
 
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-        lrow[e] += __shfl_xor_sync(FULL_MASK, lrow[e], 1);
-        lrow[e] += __shfl_xor_sync(FULL_MASK, lrow[e], 2);
-    }
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-        const int row = row0 + g + 8 * e;
-        if (row >= nRows) continue;
-        const int qi = row / G, hq = kh * G + (row - qi * G);
-        const float inv = 1.f / lrow[e];
-        float* op = out + ((i64) qi * heads + hq) * DV;
-#pragma unroll
-        for (int j = 0; j < DV / 8; j++) {
-            op[8 * j + 2 * c] = o[j][2 * e] * inv;
-            op[8 * j + 2 * c + 1] = o[j][2 * e + 1] * inv;
-        }
-    }
+    store_rows(o, lrow, out, row0, nRows, G, kh, heads, g, c);
 }
 #endif
 
@@ -1949,76 +1991,13 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
         // ---- online softmax (lane: rows g, g+8; tokens 8j + 2c, +1). A tile every row of the warp sees entirely
         // (below the diagonal, inside the range) needs no mask, and without a sparse-V threshold no probability is
         // dropped: both are uniform branches around their loops, so an ordinary tile pays for neither.
-        u32 pa[TT / 16][4];
-        bool any = false;
-        const bool masked = tok0 + TT > imin(t1, warpFirstPos + 1);
-        if (masked) {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-#pragma unroll
-                for (int j = 0; j < TT / 8; j++) {
-#pragma unroll
-                    for (int u = 0; u < 2; u++) {
-                        const int tok = tok0 + 8 * j + 2 * c + u;
-                        if (!(tok < t1 && tok <= rowPos[e])) s[j][2 * e + u] = NEG_INF;
-                    }
-                }
-            }
-        }
         float corr[2];
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            float mx = NEG_INF;
-#pragma unroll
-            for (int j = 0; j < TT / 8; j++) mx = fmaxf(fmaxf(mx, s[j][2 * e]), s[j][2 * e + 1]);
-            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
-            const float mnew = fmaxf(mrow[e], mx);
-            const float base = mnew == NEG_INF ? 0.f : mnew;
-            corr[e] = fast_exp2(mrow[e] - base);
-            float sum = 0.f;
-#pragma unroll
-            for (int j = 0; j < TT / 8; j++) {
-#pragma unroll
-                for (int u = 0; u < 2; u++) {
-                    const float pv = fast_exp2(s[j][2 * e + u] - base);
-                    sum += pv;
-                    s[j][2 * e + u] = pv;
-                }
-            }
-            lrow[e] = lrow[e] * corr[e] + sum;
-            mrow[e] = mnew;
-            any |= sum > 0.f;   // a sum of non-negative terms: some probability of the row is not 0
-        }
-        if (sparseThreshold > 0.f) {
-            any = false;
-#pragma unroll
-            for (int j = 0; j < TT / 8; j++) {
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    if (s[j][i] < sparseThreshold) s[j][i] = 0.f;
-                    any |= s[j][i] != 0.f;
-                }
-            }
-        }
-        // Once the running maxima settle (most tiles of a long prompt) both factors are exactly 1 (2^0) in every
-        // lane: the warp skips the rescaling, which would leave the same bits.
-        if (__any_sync(FULL_MASK, corr[0] != 1.f || corr[1] != 1.f)) {
-#pragma unroll
-            for (int i = 0; i < DV / 8; i++) {
-                o[i][0] *= corr[0];
-                o[i][1] *= corr[0];
-                o[i][2] *= corr[1];
-                o[i][3] *= corr[1];
-            }
-        }
-#pragma unroll
-        for (int kk = 0; kk < TT / 16; kk++) {
-            pa[kk][0] = pack2<V_BF16>(s[2 * kk][0], s[2 * kk][1]);
-            pa[kk][1] = pack2<V_BF16>(s[2 * kk][2], s[2 * kk][3]);
-            pa[kk][2] = pack2<V_BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[kk][3] = pack2<V_BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-        }
+        bool any = tile_softmax<TT>(s, tok0 + TT > imin(t1, warpFirstPos + 1), tok0, t1, rowPos, c, mrow, lrow,
+                                    corr);
+        if (sparseThreshold > 0.f) any = tile_sparse_v<TT>(s, sparseThreshold);
+        rescale_rows(o, corr);
+        u32 pa[TT / 16][4];
+        pack_probs<TT>(pa, s);
         constexpr int vstride = V_DIRECT ? LY::SLOTV : LY::TS;
         const u32 vt = sbase + (V_DIRECT ? LY::OFF_RAW + st * LY::STAGE + TT * LY::SLOTK : LY::OFF_TILE);
         if constexpr (!V_DIRECT) {
@@ -2044,24 +2023,7 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
         }
     }
 
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-        lrow[e] += __shfl_xor_sync(FULL_MASK, lrow[e], 1);
-        lrow[e] += __shfl_xor_sync(FULL_MASK, lrow[e], 2);
-    }
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-        const int row = row0 + g + 8 * e;
-        if (row >= nRows) continue;
-        const int qi = row / G, hq = kh * G + (row - qi * G);
-        const float inv = 1.f / lrow[e];
-        float* op = out + ((i64) qi * heads + hq) * DV;
-#pragma unroll
-        for (int j = 0; j < DV / 8; j++) {
-            op[perm_col<VF, DV>(8 * j + 2 * c)] = o[j][2 * e] * inv;
-            op[perm_col<VF, DV>(8 * j + 2 * c + 1)] = o[j][2 * e + 1] * inv;
-        }
-    }
+    store_rows(o, lrow, out, row0, nRows, G, kh, heads, g, c);
 }
 
 // ================================================================================================================
