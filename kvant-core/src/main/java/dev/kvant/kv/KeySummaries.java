@@ -13,9 +13,10 @@ import java.util.Arrays;
  * head's summaries. Blocks at or past the sequence's last written position hold stale values: readers only look at
  * blocks of written positions.
  *
- * <p>Kept up to date by {@link KvSequence#writeRows}: every write recomputes each block it touches from the block's
- * first row up to the sequence's length, so overwrites and writes after a truncation leave exact summaries, never
- * merely loose ones.
+ * <p>Kept up to date by {@link KvSequence#writeRows}: a write recomputes each block it touches from the block's first
+ * row up to the sequence's length, so overwrites and writes after a truncation leave exact summaries, never merely
+ * loose ones; an append (a write that starts where the layer's summaries are known exact and ends the sequence: a
+ * decode step, the next prefill chunk) merges its rows into the block it continues instead.
  *
  * <p>An optional coarse level ({@code coarseTokens} > 0) holds the same for coarse blocks of coarseTokens positions
  * in the same layout ({@link #coarse}, {@link #coarseOffset}), recomputed from the blocks it spans up to the
@@ -155,9 +156,13 @@ public final class KeySummaries {
         if (coarseTokens > 0) {
             updateCoarse(layer, from, to, length);
         }
-        // the blocks from the write's on are recomputed up to the length; those before it are as exact as before
-        boolean whole = append || (to == length && exact >= from - from % blockTokens);
-        through[layer] = whole ? length : Math.min(exact, length);
+        // The blocks from the write's on are recomputed up to the length, those before it are as exact as before: with
+        // them exact up to the write's block, all is exact up to the length. Otherwise the exact point can only stay
+        // or fall, to a block start at most (the write's block may now hold rows past the old point, so the next
+        // append must recompute that block rather than merge into it).
+        int writeBlock = from - from % blockTokens;
+        boolean whole = append || (to == length && exact >= writeBlock);
+        through[layer] = whole ? length : Math.min(exact, writeBlock);
     }
 
     /**

@@ -112,4 +112,43 @@ class KeySummariesTest {
             assertExact(seq, "parent after the fork's writes");
         }
     }
+
+    /** Writes n rows of constant value x at pos into one layer. */
+    private static void writeLayer(KvSequence seq, int layer, int pos, int n, float x) {
+        KvGeometry g = seq.cache().geometry();
+        float[] k = new float[n * g.kvHeads() * g.headDimK()];
+        float[] v = new float[n * g.kvHeads() * g.headDimV()];
+        java.util.Arrays.fill(k, x);
+        java.util.Arrays.fill(v, x);
+        seq.writeRows(layer, pos, n, k, 0, v, 0);
+    }
+
+    /**
+     * Writes that leave a gap, and layers written to different lengths, then fill in: an append after them must not
+     * merge into a block the write before recomputed over rows past where the summaries were exact.
+     */
+    @ParameterizedTest
+    @ValueSource(strings = {"f16", "q8_0"})
+    void summariesStayExactThroughGapsAndLayersOfDifferentLengths(String format) {
+        KvFormat f = KvFormat.parse(format);
+        try (KvCache cache = KvCache.forTokens(new KvGeometry(2, 1, 64, 64), f, f, 64, 256)) {
+            KvSequence gap = cache.newSequence();
+            gap.enableKeySummaries(4);
+            for (int l = 0; l < 2; l++) {
+                writeLayer(gap, l, 0, 2, 1f);
+                writeLayer(gap, l, 6, 1, 1f);   // a gap at 2..5
+                writeLayer(gap, l, 2, 1, 100f);
+                writeLayer(gap, l, 2, 5, 1f);   // fills the gap, row 2 again
+            }
+            assertExact(gap, "after a gap filled in");
+            KvSequence lag = cache.newSequence();
+            lag.enableKeySummaries(4);
+            writeLayer(lag, 0, 0, 6, 5f);
+            writeLayer(lag, 1, 0, 6, 5f);
+            writeLayer(lag, 0, 6, 1, 5f);       // layer 0 ahead
+            writeLayer(lag, 1, 5, 1, 5f);       // layer 1 overwrites, its row 6 not written yet
+            writeLayer(lag, 1, 6, 1, 5f);
+            assertExact(lag, "after layers written to different lengths");
+        }
+    }
 }
