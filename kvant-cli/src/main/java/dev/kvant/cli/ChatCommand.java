@@ -50,7 +50,7 @@ final class ChatCommand implements Runnable {
 
     @Option(names = "--chat-template", paramLabel = "NAME",
             description = "override the template detected from the model: llama3, llama2, chatml, mistral,"
-                    + " mistral-v3, mistral-v3-tekken, mistral-v7, gemma, raw")
+                    + " mistral-v3, mistral-v3-tekken, mistral-v7, mistral-v7-tekken, gemma, raw")
     String template;
 
     @Override

@@ -48,10 +48,12 @@ public enum ChatTemplate {
      */
     MISTRAL_V3_TEKKEN("mistral-v3-tekken"),
     /**
-     * Mistral's v7 Tekken template (Mistral Small 3.x): {@code [SYSTEM_PROMPT]system[/SYSTEM_PROMPT]}, then
-     * {@code [INST]user[/INST]answer</s>}, no spaces; system prompts stay where they are.
+     * Mistral's v7 template (Mistral Large 2411, Pixtral Large): {@code [SYSTEM_PROMPT] system[/SYSTEM_PROMPT]}, then
+     * {@code [INST] user[/INST] answer</s>}; system prompts stay where they are.
      */
     MISTRAL_V7("mistral-v7"),
+    /** Mistral's v7 Tekken template (Mistral Small 3.x): as {@link #MISTRAL_V7} without the spaces. */
+    MISTRAL_V7_TEKKEN("mistral-v7-tekken"),
     /**
      * Gemma: {@code <start_of_turn>user\ncontent<end_of_turn>\n}, the assistant's role written {@code model}, content
      * trimmed; a system prompt goes before the first user message with a blank line between (Gemma 2/3 templates).
@@ -95,7 +97,7 @@ public enum ChatTemplate {
             return GEMMA;
         }
         if (t.contains("[SYSTEM_PROMPT]")) {
-            return MISTRAL_V7;
+            return t.contains("[SYSTEM_PROMPT] ") ? MISTRAL_V7 : MISTRAL_V7_TEKKEN;
         }
         if (t.contains("[INST]")) {
             if (t.contains("<<SYS>>")) {
@@ -219,12 +221,14 @@ public enum ChatTemplate {
                     }
                 }
             }
-            case MISTRAL_V7 -> {
+            case MISTRAL_V7, MISTRAL_V7_TEKKEN -> {
+                String space = this == MISTRAL_V7 ? " " : "";
                 for (ChatMessage m : messages) {
                     switch (role(m)) {
-                        case "system" -> sb.append("[SYSTEM_PROMPT]").append(m.content()).append("[/SYSTEM_PROMPT]");
-                        case "user" -> sb.append("[INST]").append(m.content()).append("[/INST]");
-                        default -> sb.append(m.content()).append("</s>");
+                        case "system" -> sb.append("[SYSTEM_PROMPT]").append(space).append(m.content())
+                                .append("[/SYSTEM_PROMPT]");
+                        case "user" -> sb.append("[INST]").append(space).append(m.content()).append("[/INST]");
+                        default -> sb.append(space).append(m.content()).append("</s>");
                     }
                 }
             }

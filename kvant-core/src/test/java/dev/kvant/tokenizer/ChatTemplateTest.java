@@ -17,7 +17,7 @@ class ChatTemplateTest {
             ChatMessage.assistant("4"));
     private static final List<ChatMessage> QUESTION = CONVERSATION.subList(0, 2);
     private static final String NAMES = "llama3, llama2, chatml, mistral, mistral-v3, mistral-v3-tekken, mistral-v7,"
-            + " gemma, raw";
+            + " mistral-v7-tekken, gemma, raw";
 
     @Test
     void llama3() {
@@ -74,6 +74,8 @@ class ChatTemplateTest {
     @Test
     void mistralV7KeepsTheSystemPromptInItsOwnBlock() {
         assertEquals("[SYSTEM_PROMPT]You are terse.[/SYSTEM_PROMPT][INST]What is 2+2?[/INST]4</s>",
+                ChatTemplate.MISTRAL_V7_TEKKEN.render(CONVERSATION, false));
+        assertEquals("[SYSTEM_PROMPT] You are terse.[/SYSTEM_PROMPT][INST] What is 2+2?[/INST] 4</s>",
                 ChatTemplate.MISTRAL_V7.render(CONVERSATION, false));
     }
 
@@ -111,8 +113,10 @@ class ChatTemplateTest {
                 + "{{- '[INST] ' + message['content'] + '[/INST]' }}", null));
         assertEquals(ChatTemplate.MISTRAL_V3_TEKKEN, ChatTemplate.detect("{%- if tools %}[AVAILABLE_TOOLS]{%- endif %}"
                 + "{{- \"[INST]\" + message[\"content\"] + \"[/INST]\" }}", null));
-        assertEquals(ChatTemplate.MISTRAL_V7, ChatTemplate.detect("{{- '[SYSTEM_PROMPT]' + system_message"
+        assertEquals(ChatTemplate.MISTRAL_V7_TEKKEN, ChatTemplate.detect("{{- '[SYSTEM_PROMPT]' + system_message"
                 + " + '[/SYSTEM_PROMPT]' }}{{- '[INST]' + message['content'] + '[/INST]' }}", null));
+        assertEquals(ChatTemplate.MISTRAL_V7, ChatTemplate.detect("{{- '[SYSTEM_PROMPT] ' + message['content']"
+                + " + '[/SYSTEM_PROMPT]' }}{{- '[INST] ' + message['content'] + '[/INST]' }}", null));
         assertEquals(ChatTemplate.RAW, ChatTemplate.detect(null, null));
     }
 
