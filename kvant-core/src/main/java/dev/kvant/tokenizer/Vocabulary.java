@@ -68,9 +68,10 @@ final class Vocabulary {
             }
             texts[i] = text;
             types[i] = spec.tokenTypes() != null ? TokenType.ofCode(spec.tokenTypes()[i]) : TokenType.NORMAL;
-            // an end-of-turn marker typed as plain text by its converter is a control token all the same (llama.cpp
-            // retypes these too): a chat template's marker must reach the model as the one token it was trained on
-            if (types[i] == TokenType.NORMAL && END_OF_TURN_TEXTS.contains(text)) {
+            // an end-of-turn marker typed otherwise by its converter (plain text, user-defined) is a control token all
+            // the same, as llama.cpp retypes it: a chat template's marker must reach the model as the one token it was
+            // trained on, and text that merely spells it is text unless special tokens are parsed
+            if (types[i] != TokenType.CONTROL && END_OF_TURN_TEXTS.contains(text)) {
                 types[i] = TokenType.CONTROL;
             }
             // Duplicate texts occur in some converted vocabularies; the lowest id is the one text maps to.

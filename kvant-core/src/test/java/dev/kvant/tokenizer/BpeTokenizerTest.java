@@ -94,6 +94,11 @@ class BpeTokenizerTest {
                 s.merges(), -1, IM_END, -1, -1, -1, false, false, false, null));
         assertArrayEquals(new int[] {HELLO, IM_END}, typedAsText.encode("hello<|im_end|>", false, true));
         assertTrue(typedAsText.isEndOfGeneration(IM_END));
+        types[IM_END] = 4;   // USER_DEFINED: matched in any text as such; as a control token, only when parsing
+        Tokenizer userDefined = Tokenizer.create(new TokenizerSpec(s.model(), s.pre(), s.tokens(), s.scores(), types,
+                s.merges(), -1, IM_END, -1, -1, -1, false, false, false, null));
+        assertArrayEquals(new int[] {HELLO, IM_END}, userDefined.encode("hello<|im_end|>", false, true));
+        assertFalse(Arrays.stream(userDefined.encode("hello<|im_end|>", false, false)).anyMatch(id -> id == IM_END));
     }
 
     @Test
