@@ -11,6 +11,7 @@ import org.junit.jupiter.api.Test;
 import java.lang.foreign.Arena;
 import java.util.Arrays;
 import java.util.Random;
+import java.util.function.Consumer;
 
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
@@ -24,9 +25,7 @@ class CpuSequencePoolTest {
         Random r = new Random(seed);
         int vocab = TinyModels.VOCAB;
         KvFormat f = KvFormat.parse("q8_0");
-        try (Arena arena = Arena.ofShared(); Parallel threads = new Parallel(2)) {
-            LlamaModel model = LlamaModel.fromGguf(TinyModels.build("llama", GgmlType.F16, seed, arena).file());
-            CpuBackend backend = new CpuBackend(model, threads);
+        onTinyModel(seed, 2, backend -> {
             try (SequencePool pool = backend.newSequencePool(1024, f, f)) {
                 int pt = pool.pageTokens();
                 assertEquals(1024 / pt, pool.totalPages());
@@ -58,21 +57,19 @@ class CpuSequencePoolTest {
                 alone.close();
                 assertEquals(pool.totalPages(), pool.freePages(), "every page returned (seed " + seed + ")");
             }
-        }
+        });
     }
 
     @Test
     void forkRefusesASequenceOfAnotherPool() {
-        try (Arena arena = Arena.ofShared(); Parallel threads = new Parallel(1)) {
-            LlamaModel model = LlamaModel.fromGguf(TinyModels.build("llama", GgmlType.F16, 3, arena).file());
-            CpuBackend backend = new CpuBackend(model, threads);
+        onTinyModel(3, 1, backend -> {
             KvFormat f = KvFormat.parse("f16");
             try (SequencePool a = backend.newSequencePool(256, f, f);
                  SequencePool b = backend.newSequencePool(256, f, f);
                  BackendSequence s = a.newSequence(128)) {
                 assertThrows(IllegalArgumentException.class, () -> b.fork(s, 0, 128));
             }
-        }
+        });
     }
 
     /**
@@ -81,9 +78,7 @@ class CpuSequencePoolTest {
      */
     @Test
     void aBatchThatCannotCopyASharedPageFailsBeforeAnyMemberWrites() {
-        try (Arena arena = Arena.ofShared(); Parallel threads = new Parallel(2)) {
-            LlamaModel model = LlamaModel.fromGguf(TinyModels.build("llama", GgmlType.F16, 5, arena).file());
-            CpuBackend backend = new CpuBackend(model, threads);
+        onTinyModel(5, 2, backend -> {
             KvFormat f = KvFormat.parse("q8_0");
             try (SequencePool pool = backend.newSequencePool(6 * 64, f, f)) {
                 int pt = pool.pageTokens();
@@ -106,6 +101,14 @@ class CpuSequencePoolTest {
                 assertEquals(10, a.length(), "the first member wrote nothing");
                 assertEquals(2 * pt - 28, b.length());
             }
+        });
+    }
+
+    /** Runs a test on the CPU backend of a tiny F16 model built from seed, with that many threads. */
+    private static void onTinyModel(long seed, int threads, Consumer<CpuBackend> test) {
+        try (Arena arena = Arena.ofShared(); Parallel pool = new Parallel(threads)) {
+            test.accept(new CpuBackend(LlamaModel.fromGguf(TinyModels.build("llama", GgmlType.F16, seed, arena).file()),
+                    pool));
         }
     }
 }
