@@ -84,9 +84,20 @@ public final class CublasLt implements AutoCloseable {
             lib.check((int) lib.create.invokeExact(box), "cublasLtCreate()");
             this.handle = box.get(ADDRESS, 0);
         } catch (Throwable t) {
+            arena.close();
             throw CudaDriver.rethrow(t);
         }
-        this.workspace = context.allocate(workspaceBytes);
+        try {
+            this.workspace = context.allocate(workspaceBytes);
+        } catch (RuntimeException | Error e) {
+            try {
+                int ignored = (int) lib.destroy.invokeExact(handle);  // the allocation's failure is the one to report
+            } catch (Throwable t) {
+                e.addSuppressed(t);
+            }
+            arena.close();
+            throw e;
+        }
         this.alpha = arena.allocateFrom(JAVA_FLOAT, 1f);
         this.beta = arena.allocateFrom(JAVA_FLOAT, 0f);
         this.one = arena.allocateFrom(JAVA_FLOAT, 1f);

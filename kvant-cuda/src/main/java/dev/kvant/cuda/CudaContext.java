@@ -228,8 +228,8 @@ public final class CudaContext implements AutoCloseable {
         if (source.overlappable()) {  // one of kvant's own sources
             computeCapability.requireKvantKernels(toString());
         }
-        return CudaModule.load(this, source.name(), cache.cubin(source, computeCapability.arch(), defines),
-                source.overlappable());
+        return cache.load(source, computeCapability.arch(), defines,
+                cubin -> CudaModule.load(this, source.name(), cubin, source.overlappable()));
     }
 
     public CudaModule loadModule(KernelCache cache, KernelSource source) {

@@ -15,6 +15,7 @@ import java.util.Arrays;
 import java.util.HexFormat;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import java.util.TreeMap;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.function.Function;
@@ -29,7 +30,8 @@ import java.util.function.Function;
  * <p>File format (all big-endian): the 8 ASCII bytes {@code KVCUBIN1}, the payload length (8 bytes), the payload's
  * SHA-256 (32 bytes), then the payload. A file is written to a temporary name in the same folder and renamed into
  * place, so a reader sees a whole file or none; a file that is short, has the wrong magic, length or hash (a torn
- * copy, a full disk, bit rot) is reported, recompiled and replaced.
+ * copy, a full disk, bit rot) is reported, recompiled and replaced; so is an intact one the driver refuses to load
+ * ({@link #load}).
  *
  * <p>Where: {@code $KVANT_CACHE_DIR}, else {@code ~/.cache/kvant/cubin}.
  */
@@ -101,19 +103,62 @@ public final class KernelCache {
     /** The cubin of {@code source} with {@code defines}, for {@code arch}. */
     public byte[] cubin(KernelSource source, String arch, Map<String, String> defines) {
         List<String> options = options(arch, defines);
-        Key key = key(source, arch, options);
-        Path file = directory.resolve(key.fileName());
-        byte[] stored = read(file);
+        Path file = directory.resolve(key(source, arch, options).fileName());
+        byte[] stored = stored(file, source);
         if (stored != null) {
-            byte[] payload = decode(stored);
-            if (payload != null) {
+            hits.incrementAndGet();
+            return stored;
+        }
+        return compileAndStore(source, options, file);
+    }
+
+    /**
+     * {@code loader} applied to the cubin of {@code source} with {@code defines}, for {@code arch}. When the driver
+     * refuses a cubin from disk as an image (a file intact by its hash but written by a toolkit or for a device this
+     * driver does not take), the cubin is compiled afresh, replaces the file and is loaded once more; any other
+     * failure of the loader (out of memory, say) is thrown as it is.
+     */
+    public <T> T load(KernelSource source, String arch, Map<String, String> defines, Function<byte[], T> loader) {
+        List<String> options = options(arch, defines);
+        Path file = directory.resolve(key(source, arch, options).fileName());
+        byte[] stored = stored(file, source);
+        if (stored != null) {
+            try {
+                T loaded = loader.apply(stored);
                 hits.incrementAndGet();
-                return payload;
+                return loaded;
+            } catch (CudaException e) {
+                if (!REFUSED_IMAGE.contains(e.errorName())) {
+                    throw e;
+                }
+                rebuilt.incrementAndGet();
+                LOG.log(System.Logger.Level.WARNING, "the driver refused the cached kernel file " + file + " ("
+                        + e.errorName() + "); recompiling " + source.name());
             }
+        }
+        return loader.apply(compileAndStore(source, options, file));
+    }
+
+    /** What the driver answers for an image it cannot load: a reason to compile again rather than to give up. */
+    private static final Set<String> REFUSED_IMAGE = Set.of("CUDA_ERROR_INVALID_IMAGE", "CUDA_ERROR_NO_BINARY_FOR_GPU",
+            "CUDA_ERROR_INVALID_PTX", "CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "CUDA_ERROR_INVALID_SOURCE");
+
+    /** The payload of {@code file} when it is a whole, intact cache file; null when absent or corrupt (counted). */
+    private byte[] stored(Path file, KernelSource source) {
+        byte[] stored = read(file);
+        if (stored == null) {
+            return null;
+        }
+        byte[] payload = decode(stored);
+        if (payload == null) {
             rebuilt.incrementAndGet();
             LOG.log(System.Logger.Level.WARNING, "kernel cache file " + file + " is corrupt (" + stored.length
                     + " bytes, bad header, length or hash); recompiling " + source.name());
         }
+        return payload;
+    }
+
+    private byte[] compileAndStore(KernelSource source, List<String> options, Path file) {
         byte[] cubin = compiler.compile(source, options);
         compiles.incrementAndGet();
         write(file, encode(cubin));
@@ -144,7 +189,7 @@ public final class KernelCache {
         return new Key(source.name(), HexFormat.of().formatHex(sha.digest()), arch, driverVersion, compiler.version());
     }
 
-    /** Counts since this cache was made: cubins served from disk, compiler runs, corrupt files replaced. */
+    /** Counts since this cache was made: cubins served from disk, compiler runs, corrupt or refused files replaced. */
     public record Stats(long hits, long compiles, long rebuilt) {
     }
 

@@ -84,6 +84,49 @@ class KernelCacheTest {
     }
 
     @Test
+    void aCachedCubinTheDriverRefusesIsCompiledAgainAndReplaced(@TempDir Path dir) throws IOException {
+        long seed = GpuFixture.seed("aCachedCubinTheDriverRefusesIsCompiledAgainAndReplaced");
+        FakeCompiler compiler = new FakeCompiler("fake 1.0", seed);
+        KernelCache cache = new KernelCache(dir, compiler, 13000);
+        byte[] good = cache.cubin(SOURCE, "sm_90");
+        Path file = dir.resolve(cache.key(SOURCE, "sm_90", KernelCache.options("sm_90", Map.of())).fileName());
+        // an intact file (its hash matches) whose payload the driver will not take
+        byte[] refused = "not a cubin for this driver".getBytes(StandardCharsets.US_ASCII);
+        Files.write(file, KernelCache.encode(refused));
+        List<byte[]> offered = new java.util.ArrayList<>();
+        String loaded = cache.load(SOURCE, "sm_90", Map.of(), cubin -> {
+            offered.add(cubin);
+            if (Arrays.equals(cubin, refused)) {
+                throw new CudaException("cuModuleLoadData(axpy.cu)", 200, "CUDA_ERROR_INVALID_IMAGE",
+                        "device kernel image is invalid");
+            }
+            return "module of " + cubin.length + " bytes";
+        });
+        assertEquals("module of " + good.length + " bytes", loaded, "seed " + seed);
+        assertEquals(2, offered.size(), "the refused image, then the recompiled one; seed " + seed);
+        assertEquals(2, compiler.calls, "seed " + seed);
+        assertArrayEquals(good, KernelCache.decode(Files.readAllBytes(file)), "the file replaced; seed " + seed);
+        assertEquals(new KernelCache.Stats(0, 2, 1), cache.stats(), "seed " + seed);
+        cache.load(SOURCE, "sm_90", Map.of(), cubin -> cubin);
+        assertEquals(new KernelCache.Stats(1, 2, 1), cache.stats(), "the replaced file serves the next load; seed "
+                + seed);
+    }
+
+    @Test
+    void aLoaderFailureOtherThanARefusedImageIsThrownWithoutRecompiling(@TempDir Path dir) {
+        long seed = GpuFixture.seed("aLoaderFailureOtherThanARefusedImageIsThrownWithoutRecompiling");
+        FakeCompiler compiler = new FakeCompiler("fake 1.0", seed);
+        KernelCache cache = new KernelCache(dir, compiler, 13000);
+        cache.cubin(SOURCE, "sm_90");
+        CudaException e = assertThrows(CudaException.class, () -> cache.load(SOURCE, "sm_90", Map.of(), cubin -> {
+            throw new CudaException("cuModuleLoadData(axpy.cu)", 2, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory");
+        }));
+        assertEquals("CUDA_ERROR_OUT_OF_MEMORY", e.errorName());
+        assertEquals(1, compiler.calls, "seed " + seed);
+        assertEquals(new KernelCache.Stats(0, 1, 0), cache.stats(), "seed " + seed);
+    }
+
+    @Test
     void keyChangesWithSourceOptionsArchDriverAndCompiler(@TempDir Path dir) {
         FakeCompiler compiler = new FakeCompiler("fake 1.0", 1);
         KernelCache cache = new KernelCache(dir, compiler, 13000);

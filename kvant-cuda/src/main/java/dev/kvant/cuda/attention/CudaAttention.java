@@ -88,35 +88,42 @@ public final class CudaAttention implements AutoCloseable {
         this.decodeHeads = AttentionSource.decodeHeads(shape);
         this.kernelCache = cache;
         KernelSource source = AttentionSource.source(shape);
-        this.module = context.loadModule(cache, source, AttentionSource.defines(shape));
-        this.writeKv = module.function("kvant_kv_write_kv");
-        this.writeGains = module.function("kvant_kv_write_gains");
-        this.pageMeans = module.function("kvant_kv_page_means");
-        this.ropeWrite = module.function("kvant_rope_write");
-        // launched plain: overlapped, it ran 14% slower with turbo3 at 32K tokens (plainLaunches); and its prologue
-        // reads the query the launch right before it writes (kvant_rope_write), see attention.cu
-        this.decode = module.function("kvant_attn_decode").plainLaunches();
-        this.prefill = module.function("kvant_attn_prefill");
-        this.merge = module.function("kvant_attn_merge");
-        this.unrotate = module.function("kvant_attn_unrotate");
-        this.fill = module.function("kvant_fill_normal");
-        int[] info = info(context, module);
-        this.decodeShared = info[0];
-        this.decodeThreads = info[1];
-        this.decodeStages = info[2];
-        this.prefillShared = info[3];
-        this.prefillThreads = info[4];
-        this.prefillStages = info[5];
-        this.decodeSplits = plan.maxSplits(info[8]);
-        if (info[6] != shape.kRowBytes() || info[7] != shape.vRowBytes()) {
-            throw new IllegalStateException("module " + source.name() + " computes rows of " + info[6] + "/" + info[7]
-                    + " bytes, the formats say " + shape.kRowBytes() + "/" + shape.vRowBytes());
+        // what is made here is closed again when a later step fails (a rejected module, no memory left)
+        Owned made = new Owned();
+        try {
+            this.module = made.add(context.loadModule(cache, source, AttentionSource.defines(shape)));
+            this.writeKv = module.function("kvant_kv_write_kv");
+            this.writeGains = module.function("kvant_kv_write_gains");
+            this.pageMeans = module.function("kvant_kv_page_means");
+            this.ropeWrite = module.function("kvant_rope_write");
+            // launched plain: overlapped, it ran 14% slower with turbo3 at 32K tokens (plainLaunches); and its prologue
+            // reads the query the launch right before it writes (kvant_rope_write), see attention.cu
+            this.decode = module.function("kvant_attn_decode").plainLaunches();
+            this.prefill = module.function("kvant_attn_prefill");
+            this.merge = module.function("kvant_attn_merge");
+            this.unrotate = module.function("kvant_attn_unrotate");
+            this.fill = module.function("kvant_fill_normal");
+            int[] info = info(context, module);
+            this.decodeShared = info[0];
+            this.decodeThreads = info[1];
+            this.decodeStages = info[2];
+            this.prefillShared = info[3];
+            this.prefillThreads = info[4];
+            this.prefillStages = info[5];
+            this.decodeSplits = plan.maxSplits(info[8]);
+            if (info[6] != shape.kRowBytes() || info[7] != shape.vRowBytes()) {
+                throw new IllegalStateException("module " + source.name() + " computes rows of " + info[6] + "/"
+                        + info[7] + " bytes, the formats say " + shape.kRowBytes() + "/" + shape.vRowBytes());
+            }
+            decode.setMaxDynamicSharedMemory(decodeShared);
+            prefill.setMaxDynamicSharedMemory(prefillShared);
+            long rows = (long) plan.maxSeqs() * plan.maxQueries() * shape.heads() * plan.maxSplits();
+            this.partials = made.add(context.allocate(rows * shape.headDimV() * 4));
+            this.maxSums = made.add(context.allocate(rows * 8));
+        } catch (RuntimeException | Error e) {
+            made.close();
+            throw e;
         }
-        decode.setMaxDynamicSharedMemory(decodeShared);
-        prefill.setMaxDynamicSharedMemory(prefillShared);
-        long rows = (long) plan.maxSeqs() * plan.maxQueries() * shape.heads() * plan.maxSplits();
-        this.partials = context.allocate(rows * shape.headDimV() * 4);
-        this.maxSums = context.allocate(rows * 8);
     }
 
     /** Attention with the usual softmax scale 1/sqrt(headDimK) and dense V. */

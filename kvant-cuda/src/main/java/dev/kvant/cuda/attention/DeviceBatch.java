@@ -36,7 +36,12 @@ public final class DeviceBatch implements AutoCloseable {
         long bytes = tableBytes + 4L * maxSeqs;
         this.staging = context.allocatePinned(bytes);
         staging.segment().fill((byte) 0);
-        this.device = context.allocate(bytes);
+        try {
+            this.device = context.allocate(bytes);
+        } catch (RuntimeException | Error e) {
+            staging.close();
+            throw e;
+        }
         this.tables = device.slice(0, tableBytes);
         this.lengths = device.slice(tableBytes, 4L * maxSeqs);
     }

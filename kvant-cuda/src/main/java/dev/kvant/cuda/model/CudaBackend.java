@@ -152,35 +152,39 @@ public final class CudaBackend implements Backend {
     public static CudaBackend open(LlamaModel model, Options options) {
         ModelConfig c = model.config();
         int[] devices = options.devices().length == 0 ? new int[] {-1} : options.devices();
-        int[] split = options.layerSplit() != null ? options.layerSplit() : autoSplit(model, devices.length,
-                options.kvBytes());
-        if (split.length != devices.length) {
-            throw new IllegalArgumentException("--layer-split gives " + split.length + " parts for "
-                    + devices.length + " GPUs");
-        }
-        int sum = 0;
-        for (int n : split) {
-            if (n < 1) {
-                throw new IllegalArgumentException("every GPU of a layer split needs at least one layer: "
-                        + Arrays.toString(split));
-            }
-            sum += n;
-        }
-        if (sum != c.layers()) {
-            throw new IllegalArgumentException("--layer-split " + Arrays.toString(split) + " covers " + sum
-                    + " layers; the model has " + c.layers());
+        if (options.layerSplit() != null) {
+            checkSplit(options.layerSplit(), devices.length, c.layers());
         }
         List<CudaContext> contexts = new ArrayList<>();
+        int[] split = options.layerSplit();
         try {
-            int from = 0;
             int rowsMax = Math.max(options.maxBatch(), options.maxPrefill());
             int logitRows = Math.max(options.maxBatch(), ModelKernels.MAX_VECTORS);
+            Map<Integer, Integer> stagesOn = new HashMap<>();
+            for (int device : devices) {
+                CudaContext context = device < 0 ? CudaContext.open() : CudaContext.open(device);
+                contexts.add(context);
+                context.computeCapability().requireKvantKernels(context.toString());
+                stagesOn.merge(context.ordinal(), 1, Integer::sum);
+            }
+            if (split == null) {
+                // each stage's share of the layers follows the memory its device has free (split evenly between
+                // the stages that share a device), less what every stage needs beside its layers
+                long[] room = new long[devices.length];
+                for (int i = 0; i < devices.length; i++) {
+                    CudaContext context = contexts.get(i);
+                    long scratch = Stage.scratchBytes(c, rowsMax, logitRows, options.maxPrefill(),
+                            i == devices.length - 1);
+                    room[i] = Math.max(1, context.memoryInfo().free() / stagesOn.get(context.ordinal()) - scratch
+                            - HEADROOM);
+                }
+                split = autoSplit(model, room, options.kvBytes());
+            }
+            int from = 0;
             // what the stages before this one planned on the same device (one GPU may hold two stages)
             Map<Integer, Long> planned = new HashMap<>();
             for (int i = 0; i < devices.length; i++) {
-                CudaContext context = devices[i] < 0 ? CudaContext.open() : CudaContext.open(devices[i]);
-                contexts.add(context);
-                context.computeCapability().requireKvantKernels(context.toString());
+                CudaContext context = contexts.get(i);
                 int to = from + split[i];
                 long stage = stageWeightBytes(model, from, to)
                         + Stage.scratchBytes(c, rowsMax, logitRows, options.maxPrefill(), to == c.layers());
@@ -208,6 +212,24 @@ public final class CudaBackend implements Backend {
         return new CudaBackend(model, options, contexts, split);
     }
 
+    private static void checkSplit(int[] split, int gpus, int layers) {
+        if (split.length != gpus) {
+            throw new IllegalArgumentException("--layer-split gives " + split.length + " parts for " + gpus + " GPUs");
+        }
+        int sum = 0;
+        for (int n : split) {
+            if (n < 1) {
+                throw new IllegalArgumentException("every GPU of a layer split needs at least one layer: "
+                        + Arrays.toString(split));
+            }
+            sum += n;
+        }
+        if (sum != layers) {
+            throw new IllegalArgumentException("--layer-split " + Arrays.toString(split) + " covers " + sum
+                    + " layers; the model has " + layers);
+        }
+    }
+
     /** Host bytes of the weights that layers [from, to) of a stage hold, with the embedding or output at the ends. */
     static long stageWeightBytes(LlamaModel model, int from, int to) {
         long bytes = 0;
@@ -233,23 +255,41 @@ public final class CudaBackend implements Backend {
         return bytes;
     }
 
-    /**
-     * Layers per GPU that balance the bytes each holds: its layers' weights and their share of kvBytes (the same for
-     * every layer), with the embedding table on the first and the output on the last. Consecutive layers are given
-     * to a GPU until it reaches its share of the total.
-     */
+    /** {@link #autoSplit(LlamaModel, long[], long)} over GPUs with the same room. */
     static int[] autoSplit(LlamaModel model, int gpus, long kvBytes) {
+        long[] room = new long[gpus];
+        Arrays.fill(room, 1);
+        return autoSplit(model, room, kvBytes);
+    }
+
+    /**
+     * Layers per GPU that give each GPU its share of the bytes, in proportion to its room (the memory it has for
+     * them): its layers' weights and their share of kvBytes (the same for every layer), with the embedding table on
+     * the first and the output on the last. Consecutive layers are given to a GPU until it reaches its share of the
+     * total; every GPU gets at least one.
+     */
+    static int[] autoSplit(LlamaModel model, long[] room, long kvBytes) {
         int layers = model.config().layers();
+        int gpus = room.length;
         if (gpus > layers) {
             throw new IllegalArgumentException(gpus + " GPUs for " + layers + " layers");
+        }
+        double roomTotal = 0;
+        for (long r : room) {
+            if (r <= 0) {
+                throw new IllegalArgumentException("room must be positive: " + Arrays.toString(room));
+            }
+            roomTotal += r;
         }
         double kvLayer = (double) kvBytes / layers;
         double total = stageWeightBytes(model, 0, layers) + (double) kvBytes;
         int[] split = new int[gpus];
         int l = 0;
         double held = model.weights().tokenEmbedding().data().byteSize();
+        double roomBefore = 0;
         for (int g = 0; g < gpus - 1; g++) {
-            double target = total * (g + 1) / gpus;
+            roomBefore += room[g];
+            double target = total * roomBefore / roomTotal;
             int start = l;
             while (l < layers - (gpus - 1 - g)
                     && (l == start || held + (layerBytes(model, l) + kvLayer) / 2.0 <= target)) {
@@ -428,7 +468,7 @@ public final class CudaBackend implements Backend {
     /** Checks the batch and runs it in groups of up to maxBatch; logits into out when given; the chosen ids. */
     private int[] decodeGroups(BackendSequence[] seqs, int[] tokens, float[] out) {
         checkOpen();
-        Sequence[] s = checkBatch(seqs, tokens);
+        Sequence[] s = prepareBatch(seqs, tokens);
         int n = s.length;
         int vocab = c.vocabSize();
         if (out != null && out.length < (long) n * vocab) {
@@ -448,8 +488,13 @@ public final class CudaBackend implements Backend {
         return ids;
     }
 
-    /** The sequences of a decode batch: distinct, this backend's, one K/V format pair, not in flight, with room. */
-    private Sequence[] checkBatch(BackendSequence[] seqs, int[] tokens) {
+    /**
+     * The sequences of a decode batch (distinct, this backend's, one K/V format pair, not in flight, with room), with
+     * every token id checked and every sequence's page for its new token in hand, before any of the batch is queued:
+     * a batch run as several groups of up to maxBatch cannot then fail on its input in a later group, after the
+     * earlier groups were counted in.
+     */
+    private Sequence[] prepareBatch(BackendSequence[] seqs, int[] tokens) {
         int n = seqs.length;
         if (n < 1) {
             throw new IllegalArgumentException("a decode step of no sequences");
@@ -473,7 +518,11 @@ public final class CudaBackend implements Backend {
             }
             cs.checkUsable();
             cs.checkRoom(1);
+            checkToken(tokens[i]);
             s[i] = cs;
+        }
+        for (Sequence cs : s) {
+            cs.ensurePages(cs.length + 1);
         }
         return s;
     }
@@ -493,7 +542,7 @@ public final class CudaBackend implements Backend {
     @Override
     public PendingDecode startDecode(BackendSequence[] seqs, int[] tokens, float[] logits) {
         checkOpen();
-        Sequence[] s = checkBatch(seqs, tokens);
+        Sequence[] s = prepareBatch(seqs, tokens);
         int n = s.length;
         int vocab = c.vocabSize();
         if (logits != null && logits.length < n * vocab) {
@@ -744,19 +793,14 @@ public final class CudaBackend implements Backend {
     }
 
     /**
-     * Queues one decode step of n <= maxBatch sequences, stage after stage, and counts the token in: tokens,
+     * Queues one decode step of n <= maxBatch sequences ({@link #prepareBatch}: tokens checked, pages in hand), stage
+     * after stage, and counts the token in: tokens,
      * positions and page tables go up through each stage's staging, then each stage replays its graph and sends the
      * hidden state on. The last stage leaves the greedy keys in {@code best} and the rows in {@code logits}.
      */
     private void queueDecode(Sequence[] seqs, int[] tokens) {
         int n = seqs.length;
         KvPool pool = seqs[0].pool;
-        for (int i = 0; i < n; i++) {
-            checkToken(tokens[i]);
-        }
-        for (Sequence s : seqs) {
-            s.ensurePages(s.length + 1);
-        }
         for (KvPool.Part part : pool.parts()) {
             Stage st = part.stage();
             MemorySegment staging = st.stagingSegment();
@@ -790,16 +834,13 @@ public final class CudaBackend implements Backend {
     // ---- prefill: a chunk of one sequence through tensor-core GEMMs, stage after stage
 
     /**
-     * Runs tokens[off .. off+n) (n <= maxPrefill) of one sequence. allLogits: every row's logits into out; else the
-     * last row's logits into out when out is given, and the last row's chosen id returned.
+     * Runs tokens[off .. off+n) (n <= maxPrefill) of one sequence, their ids checked and their pages in hand
+     * ({@link Sequence#run}). allLogits: every row's logits into out; else the last row's logits into out when out is
+     * given, and the last row's chosen id returned.
      */
     private int prefill(Sequence s, int[] tokens, int off, int n, boolean allLogits, float[] out) {
         KvPool pool = s.pool;
         int start = s.length;
-        for (int t = 0; t < n; t++) {
-            checkToken(tokens[off + t]);
-        }
-        s.ensurePages(start + n);
         List<KvPool.Part> parts = pool.parts();
         for (int i = 0; i < parts.size(); i++) {
             KvPool.Part part = parts.get(i);
@@ -974,6 +1015,12 @@ public final class CudaBackend implements Backend {
                 throw new IllegalArgumentException("a logits array of " + out.length + " floats for " + rows
                         + " rows of " + c.vocabSize());
             }
+            // every id and every page before the first chunk: a later chunk cannot then fail on its input after the
+            // earlier ones were counted in
+            for (int t = 0; t < n; t++) {
+                checkToken(tokens[off + t]);
+            }
+            ensurePages(length + n);
             if (n == 1 && !allLogits) {
                 return decode(new Sequence[] {this}, new int[] {tokens[off]}, out)[0];
             }

@@ -62,30 +62,35 @@ final class ModelKernels implements AutoCloseable {
 
     ModelKernels(CudaContext context, KernelCache cache) {
         this.module = context.loadModule(cache, SOURCE);
-        for (WeightLayout l : WeightLayout.values()) {
-            mv1.put(l, module.function("kvant_mv1_" + l.kernelSuffix));
-            mv8.put(l, module.function("kvant_mv8_" + l.kernelSuffix));
-            embed.put(l, module.function("kvant_embed_" + l.kernelSuffix));
-            if (l.q8Vectors) {
-                mq1r2.put(l, module.function("kvant_mq1r2_" + l.kernelSuffix));
-                mq1r1.put(l, module.function("kvant_mq1r1_" + l.kernelSuffix));
-                CudaFunction f = module.function("kvant_mt_" + l.kernelSuffix);
-                f.setMaxDynamicSharedMemory(mtSharedBytes(l));
-                mt.put(l, f);
-                CudaFunction h = module.function("kvant_mh_" + l.kernelSuffix);
-                h.setMaxDynamicSharedMemory(mhSharedBytes(l));
-                mh.put(l, h);
+        try {
+            for (WeightLayout l : WeightLayout.values()) {
+                mv1.put(l, module.function("kvant_mv1_" + l.kernelSuffix));
+                mv8.put(l, module.function("kvant_mv8_" + l.kernelSuffix));
+                embed.put(l, module.function("kvant_embed_" + l.kernelSuffix));
+                if (l.q8Vectors) {
+                    mq1r2.put(l, module.function("kvant_mq1r2_" + l.kernelSuffix));
+                    mq1r1.put(l, module.function("kvant_mq1r1_" + l.kernelSuffix));
+                    CudaFunction f = module.function("kvant_mt_" + l.kernelSuffix);
+                    f.setMaxDynamicSharedMemory(mtSharedBytes(l));
+                    mt.put(l, f);
+                    CudaFunction h = module.function("kvant_mh_" + l.kernelSuffix);
+                    h.setMaxDynamicSharedMemory(mhSharedBytes(l));
+                    mh.put(l, h);
+                }
+                dequant.put(l, module.function("kvant_dequant_" + l.kernelSuffix));
             }
-            dequant.put(l, module.function("kvant_dequant_" + l.kernelSuffix));
+            this.rmsnorm = module.function("kvant_rmsnorm");
+            this.ropeSplit = module.function("kvant_rope_split");
+            this.ropeAngles = module.function("kvant_rope_angles");
+            this.swiglu = module.function("kvant_swiglu");
+            this.toHalf = module.function("kvant_to_half");
+            this.addBias = module.function("kvant_add_bias");
+            this.quantizeQ8 = module.function("kvant_quantize_q8");
+            this.mhReduce = module.function("kvant_mh_reduce");
+        } catch (RuntimeException | Error e) {
+            module.close();
+            throw e;
         }
-        this.rmsnorm = module.function("kvant_rmsnorm");
-        this.ropeSplit = module.function("kvant_rope_split");
-        this.ropeAngles = module.function("kvant_rope_angles");
-        this.swiglu = module.function("kvant_swiglu");
-        this.toHalf = module.function("kvant_to_half");
-        this.addBias = module.function("kvant_add_bias");
-        this.quantizeQ8 = module.function("kvant_quantize_q8");
-        this.mhReduce = module.function("kvant_mh_reduce");
         this.multiprocessors = context.multiprocessors();
         this.blocksForStreams = multiprocessors * 8;
     }

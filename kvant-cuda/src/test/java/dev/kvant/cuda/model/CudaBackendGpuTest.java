@@ -529,6 +529,63 @@ class CudaBackendGpuTest {
     }
 
     /**
+     * A step that a later group of a batch (more sequences than maxBatch) or a later chunk of a prompt (more tokens than
+     * maxPrefill) would refuse (a bad token id, no free page) is refused before any of it runs: no sequence is counted
+     * on, and the next step gives the bits of sequences that never saw the refusal.
+     */
+    @Test
+    void aStepRefusedInALaterGroupOrChunkCountsNoTokenIn() {
+        long seed = TestSeed.next();
+        SplittableRandom r = new SplittableRandom(seed);
+        try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.TINY, GgmlType.Q8_0, seed);
+             CudaBackend gpu = CudaBackend.open(model, new CudaBackend.Options(2, 32, 192));
+             CudaBackend ref = CudaBackend.open(model, new CudaBackend.Options(2, 32, 0))) {
+            int vocab = model.config().vocabSize();
+            int[] lengths = {63, 63, 64};  // the pool's three pages, all in use; the third sequence's next token needs a fourth
+            BackendSequence[] s = new BackendSequence[3];
+            BackendSequence[] alone = new BackendSequence[3];
+            for (int i = 0; i < 3; i++) {
+                s[i] = gpu.newSequence(128, F16, F16);
+                alone[i] = ref.newSequence(128, F16, F16);
+                int[] prompt = r.ints(lengths[i], 0, vocab).toArray();
+                s[i].forwardGreedy(prompt, 0, prompt.length);
+                alone[i].forwardGreedy(prompt, 0, prompt.length);
+            }
+            int[] tokens = r.ints(3, 0, vocab).toArray();
+            // groups {0, 1} and {2}: the second group has no page
+            assertThrows(KvCacheFullException.class, () -> gpu.decodeBatch(s, tokens, new float[3 * vocab]));
+            assertThrows(KvCacheFullException.class, () -> gpu.decodeBatchGreedy(s, tokens));
+            assertThrows(KvCacheFullException.class, () -> gpu.startDecode(s, tokens, null));
+            int[] badLast = {tokens[0], tokens[1], vocab};
+            assertThrows(IllegalArgumentException.class, () -> gpu.decodeBatch(s, badLast, new float[3 * vocab]));
+            assertThrows(IllegalArgumentException.class, () -> gpu.startDecode(s, badLast, new float[3 * vocab]));
+            for (int i = 0; i < 3; i++) {
+                assertEquals(lengths[i], s[i].length(), "sequence " + i + " (seed " + seed + ")");
+            }
+            // a prompt of two chunks (32 + 18) whose second chunk holds a bad id, on a sequence with room
+            s[2].truncate(10);
+            alone[2].truncate(10);
+            int[] prompt = r.ints(50, 0, vocab).toArray();
+            int[] badLate = prompt.clone();
+            badLate[40] = -1;
+            assertThrows(IllegalArgumentException.class, () -> s[2].forward(badLate, 0, 50, true,
+                    new float[50 * vocab]));
+            assertEquals(10, s[2].length(), "seed " + seed);
+            s[2].forwardGreedy(prompt, 0, 50);
+            alone[2].forwardGreedy(prompt, 0, 50);
+            float[] got = poisoned(3 * vocab);
+            float[] want = poisoned(3 * vocab);
+            gpu.decodeBatch(s, tokens, got);
+            ref.decodeBatch(alone, tokens, want);
+            assertArrayEquals(want, got, "seed " + seed);
+            for (int i = 0; i < 3; i++) {
+                s[i].close();
+                alone[i].close();
+            }
+        }
+    }
+
+    /**
      * A fork shares the parent's whole pages and copies the one its prefix ends inside; it continues exactly as a
      * sequence fed the same tokens, and a parent that rewrites a shared page (after truncating into it) copies the page
      * first, so the fork never sees the rewrite. Every page comes back when the sequences close.

@@ -6,6 +6,9 @@ import dev.kvant.model.ModelConfig;
 import dev.kvant.model.SyntheticModel;
 import org.junit.jupiter.api.Test;
 
+import java.util.Arrays;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -70,6 +73,25 @@ class LayerSplitTest {
             // a cache that dwarfs the weights is shared out by layer count
             int[] even = CudaBackend.autoSplit(model, 2, 1000 * weights);
             assertEquals(layers / 2, even[0], java.util.Arrays.toString(even));
+        }
+    }
+
+    @Test
+    void autoSplitGivesEachGpuLayersInProportionToItsRoom() {
+        try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.TINY, GgmlType.Q8_0, 1)) {
+            int layers = model.config().layers();
+            long weights = CudaBackend.stageWeightBytes(model, 0, layers);
+            long kv = 4 * weights;  // the cache dominates: the split follows the room, layer for layer
+            int[] even = CudaBackend.autoSplit(model, new long[] {1L << 30, 1L << 30}, kv);
+            assertArrayEquals(CudaBackend.autoSplit(model, 2, kv), even, "equal room: the even split");
+            int[] third = CudaBackend.autoSplit(model, new long[] {1L << 30, 2L << 30}, kv);
+            assertEquals(layers, third[0] + third[1]);
+            assertTrue(third[0] < third[1] && Math.abs(3 * third[0] - layers) <= 2,
+                    "a GPU with half the room of the other holds about a third: " + Arrays.toString(third));
+            int[] starved = CudaBackend.autoSplit(model, new long[] {1, 1L << 40, 1}, kv);
+            assertArrayEquals(new int[] {1, layers - 2, 1}, starved, "every GPU still gets a layer");
+            assertThrows(IllegalArgumentException.class,
+                    () -> CudaBackend.autoSplit(model, new long[] {1L << 30, 0}, kv));
         }
     }
 
