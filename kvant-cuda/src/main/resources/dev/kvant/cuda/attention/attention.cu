@@ -1472,17 +1472,23 @@ __device__ __forceinline__ u64 wg_desc(u32 addr, u32 lbo, u32 sbo) {
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-// Pins accumulators after a wait: without it the compiler could move their reads above the wait, which it does
-// not know the asynchronous product writes behind. (Nothing pins the writes of the softmax, the rescale and the
-// packing of P above the wgmma.fence that follows them; NVCC/NVRTC 13.0 keeps them there — only descriptor
-// arithmetic sits between fence and product in its PTX — and pinning them too, as CUTLASS does, is the change
-// to make with the next device run.)
+// Pins registers an asynchronous product reads or writes, at a wgmma.fence or wait: the compiler does not know the
+// product is there, and could otherwise move their reads above the wait that ends it (accumulators) or their
+// writes (the softmax's, the rescale's, P's packing) below the fence that starts it.
 template <int N>
 __device__ __forceinline__ void wg_pin(float (&d)[N][4]) {
 #pragma unroll
     for (int i = 0; i < N; i++) {
 #pragma unroll
         for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[i][e])::"memory");
+    }
+}
+template <int N>
+__device__ __forceinline__ void wg_pin(u32 (&a)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+r"(a[i][e])::"memory");
     }
 }
 // 16 bytes from global memory, or (bytes = 0) 16 zero bytes.
@@ -1722,6 +1728,7 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
 
         // ---- S = Q K^T: m64 n128 (tokens) k16, DK / 16 steps
         turn_wait();
+        wg_pin(s);
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < DK / 16; ks++) {
@@ -1742,6 +1749,8 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
         pack_probs<TT>(pa, s);
         // ---- O += P V: TT / 16 steps (k = tokens)
         turn_wait();
+        wg_pin(o);
+        wg_pin(pa);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < TT / 16; kk++) wg_pv<V_BF16>(o, pa[kk], wg_desc(vt + kk * 2 * 1024, TT * 128, 1024));
