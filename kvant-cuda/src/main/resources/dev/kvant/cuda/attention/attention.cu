@@ -1585,38 +1585,41 @@ __device__ __forceinline__ void wg_pv(float (&o)[DV / 8][4], const u32 (&a)[4], 
     }
 }
 
-constexpr int WG_CHUNKS = WG_TT * DK / 8 / 256;   // 16-byte words of a K (or V) tile a thread copies
+constexpr int WG_CH = DK / 8;               // 16-byte chunks of a K (or V) row
+constexpr int WG_RPK = 256 / WG_CH;         // tokens one round of the block's 256 threads' copies covers
+constexpr int WG_CHUNKS = WG_TT / WG_RPK;   // rounds a tile: the copies of a K (or V) tile a thread issues
+static_assert(!PRE_WG || (WG_RPK % 8 == 0 && WG_TT % WG_RPK == 0), "prefill_wg's copy rounds");
 
-// Issues this thread's copies of a tile (tokens tok0..) of one pool into dst: 16-byte chunks tid, tid + 256, ...
-// (chunk i: word i % CH of token i / CH, CH words a row), so eight lanes read 128 contiguous bytes of a row and
-// fill one swizzled 128-byte row. Tokens at or past t1 are zero-filled.
-// pages: the pages of this thread's tokens of that tile (wg_pages).
-__device__ __forceinline__ void wg_copy(u32 dst, const u8* __restrict__ pool, const int (&pages)[WG_CHUNKS],
-                                        int tok0, int t1, int pageTokens, i64 pageBytes, int kvHeads, int kh,
-                                        int tid) {
-    constexpr int CH = DK / 8, RB = DK * 2;
+// Where this thread's copies of the tile from tok0 read: chunk tid % CH of tokens tok0 + tid / CH + RPK·k (so eight
+// lanes read 128 contiguous bytes of a row), as byte offsets into a pool — K's and V's pages are the same size on
+// this path (f16/bf16 rows, DK == DV), so one offset serves both; a bit k set for each token before t1 (the others
+// are zero-filled). Computed a tile ahead: the page-table reads land while the tile before is worked on.
+__device__ __forceinline__ u32 wg_sources(i64 (&off)[WG_CHUNKS], const int* __restrict__ table, int tok0, int t1,
+                                          int pageTokens, i64 pageBytes, int kvHeads, int kh, int tid) {
+    const int t0 = tid / WG_CH, j = tid % WG_CH;
+    u32 in = 0;
 #pragma unroll
     for (int k = 0; k < WG_CHUNKS; k++) {
-        const int i = tid + 256 * k;
-        const int t = i / CH, j = i % CH;
-        const u32 d = dst + wg_chunk<WG_TT>(t, j);
-        const int tok = tok0 + t;
-        const bool in = tok < t1;
-        const u8* src = in ? pool + (i64) pages[k] * pageBytes
-                                 + ((i64) page_mod(tok, pageTokens) * kvHeads + kh) * RB + j * 16
-                           : pool;
-        cp_async16_zfill(d, src, in ? 16 : 0);
+        const int tok = tok0 + t0 + WG_RPK * k;
+        off[k] = 0;
+        if (tok < t1) {
+            in |= 1u << k;
+            off[k] = (i64) table[page_div(tok, pageTokens)] * pageBytes
+                     + (u32) ((page_mod(tok, pageTokens) * kvHeads + kh) * (DK * 2) + j * 16);
+        }
     }
+    return in;
 }
 
-// The pages of this thread's tokens of the tile from tok0 (as wg_copy numbers them; a token's K and V rows share it).
-__device__ __forceinline__ void wg_pages(int (&pages)[WG_CHUNKS], const int* __restrict__ table, int tok0, int t1,
-                                         int pageTokens, int tid) {
-    constexpr int CH = DK / 8;
+// Issues this thread's copies of a tile (wg_sources' chunks) from pool into the swizzled tile at dst: chunk k lands
+// in row t0 + RPK·k, RPK·128·k bytes past chunk 0 (RPK a multiple of 8 keeps the row's swizzle).
+__device__ __forceinline__ void wg_copy(u32 dst, const u8* __restrict__ pool, const i64 (&off)[WG_CHUNKS], u32 in,
+                                        int tid) {
+    const u32 d0 = dst + wg_chunk<WG_TT>(tid / WG_CH, tid % WG_CH);
 #pragma unroll
     for (int k = 0; k < WG_CHUNKS; k++) {
-        const int t = (tid + 256 * k) / CH;
-        pages[k] = tok0 + t < t1 ? table[page_div(tok0 + t, pageTokens)] : 0;
+        const bool got = (in >> k) & 1u;
+        cp_async16_zfill(d0 + k * WG_RPK * 128, got ? pool + off[k] : pool, got ? 16 : 0);
     }
 }
 
@@ -1651,17 +1654,19 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
     }
     __syncthreads();
 
-    int pages[WG_CHUNKS];
+    if (kPageBytes != vPageBytes) __trap();   // wg_sources' one offset for both
+    i64 off[WG_CHUNKS];
+    u32 in = 0;
 #pragma unroll
     for (int x = 0; x < AHEAD; x++) {
         if (x < ntiles) {
-            wg_pages(pages, table, x * TT, t1, pageTokens, tid);
-            wg_copy(sa + x * WG_STAGE, kpool, pages, x * TT, t1, pageTokens, kPageBytes, kvHeads, kh, tid);
-            wg_copy(sa + x * WG_STAGE + WG_KST, vpool, pages, x * TT, t1, pageTokens, vPageBytes, kvHeads, kh, tid);
+            in = wg_sources(off, table, x * TT, t1, pageTokens, kPageBytes, kvHeads, kh, tid);
+            wg_copy(sa + x * WG_STAGE, kpool, off, in, tid);
+            wg_copy(sa + x * WG_STAGE + WG_KST, vpool, off, in, tid);
             cp_async_arrive(full(x));
         }
     }
-    if (AHEAD < ntiles) wg_pages(pages, table, AHEAD * TT, t1, pageTokens, tid);
+    if (AHEAD < ntiles) in = wg_sources(off, table, AHEAD * TT, t1, pageTokens, kPageBytes, kvHeads, kh, tid);
 
     // the warp's 16 query rows, scaled, as f16/bf16 in the operand layout
     for (int r = 0; r < 16; r++) {
@@ -1712,11 +1717,11 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
             const int nx = it + AHEAD, st = nx % NST;
             if (nx < ntiles) {
                 if (nx >= NST) mbar_wait(empty(st), ((nx / NST) - 1) & 1);
-                wg_copy(sa + st * WG_STAGE, kpool, pages, nx * TT, t1, pageTokens, kPageBytes, kvHeads, kh, tid);
-                wg_copy(sa + st * WG_STAGE + WG_KST, vpool, pages, nx * TT, t1, pageTokens, vPageBytes, kvHeads, kh,
-                        tid);
+                wg_copy(sa + st * WG_STAGE, kpool, off, in, tid);
+                wg_copy(sa + st * WG_STAGE + WG_KST, vpool, off, in, tid);
                 cp_async_arrive(full(st));
-                if (nx + 1 < ntiles) wg_pages(pages, table, (nx + 1) * TT, t1, pageTokens, tid);
+                if (nx + 1 < ntiles)
+                    in = wg_sources(off, table, (nx + 1) * TT, t1, pageTokens, kPageBytes, kvHeads, kh, tid);
             }
         }
         const int st = it % NST;
