@@ -1469,6 +1469,9 @@ typedef unsigned long long u64;
 __device__ __forceinline__ u64 wg_desc(u32 addr, u32 lbo, u32 sbo) {
     return (u64) ((addr & 0x3FFFF) >> 4) | ((u64) (lbo >> 4) << 16) | ((u64) (sbo >> 4) << 32) | (1ull << 62);
 }
+// A descriptor's start moved on by bytes (a compile-time offset within the tile: the 14-bit start field, shared
+// memory being under 256 KB, cannot carry into the next field).
+__device__ __forceinline__ constexpr u64 wg_step(u32 bytes) { return bytes >> 4; }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
@@ -1643,6 +1646,7 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
     const u32 base = (smem_u32(smem) + 1023) & ~1023u;   // the swizzle is of address bits: tiles on 1024 bytes
     u8* qs = smem + (base - smem_u32(smem)) + (warp >> 2) * 64 * DK * 2;   // this warpgroup's 64 query rows
     const u32 qa = smem_u32(qs), sa = base + WG_Q_BYTES, bars = base + WG_BARS;
+    const u64 dq = wg_desc(qa, 16, 1024);
     auto full = [&](int st) { return bars + 8 * st; };
     auto empty = [&](int st) { return bars + 8 * (NST + st); };
     if (tid == 0) {
@@ -1728,7 +1732,7 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
         mbar_wait(full(st), (it / NST) & 1);
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         const u32 kt = sa + st * WG_STAGE;
-        const u32 vt = kt + WG_KST;
+        const u64 dk = wg_desc(kt, 16, 1024), dv = wg_desc(kt + WG_KST, TT * 128, 1024);
         const int tok0 = it * TT;
 
         // ---- S = Q K^T: m64 n128 (tokens) k16, DK / 16 steps
@@ -1737,8 +1741,8 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < DK / 16; ks++) {
-            wg_ss128<K_BF16>(s, wg_desc(qa + (ks >> 2) * 64 * 128 + (ks & 3) * 32, 16, 1024),
-                             wg_desc(kt + (ks >> 2) * TT * 128 + (ks & 3) * 32, 16, 1024), ks > 0);
+            wg_ss128<K_BF16>(s, dq + wg_step((ks >> 2) * 64 * 128 + (ks & 3) * 32),
+                             dk + wg_step((ks >> 2) * TT * 128 + (ks & 3) * 32), ks > 0);
         }
         wg_commit();
         turn_pass();
@@ -1758,7 +1762,7 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
         wg_pin(pa);
         wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < TT / 16; kk++) wg_pv<V_BF16>(o, pa[kk], wg_desc(vt + kk * 2 * 1024, TT * 128, 1024));
+        for (int kk = 0; kk < TT / 16; kk++) wg_pv<V_BF16>(o, pa[kk], dv + wg_step(kk * 2 * 1024));
         wg_commit();
         if (wg == 0 || it + 1 < ntiles) turn_pass();
         wg_wait0();
