@@ -15,7 +15,6 @@ import java.util.Arrays;
 import java.util.HexFormat;
 import java.util.List;
 import java.util.Map;
-import java.util.Set;
 import java.util.TreeMap;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.function.Function;
@@ -115,33 +114,57 @@ public final class KernelCache {
     /**
      * {@code loader} applied to the cubin of {@code source} with {@code defines}, for {@code arch}. When the driver
      * refuses a cubin from disk as an image (a file intact by its hash but written by a toolkit or for a device this
-     * driver does not take), the cubin is compiled afresh, replaces the file and is loaded once more; any other
-     * failure of the loader (out of memory, say) is thrown as it is.
+     * driver does not take), the cubin is compiled afresh and loaded once more, and replaces the file only once the
+     * driver took it (a fresh cubin it refuses too is thrown, with the first refusal suppressed, and leaves no file);
+     * any other failure of the loader (out of memory, say) is thrown as it is.
      */
     public <T> T load(KernelSource source, String arch, Map<String, String> defines, Function<byte[], T> loader) {
         List<String> options = options(arch, defines);
         Path file = directory.resolve(key(source, arch, options).fileName());
         byte[] stored = stored(file, source);
+        CudaException refused = null;
         if (stored != null) {
             try {
                 T loaded = loader.apply(stored);
                 hits.incrementAndGet();
                 return loaded;
             } catch (CudaException e) {
-                if (!REFUSED_IMAGE.contains(e.errorName())) {
+                if (!refusedImage(e)) {
                     throw e;
                 }
+                refused = e;
                 rebuilt.incrementAndGet();
                 LOG.log(System.Logger.Level.WARNING, "the driver refused the cached kernel file " + file + " ("
                         + e.errorName() + "); recompiling " + source.name());
+                delete(file);
             }
         }
-        return loader.apply(compileAndStore(source, options, file));
+        byte[] cubin = compiler.compile(source, options);
+        compiles.incrementAndGet();
+        T loaded;
+        try {
+            loaded = loader.apply(cubin);
+        } catch (RuntimeException | Error e) {
+            if (refused != null) {
+                e.addSuppressed(refused);
+            }
+            throw e;
+        }
+        write(file, encode(cubin));
+        return loaded;
     }
 
-    /** What the driver answers for an image it cannot load: a reason to compile again rather than to give up. */
-    private static final Set<String> REFUSED_IMAGE = Set.of("CUDA_ERROR_INVALID_IMAGE", "CUDA_ERROR_NO_BINARY_FOR_GPU",
-            "CUDA_ERROR_INVALID_PTX", "CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "CUDA_ERROR_INVALID_SOURCE");
+    /**
+     * Whether the driver answered a module load with "this image is not for me" (CUresult 200 INVALID_IMAGE, 209
+     * NO_BINARY_FOR_GPU, 218 INVALID_PTX, 222 UNSUPPORTED_PTX_VERSION, 300 INVALID_SOURCE): a reason to compile
+     * again rather than to give up. By number: the name is the driver's answer to cuGetErrorName, which may fail.
+     */
+    static boolean refusedImage(CudaException e) {
+        return switch (e.code()) {
+            case 200, 209, 218, 222, 300 -> true;
+            default -> false;
+        };
+    }
 
     /** The payload of {@code file} when it is a whole, intact cache file; null when absent or corrupt (counted). */
     private byte[] stored(Path file, KernelSource source) {
@@ -156,6 +179,14 @@ public final class KernelCache {
                     + " bytes, bad header, length or hash); recompiling " + source.name());
         }
         return payload;
+    }
+
+    private static void delete(Path file) {
+        try {
+            Files.deleteIfExists(file);
+        } catch (IOException e) {
+            LOG.log(System.Logger.Level.WARNING, "kernel cache file " + file + " could not be deleted: " + e);
+        }
     }
 
     private byte[] compileAndStore(KernelSource source, List<String> options, Path file) {
@@ -214,7 +245,7 @@ public final class KernelCache {
         }
         ByteBuffer in = ByteBuffer.wrap(file);
         long length = in.getLong(MAGIC.length);
-        if (length != file.length - HEADER_BYTES) {
+        if (length != file.length - HEADER_BYTES || length == 0) {   // no compiler writes an empty cubin
             return null;
         }
         byte[] payload = Arrays.copyOfRange(file, HEADER_BYTES, file.length);

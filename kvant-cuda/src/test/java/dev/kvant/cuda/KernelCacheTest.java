@@ -113,6 +113,38 @@ class KernelCacheTest {
     }
 
     @Test
+    void aFreshCubinTheDriverRefusesTooIsThrownAndLeavesNoFile(@TempDir Path dir) {
+        long seed = GpuFixture.seed("aFreshCubinTheDriverRefusesTooIsThrownAndLeavesNoFile");
+        FakeCompiler compiler = new FakeCompiler("fake 1.0", seed);
+        KernelCache cache = new KernelCache(dir, compiler, 13000);
+        cache.cubin(SOURCE, "sm_90");
+        Path file = dir.resolve(cache.key(SOURCE, "sm_90", KernelCache.options("sm_90", Map.of())).fileName());
+        CudaException e = assertThrows(CudaException.class, () -> cache.load(SOURCE, "sm_90", Map.of(), cubin -> {
+            throw new CudaException("cuModuleLoadData(axpy.cu)", 222, "CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
+                    "the provided PTX was compiled with an unsupported toolchain");
+        }));
+        assertEquals(222, e.code());
+        assertEquals(1, e.getSuppressed().length, "the cached file's refusal rides along");
+        assertEquals(2, compiler.calls, "seed " + seed);
+        assertTrue(Files.notExists(file), "a refused cubin is not kept");
+        KernelCache next = new KernelCache(dir, compiler, 13000);
+        next.load(SOURCE, "sm_90", Map.of(), cubin -> cubin);
+        assertEquals(new KernelCache.Stats(0, 1, 0), next.stats(), "a compile, no rebuild: seed " + seed);
+    }
+
+    @Test
+    void aRefusalIsKnownByItsNumberWhateverItsName() {
+        assertTrue(KernelCache.refusedImage(new CudaException("cuModuleLoadData", 209, "CUresult 209", "")));
+        assertTrue(KernelCache.refusedImage(new CudaException("cuModuleLoadData", 200, null, null)));
+        assertEquals(false, KernelCache.refusedImage(new CudaException("cuModuleLoadData", 2, null, null)));
+    }
+
+    @Test
+    void anIntactFileWithAnEmptyPayloadIsCorrupt() {
+        assertNull(KernelCache.decode(KernelCache.encode(new byte[0])));
+    }
+
+    @Test
     void aLoaderFailureOtherThanARefusedImageIsThrownWithoutRecompiling(@TempDir Path dir) {
         long seed = GpuFixture.seed("aLoaderFailureOtherThanARefusedImageIsThrownWithoutRecompiling");
         FakeCompiler compiler = new FakeCompiler("fake 1.0", seed);

@@ -205,7 +205,7 @@ public final class CudaBackend implements Backend {
                 }
                 from = to;
             }
-        } catch (RuntimeException e) {
+        } catch (RuntimeException | Error e) {
             contexts.forEach(CudaContext::close);
             throw e;
         }
@@ -468,12 +468,13 @@ public final class CudaBackend implements Backend {
     /** Checks the batch and runs it in groups of up to maxBatch; logits into out when given; the chosen ids. */
     private int[] decodeGroups(BackendSequence[] seqs, int[] tokens, float[] out) {
         checkOpen();
-        Sequence[] s = prepareBatch(seqs, tokens);
+        Sequence[] s = checkBatch(seqs, tokens);
         int n = s.length;
         int vocab = c.vocabSize();
         if (out != null && out.length < (long) n * vocab) {
             throw new IllegalArgumentException("a logits array of " + out.length + " floats for " + n + " rows");
         }
+        takePages(s);
         int[] ids = new int[n];
         for (int from = 0; from < n; from += options.maxBatch()) {
             int m = Math.min(options.maxBatch(), n - from);
@@ -489,12 +490,12 @@ public final class CudaBackend implements Backend {
     }
 
     /**
-     * The sequences of a decode batch (distinct, this backend's, one K/V format pair, not in flight, with room), with
-     * every token id checked and every sequence's page for its new token in hand, before any of the batch is queued:
-     * a batch run as several groups of up to maxBatch cannot then fail on its input in a later group, after the
-     * earlier groups were counted in.
+     * The sequences of a decode batch (distinct, this backend's, one K/V format pair, not in flight, with room), every
+     * token id checked; changes nothing. With {@link #takePages} after it, before any of the batch is queued, a batch
+     * run as several groups of up to maxBatch cannot fail on its input in a later group, after the earlier groups
+     * were counted in.
      */
-    private Sequence[] prepareBatch(BackendSequence[] seqs, int[] tokens) {
+    private Sequence[] checkBatch(BackendSequence[] seqs, int[] tokens) {
         int n = seqs.length;
         if (n < 1) {
             throw new IllegalArgumentException("a decode step of no sequences");
@@ -521,10 +522,26 @@ public final class CudaBackend implements Backend {
             checkToken(tokens[i]);
             s[i] = cs;
         }
+        return s;
+    }
+
+    /**
+     * Every sequence's page for its next token in hand (shared pages copied), or — when the pool has too few free
+     * pages for the whole batch — a {@link dev.kvant.kv.KvCacheFullException} and no page taken. (A page shared by two
+     * sequences of the batch is counted for each: the check may refuse a batch that would just fit, never pass one
+     * that does not.)
+     */
+    private static void takePages(Sequence[] s) {
+        int more = 0;
+        int longest = 0;
+        for (Sequence cs : s) {
+            more += cs.pagesToTake(cs.length + 1);
+            longest = Math.max(longest, cs.length + 1);
+        }
+        s[0].pool.checkFreeForStep(more, s.length, longest);
         for (Sequence cs : s) {
             cs.ensurePages(cs.length + 1);
         }
-        return s;
     }
 
     /** As many decode steps as there are stages: while one stage runs a batch's layers, the next runs another's. */
@@ -542,10 +559,10 @@ public final class CudaBackend implements Backend {
     @Override
     public PendingDecode startDecode(BackendSequence[] seqs, int[] tokens, float[] logits) {
         checkOpen();
-        Sequence[] s = prepareBatch(seqs, tokens);
+        Sequence[] s = checkBatch(seqs, tokens);
         int n = s.length;
         int vocab = c.vocabSize();
-        if (logits != null && logits.length < n * vocab) {
+        if (logits != null && logits.length < (long) n * vocab) {
             throw new IllegalArgumentException("a logits array of " + logits.length + " floats for " + n + " rows");
         }
         Landing landing = null;
@@ -560,6 +577,7 @@ public final class CudaBackend implements Backend {
                     + "depth); await one before starting another");
         }
         landing.reserve(n, logits != null);   // before any work is queued: a failure here changes nothing
+        takePages(s);                           // nor here: no page is taken unless all are
         Stage last = stages[stages.length - 1];
         for (int from = 0; from < n; from += options.maxBatch()) {
             int m = Math.min(options.maxBatch(), n - from);
@@ -793,7 +811,7 @@ public final class CudaBackend implements Backend {
     }
 
     /**
-     * Queues one decode step of n <= maxBatch sequences ({@link #prepareBatch}: tokens checked, pages in hand), stage
+     * Queues one decode step of n <= maxBatch sequences ({@link #checkBatch}, {@link #takePages}: tokens checked, pages in hand), stage
      * after stage, and counts the token in: tokens,
      * positions and page tables go up through each stage's staging, then each stage replays its graph and sends the
      * hidden state on. The last stage leaves the greedy keys in {@code best} and the rows in {@code logits}.
@@ -1062,6 +1080,18 @@ public final class CudaBackend implements Backend {
             }
         }
 
+        /** The free pages {@link #ensurePages}(tokens) would take: new pages, and copies of shared ones. */
+        int pagesToTake(int tokens) {
+            int need = (tokens + PAGE_TOKENS - 1) / PAGE_TOKENS;
+            int copies = 0;
+            for (int i = length / PAGE_TOKENS; i < Math.min(need, pageCount); i++) {
+                if (pool.shared(pages[i])) {
+                    copies++;
+                }
+            }
+            return Math.max(0, need - pageCount) + copies;
+        }
+
         /**
          * Pages for the first {@code tokens} tokens, taken from the pool, with the pages that tokens from
          * {@code length} on are written into made this sequence's own (a page shared with a fork is copied first).
@@ -1070,13 +1100,7 @@ public final class CudaBackend implements Backend {
         void ensurePages(int tokens) {
             int need = (tokens + PAGE_TOKENS - 1) / PAGE_TOKENS;
             int firstWritten = length / PAGE_TOKENS;
-            int copies = 0;
-            for (int i = firstWritten; i < Math.min(need, pageCount); i++) {
-                if (pool.shared(pages[i])) {
-                    copies++;
-                }
-            }
-            pool.checkFree(need - pageCount + copies, pageCount, tokens, PAGE_TOKENS);
+            pool.checkFree(pagesToTake(tokens), pageCount, tokens, PAGE_TOKENS);
             if (need > pages.length) {
                 pages = Arrays.copyOf(pages, Math.max(need, 2 * pages.length));
             }

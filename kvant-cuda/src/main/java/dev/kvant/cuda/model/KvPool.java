@@ -189,6 +189,19 @@ final class KvPool implements AutoCloseable {
         }
     }
 
+    /**
+     * Refuses a decode step of n sequences that needs more free pages than there are; changes nothing. longest: the
+     * longest length the step asks for (the exception's requested length; it fits one token less).
+     */
+    synchronized void checkFreeForStep(int more, int sequences, int longest) {
+        if (more > freeCount) {
+            throw new KvCacheFullException("the " + formats.name() + " device KV cache has " + freeCount + " of "
+                    + free.length + " pages free, a decode step of " + sequences + " sequences needs " + more
+                    + " more; finish or close sequences, or give the cache more memory (--kv-mem)", longest,
+                    longest - 1);
+        }
+    }
+
     synchronized int take() {
         int page = free[--freeCount];
         refs[page] = 1;

@@ -586,6 +586,45 @@ class CudaBackendGpuTest {
     }
 
     /**
+     * A decode batch whose sequences together need more pages than are free takes none of them, though the first
+     * alone would fit: here a parent writing into a page it shares with a fork (a copy) and a sequence at a page's end
+     * (a new page), with one page free.
+     */
+    @Test
+    void aBatchTheFreePagesCannotHoldTakesNoneOfThem() {
+        long seed = TestSeed.next();
+        SplittableRandom r = new SplittableRandom(seed);
+        try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.TINY, GgmlType.Q8_0, seed);
+             CudaBackend gpu = CudaBackend.open(model, new CudaBackend.Options(2, 64, 0));
+             dev.kvant.backend.SequencePool pool = gpu.newSequencePool(256, F16, F16)) {
+            int vocab = model.config().vocabSize();
+            assertEquals(4, pool.totalPages());
+            BackendSequence parent = pool.newSequence(256);
+            parent.forwardGreedy(r.ints(128, 0, vocab).toArray(), 0, 128);        // pages 0, 1
+            BackendSequence fork = pool.fork(parent, 128, 256);                     // shares them
+            BackendSequence full = pool.newSequence(256);
+            full.forwardGreedy(r.ints(64, 0, vocab).toArray(), 0, 64);             // a third page, full
+            parent.truncate(100);                                                   // its next token: a copy
+            assertEquals(1, pool.freePages());
+            BackendSequence[] batch = {parent, full};
+            int[] tokens = r.ints(2, 0, vocab).toArray();
+            assertThrows(KvCacheFullException.class, () -> gpu.decodeBatchGreedy(batch, tokens));
+            assertThrows(KvCacheFullException.class, () -> gpu.decodeBatch(batch, tokens, new float[2 * vocab]));
+            assertThrows(KvCacheFullException.class, () -> gpu.startDecode(batch, tokens, null));
+            assertEquals(1, pool.freePages(), "no page taken (seed " + seed + ")");
+            assertEquals(100, parent.length());
+            assertEquals(64, full.length());
+            full.close();                                                           // two free now: it runs
+            int id = gpu.decodeBatchGreedy(new BackendSequence[] {parent}, tokens)[0];
+            assertTrue(id >= 0 && id < vocab, "greedy id " + id);
+            assertEquals(101, parent.length());
+            assertEquals(128, fork.length());
+            parent.close();
+            fork.close();
+        }
+    }
+
+    /**
      * A fork shares the parent's whole pages and copies the one its prefix ends inside; it continues exactly as a
      * sequence fed the same tokens, and a parent that rewrites a shared page (after truncating into it) copies the page
      * first, so the fork never sees the rewrite. Every page comes back when the sequences close.
