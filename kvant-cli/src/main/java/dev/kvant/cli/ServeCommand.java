@@ -19,6 +19,7 @@ import java.time.Duration;
 import java.util.Locale;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
 
 /**
  * {@code kvant serve}: the OpenAI-compatible HTTP server (docs/SERVER.md). Runs until SIGINT or SIGTERM, then stops
@@ -148,6 +149,7 @@ final class ServeCommand implements Runnable {
                 KvantServer server = KvantServer.start(config, engine, TextCodec.of(model, template));
                 CountDownLatch stop = new CountDownLatch(1);
                 CountDownLatch stopped = new CountDownLatch(1);
+                AtomicInteger status = new AtomicInteger();
                 Thread hook = new Thread(() -> {
                     stop.countDown();
                     try {
@@ -155,8 +157,8 @@ final class ServeCommand implements Runnable {
                     } catch (InterruptedException e) {
                         Thread.currentThread().interrupt();
                     }
-                    // A signal's exit status would be 128+signal; a drained server exits 0.
-                    Runtime.getRuntime().halt(0);
+                    // A signal's exit status would be 128+signal; a drained server exits 0, a failed engine 1.
+                    Runtime.getRuntime().halt(status.get());
                 }, "kvant-serve-shutdown");
                 Runtime.getRuntime().addShutdownHook(hook);
                 System.err.printf(Locale.ROOT, "kvant serve: %s on http://%s:%d/v1 (backend %s, %d threads,"
@@ -164,7 +166,18 @@ final class ServeCommand implements Runnable {
                                 + " KV %s%s)%n", name, host, server.port(), backend.name(), backend.threads(),
                         parallel, engine.pipelineDepth(), context, pool.totalPages(), pool.pageTokens(),
                         opts.kvFormats().name(), apiKey != null ? ", API key required" : "");
-                stop.await();
+                // until a signal, or until the engine thread dies (an out-of-memory error, say): a server that can
+                // serve nothing more exits non-zero for its supervisor to restart it
+                while (!stop.await(1, TimeUnit.SECONDS)) {
+                    if (engine.failure() != null) {
+                        System.err.println("kvant serve: the engine stopped on an internal error: "
+                                + engine.failure() + "; exiting");
+                        status.set(1);
+                        server.shutdown(Duration.ZERO);
+                        stopped.countDown();
+                        System.exit(1);
+                    }
+                }
                 System.err.println("kvant serve: shutting down (in-flight requests get " + grace + " s)");
                 boolean clean = server.shutdown(Duration.ofSeconds(grace));
                 System.err.println("kvant serve: stopped" + (clean ? "" : " (requests still running at the deadline"

@@ -78,6 +78,8 @@ public final class Engine implements AutoCloseable {
     private volatile boolean stopping;
     /** Set by the engine thread before its very last look at the inbox ({@link #submit}). */
     private volatile boolean finished;
+    /** Why the engine thread stopped, when an error ended it rather than a shutdown; null otherwise. */
+    private volatile Throwable died;
     private volatile long deadlineNanos;
     private volatile int runningCount;
     private int prefillTurn;
@@ -224,8 +226,10 @@ public final class Engine implements AutoCloseable {
                 throw new IllegalArgumentException("token id " + t + " is outside the vocabulary (0.." + (vocab - 1) + ")");
             }
         }
-        if (stopping) {
-            throw new EngineBusyException("the server is shutting down", true);
+        Throwable d = died;
+        if (stopping || d != null) {
+            throw new EngineBusyException(d != null ? "the engine stopped on an internal error: " + d
+                    : "the server is shutting down", true);
         }
         int limit = config.parallel() + config.maxQueue();
         while (true) {
@@ -294,6 +298,15 @@ public final class Engine implements AutoCloseable {
         return stopping;
     }
 
+    /**
+     * What stopped the engine thread when an error did (out of memory, say) rather than {@link #shutdown}: it then
+     * refuses every request, so a server should report itself failed and exit. Null while it runs or after a
+     * shutdown.
+     */
+    public Throwable failure() {
+        return died;
+    }
+
     @Override
     public void close() {
         shutdown(Duration.ZERO);
@@ -321,11 +334,18 @@ public final class Engine implements AutoCloseable {
                 step();
             }
         } catch (Throwable t) {
-            failAll("the engine stopped on an internal error: " + t);
+            died = t;
+            failAll("the engine stopped on an internal error: " + t, false);
             throw t;
         } finally {
             stopping = true;
-            cache.clear();
+            try {
+                cache.clear();
+            } catch (RuntimeException | Error e) {   // the requests still waiting must be answered regardless
+                if (died == null) {
+                    died = e;
+                }
+            }
             // the last look at the inbox comes after finished: a request added before it is failed here, one added
             // after it is taken back by submit, which sees finished
             finished = true;
@@ -407,7 +427,9 @@ public final class Engine implements AutoCloseable {
         try {
             seq = m.entry() != null ? pool.fork(m.entry().seq, m.tokens(), config.contextLength())
                     : pool.newSequence(config.contextLength());
-        } catch (RuntimeException e) {
+        } catch (VirtualMachineError e) {   // out of memory and the like: the engine's own state is in doubt
+            throw e;
+        } catch (RuntimeException | Error e) {   // an assertion or a linkage error: this step's requests fail
             deliver(p, new GenerationEvent.Failed("could not start the sequence: " + e.getMessage(), false));
             inFlight.decrementAndGet();
             return true;
@@ -485,7 +507,9 @@ public final class Engine implements AutoCloseable {
         }
         try {
             c.step = backend.startDecode(seqs, tokens, greedy ? null : c.logits);
-        } catch (RuntimeException e) {
+        } catch (VirtualMachineError e) {   // out of memory and the like: the engine's own state is in doubt
+            throw e;
+        } catch (RuntimeException | Error e) {   // an assertion or a linkage error: this step's requests fail
             for (int i = 0; i < n; i++) {
                 fail(c.members[i], "the decode step failed: " + e.getMessage());
             }
@@ -511,7 +535,9 @@ public final class Engine implements AutoCloseable {
         int[] ids;
         try {
             ids = step.await();
-        } catch (RuntimeException e) {
+        } catch (VirtualMachineError e) {   // out of memory and the like: the engine's own state is in doubt
+            throw e;
+        } catch (RuntimeException | Error e) {   // an assertion or a linkage error: this step's requests fail
             for (int i = 0; i < c.size; i++) {
                 fail(c.members[i], "the decode step failed: " + e.getMessage());
             }
@@ -568,7 +594,9 @@ public final class Engine implements AutoCloseable {
         int n = Math.min(config.prefillChunk(), prompt.length - a.fed);
         try {
             a.seq.forward(prompt, a.fed, n, false, prefillLogits);
-        } catch (RuntimeException e) {
+        } catch (VirtualMachineError e) {   // out of memory and the like: the engine's own state is in doubt
+            throw e;
+        } catch (RuntimeException | Error e) {   // an assertion or a linkage error: this step's requests fail
             fail(a, "reading the prompt failed: " + e.getMessage());
             return;
         }
@@ -597,7 +625,9 @@ public final class Engine implements AutoCloseable {
         int t;
         try {
             t = a.sampler.sample(row, vocab);
-        } catch (RuntimeException e) {
+        } catch (VirtualMachineError e) {   // out of memory and the like: the engine's own state is in doubt
+            throw e;
+        } catch (RuntimeException | Error e) {   // an assertion or a linkage error: this step's requests fail
             fail(a, "sampling failed: " + e.getMessage());
             return;
         }
@@ -663,26 +693,31 @@ public final class Engine implements AutoCloseable {
         runningCount = running.size();
     }
 
+    /** Fails every request the engine holds; shuttingDown: as a shutdown does (503), else as an internal error (500). */
     private void failAll(String message) {
+        failAll(message, true);
+    }
+
+    private void failAll(String message, boolean shuttingDown) {
         drain();
         for (Active a : running) {
             if (!a.done) {
                 a.done = true;
                 inFlight.decrementAndGet();
                 a.seq.close();
-                deliver(a.p, new GenerationEvent.Failed(message, true));
+                deliver(a.p, new GenerationEvent.Failed(message, shuttingDown));
             }
         }
         running.clear();
         runningCount = 0;
         for (Pending p : waiting) {
-            deliver(p, new GenerationEvent.Failed(message, true));
+            deliver(p, new GenerationEvent.Failed(message, shuttingDown));
             inFlight.decrementAndGet();
         }
         waiting.clear();
         for (Object m = inbox.poll(); m != null; m = inbox.poll()) {
             if (m instanceof Pending p) {
-                deliver(p, new GenerationEvent.Failed(message, true));
+                deliver(p, new GenerationEvent.Failed(message, shuttingDown));
                 inFlight.decrementAndGet();
             } else if (m instanceof Runnable r) {
                 r.run();

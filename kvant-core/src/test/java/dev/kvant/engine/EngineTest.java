@@ -29,6 +29,7 @@ import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertInstanceOf;
 import static org.junit.jupiter.api.Assertions.assertNotNull;
+import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -462,6 +463,68 @@ class EngineTest {
     }
 
     /** A listener that throws an Error (an assertion of its own) cancels its request, not the engine. */
+    /** A backend whose decode step throws the given error once (the step counted from 1), then works. */
+    static final class ThrowsOnce extends ForwardingBackend {
+        final int at;
+        final Error error;
+        int steps;
+
+        ThrowsOnce(Backend inner, int at, Error error) {
+            super(inner);
+            this.at = at;
+            this.error = error;
+        }
+
+        @Override
+        public PendingDecode startDecode(BackendSequence[] seqs, int[] tokens, float[] logits) {
+            if (++steps == at) {
+                throw error;
+            }
+            return super.startDecode(seqs, tokens, logits);
+        }
+    }
+
+    @Test
+    void anAssertionErrorInADecodeStepFailsThatStepsRequestsAndTheEngineGoesOn() throws Exception {
+        Random r = new Random(SEED + 10);
+        ThrowsOnce once = new ThrowsOnce(backend, 3, new AssertionError("an injected check failed"));
+        try (SequencePool pool = once.newSequencePool(2 * CTX, F16, F16);
+             Engine engine = new Engine(once, pool, new EngineConfig(1, CTX, CHUNK, 8, true))) {
+            Events first = new Events();
+            engine.submit(greedy(r.ints(20, 0, TinyModels.VOCAB).toArray(), 10), first.queue::add);
+            GenerationEvent.Failed f = assertInstanceOf(GenerationEvent.Failed.class, first.end());
+            assertTrue(f.message().contains("an injected check failed"), f.message());
+            Events after = new Events();
+            engine.submit(greedy(r.ints(20, 0, TinyModels.VOCAB).toArray(), 5), after.queue::add);
+            assertInstanceOf(GenerationEvent.Finished.class, after.end(), "the engine goes on");
+            assertEquals(5, after.ids().length);
+            assertNull(engine.failure());
+            engine.clearPrefixCache();
+            assertEquals(pool.totalPages(), pool.freePages(), "every page returned");
+        }
+    }
+
+    @Test
+    void anOutOfMemoryErrorStopsTheEngineWhichSaysWhyAndRefusesWhatComes() throws Exception {
+        Random r = new Random(SEED + 11);
+        ThrowsOnce once = new ThrowsOnce(backend, 2, new OutOfMemoryError("injected"));
+        try (SequencePool pool = once.newSequencePool(2 * CTX, F16, F16);
+             Engine engine = new Engine(once, pool, new EngineConfig(1, CTX, CHUNK, 8, true))) {
+            Events first = new Events();
+            engine.submit(greedy(r.ints(20, 0, TinyModels.VOCAB).toArray(), 10), first.queue::add);
+            GenerationEvent.Failed f = assertInstanceOf(GenerationEvent.Failed.class, first.end());
+            assertTrue(f.message().contains("internal error"), f.message());
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(30);
+            while (engine.failure() == null && System.nanoTime() < deadline) {
+                Thread.sleep(5);
+            }
+            assertInstanceOf(OutOfMemoryError.class, engine.failure());
+            EngineBusyException busy = assertThrows(EngineBusyException.class, () -> engine.submit(
+                    greedy(r.ints(5, 0, TinyModels.VOCAB).toArray(), 2), e -> { }));
+            assertTrue(busy.getMessage().contains("internal error"), busy.getMessage());
+        }
+    }
+
     @Test
     void aListenerThrowingAnAssertionErrorCancelsOnlyItsRequest() throws Exception {
         Random r = new Random(SEED + 8);

@@ -54,17 +54,32 @@ final class CompletionHandler {
         byte[] bytes = req.content().hasEntity() ? req.content().as(byte[].class) : new byte[0];
         CompletionRequest r = CompletionRequest.parse(kind, Json.parseObject(bytes));
         boolean chat = kind == CompletionRequest.Kind.CHAT;
+        String what = chat ? "messages" : "prompt";
+        int ctx = engine.config().contextLength();
+        long textBytes = 0;
+        if (chat) {
+            for (var m : r.messages()) {
+                textBytes += TextCodec.utf8Length(m.content());
+            }
+        } else if (r.prompt() != null) {
+            textBytes = TextCodec.utf8Length(r.prompt());
+        }
+        long least = textBytes / codec.maxTokenBytes();
+        if (least >= ctx) {   // certain to be too long: refused before it is tokenized
+            throw new ApiException(400, "invalid_request_error", what, "context_length_exceeded",
+                    "This model's maximum context length is " + ctx + " tokens, but the " + what + " hold "
+                            + textBytes + " bytes of text, at least " + least + " tokens. Shorten the " + what
+                            + " (or start the server with a larger -c).", 0);
+        }
         int[] prompt;
         try {
             prompt = chat ? codec.chat(r.messages()) : r.prompt() != null ? codec.text(r.prompt()) : r.promptTokens();
         } catch (IllegalArgumentException e) {
             throw ApiException.invalid(chat ? "messages" : "prompt", e.getMessage());
         }
-        String what = chat ? "messages" : "prompt";
         if (prompt.length == 0) {
             throw ApiException.invalid(what, "the " + what + " came to no tokens");
         }
-        int ctx = engine.config().contextLength();
         if (prompt.length >= ctx) {
             throw new ApiException(400, "invalid_request_error", what, "context_length_exceeded",
                     "This model's maximum context length is " + ctx + " tokens, but the " + what + " came to "
@@ -159,7 +174,9 @@ final class CompletionHandler {
                 throw new ApiException(f.shuttingDown() ? 503 : 500, "server_error", null,
                         f.shuttingDown() ? "shutting_down" : "generation_failed", f.message(), 0);
             }
-            body = ApiException.body(o.failure().message(), "server_error", null, "generation_failed");
+            // the status (200) went out with the first heartbeat: the body alone can say what happened
+            body = ApiException.body(o.failure().message(), "server_error", null,
+                    o.failure().shuttingDown() ? "shutting_down" : "generation_failed");
         } else {
             body = envelope(id, created, r);
             ObjectNode choice = body.putArray("choices").addObject();

@@ -237,6 +237,8 @@ record CompletionRequest(Kind kind, List<ChatMessage> messages, String prompt, i
         return ids;
     }
 
+    static final int MAX_STOP_CHARS = 256;
+
     private static List<String> stops(JsonNode s) {
         if (s == null || s.isNull()) {
             return List.of();
@@ -256,6 +258,10 @@ record CompletionRequest(Kind kind, List<ChatMessage> messages, String prompt, i
         }
         if (out.stream().anyMatch(String::isEmpty)) {
             throw ApiException.invalid("stop", "stop strings must not be empty");
+        }
+        // the held-back text is checked against every suffix of a stop string on each token: keep that short
+        if (out.stream().anyMatch(x -> x.length() > MAX_STOP_CHARS)) {
+            throw ApiException.invalid("stop", "stop strings must be at most " + MAX_STOP_CHARS + " characters");
         }
         return List.copyOf(out);
     }

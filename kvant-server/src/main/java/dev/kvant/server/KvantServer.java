@@ -83,6 +83,7 @@ public final class KvantServer implements AutoCloseable {
                     String path = req.path().path();
                     Method expected = ROUTES.get(path);
                     if (expected != null) {
+                        res.header(HeaderNames.ALLOW, expected.text());
                         error(res, new ApiException(405, "invalid_request_error", null, "method_not_allowed",
                                 path + " takes " + expected.text() + ", not " + req.prologue().method().text(), 0));
                     } else {
@@ -189,12 +190,21 @@ public final class KvantServer implements AutoCloseable {
 
     private boolean authorized(ServerRequest req) {
         String h = req.headers().first(HeaderNames.AUTHORIZATION).orElse("");
-        byte[] given = h.startsWith("Bearer ") ? h.substring(7).strip().getBytes(StandardCharsets.UTF_8) : new byte[0];
+        // the scheme's name is case-insensitive (RFC 9110, 11.1)
+        boolean bearer = h.regionMatches(true, 0, "Bearer ", 0, 7);
+        byte[] given = bearer ? h.substring(7).strip().getBytes(StandardCharsets.UTF_8) : new byte[0];
         return MessageDigest.isEqual(given, config.apiKey().getBytes(StandardCharsets.UTF_8));
     }
 
     private void health(ServerRequest req, ServerResponse res) {
         ObjectNode o = Json.MAPPER.createObjectNode();
+        Throwable failure = engine.failure();
+        if (failure != null) {   // the engine thread is gone: nothing will be served again
+            o.put("status", "failed");
+            o.put("error", "the engine stopped on an internal error: " + failure);
+            json(res, 500, o);
+            return;
+        }
         if (draining || engine.isShuttingDown()) {
             o.put("status", "shutting down");
             json(res, 503, o);

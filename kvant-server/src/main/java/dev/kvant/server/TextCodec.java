@@ -23,6 +23,23 @@ public sealed interface TextCodec {
 
     boolean isEndOfGeneration(int token);
 
+    /**
+     * The most UTF-8 bytes of text one token stands for: a text of n bytes comes to at least n / this many tokens,
+     * which refuses a prompt far past the context before tokenizing it (the tokenizers' working memory grows with
+     * the text).
+     */
+    int maxTokenBytes();
+
+    /** The UTF-8 length of s, without encoding it. */
+    static long utf8Length(CharSequence s) {
+        long n = 0;
+        for (int i = 0; i < s.length(); i++) {
+            char c = s.charAt(i);
+            n += c < 0x80 ? 1 : c < 0x800 ? 2 : Character.isSurrogate(c) ? 2 : 3;   // a surrogate pair: 4 in all
+        }
+        return n;
+    }
+
     /** A fresh decoder for one generation's ids. */
     Detokenizer detokenizer();
 
@@ -38,11 +55,16 @@ public sealed interface TextCodec {
         if (!model.hasTokenizer()) {
             return new Bytes(model.config().vocabSize());
         }
-        return new Model(model.tokenizer(), ChatTemplate.detect(model.chatTemplate(), templateOverride));
+        Tokenizer t = model.tokenizer();
+        int most = 1;
+        for (int id = 0; id < t.vocabSize(); id++) {
+            most = Math.max(most, t.tokenBytes(id).length);
+        }
+        return new Model(t, ChatTemplate.detect(model.chatTemplate(), templateOverride), most);
     }
 
     /** A real model: its tokenizer, BOS as the model asks, control-token texts in the rendered chat recognised. */
-    record Model(Tokenizer tokenizer, ChatTemplate template) implements TextCodec {
+    record Model(Tokenizer tokenizer, ChatTemplate template, int maxTokenBytes) implements TextCodec {
         @Override
         public int[] chat(List<ChatMessage> messages) {
             return tokenizer.encode(template.render(messages, true), true, true);
@@ -110,6 +132,11 @@ public sealed interface TextCodec {
         @Override
         public boolean isEndOfGeneration(int token) {
             return false;
+        }
+
+        @Override
+        public int maxTokenBytes() {
+            return 1;
         }
 
         @Override

@@ -122,6 +122,18 @@ class ServerErrorsTest {
         assertEquals("context_length_exceeded", r.json().path("error").path("code").asText());
     }
 
+    /** A prompt whose text alone is more tokens than the context holds is refused before it is tokenized. */
+    @Test
+    void aPromptFarPastTheContextIsRefusedByItsBytes() throws Exception {
+        String big = "é".repeat(1 << 20);   // 2 MiB of UTF-8
+        Reply r = post("/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"" + big + "\"}]}");
+        assertError(r, 400, "messages", "maximum context length is " + CTX + " tokens");
+        assertTrue(r.message().contains((2 << 20) + " bytes of text"), r.message());
+        assertEquals("context_length_exceeded", r.json().path("error").path("code").asText());
+        assertEquals(2L << 20, TextCodec.utf8Length(big));
+        assertEquals(4, TextCodec.utf8Length("\uD83D\uDE00"));   // one character outside the BMP
+    }
+
     @Test
     void withAnApiKeySetRequestsWithoutItAre401ButHealthIsOpen() throws Exception {
         assertError(send("POST", "/v1/completions", "{\"prompt\": \"a\"}", null), 401, null, "API key");
@@ -134,7 +146,23 @@ class ServerErrorsTest {
     @Test
     void unknownPathIs404AndWrongMethodIs405() throws Exception {
         assertError(send("GET", "/v1/embeddings", null, KEY), 404, null, "Unknown request URL");
-        assertError(send("GET", "/v1/chat/completions", null, KEY), 405, null, "takes POST");
+        Reply wrong = send("GET", "/v1/chat/completions", null, KEY);
+        assertError(wrong, 405, null, "takes POST");
+        assertEquals("POST", wrong.raw().headers().firstValue("Allow").orElse(""), "405 names the method");
+    }
+
+    @Test
+    void theBearerSchemeNameIsCaseInsensitive() throws Exception {
+        HttpResponse<String> r = HTTP.send(HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + server.port()
+                        + "/v1/models")).header("Authorization", "bearer " + KEY).build(),
+                HttpResponse.BodyHandlers.ofString());
+        assertEquals(200, r.statusCode(), r.body());
+    }
+
+    @Test
+    void aStopStringLongerThan256CharactersIs400() throws Exception {
+        assertError(post("/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 2, \"stop\": \""
+                + "x".repeat(257) + "\"}"), 400, "stop", "at most 256 characters");
     }
 
     @Test

@@ -49,6 +49,51 @@ class ShutdownTest {
         }
     }
 
+    /**
+     * An engine thread stopped by an error of the JVM (here an out-of-memory error when a sequence is made) fails the
+     * request as an internal error (500, not a shutdown), and /health then says the server failed and why.
+     */
+    @Test
+    void anEngineStoppedByAnErrorIsReportedByHealth() throws Exception {
+        long seed = new Random().nextLong();
+        KvFormat f16 = KvFormat.parse("f16");
+        try (TestServers m = TestServers.tiny(seed);
+             SequencePool inner = m.backend.newSequencePool(512, f16, f16)) {
+            SequencePool failing = new SequencePool() {
+                @Override public int pageTokens() { return inner.pageTokens(); }
+                @Override public int totalPages() { return inner.totalPages(); }
+                @Override public int freePages() { return inner.freePages(); }
+                @Override public dev.kvant.backend.BackendSequence newSequence(int capacity) {
+                    throw new OutOfMemoryError("injected");
+                }
+                @Override public dev.kvant.backend.BackendSequence fork(dev.kvant.backend.BackendSequence parent,
+                                                                       int prefix, int capacity) {
+                    throw new OutOfMemoryError("injected");
+                }
+                @Override public void close() { }
+            };
+            try (Engine engine = new Engine(m.backend, failing, new EngineConfig(2, 256, 32, 4, true))) {
+                KvantServer server = KvantServer.start(ServerConfig.local(0, "tiny"), engine,
+                        TextCodec.of(m.model, null));
+                try {
+                    URI base = URI.create("http://127.0.0.1:" + server.port() + "/");
+                    HttpClient http = HttpClient.newHttpClient();
+                    HttpResponse<String> r = http.send(HttpRequest.newBuilder(base.resolve("v1/completions"))
+                            .POST(HttpRequest.BodyPublishers.ofString("{\"prompt\": [1, 2, 3], \"max_tokens\": 4}"))
+                            .header("Content-Type", "application/json").build(), HttpResponse.BodyHandlers.ofString());
+                    assertEquals(500, r.statusCode(), r.body());
+                    assertTrue(r.body().contains("internal error"), r.body());
+                    HttpResponse<String> h = http.send(HttpRequest.newBuilder(base.resolve("health")).build(),
+                            HttpResponse.BodyHandlers.ofString());
+                    assertEquals(500, h.statusCode(), h.body());
+                    assertTrue(h.body().contains("\"failed\"") && h.body().contains("OutOfMemoryError"), h.body());
+                } finally {
+                    server.shutdown(Duration.ZERO);
+                }
+            }
+        }
+    }
+
     /** A port already in use is one clear error at start, not a logged stack trace and a server listening nowhere. */
     @Test
     void aPortInUseIsRefusedAtStart() throws Exception {
