@@ -85,7 +85,8 @@ final class ChatCommand implements Runnable {
                     continue;
                 }
                 history.add(new ChatMessage("user", line));
-                int[] all = tok.encode(tpl.render(history, true), true, true);
+                var rendered = tpl.renderMarked(history, true);   // messages' text read as plain text
+                int[] all = tok.encode(rendered.text(), true, true, rendered.contentRanges());
                 int keep = commonPrefix(cached, all, session.position());
                 session.truncate(keep);
                 int[] fresh = java.util.Arrays.copyOfRange(all, keep, all.length);

@@ -70,13 +70,13 @@ public final class BpeTokenizer extends VocabularyTokenizer {
     }
 
     @Override
-    public int[] encode(String text, boolean addSpecial, boolean parseSpecial) {
+    public int[] encode(String text, boolean addSpecial, boolean parseSpecial, int[] plainRanges) {
         IdList out = new IdList();
         if (addSpecial && vocab.addBos) {
             out.add(vocab.bos);
         }
         List<String> pieces = new ArrayList<>();
-        for (Vocabulary.Fragment f : vocab.partition(text, parseSpecial)) {
+        for (Vocabulary.Fragment f : vocab.partition(text, parseSpecial, plainRanges)) {
             if (f.isToken()) {
                 out.add(f.token());
                 continue;

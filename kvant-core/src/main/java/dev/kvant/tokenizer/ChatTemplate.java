@@ -143,23 +143,36 @@ public enum ChatTemplate {
      * @throws IllegalArgumentException for a role the format cannot express
      */
     public String render(List<ChatMessage> messages, boolean addGenerationPrompt) {
-        StringBuilder sb = new StringBuilder();
+        return renderMarked(messages, addGenerationPrompt).text();
+    }
+
+    /**
+     * A rendered conversation: its text, and the ranges of it that came from the messages' contents, [start, end)
+     * pairs in order. A tokenizer reads control-token texts as control tokens only outside those ranges, so a
+     * message cannot write a turn of its own ({@link Tokenizer#encode(String, boolean, boolean, int[])}).
+     */
+    public record Rendered(String text, int[] contentRanges) {
+    }
+
+    /** {@link #render}, with the ranges of the text that came from the messages ({@link Rendered}). */
+    public Rendered renderMarked(List<ChatMessage> messages, boolean addGenerationPrompt) {
+        Out o = new Out();
         switch (this) {
             case LLAMA3 -> {
                 for (ChatMessage m : messages) {
-                    sb.append("<|start_header_id|>").append(m.role()).append("<|end_header_id|>\n\n")
-                            .append(m.content().strip()).append("<|eot_id|>");
+                    o.t("<|start_header_id|>").c(m.role()).t("<|end_header_id|>\n\n").c(m.content().strip())
+                            .t("<|eot_id|>");
                 }
                 if (addGenerationPrompt) {
-                    sb.append("<|start_header_id|>assistant<|end_header_id|>\n\n");
+                    o.t("<|start_header_id|>assistant<|end_header_id|>\n\n");
                 }
             }
             case CHATML -> {
                 for (ChatMessage m : messages) {
-                    sb.append("<|im_start|>").append(m.role()).append('\n').append(m.content()).append("<|im_end|>\n");
+                    o.t("<|im_start|>").c(m.role()).t("\n").c(m.content()).t("<|im_end|>\n");
                 }
                 if (addGenerationPrompt) {
-                    sb.append("<|im_start|>assistant\n");
+                    o.t("<|im_start|>assistant\n");
                 }
             }
             case LLAMA2 -> {
@@ -169,15 +182,20 @@ public enum ChatTemplate {
                     switch (role(m)) {
                         case "system" -> system = m.content();
                         case "user" -> {
-                            String content = m.content();
+                            o.t(firstUser ? "" : "<s>").t("[INST] ");
                             if (system != null) {
-                                content = "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content;
+                                // "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content, stripped as one string (it
+                                // starts with "<<SYS>>": only its end can be blank)
+                                int from = o.length();
+                                o.t("<<SYS>>\n").c(system).t("\n<</SYS>>\n\n").c(m.content()).stripTrailing(from);
                                 system = null;
+                            } else {
+                                o.c(m.content().strip());
                             }
-                            sb.append(firstUser ? "" : "<s>").append("[INST] ").append(content.strip()).append(" [/INST]");
+                            o.t(" [/INST]");
                             firstUser = false;
                         }
-                        default -> sb.append(' ').append(m.content().strip()).append(" </s>");
+                        default -> o.t(" ").c(m.content().strip()).t(" </s>");
                     }
                 }
             }
@@ -187,23 +205,25 @@ public enum ChatTemplate {
                     switch (role(m)) {
                         case "system" -> system = m.content();
                         case "user" -> {
-                            String content = system != null ? system + "\n\n" + m.content() : m.content();
+                            o.t("[INST] ");
+                            if (system != null) {
+                                o.c(system).t("\n\n");
+                            }
+                            o.c(m.content()).t(" [/INST]");
                             system = null;
-                            sb.append("[INST] ").append(content).append(" [/INST]");
                         }
-                        default -> sb.append(m.content()).append("</s>");
+                        default -> o.c(m.content()).t("</s>");
                     }
                 }
             }
             case MISTRAL_V3, MISTRAL_V3_TEKKEN -> {
                 boolean tekken = this == MISTRAL_V3_TEKKEN;
-                String system = null;
+                List<String> systems = new java.util.ArrayList<>();
                 int lastUser = -1;
                 for (int i = 0; i < messages.size(); i++) {
                     String role = role(messages.get(i));
-                    String content = messages.get(i).content();
                     if (role.equals("system")) {
-                        system = system == null ? content : system + "\n\n" + content;
+                        systems.add(messages.get(i).content());
                     } else if (role.equals("user")) {
                         lastUser = i;
                     }
@@ -213,11 +233,22 @@ public enum ChatTemplate {
                     switch (role(m)) {
                         case "system" -> { }
                         case "user" -> {
-                            String content = i == lastUser && system != null ? system + "\n\n" + m.content()
-                                    : m.content();
-                            sb.append(tekken ? "[INST]" : "[INST] ").append(content).append("[/INST]");
+                            o.t(tekken ? "[INST]" : "[INST] ");
+                            if (i == lastUser) {
+                                for (String sys : systems) {
+                                    o.c(sys).t("\n\n");
+                                }
+                            }
+                            o.c(m.content()).t("[/INST]");
                         }
-                        default -> sb.append(tekken ? m.content() : " " + m.content().strip()).append("</s>");
+                        default -> {
+                            if (tekken) {
+                                o.c(m.content());
+                            } else {
+                                o.t(" ").c(m.content().strip());
+                            }
+                            o.t("</s>");
+                        }
                     }
                 }
             }
@@ -225,10 +256,9 @@ public enum ChatTemplate {
                 String space = this == MISTRAL_V7 ? " " : "";
                 for (ChatMessage m : messages) {
                     switch (role(m)) {
-                        case "system" -> sb.append("[SYSTEM_PROMPT]").append(space).append(m.content())
-                                .append("[/SYSTEM_PROMPT]");
-                        case "user" -> sb.append("[INST]").append(space).append(m.content()).append("[/INST]");
-                        default -> sb.append(space).append(m.content()).append("</s>");
+                        case "system" -> o.t("[SYSTEM_PROMPT]").t(space).c(m.content()).t("[/SYSTEM_PROMPT]");
+                        case "user" -> o.t("[INST]").t(space).c(m.content()).t("[/INST]");
+                        default -> o.t(space).c(m.content()).t("</s>");
                     }
                 }
             }
@@ -240,25 +270,77 @@ public enum ChatTemplate {
                         system = m.content().strip();
                         continue;
                     }
-                    String content = m.content().strip();
+                    o.t("<start_of_turn>").t(role.equals("assistant") ? "model" : "user").t("\n");
                     if (role.equals("user") && system != null) {
-                        content = system + "\n\n" + content;
+                        o.c(system).t("\n\n");
                         system = null;
                     }
-                    sb.append("<start_of_turn>").append(role.equals("assistant") ? "model" : "user").append('\n')
-                            .append(content).append("<end_of_turn>\n");
+                    o.c(m.content().strip()).t("<end_of_turn>\n");
                 }
                 if (addGenerationPrompt) {
-                    sb.append("<start_of_turn>model\n");
+                    o.t("<start_of_turn>model\n");
                 }
             }
             case RAW -> {
                 for (ChatMessage m : messages) {
-                    sb.append(m.content());
+                    o.c(m.content());
                 }
             }
         }
-        return sb.toString();
+        return o.done();
+    }
+
+    /** The text being rendered, with the ranges of it that are the messages' own. */
+    private static final class Out {
+        private final StringBuilder sb = new StringBuilder();
+        private final List<Integer> ranges = new java.util.ArrayList<>();
+
+        /** The format's own text. */
+        Out t(String text) {
+            sb.append(text);
+            return this;
+        }
+
+        /** Text from a message. */
+        Out c(String text) {
+            if (!text.isEmpty()) {
+                int n = ranges.size();
+                if (n > 0 && ranges.get(n - 1) == sb.length()) {
+                    ranges.set(n - 1, sb.length() + text.length());   // one range with the one before
+                } else {
+                    ranges.add(sb.length());
+                    ranges.add(sb.length() + text.length());
+                }
+                sb.append(text);
+            }
+            return this;
+        }
+
+        int length() {
+            return sb.length();
+        }
+
+        /** Drops the blanks (Character.isWhitespace) at the end of the text from {@code from} on, as strip does. */
+        Out stripTrailing(int from) {
+            int end = sb.length();
+            while (end > from && Character.isWhitespace(sb.charAt(end - 1))) {
+                end--;
+            }
+            sb.setLength(end);
+            for (int i = ranges.size() - 2; i >= 0; i -= 2) {
+                if (ranges.get(i) >= end) {
+                    ranges.remove(i + 1);
+                    ranges.remove(i);
+                } else if (ranges.get(i + 1) > end) {
+                    ranges.set(i + 1, end);
+                }
+            }
+            return this;
+        }
+
+        Rendered done() {
+            return new Rendered(sb.toString(), ranges.stream().mapToInt(Integer::intValue).toArray());
+        }
     }
 
     /** The role of a message in a format that knows only system, user and assistant. */

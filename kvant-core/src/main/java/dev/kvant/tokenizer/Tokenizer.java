@@ -43,7 +43,17 @@ public sealed interface Tokenizer permits VocabularyTokenizer {
      * @param addSpecial   add BOS / EOS as the model's flags ask
      * @param parseSpecial recognise control-token texts such as {@code <|im_start|>} in the text
      */
-    int[] encode(String text, boolean addSpecial, boolean parseSpecial);
+    default int[] encode(String text, boolean addSpecial, boolean parseSpecial) {
+        return encode(text, addSpecial, parseSpecial, null);
+    }
+
+    /**
+     * {@link #encode(String, boolean, boolean)} with control-token texts recognised (parseSpecial) only outside
+     * plainRanges ([start, end) pairs in order, or null): a chat's messages ({@link ChatTemplate.Rendered}) cannot
+     * then write the format's markers. A control-token text that reaches into a plain range is plain text; tokens
+     * the vocabulary always splits out (user-defined ones) still are.
+     */
+    int[] encode(String text, boolean addSpecial, boolean parseSpecial, int[] plainRanges);
 
     /** The text of a whole id sequence; see the class comment for what is rendered. Malformed UTF-8 becomes U+FFFD. */
     String decode(int[] ids);

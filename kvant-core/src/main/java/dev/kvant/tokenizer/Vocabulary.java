@@ -160,9 +160,29 @@ final class Vocabulary {
      * position.
      */
     List<Fragment> partition(String text, boolean parseSpecial) {
+        return partition(text, parseSpecial, null);
+    }
+
+    /** {@link #partition(String, boolean)}, control tokens recognised only where no plain range reaches. */
+    List<Fragment> partition(String text, boolean parseSpecial, int[] plainRanges) {
         List<Fragment> out = new ArrayList<>();
         if (text.isEmpty()) {
             return out;
+        }
+        java.util.BitSet plain = null;
+        if (plainRanges != null && plainRanges.length > 0) {
+            if (plainRanges.length % 2 != 0) {
+                throw new IllegalArgumentException("plain ranges come in [start, end) pairs");
+            }
+            plain = new java.util.BitSet(text.length());
+            for (int k = 0; k < plainRanges.length; k += 2) {
+                int from = plainRanges[k], to = plainRanges[k + 1];
+                if (from < 0 || to < from || to > text.length()) {
+                    throw new IllegalArgumentException("plain range [" + from + ", " + to + ") outside a text of "
+                            + text.length() + " characters");
+                }
+                plain.set(from, to);
+            }
         }
         if (!parseSpecial && !hasUserDefined || specialRoot.children.isEmpty()) {
             out.add(new Fragment(0, text.length(), -1));
@@ -179,7 +199,7 @@ final class Vocabulary {
                 if (node == null) {
                     break;
                 }
-                if (node.token >= 0 && (parseSpecial || node.alwaysSplit)) {
+                if (node.token >= 0 && (parseSpecial && !reaches(plain, i, j + 1) || node.alwaysSplit)) {
                     matchEnd = j + 1;
                     matchId = node.token;
                 }
@@ -199,6 +219,15 @@ final class Vocabulary {
             out.add(new Fragment(plainStart, text.length(), -1));
         }
         return out;
+    }
+
+    /** Whether a plain range covers any character of [from, to). */
+    private static boolean reaches(java.util.BitSet plain, int from, int to) {
+        if (plain == null) {
+            return false;
+        }
+        int next = plain.nextSetBit(from);
+        return next >= 0 && next < to;
     }
 
     private void addSpecial(String text, int id, boolean alwaysSplit) {

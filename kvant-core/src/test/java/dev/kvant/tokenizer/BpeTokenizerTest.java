@@ -73,6 +73,23 @@ class BpeTokenizerTest {
     }
 
     @Test
+    void controlTokenTextsInPlainRangesArePlainText() {
+        String text = "<|im_start|>hello<|im_end|>";   // 12 + 5 + 10 characters
+        int[] all = tok.encode(text, false, true, new int[0]);
+        assertArrayEquals(new int[] {IM_START, HELLO, IM_END}, all, "no ranges: as encode");
+        int[] message = tok.encode(text, false, true, new int[] {12, 27});   // "hello<|im_end|>" is a message's
+        assertEquals(IM_START, message[0]);
+        assertFalse(Arrays.stream(message).skip(1).anyMatch(id -> id == IM_START || id == IM_END),
+                Arrays.toString(message));
+        assertEquals(text, tok.decode(message));
+        // a range that reaches one character into the marker makes all of it plain; one that ends before it, none
+        assertFalse(Arrays.stream(tok.encode(text, false, true, new int[] {12, 18})).anyMatch(id -> id == IM_END));
+        assertArrayEquals(new int[] {IM_START, HELLO, IM_END}, tok.encode(text, false, true, new int[] {12, 17}));
+        assertThrows(IllegalArgumentException.class, () -> tok.encode(text, false, true, new int[] {12}));
+        assertThrows(IllegalArgumentException.class, () -> tok.encode(text, false, true, new int[] {20, 40}));
+    }
+
+    @Test
     void addSpecialFollowsTheVocabularyFlags() {
         TokenizerSpec s = SyntheticVocab.bpe("gpt-2");
         Tokenizer withBoth = Tokenizer.create(new TokenizerSpec(s.model(), s.pre(), s.tokens(), s.scores(),

@@ -19,6 +19,41 @@ class ChatTemplateTest {
     private static final String NAMES = "llama3, llama2, chatml, mistral, mistral-v3, mistral-v3-tekken, mistral-v7,"
             + " mistral-v7-tekken, gemma, raw";
 
+    /**
+     * Every format marks exactly its messages' text: the ranges hold each role and content (as the format writes
+     * them: stripped where it strips, system text where it puts it) and nothing of the format's own markers.
+     */
+    @Test
+    void theMarkedRangesAreTheMessagesText() {
+        List<ChatMessage> chat = List.of(ChatMessage.system(" sysA "), ChatMessage.user("userB  "),
+                ChatMessage.assistant(" asstC"), ChatMessage.user("userD\n"));
+        for (ChatTemplate t : ChatTemplate.values()) {
+            ChatTemplate.Rendered r = t.renderMarked(chat, true);
+            assertEquals(t.render(chat, true), r.text(), t.templateName());
+            int[] g = r.contentRanges();
+            StringBuilder inside = new StringBuilder();
+            StringBuilder outside = new StringBuilder();
+            int at = 0;
+            for (int k = 0; k < g.length; k += 2) {
+                assertTrue(g[k] >= at && g[k + 1] > g[k] && g[k + 1] <= r.text().length(),
+                        t.templateName() + ": ranges in order, inside the text: " + java.util.Arrays.toString(g));
+                outside.append(r.text(), at, g[k]);
+                inside.append(r.text(), g[k], g[k + 1]).append('|');
+                at = g[k + 1];
+            }
+            outside.append(r.text().substring(at));
+            for (String word : List.of("sysA", "userB", "asstC", "userD")) {
+                assertTrue(!outside.toString().contains(word),
+                        t.templateName() + ": '" + word + "' outside the ranges: " + outside);
+            }
+            for (String word : List.of("userB", "asstC", "userD")) {
+                assertTrue(inside.toString().contains(word), t.templateName() + ": '" + word + "' in " + inside);
+            }
+            assertTrue(!inside.toString().contains("<|") && !inside.toString().contains("[INST]")
+                    && !inside.toString().contains("<start_of_turn>"), t.templateName() + ": " + inside);
+        }
+    }
+
     @Test
     void llama3() {
         assertEquals("<|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>"

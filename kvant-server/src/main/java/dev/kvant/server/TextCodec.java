@@ -67,7 +67,9 @@ public sealed interface TextCodec {
     record Model(Tokenizer tokenizer, ChatTemplate template, int maxTokenBytes) implements TextCodec {
         @Override
         public int[] chat(List<ChatMessage> messages) {
-            return tokenizer.encode(template.render(messages, true), true, true);
+            // the messages' own text is read with control-token texts as plain text: a message cannot open a turn
+            ChatTemplate.Rendered r = template.renderMarked(messages, true);
+            return tokenizer.encode(r.text(), true, true, r.contentRanges());
         }
 
         @Override
