@@ -509,9 +509,17 @@ public final class Engine implements AutoCloseable {
             c.step = backend.startDecode(seqs, tokens, greedy ? null : c.logits);
         } catch (VirtualMachineError e) {   // out of memory and the like: the engine's own state is in doubt
             throw e;
-        } catch (RuntimeException | Error e) {   // an assertion or a linkage error: this step's requests fail
+        } catch (RuntimeException | Error e) {   // an assertion or a linkage error too
+            // a refused start changed nothing: each sequence alone, so that only the one at fault fails (alone it
+            // gets the bits it gets in a batch)
             for (int i = 0; i < n; i++) {
-                fail(c.members[i], "the decode step failed: " + e.getMessage());
+                Active a = c.members[i];
+                c.members[i] = null;
+                if (n == 1) {
+                    fail(a, "the decode step failed: " + e.getMessage());
+                } else {
+                    stepAlone(a, greedy ? null : c.logits);
+                }
             }
             return;
         }
@@ -519,6 +527,27 @@ public final class Engine implements AutoCloseable {
         c.greedy = greedy;
         for (int i = 0; i < n; i++) {
             c.members[i].stepping = true;
+        }
+    }
+
+    /** One decode step of a alone, started and collected at once; a failure fails a alone. */
+    private void stepAlone(Active a, float[] logits) {
+        int[] ids;
+        try {
+            ids = backend.startDecode(new BackendSequence[] {a.seq}, new int[] {a.next}, logits).await();
+        } catch (VirtualMachineError e) {
+            throw e;
+        } catch (RuntimeException | Error e) {
+            fail(a, "the decode step failed: " + e.getMessage());
+            return;
+        }
+        decodeRows++;
+        if (a.p.handle.isCancelled()) {
+            finish(a, FinishReason.CANCELLED);
+        } else if (logits == null) {
+            take(a, ids[0]);
+        } else {
+            sampleNext(a, logits, 0);
         }
     }
 

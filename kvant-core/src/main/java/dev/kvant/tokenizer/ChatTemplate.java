@@ -198,6 +198,7 @@ public enum ChatTemplate {
                         default -> o.t(" ").c(m.content().strip()).t(" </s>");
                     }
                 }
+                checkSystemUsed(system != null);
             }
             case MISTRAL -> {
                 String system = null;
@@ -215,6 +216,7 @@ public enum ChatTemplate {
                         default -> o.c(m.content()).t("</s>");
                     }
                 }
+                checkSystemUsed(system != null);
             }
             case MISTRAL_V3, MISTRAL_V3_TEKKEN -> {
                 boolean tekken = this == MISTRAL_V3_TEKKEN;
@@ -228,6 +230,7 @@ public enum ChatTemplate {
                         lastUser = i;
                     }
                 }
+                checkSystemUsed(!systems.isEmpty() && lastUser < 0);
                 for (int i = 0; i < messages.size(); i++) {
                     ChatMessage m = messages.get(i);
                     switch (role(m)) {
@@ -277,6 +280,7 @@ public enum ChatTemplate {
                     }
                     o.c(m.content().strip()).t("<end_of_turn>\n");
                 }
+                checkSystemUsed(system != null);
                 if (addGenerationPrompt) {
                     o.t("<start_of_turn>model\n");
                 }
@@ -340,6 +344,17 @@ public enum ChatTemplate {
 
         Rendered done() {
             return new Rendered(sb.toString(), ranges.stream().mapToInt(Integer::intValue).toArray());
+        }
+    }
+
+    /**
+     * Formats that fold the system text into a user message refuse a conversation whose system message no user
+     * message follows (it would vanish from the prompt).
+     */
+    private void checkSystemUsed(boolean leftOver) {
+        if (leftOver) {
+            throw new IllegalArgumentException("chat template '" + templateName + "' puts the system message into the"
+                    + " user message after it, and this conversation has none");
         }
     }
 

@@ -484,6 +484,53 @@ class EngineTest {
         }
     }
 
+    /** Refuses the first decode step of two or more sequences, and from then on every step with its first one. */
+    static final class RefusesOne extends ForwardingBackend {
+        BackendSequence marked;
+
+        RefusesOne(Backend inner) {
+            super(inner);
+        }
+
+        @Override
+        public PendingDecode startDecode(BackendSequence[] seqs, int[] tokens, float[] logits) {
+            if (marked == null && seqs.length > 1) {
+                marked = seqs[0];
+            }
+            if (marked != null && Arrays.asList(seqs).contains(marked)) {
+                throw new IllegalStateException("injected: this sequence is refused");
+            }
+            return super.startDecode(seqs, tokens, logits);
+        }
+    }
+
+    @Test
+    void aRefusedBatchFailsOnlyTheSequenceAtFault() throws Exception {
+        Random r = new Random(SEED + 12);
+        int[][] prompts = {r.ints(9, 0, TinyModels.VOCAB).toArray(), r.ints(11, 0, TinyModels.VOCAB).toArray()};
+        int[] alone;
+        try (SequencePool pool = backend.newSequencePool(2 * CTX, F16, F16);
+             Engine engine = new Engine(backend, pool, new EngineConfig(1, CTX, CHUNK, 8, false))) {
+            Events e = new Events();
+            engine.submit(greedy(prompts[1], 12), e.queue::add);
+            assertInstanceOf(GenerationEvent.Finished.class, e.end());
+            alone = e.ids();
+        }
+        RefusesOne refuses = new RefusesOne(backend);
+        try (SequencePool pool = refuses.newSequencePool(2 * CTX, F16, F16);
+             Engine engine = new Engine(refuses, pool, new EngineConfig(2, CTX, CHUNK, 8, false))) {
+            Events[] ev = {new Events(), new Events()};
+            for (int i = 0; i < 2; i++) {
+                engine.submit(greedy(prompts[i], 12), ev[i].queue::add);
+            }
+            GenerationEvent.Failed f = assertInstanceOf(GenerationEvent.Failed.class, ev[0].end(), "the refused one");
+            assertTrue(f.message().contains("injected"), f.message());
+            assertInstanceOf(GenerationEvent.Finished.class, ev[1].end(), "the other goes on");
+            assertArrayEquals(alone, ev[1].ids(), "with the tokens it gets alone");
+            assertEquals(pool.totalPages(), pool.freePages(), "every page returned");
+        }
+    }
+
     @Test
     void anAssertionErrorInADecodeStepFailsThatStepsRequestsAndTheEngineGoesOn() throws Exception {
         Random r = new Random(SEED + 10);

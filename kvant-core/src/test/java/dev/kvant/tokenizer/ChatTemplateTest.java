@@ -19,6 +19,21 @@ class ChatTemplateTest {
     private static final String NAMES = "llama3, llama2, chatml, mistral, mistral-v3, mistral-v3-tekken, mistral-v7,"
             + " mistral-v7-tekken, gemma, raw";
 
+    @Test
+    void aSystemMessageNoUserMessageFollowsIsRefusedWhereTheFormatFoldsItIn() {
+        for (String name : List.of("llama2", "mistral", "mistral-v3", "mistral-v3-tekken", "gemma")) {
+            ChatTemplate t = ChatTemplate.named(name);
+            IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                    () -> t.render(List.of(ChatMessage.system("be brief")), true), name);
+            assertTrue(e.getMessage().contains("system message"), e.getMessage());
+            t.render(QUESTION, true);   // with a user message after it: fine
+        }
+        // formats with a turn of its own for the system message take it alone
+        for (String name : List.of("llama3", "chatml", "mistral-v7")) {
+            ChatTemplate.named(name).render(List.of(ChatMessage.system("be brief")), true);
+        }
+    }
+
     /**
      * Every format marks exactly its messages' text: the ranges hold each role and content (as the format writes
      * them: stripped where it strips, system text where it puts it) and nothing of the format's own markers.

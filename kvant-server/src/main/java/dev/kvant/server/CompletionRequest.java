@@ -186,10 +186,20 @@ record CompletionRequest(Kind kind, List<ChatMessage> messages, String prompt, i
                         + "system, developer, user and assistant messages (no tools)");
             }
             JsonNode calls = m.get("tool_calls");
-            if (calls != null && !calls.isNull() && !calls.isEmpty()) {
-                throw ApiException.unsupported(where + ".tool_calls", "tool calls are not supported");
+            if (calls != null && !calls.isNull()) {
+                if (!calls.isArray()) {
+                    throw ApiException.invalid(where + ".tool_calls", "'" + where + ".tool_calls' must be an array");
+                }
+                if (!calls.isEmpty()) {
+                    throw ApiException.unsupported(where + ".tool_calls", "tool calls are not supported");
+                }
             }
-            out.add(new ChatMessage(role.equals("developer") ? "system" : role, content(m.get("content"), where)));
+            JsonNode content = m.get("content");
+            if ((content == null || content.isNull()) && !role.equals("assistant")) {
+                throw ApiException.invalid(where + ".content", "'" + where + ".content' is required for a " + role
+                        + " message");
+            }
+            out.add(new ChatMessage(role.equals("developer") ? "system" : role, content(content, where)));
         }
         return out;
     }

@@ -152,6 +152,19 @@ class ServerErrorsTest {
     }
 
     @Test
+    void aUserMessageWithoutContentAndToolCallsNotAnArrayAre400() throws Exception {
+        assertError(post("/v1/chat/completions", "{\"messages\": [{\"role\": \"user\"}]}"), 400,
+                "messages[0].content", "is required for a user message");
+        assertError(post("/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\","
+                + " \"tool_calls\": \"x\"}]}"), 400, "messages[0].tool_calls", "must be an array");
+        // an assistant turn may come without content
+        Reply ok = post("/v1/chat/completions", "{\"max_tokens\": 1, \"messages\": [{\"role\": \"user\", "
+                + "\"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": null}, {\"role\": \"user\", "
+                + "\"content\": \"again\"}]}");
+        assertEquals(200, ok.status(), ok.raw().body());
+    }
+
+    @Test
     void theBearerSchemeNameIsCaseInsensitive() throws Exception {
         HttpResponse<String> r = HTTP.send(HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + server.port()
                         + "/v1/models")).header("Authorization", "bearer " + KEY).build(),
