@@ -57,7 +57,7 @@ public final class KvantServer implements AutoCloseable {
                                             + " the key the server was started with (--api-key).", 0));
                             return;
                         }
-                        if (draining && path.startsWith("/v1/")) {
+                        if (draining && path.endsWith("/completions")) {   // new work only: /v1/models still answers
                             error(res, new ApiException(503, "server_error", null, "shutting_down",
                                     "the server is shutting down", 0));
                             return;

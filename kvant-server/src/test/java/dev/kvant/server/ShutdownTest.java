@@ -32,15 +32,30 @@ class ShutdownTest {
             URI base = URI.create("http://127.0.0.1:" + server.port() + "/");
             SseClient client = new SseClient(base, null);
             CompletableFuture<SseClient.Trace> inFlight = CompletableFuture.supplyAsync(() -> client.stream(
-                    "v1/completions", ServeBench.textRequest(new int[] {1, 2, 3, 4}, 60, true), -1,
+                    "v1/completions", ServeBench.textRequest(new int[] {1, 2, 3, 4}, 240, true), -1,
                     Duration.ofSeconds(60)));
             while (engine.stats().generatedTokens() < 2) {
                 Thread.sleep(2);
             }
-            assertTrue(server.shutdown(Duration.ofSeconds(30)), "drained within the grace period");
+            CompletableFuture<Boolean> drained = CompletableFuture.supplyAsync(() -> server.shutdown(
+                    Duration.ofSeconds(30)));
+            HttpClient probe = HttpClient.newHttpClient();
+            while (probe.send(HttpRequest.newBuilder(base.resolve("health")).build(),
+                    HttpResponse.BodyHandlers.ofString()).statusCode() != 503) {
+                Thread.sleep(2);
+            }
+            // draining: new completions are refused, the model list still answers
+            HttpResponse<String> refused = probe.send(HttpRequest.newBuilder(base.resolve("v1/completions"))
+                    .POST(HttpRequest.BodyPublishers.ofString("{\"prompt\": [1, 2], \"max_tokens\": 2}"))
+                    .header("Content-Type", "application/json").build(), HttpResponse.BodyHandlers.ofString());
+            assertEquals(503, refused.statusCode(), refused.body());
+            assertTrue(refused.body().contains("shutting_down"), refused.body());
+            assertEquals(200, probe.send(HttpRequest.newBuilder(base.resolve("v1/models")).build(),
+                    HttpResponse.BodyHandlers.ofString()).statusCode());
+            assertTrue(drained.get(), "drained within the grace period");
             SseClient.Trace t = inFlight.get();
             assertTrue(t.done(), "seed " + seed + ": " + t);
-            assertEquals(60, t.completionTokens(), "seed " + seed + ": " + t);
+            assertEquals(240, t.completionTokens(), "seed " + seed + ": " + t);
             HttpClient http = HttpClient.newHttpClient();
             assertThrows(ConnectException.class, () -> http.send(HttpRequest.newBuilder(base.resolve("health")).build(),
                     HttpResponse.BodyHandlers.ofString()));
