@@ -29,6 +29,14 @@ public interface BackendSequence extends AutoCloseable {
      */
     void fillRandom(int tokens, long seed);
 
+    /**
+     * The cache pages this sequence alone holds (no fork shares them): what closing it gives back to the pool. -1
+     * where the backend does not say.
+     */
+    default int pagesHeldAlone() {
+        return -1;
+    }
+
     /** Forgets everything after the first {@code length} tokens. */
     void truncate(int length);
 

@@ -194,6 +194,11 @@ public final class CpuBackend implements Backend {
         }
 
         @Override
+        public int pagesHeldAlone() {
+            return kv.pagesHeldAlone();
+        }
+
+        @Override
         public int length() {
             return kv.length();
         }

@@ -410,8 +410,9 @@ public final class Engine implements AutoCloseable {
         PrefixCache.Match m = reusePrefixes ? cache.match(prompt) : new PrefixCache.Match(null, 0);
         int maxPages = pages(maxLength(p.request));
         // Evicting is only worth it where it can make room: while requests run, an eviction that cannot free enough
-        // (the other entries' pages, counted as if none were shared, are too few) waits for them instead, and the
-        // request's own match is kept for when they are done; with none running, every page not free is the cache's.
+        // (the pages the other entries hold alone are too few: a running sequence's kept prompt pages free nothing)
+        // waits for them instead, and the request's own match is kept for when they are done; with none running,
+        // every page not free is the cache's.
         while (available() < maxPages - m.tokens() / pageTokens) {
             int shortBy = maxPages - m.tokens() / pageTokens - available();
             boolean hopeless = !running.isEmpty() && cache.pagesExcept(m.entry(), pageTokens) < shortBy;

@@ -98,14 +98,17 @@ final class PrefixCache {
     }
 
     /**
-     * The pages of every entry but keep, counted as if none were shared: at most what evicting them all would free
-     * (pages an entry shares with another sequence stay until that one goes).
+     * What evicting every entry but keep would free, about: the pages each holds alone (a page an entry shares with a
+     * running sequence — the prompt pages kept while it runs — stays until that one goes; pages shared only between
+     * entries are not counted, so this may fall short, never over). Where the backend does not say, an entry's pages
+     * are counted as if none were shared.
      */
     int pagesExcept(Entry keep, int pageTokens) {
         long n = 0;
         for (Entry e : entries) {
             if (e != keep) {
-                n += (e.seq.length() + pageTokens - 1) / pageTokens;
+                int alone = e.seq.pagesHeldAlone();
+                n += alone >= 0 ? alone : (e.seq.length() + pageTokens - 1) / pageTokens;
             }
         }
         return (int) Math.min(n, Integer.MAX_VALUE);

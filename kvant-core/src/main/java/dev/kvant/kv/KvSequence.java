@@ -50,6 +50,19 @@ public final class KvSequence implements AutoCloseable {
         return pageCount;
     }
 
+    /** Pages of the table no other sequence shares: what {@link #close} gives back. */
+    public int pagesHeldAlone() {
+        synchronized (allocator) {
+            int n = 0;
+            for (int p = 0; p < pageCount; p++) {
+                if (allocator.refCount(table[p]) == 1) {
+                    n++;
+                }
+            }
+            return n;
+        }
+    }
+
     public KvCache cache() {
         return cache;
     }

@@ -187,6 +187,7 @@ class EngineTest {
 
             @Override public int length() { return seq.length(); }
             @Override public int capacity() { return seq.capacity(); }
+            @Override public int pagesHeldAlone() { return seq.pagesHeldAlone(); }
             @Override public void forward(int[] t, int off, int n, boolean all, float[] out) { check(this, "fed"); seq.forward(t, off, n, all, out); }
             @Override public int forwardGreedy(int[] t, int off, int n) { check(this, "fed"); return seq.forwardGreedy(t, off, n); }
             @Override public void fillRandom(int tokens, long seed) { check(this, "filled"); seq.fillRandom(tokens, seed); }
@@ -625,6 +626,47 @@ class EngineTest {
             assertInstanceOf(GenerationEvent.Finished.class, b.end());
             assertInstanceOf(GenerationEvent.Finished.class, c.end());
             assertEquals(held, c.started.cachedTokens(), "seed " + SEED);
+            engine.clearPrefixCache();
+            assertEquals(pool.totalPages(), engine.stats().freePages(), "no page leaked");
+        }
+    }
+
+    /**
+     * The prompt pages kept for a running request free nothing when evicted (the request holds them too): a request
+     * waiting for pages meanwhile leaves that entry alone instead of emptying the cache for no room.
+     */
+    @Test
+    void aWaitingRequestDoesNotEvictWhatFreesNoPage() throws Exception {
+        Random r = new Random(SEED + 13);
+        int pageTokens = 64;
+        try (SequencePool pool = backend.newSequencePool(7 * pageTokens, F16, F16);
+             Engine engine = new Engine(backend, pool, new EngineConfig(2, CTX, CHUNK, 8, true))) {
+            Events a = new Events();
+            // three whole prompt pages, kept in the cache as soon as they are read (shared with a), and a fourth for
+            // the answer: four of seven pages
+            engine.submit(greedy(r.ints(3 * pageTokens, 0, TinyModels.VOCAB).toArray(), 50), a.queue::add);
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(60);
+            while (engine.stats().cachedPrefixes() == 0 && System.nanoTime() < deadline) {
+                Thread.sleep(1);
+            }
+            assertEquals(1, engine.stats().cachedPrefixes(), "a's prompt pages kept");
+            // a whole context (four pages) does not fit beside a: it waits
+            Events b = new Events();
+            engine.submit(greedy(r.ints(10, 0, TinyModels.VOCAB).toArray(), CTX - 10), b.queue::add);
+            while (engine.stats().waiting() == 0 && engine.stats().generatedTokens() < 50
+                    && System.nanoTime() < deadline) {
+                Thread.sleep(1);
+            }
+            long steps = engine.stats().steps();
+            while (engine.stats().steps() < steps + 3 && engine.stats().running() == 1
+                    && System.nanoTime() < deadline) {
+                Thread.sleep(1);
+            }
+            if (engine.stats().waiting() == 1) {   // b still waiting: a is still running, its entry must be there
+                assertEquals(1, engine.stats().cachedPrefixes(), "the entry that frees nothing is kept");
+            }
+            assertInstanceOf(GenerationEvent.Finished.class, a.end());
+            assertInstanceOf(GenerationEvent.Finished.class, b.end());
             engine.clearPrefixCache();
             assertEquals(pool.totalPages(), engine.stats().freePages(), "no page leaked");
         }

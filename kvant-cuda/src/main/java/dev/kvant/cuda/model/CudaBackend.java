@@ -1080,6 +1080,17 @@ public final class CudaBackend implements Backend {
             }
         }
 
+        @Override
+        public int pagesHeldAlone() {
+            int n = 0;
+            for (int i = 0; i < pageCount; i++) {
+                if (!pool.shared(pages[i])) {
+                    n++;
+                }
+            }
+            return n;
+        }
+
         /** The free pages {@link #ensurePages}(tokens) would take: new pages, and copies of shared ones. */
         int pagesToTake(int tokens) {
             int need = (tokens + PAGE_TOKENS - 1) / PAGE_TOKENS;
