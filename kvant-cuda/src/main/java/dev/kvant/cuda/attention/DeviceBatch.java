@@ -39,7 +39,11 @@ public final class DeviceBatch implements AutoCloseable {
         try {
             this.device = context.allocate(bytes);
         } catch (RuntimeException | Error e) {
-            staging.close();
+            try {
+                staging.close();
+            } catch (RuntimeException | Error c) {   // the first failure is the one to report
+                e.addSuppressed(c);
+            }
             throw e;
         }
         this.tables = device.slice(0, tableBytes);

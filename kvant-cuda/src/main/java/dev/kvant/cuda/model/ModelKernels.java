@@ -88,7 +88,11 @@ final class ModelKernels implements AutoCloseable {
             this.quantizeQ8 = module.function("kvant_quantize_q8");
             this.mhReduce = module.function("kvant_mh_reduce");
         } catch (RuntimeException | Error e) {
-            module.close();
+            try {
+                module.close();
+            } catch (RuntimeException | Error c) {   // the first failure is the one to report
+                e.addSuppressed(c);
+            }
             throw e;
         }
         this.multiprocessors = context.multiprocessors();
