@@ -40,6 +40,12 @@ final class GgufParser {
      * that a corrupted length inside a multi-gigabyte model cannot ask for gigabytes of heap.
      */
     static final long MAX_ARRAY_LENGTH = 1L << 26;
+    /**
+     * The most keys, strings, nested arrays and tensor infos one header may hold, all together: each is an object of
+     * tens of bytes in memory for as few as 8 bytes of file, so a count bounded by the file alone could still ask for
+     * many times its size in heap. Real files hold about a million (a 256K vocabulary and its merges).
+     */
+    static final long MAX_HEADER_OBJECTS = 1L << 23;
     static final long MAX_STRING_BYTES = 1L << 28;
     /** Smallest tensor info: name length, n_dims, one dimension, type, offset. */
     private static final int MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8;
@@ -65,17 +71,26 @@ final class GgufParser {
             .onMalformedInput(CodingErrorAction.REPORT)
             .onUnmappableCharacter(CodingErrorAction.REPORT);
     private long pos;
+    private long objects;
     /** Where in the file we are, for messages: "metadata entry #3", "key 'x'", "tensor 'y'". */
     private String context = "the header";
 
-    private GgufParser(String name, MemorySegment bytes) {
+    private final long maxObjects;
+
+    private GgufParser(String name, MemorySegment bytes, long maxObjects) {
         this.name = name;
         this.bytes = bytes;
         this.size = bytes.byteSize();
+        this.maxObjects = maxObjects;
     }
 
     static Header parse(String name, MemorySegment bytes) {
-        return new GgufParser(name, bytes).header();
+        return parse(name, bytes, MAX_HEADER_OBJECTS);
+    }
+
+    /** With another budget of keys, strings, arrays and tensor infos (tests). */
+    static Header parse(String name, MemorySegment bytes, long maxObjects) {
+        return new GgufParser(name, bytes, maxObjects).header();
     }
 
     private Header header() {
@@ -104,6 +119,7 @@ final class GgufParser {
         Map<String, GgufValue> metadata = new LinkedHashMap<>();
         for (long i = 0; i < kvCount; i++) {
             context = "metadata entry #" + i;
+            counted();
             String key = string("its key");
             context = "key '" + key + "'";
             int typeId = u32("the value type");
@@ -123,6 +139,7 @@ final class GgufParser {
         Map<String, Long> seen = new HashMap<>();
         for (long i = 0; i < tensorCount; i++) {
             context = "tensor info #" + i;
+            counted();
             String tensorName = string("the tensor name");
             context = "tensor '" + tensorName + "'";
             Long previous = seen.putIfAbsent(tensorName, i);
@@ -337,6 +354,7 @@ final class GgufParser {
             case STRING -> {
                 List<String> a = new ArrayList<>(n);
                 for (int i = 0; i < n; i++) {
+                    counted();
                     a.add(string("an array string"));
                 }
                 yield a;
@@ -344,6 +362,7 @@ final class GgufParser {
             case ARRAY -> {
                 List<GgufArray> a = new ArrayList<>(n);
                 for (int i = 0; i < n; i++) {
+                    counted();
                     a.add(array(depth + 1));
                 }
                 yield a;
@@ -353,6 +372,14 @@ final class GgufParser {
             pos = at + count * type.minBytes;
         }
         return new GgufArray(type, store);
+    }
+
+    /** One more key, string, nested array or tensor info: refused past {@link #MAX_HEADER_OBJECTS}. */
+    private void counted() {
+        if (++objects > maxObjects) {
+            throw fail("the header holds more than %,d keys, strings, arrays and tensor infos (%s, at byte %,d)",
+                    maxObjects, context, pos);
+        }
     }
 
     // ---- primitives; each checks that its bytes exist

@@ -63,8 +63,14 @@ public final class LlamaModel implements AutoCloseable {
             float[] ropeFactors = LlamaWeights.ropeFreqFactors(file);
             ModelConfig config = ModelConfig.fromGguf(file.name(), file.metadata(), embedding.rows(), ropeFactors);
             LlamaWeights weights = LlamaWeights.load(file, config, embedding, ropeFactors);
-            Tokenizer tokenizer = file.metadata().contains("tokenizer.ggml.model")
-                    ? Tokenizer.create(TokenizerSpec.fromGguf(file.metadata())) : null;
+            Tokenizer tokenizer = null;
+            if (file.metadata().contains("tokenizer.ggml.model")) {
+                try {
+                    tokenizer = Tokenizer.create(TokenizerSpec.fromGguf(file.metadata()));
+                } catch (IllegalArgumentException e) {   // name the file, as every other refusal of it does
+                    throw new GgufException("GGUF " + file.name() + ": the tokenizer: " + e.getMessage(), e);
+                }
+            }
             if (tokenizer != null && tokenizer.vocabSize() != config.vocabSize()) {
                 // every id the model can sample must be a token, and every token an embedding row
                 throw new GgufException("GGUF " + file.name() + ": the tokenizer has " + tokenizer.vocabSize()

@@ -26,12 +26,29 @@ public record LlamaWeights(WeightMatrix tokenEmbedding, float[] outputNorm, Weig
     }
 
     static float[] ropeFreqFactors(GgufFile f) {
-        return f.tensor("rope_freqs.weight").map(t -> vector(f, t.name(), (int) t.elementCount())).orElse(null);
+        return f.tensor("rope_freqs.weight").map(t -> {
+            // one factor a rotated pair: half a head at most (the exact count is checked with the rope dimension)
+            if (t.elementCount() > MAX_ROPE_FACTORS) {
+                throw new GgufException("GGUF " + f.name() + ": rope_freqs.weight has " + t.elementCount()
+                        + " factors; a head's rotated pairs are far fewer (at most " + MAX_ROPE_FACTORS + " here)");
+            }
+            return vector(f, t.name(), (int) t.elementCount());
+        }).orElse(null);
     }
+
+    private static final int MAX_ROPE_FACTORS = 1 << 16;
 
     static LlamaWeights load(GgufFile f, ModelConfig c, WeightMatrix embedding, float[] ropeFreqFactors) {
         // the last block first: a block count the file does not hold fails here, before anything is sized by it
+        if (c.layers() > f.tensors().size()) {
+            throw new GgufException("GGUF " + f.name() + ": block_count " + c.layers() + " is more than the file's "
+                    + f.tensors().size() + " tensors");
+        }
         f.requireTensor("blk." + (c.layers() - 1) + ".attn_norm.weight");
+        if (embedding.cols() != c.dim()) {
+            throw new GgufException("GGUF " + f.name() + ": token_embd.weight has rows of " + embedding.cols()
+                    + " values, but embedding_length is " + c.dim());
+        }
         Layer[] layers = new Layer[c.layers()];
         for (int i = 0; i < c.layers(); i++) {
             String p = "blk." + i + ".";

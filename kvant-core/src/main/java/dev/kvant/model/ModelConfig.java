@@ -26,9 +26,22 @@ public record ModelConfig(String architecture, int dim, int layers, int heads, i
                           boolean qkNorm) {
 
     public ModelConfig {
+        // (in a compact constructor the fields are not set yet: the message names the parameters themselves)
         if (dim <= 0 || layers <= 0 || heads <= 0 || kvHeads <= 0 || headDimK <= 0 || headDimV <= 0 || ffnDim <= 0
                 || vocabSize <= 0 || contextLength <= 0) {
-            throw new IllegalArgumentException("model sizes must be positive: " + this);
+            throw new IllegalArgumentException("model sizes must be positive: embedding_length " + dim
+                    + ", block_count " + layers + ", head_count " + heads + ", head_count_kv " + kvHeads
+                    + ", key_length " + headDimK + ", value_length " + headDimV + ", feed_forward_length " + ffnDim
+                    + ", vocabulary " + vocabSize + ", context_length " + contextLength);
+        }
+        // the widths every buffer and kernel is sized by (heads x head sizes): each must fit an int
+        for (long width : new long[] {(long) heads * headDimK, (long) heads * headDimV, (long) kvHeads * headDimK,
+                (long) kvHeads * headDimV, 2L * ffnDim, (long) dim + 2L * heads * Math.max(headDimK, headDimV)}) {
+            if (width > MAX_WIDTH) {
+                throw new IllegalArgumentException("head_count " + heads + " x key_length " + headDimK + " / value_length "
+                        + headDimV + " (or feed_forward_length " + ffnDim + ") makes a layer wider than " + MAX_WIDTH
+                        + " values");
+            }
         }
         if (rope.ropeDim() > headDimK) {
             throw new IllegalArgumentException("the rope dimension (" + rope.ropeDim() + ") exceeds the key head size ("
@@ -42,6 +55,9 @@ public record ModelConfig(String architecture, int dim, int layers, int heads, i
                     "query heads (" + heads + ") must be a multiple of key/value heads (" + kvHeads + ")");
         }
     }
+
+    /** The widest activation row a layer may have: far beyond any model, far below an int's overflow. */
+    public static final int MAX_WIDTH = 1 << 26;
 
     public int qDim() {
         return heads * headDimK;
@@ -79,14 +95,27 @@ public record ModelConfig(String architecture, int dim, int layers, int heads, i
                     + ", not a positive count");
         }
         int kvHeads = md.getInt(arch + ".attention.head_count_kv", heads);
+        if (!md.contains(arch + ".attention.key_length") && dim % heads != 0) {
+            throw new GgufException("GGUF " + fileName + ": " + arch + ".embedding_length " + dim + " is not a multiple"
+                    + " of " + arch + ".attention.head_count " + heads + ", and no " + arch
+                    + ".attention.key_length gives the head size");
+        }
         int headDimK = md.getInt(arch + ".attention.key_length", dim / heads);
         int headDimV = md.getInt(arch + ".attention.value_length", headDimK);
         int ropeDim = md.getInt(arch + ".rope.dimension_count", headDimK);
         float base = md.getFloat(arch + ".rope.freq_base", 10000f);
+        if (!(base > 0f) || Float.isInfinite(base)) {
+            throw new GgufException("GGUF " + fileName + ": " + arch + ".rope.freq_base is " + base
+                    + ", not a finite positive base");
+        }
         float linearScale = 1f;
         String scaling = md.getString(arch + ".rope.scaling.type", "none");
         if (scaling.equals("linear")) {
             linearScale = md.getFloat(arch + ".rope.scaling.factor", 1f);
+            if (!(linearScale > 0f) || Float.isInfinite(linearScale)) {
+                throw new GgufException("GGUF " + fileName + ": " + arch + ".rope.scaling.factor is " + linearScale
+                        + ", not a finite positive factor");
+            }
         } else if (!scaling.equals("none") && !scaling.equals("llama3") && !scaling.isEmpty()) {
             throw new GgufException("GGUF " + fileName + ": rope scaling '" + scaling
                     + "' is not supported (supported: none, linear, llama3 frequency factors)");

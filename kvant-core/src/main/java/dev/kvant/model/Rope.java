@@ -18,6 +18,18 @@ public record Rope(Mode mode, int ropeDim, float base, float linearScale, float[
             throw new IllegalArgumentException("rope_freqs has " + freqFactors.length + " factors, expected "
                     + ropeDim / 2);
         }
+        if (!(base > 0f) || Float.isInfinite(base) || !(linearScale > 0f) || Float.isInfinite(linearScale)) {
+            throw new IllegalArgumentException("the rope base (" + base + ") and linear scale (" + linearScale
+                    + ") must be finite and positive");
+        }
+        if (freqFactors != null) {
+            for (int i = 0; i < freqFactors.length; i++) {
+                if (!(freqFactors[i] > 0f) || Float.isInfinite(freqFactors[i])) {
+                    throw new IllegalArgumentException("rope_freqs factor " + i + " is " + freqFactors[i]
+                            + ", not finite and positive");
+                }
+            }
+        }
     }
 
     /** Angular frequency of pair i, in double so every backend can derive identical tables. */

@@ -42,6 +42,21 @@ class GgufValidationTest {
         return GgufBytes.header(3, 1, 0).tensorInfo(name, shape, typeId, relOffset).padTo(32).zeros(dataBytes);
     }
 
+    /**
+     * Keys, strings, nested arrays and tensor infos count against one budget for the whole header: each costs tens of
+     * bytes of heap for as few as 8 bytes of file (here 12 empty strings against a budget of 12: the key is one).
+     */
+    @Test
+    void theHeadersObjectsAreCountedAgainstOneBudget() {
+        GgufBytes b = GgufBytes.header(3, 0, 1).str("tokens").u32(9).u32(8).u64(12);
+        for (int i = 0; i < 12; i++) {
+            b.str("");
+        }
+        GgufException e = assertThrows(GgufException.class, () -> GgufParser.parse(FILE, b.segment(), 12));
+        assertContains(e.getMessage(), "more than 12 keys, strings, arrays and tensor infos");
+        assertTrue(GgufParser.parse(FILE, b.segment(), 13).metadata().containsKey("tokens"), "within the budget");
+    }
+
     @Test
     void wrongMagicIsNotAGgufFile() {
         byte[] b = GgufBytes.header(3, 0, 0).bytes();

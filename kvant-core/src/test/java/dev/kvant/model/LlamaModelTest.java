@@ -122,9 +122,41 @@ class LlamaModelTest {
                         (Consumer<GgufWriter>) w -> w.putU32("llama.rope.dimension_count", 128),
                         "rope dimension (128) exceeds the key head size (64)"),
                 Arguments.of("two billion blocks", (Consumer<GgufWriter>) w -> w.putU32("llama.block_count", 2_000_000_000L),
-                        "blk.1999999999.attn_norm.weight"),
+                        "block_count 2000000000 is more than the file's"),
+                Arguments.of("two billion blocks, the last one's norm there", (Consumer<GgufWriter>) w -> {
+                    w.putU32("llama.block_count", 2_000_000_000L);
+                    w.addTensor("blk.1999999999.attn_norm.weight", GgmlType.F32, new long[] {256}, new byte[1024]);
+                }, "block_count 2000000000 is more than the file's"),
+                Arguments.of("heads whose widths overflow an int", (Consumer<GgufWriter>) w -> {
+                    w.putU32("llama.attention.head_count", 65536);
+                    w.putU32("llama.attention.head_count_kv", 65536);
+                    w.putU32("llama.attention.key_length", 32768);
+                    w.putU32("llama.attention.value_length", 32768);
+                    w.putU32("llama.rope.dimension_count", 64);
+                }, "makes a layer wider than"),
+                Arguments.of("an embedding table narrower than embedding_length", (Consumer<GgufWriter>) w -> {
+                    w.putU32("llama.embedding_length", 512);
+                    w.putU32("llama.attention.key_length", 64);
+                }, "token_embd.weight has rows of 256 values, but embedding_length is 512"),
+                Arguments.of("a head size that does not divide", (Consumer<GgufWriter>) w ->
+                        w.putU32("llama.embedding_length", 258), "is not a multiple of llama.attention.head_count 4"),
+                Arguments.of("a RoPE base of 0", (Consumer<GgufWriter>) w -> w.putF32("llama.rope.freq_base", 0f),
+                        "llama.rope.freq_base is 0.0"),
+                Arguments.of("a linear RoPE scale of 0", (Consumer<GgufWriter>) w -> {
+                    w.putString("llama.rope.scaling.type", "linear");
+                    w.putF32("llama.rope.scaling.factor", 0f);
+                }, "llama.rope.scaling.factor is 0.0"),
+                Arguments.of("a RoPE frequency factor of 0", (Consumer<GgufWriter>) w -> w.addTensor("rope_freqs.weight",
+                        GgmlType.F32, new long[] {32}, new byte[128]), "rope_freqs factor 0 is 0.0"),
+                Arguments.of("a million RoPE frequency factors", (Consumer<GgufWriter>) w -> w.addTensor(
+                        "rope_freqs.weight", GgmlType.F32, new long[] {1 << 20}, new byte[4 << 20]),
+                        "rope_freqs.weight has 1048576 factors"),
                 Arguments.of("a context of 0", (Consumer<GgufWriter>) w -> w.putU32("llama.context_length", 0),
                         "must be positive"),
+                Arguments.of("a tokenizer whose BOS is no token", (Consumer<GgufWriter>) w -> {
+                    bpeTokenizer(w, TinyModels.VOCAB);
+                    w.putU32("tokenizer.ggml.bos_token_id", 5000);
+                }, "the tokenizer: "),
                 Arguments.of("fewer tokens than embedding rows", (Consumer<GgufWriter>) w -> bpeTokenizer(w, 256),
                         "the tokenizer has 256 tokens but token_embd.weight has 300 rows"));
     }
