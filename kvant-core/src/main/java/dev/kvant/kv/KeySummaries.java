@@ -166,13 +166,22 @@ public final class KeySummaries {
     }
 
     /**
-     * The sequence was cut to {@code length} positions: the block holding it may summarize rows past it, so appends
-     * merge into it only after it is recomputed.
+     * The sequence was cut to {@code length} positions: the block holding the cut (and its coarse block) summarized
+     * rows past it, so in each layer written up to the cut it is recomputed from its rows below the cut — the
+     * summaries stay exact, not merely loose. The exact point for appends falls to the block's start at most.
      */
     void truncated(int length) {
         int blockStart = length - length % blockTokens;
         for (int l = 0; l < through.length; l++) {
             through[l] = Math.min(through[l], blockStart);
+            if (seq.layerLength(l) < length) {
+                continue;   // a layer behind the cut: its next write recomputes what it touches
+            }
+            if (length > blockStart) {
+                update(l, blockStart, length);   // the cut's block from its first row, and its coarse block
+            } else if (coarseTokens > 0 && length % coarseTokens != 0) {
+                updateCoarse(l, length - 1, length, length);   // a cut on a block edge inside a coarse block
+            }
         }
     }
 

@@ -45,6 +45,11 @@ public final class KvSequence implements AutoCloseable {
         return closed;
     }
 
+    /** How far a layer has been written (its rows [0, this) hold data). */
+    int layerLength(int layer) {
+        return layerLength[layer];
+    }
+
     /** Pages in the page table. */
     public int pageCount() {
         return pageCount;
@@ -272,12 +277,7 @@ public final class KvSequence implements AutoCloseable {
         int needed = (int) (((long) tokens + pageTokens - 1) / pageTokens);
         int fresh = Math.max(0, needed - pageCount);
         int firstWritten = writeFrom < tokens ? writeFrom / pageTokens : needed;
-        int copies = 0;
-        for (int p = firstWritten; p < Math.min(needed, pageCount); p++) {
-            if (allocator.refCount(table[p]) > 1) {
-                copies++;
-            }
-        }
+        int copies = copiesFor(tokens, writeFrom);
         if (fresh + copies > allocator.free()) {
             int fits = (int) Math.min((long) (pageCount + allocator.free() - copies) * pageTokens, Integer.MAX_VALUE);
             throw new KvCacheFullException("KV cache full: the sequence needs pages for " + tokens + " tokens ("
@@ -296,6 +296,60 @@ public final class KvSequence implements AutoCloseable {
         }
         while (pageCount < needed) {
             append(allocator.allocate());
+        }
+    }
+
+    /** The copy-on-write pages {@link #prepare}(tokens, writeFrom) would copy. Caller holds the allocator's lock. */
+    private int copiesFor(int tokens, int writeFrom) {
+        int needed = (int) (((long) tokens + pageTokens - 1) / pageTokens);
+        int firstWritten = writeFrom < tokens ? writeFrom / pageTokens : needed;
+        int copies = 0;
+        for (int p = firstWritten; p < Math.min(needed, pageCount); p++) {
+            if (allocator.refCount(table[p]) > 1) {
+                copies++;
+            }
+        }
+        return copies;
+    }
+
+    /** The free pages {@link #reserve}(tokens) would take: new pages and copies. Caller holds the allocator's lock. */
+    private int pagesFor(int tokens) {
+        int needed = (int) (((long) tokens + pageTokens - 1) / pageTokens);
+        return Math.max(0, needed - pageCount) + copiesFor(tokens, Math.min(length, tokens));
+    }
+
+    /**
+     * {@link #reserve} for several sequences of one cache at once, all or nothing: when the free pages cannot hold
+     * what they all need, a {@link KvCacheFullException} and no page taken, none copied. (A page two of them share
+     * is counted for each: the check may refuse a batch that would just fit, never pass one that does not.)
+     */
+    public static void reserveAll(KvSequence[] seqs, int[] tokens) {
+        if (seqs.length == 0) {
+            return;
+        }
+        PageAllocator allocator = seqs[0].allocator;
+        for (int i = 0; i < seqs.length; i++) {
+            seqs[i].checkOpen();
+            if (seqs[i].allocator != allocator) {
+                throw new IllegalArgumentException("sequence " + i + " belongs to another cache");
+            }
+            if (tokens[i] < 0) {
+                throw new IllegalArgumentException("cannot reserve a negative number of tokens: " + tokens[i]);
+            }
+        }
+        synchronized (allocator) {
+            long need = 0;
+            for (int i = 0; i < seqs.length; i++) {
+                need += seqs[i].pagesFor(tokens[i]);
+            }
+            if (need > allocator.free()) {
+                throw new KvCacheFullException("KV cache full: a step of " + seqs.length + " sequences needs " + need
+                        + " page(s) but " + allocator.free() + " of " + allocator.total() + " are free", tokens[0],
+                        seqs[0].length);
+            }
+            for (int i = 0; i < seqs.length; i++) {
+                seqs[i].prepare(tokens[i], Math.min(seqs[i].length, tokens[i]));
+            }
         }
     }
 

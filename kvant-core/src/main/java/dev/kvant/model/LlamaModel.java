@@ -157,6 +157,7 @@ public final class LlamaModel implements AutoCloseable {
     public void forward(KvSequence seq, int[] tokens, int off, int n, boolean allLogits, float[] logits,
                         Scratch s, Parallel pool) {
         int start = seq.length();
+        checkTokens(tokens, off, n);   // before any page is taken: a refused call changes nothing
         seq.reserve(start + n);
         runOrRollBack(new KvSequence[] {seq}, new int[] {start}, tokens, off, n, allLogits, logits, s, pool);
     }
@@ -180,10 +181,48 @@ public final class LlamaModel implements AutoCloseable {
             }
             starts[i] = seqs[i].length();
         }
-        for (int i = 0; i < n; i++) {
-            seqs[i].reserve(starts[i] + 1);
-        }
+        checkTokens(tokens, 0, n);
+        reserveStep(seqs, starts);
         runOrRollBack(seqs, starts, tokens, 0, n, true, logits, s, pool);
+    }
+
+    /**
+     * A page for each sequence's next token, all or none: in one cache at once ({@link KvSequence#reserveAll}); in
+     * several, one after another, the ones before given back when one is refused.
+     */
+    private static void reserveStep(KvSequence[] seqs, int[] starts) {
+        int n = seqs.length;
+        int[] need = new int[n];
+        boolean oneCache = true;
+        for (int i = 0; i < n; i++) {
+            need[i] = starts[i] + 1;
+            oneCache &= seqs[i].cache() == seqs[0].cache();
+        }
+        if (oneCache) {
+            KvSequence.reserveAll(seqs, need);
+            return;
+        }
+        for (int i = 0; i < n; i++) {
+            try {
+                seqs[i].reserve(need[i]);
+            } catch (RuntimeException | Error e) {
+                for (int j = 0; j < i; j++) {
+                    seqs[j].truncate(starts[j]);   // gives back what reserve took past the written tokens
+                }
+                throw e;
+            }
+        }
+    }
+
+    private void checkTokens(int[] tokens, int off, int n) {
+        java.util.Objects.checkFromIndexSize(off, n, tokens.length);
+        for (int t = 0; t < n; t++) {
+            int id = tokens[off + t];
+            if (id < 0 || id >= config.vocabSize()) {
+                throw new IllegalArgumentException("token id " + id + " is outside the vocabulary (0.."
+                        + (config.vocabSize() - 1) + ")");
+            }
+        }
     }
 
     /**
@@ -196,8 +235,8 @@ public final class LlamaModel implements AutoCloseable {
             run(seqs, starts, tokens, off, n, allLogits, logits, s, pool);
         } catch (RuntimeException | Error e) {
             for (int i = 0; i < seqs.length; i++) {
-                if (!seqs[i].isClosed() && seqs[i].length() > starts[i]) {
-                    seqs[i].truncate(starts[i]);
+                if (!seqs[i].isClosed()) {
+                    seqs[i].truncate(starts[i]);   // also gives back pages reserved and not written
                 }
             }
             throw e;
@@ -214,13 +253,8 @@ public final class LlamaModel implements AutoCloseable {
         boolean batch = seqs.length > 1;
         s.ensure(c, n);
         int dim = c.dim();
-        for (int t = 0; t < n; t++) {
-            int id = tokens[off + t];
-            if (id < 0 || id >= c.vocabSize()) {
-                throw new IllegalArgumentException("token id " + id + " is outside the vocabulary (0.."
-                        + (c.vocabSize() - 1) + ")");
-            }
-            weights.tokenEmbedding().dequantizeRow(id, s.x, t * dim);
+        for (int t = 0; t < n; t++) {   // the ids were checked before the step took its pages (checkTokens)
+            weights.tokenEmbedding().dequantizeRow(tokens[off + t], s.x, t * dim);
         }
         for (int t = 0; t < n; t++) {
             c.rope().angles(batch ? starts[t] : starts[0] + t, s.ropeTable[t]);

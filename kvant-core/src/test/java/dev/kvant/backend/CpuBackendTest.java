@@ -36,6 +36,8 @@ class CpuBackendTest {
                     s.forward(new int[] {3}, 0, 1, false, logits[run]);
                     assertEquals(251, s.length());
                     assertThrows(ContextFullException.class, () -> s.fillRandom(50, 8));
+                    assertThrows(ContextFullException.class, () -> s.fillRandom(Integer.MAX_VALUE, 8),
+                            "a count whose sum with the length overflows");
                     assertEquals(251, s.length(), "a refused fill changes nothing");
                 }
             }

@@ -104,6 +104,46 @@ class CpuSequencePoolTest {
         });
     }
 
+    /**
+     * A refused step or forward takes no page: a batch whose members together need more pages than are free (one a
+     * fresh page, the other a copy) leaves the free count as it was, and so does a prompt with a bad token id.
+     */
+    @Test
+    void aRefusedStepOrForwardTakesNoPage() {
+        onTinyModel(6, 2, backend -> {
+            KvFormat f = KvFormat.parse("q8_0");
+            try (SequencePool pool = backend.newSequencePool(6 * 64, f, f)) {
+                int pt = pool.pageTokens();
+                int[] tokens = new int[4 * pt];
+                for (int i = 0; i < tokens.length; i++) {
+                    tokens[i] = (i * 5 + 1) % TinyModels.VOCAB;
+                }
+                float[] sink = new float[TinyModels.VOCAB];
+                BackendSequence a = pool.newSequence(1000);
+                a.forward(tokens, 0, pt, false, sink);              // a whole page: its next token needs a fresh one
+                BackendSequence p = pool.newSequence(1000);
+                p.forward(tokens, 0, 2 * pt, false, sink);
+                BackendSequence b = pool.fork(p, 2 * pt, 1000);     // shares both pages
+                b.truncate(2 * pt - 28);                              // its next write needs a copy
+                BackendSequence filler = pool.newSequence(1000);
+                filler.forward(tokens, 0, (pool.freePages() - 1) * pt, false, sink);
+                assertEquals(1, pool.freePages());
+                assertThrows(KvCacheFullException.class, () -> backend.decodeBatch(new BackendSequence[] {a, b},
+                        new int[] {5, 6}, new float[2 * TinyModels.VOCAB]));
+                assertEquals(1, pool.freePages(), "no page taken by the refused batch");
+                assertEquals(pt, a.length());
+                assertEquals(2 * pt - 28, b.length());
+                BackendSequence c = pool.newSequence(1000);
+                assertThrows(IllegalArgumentException.class, () -> c.forward(new int[] {1, TinyModels.VOCAB}, 0, 2,
+                        false, sink));
+                assertEquals(1, pool.freePages(), "no page taken by a prompt with a bad id");
+                assertEquals(0, c.length());
+                a.forward(new int[] {5}, 0, 1, false, sink);   // alone it fits
+                assertEquals(0, pool.freePages());
+            }
+        });
+    }
+
     /** Runs a test on the CPU backend of a tiny F16 model built from seed, with that many threads. */
     private static void onTinyModel(long seed, int threads, Consumer<CpuBackend> test) {
         try (Arena arena = Arena.ofShared(); Parallel pool = new Parallel(threads)) {

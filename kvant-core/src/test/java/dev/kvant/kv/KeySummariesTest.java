@@ -113,6 +113,28 @@ class KeySummariesTest {
         }
     }
 
+    /** A cut with no write after it (nor one at it) still leaves exact summaries: the cut's blocks are recomputed. */
+    @ParameterizedTest
+    @ValueSource(strings = {"f16", "turbo3"})
+    void summariesStayExactAfterATruncationNoWriteReaches(String format) {
+        for (int coarse : new int[] {0, 32}) {
+            SplittableRandom rnd = new SplittableRandom(SEED + coarse);
+            KvFormat f = KvFormat.parse(format);
+            try (KvCache cache = KvCache.forTokens(new KvGeometry(2, 2, 96, 64), f, f, 64, 512)) {
+                KvSequence seq = cache.newSequence();
+                seq.enableKeySummaries(16, coarse);
+                write(seq, rnd, 0, 50);
+                seq.truncate(40);   // inside block 2 (32..47)
+                assertExact(seq, "after a cut inside a block, coarse " + coarse);
+                write(seq, rnd, 10, 1);   // an overwrite before the cut
+                assertExact(seq, "after an overwrite before the cut, coarse " + coarse);
+                write(seq, rnd, 40, 30);
+                seq.truncate(48);   // on a block edge, inside a coarse block
+                assertExact(seq, "after a cut on a block edge, coarse " + coarse);
+            }
+        }
+    }
+
     /** Writes n rows of constant value x at pos into one layer. */
     private static void writeLayer(KvSequence seq, int layer, int pos, int n, float x) {
         KvGeometry g = seq.cache().geometry();

@@ -1074,8 +1074,8 @@ public final class CudaBackend implements Backend {
         }
 
         void checkRoom(int n) {
-            if (length + n > capacity) {
-                throw new ContextFullException("the sequence would need " + (length + n)
+            if (n > capacity - length) {   // (no sum: n may be near Integer.MAX_VALUE)
+                throw new ContextFullException("the sequence would need " + ((long) length + n)
                         + " tokens but the context holds " + capacity + " (raise -c)");
             }
         }
