@@ -12,6 +12,18 @@ public final class Owned implements AutoCloseable {
         return resource;
     }
 
+    /**
+     * Closes what a constructor made before failure stopped it; a failure while closing rides along the first one
+     * (suppressed), which is the one to report.
+     */
+    public static void closeAfter(Throwable failure, AutoCloseable resource) {
+        try {
+            resource.close();
+        } catch (Exception | Error e) {
+            failure.addSuppressed(e);
+        }
+    }
+
     @Override
     public void close() {
         for (int i = resources.size() - 1; i >= 0; i--) {

@@ -3,6 +3,7 @@ package dev.kvant.cuda.attention;
 import dev.kvant.cuda.CudaContext;
 import dev.kvant.cuda.CudaStream;
 import dev.kvant.cuda.DeviceBuffer;
+import dev.kvant.cuda.Owned;
 import dev.kvant.cuda.PinnedBuffer;
 import dev.kvant.kv.KvSequence;
 import java.lang.foreign.MemorySegment;
@@ -39,11 +40,7 @@ public final class DeviceBatch implements AutoCloseable {
         try {
             this.device = context.allocate(bytes);
         } catch (RuntimeException | Error e) {
-            try {
-                staging.close();
-            } catch (RuntimeException | Error c) {   // the first failure is the one to report
-                e.addSuppressed(c);
-            }
+            Owned.closeAfter(e, staging);
             throw e;
         }
         this.tables = device.slice(0, tableBytes);

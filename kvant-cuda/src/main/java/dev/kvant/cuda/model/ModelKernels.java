@@ -8,6 +8,7 @@ import dev.kvant.cuda.DeviceBuffer;
 import dev.kvant.cuda.Dim3;
 import dev.kvant.cuda.KernelCache;
 import dev.kvant.cuda.KernelSource;
+import dev.kvant.cuda.Owned;
 import dev.kvant.cuda.attention.RopeRows;
 
 import java.util.EnumMap;
@@ -88,11 +89,7 @@ final class ModelKernels implements AutoCloseable {
             this.quantizeQ8 = module.function("kvant_quantize_q8");
             this.mhReduce = module.function("kvant_mh_reduce");
         } catch (RuntimeException | Error e) {
-            try {
-                module.close();
-            } catch (RuntimeException | Error c) {   // the first failure is the one to report
-                e.addSuppressed(c);
-            }
+            Owned.closeAfter(e, module);
             throw e;
         }
         this.multiprocessors = context.multiprocessors();
