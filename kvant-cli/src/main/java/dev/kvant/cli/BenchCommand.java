@@ -124,6 +124,13 @@ final class BenchCommand implements Runnable {
         if (Arrays.stream(prompt).allMatch(p -> p == 0) && Arrays.stream(gen).allMatch(n -> n == 0)) {
             throw new IllegalArgumentException("nothing to run: every -p and -n is 0");
         }
+        // a context of the deepest -d and the longest -p or -n, for each of -np sequences, must fit an int
+        long longest = Math.max(Arrays.stream(prompt).max().orElse(0), Arrays.stream(gen).max().orElse(0));
+        long context = Arrays.stream(depth).max().orElse(0) + longest;
+        if (context * sequences > Integer.MAX_VALUE / 2) {
+            throw new IllegalArgumentException("-d " + Arrays.stream(depth).max().orElse(0) + " plus -p/-n " + longest
+                    + " for -np " + sequences + " sequences is " + context * sequences + " tokens of cache: too many");
+        }
         if (opts.model != null && synthetic != null) {
             throw new IllegalArgumentException("give either -m or --synthetic, not both");
         }
@@ -146,7 +153,7 @@ final class BenchCommand implements Runnable {
         progress.update("loading model");
         try (LlamaModel model = synthetic != null ? ModelOptions.synthetic(synthetic, weights) : opts.load();
              Parallel pool = new Parallel(opts.threads);
-             var dump = selectOpts.apply(model);
+             var dump = selectOpts.apply(model, opts.model);
              Backend backend = opts.openBackend(model, pool, Math.min(sequences, ModelOptions.MAX_DEVICE_BATCH))) {
             if (selectOpts.config() != null && !backend.name().equals("cpu")) {
                 if (selectOpts.dump != null) {
@@ -186,6 +193,9 @@ final class BenchCommand implements Runnable {
             System.out.println(json ? Benchmark.json(rows, median) : Benchmark.markdown(rows, median));
             if (limits != null && !json) {
                 System.out.println(ratios);
+            }
+            if (dump != null) {
+                dump.commit();
             }
         }
     }

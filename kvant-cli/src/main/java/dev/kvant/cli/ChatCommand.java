@@ -95,11 +95,23 @@ final class ChatCommand implements Runnable {
                     fresh = new int[] {all[keep - 1]};
                 }
                 StringBuilder reply = new StringBuilder();
-                Generator.Stats st = Generator.generate(session, tok, fresh, nPredict, sampler, piece -> {
-                    reply.append(piece);
-                    out.print(piece);
-                    out.flush();
-                });
+                Generator.Stats st;
+                try {
+                    st = Generator.generate(session, tok, fresh, nPredict, sampler, piece -> {
+                        reply.append(piece);
+                        out.print(piece);
+                        out.flush();
+                    });
+                } catch (dev.kvant.engine.ContextFullException | dev.kvant.kv.KvCacheFullException e) {
+                    // the conversation goes on without this message: the cache keeps what it held before it
+                    System.err.println("kvant chat: " + e.getMessage() + "; the message was dropped (a longer"
+                            + " conversation needs a larger -c)");
+                    history.remove(history.size() - 1);
+                    int held = Math.min(keep, session.position());
+                    session.truncate(held);
+                    cached = java.util.Arrays.copyOf(all, held);
+                    continue;
+                }
                 out.println();
                 System.err.printf(Locale.ROOT, "[%d new prompt tokens, %.1f t/s; %d generated, %.1f t/s]%n",
                         st.promptTokens(), st.promptRate(), st.generatedTokens(), st.generateRate());

@@ -86,10 +86,16 @@ final class NeedleCommand implements Runnable {
             throw new IllegalArgumentException("give exactly one of --probes FILE.jsonl and --haystack TEXT");
         }
         selectOpts.config();
+        if (maxNew < 1) {
+            throw new IllegalArgumentException("--max-new must be at least 1 (the answer is read from it), got " + maxNew);
+        }
+        if (probes != null && !java.nio.file.Files.isReadable(probes)) {   // before the model is loaded
+            throw new IllegalArgumentException("--probes: cannot read " + probes);
+        }
         Progress progress = new Progress(json);
         try (LlamaModel model = opts.load();
              Parallel pool = new Parallel(opts.threads);
-             SelectionLog.Writer dump = selectOpts.apply(model);
+             SelectionLog.Writer dump = selectOpts.apply(model, opts.model, probes, haystack);
              Backend backend = opts.openBackend(model, pool)) {
             if (selectOpts.dump != null && !backend.name().equals("cpu")) {
                 throw new IllegalArgumentException("--dump-selection records the CPU backend's selections only"
@@ -128,6 +134,9 @@ final class NeedleCommand implements Runnable {
                             opts.kvFormats().name(), selectOpts.describe(), list.size(), (System.nanoTime() - t0) / 1e9);
                     System.out.print(r.table());
                 }
+            }
+            if (dump != null) {
+                dump.commit();
             }
         }
     }

@@ -51,7 +51,7 @@ final class PerplexityCommand implements Runnable {
         Progress progress = new Progress(json);
         try (LlamaModel model = opts.load();
              Parallel pool = new Parallel(opts.threads);
-             var dump = selectOpts.apply(model);
+             var dump = selectOpts.apply(model, opts.model, file);
              Backend backend = opts.openBackend(model, pool);
              Session session = new Session(backend, ctx, opts.kvFormats(), opts.prefillChunk(backend))) {
             if (selectOpts.dump != null && !backend.name().equals("cpu")) {
@@ -83,6 +83,9 @@ final class PerplexityCommand implements Runnable {
                         System.out.printf(Locale.ROOT, "chunk %d nll %.9f%n", c, r.chunkNll()[c]);
                     }
                 }
+            }
+            if (dump != null) {
+                dump.commit();
             }
         }
     }

@@ -53,9 +53,15 @@ final class SelectOptions {
     SelectionConfig config() {
         return switch (select.toLowerCase(Locale.ROOT)) {
             case "dense" -> {
-                if (coarse != 0 || coarseKeep != 0) {
-                    throw new IllegalArgumentException("--select-coarse and --select-coarse-keep shape a top-k"
-                            + " selection: add --select topk");
+                // an option of the top-k selection given without it would be ignored: refused instead (one given
+                // with its default value is not told apart)
+                if (coarse != 0 || coarseKeep != 0 || budget != SelectionConfig.DEFAULT_BUDGET
+                        || page != SelectionConfig.DEFAULT_BLOCK || sink != SelectionConfig.DEFAULT_SINK
+                        || recent != SelectionConfig.DEFAULT_RECENT
+                        || denseLayers != SelectionConfig.DEFAULT_DENSE_LAYERS) {
+                    throw new IllegalArgumentException("--select-budget, --select-page, --select-sink,"
+                            + " --select-recent, --select-dense-layers, --select-coarse and --select-coarse-keep shape"
+                            + " a top-k selection: add --select topk");
                 }
                 yield null;
             }
@@ -67,9 +73,10 @@ final class SelectOptions {
 
     /**
      * Sets the selection on the model and opens the dump when one is asked for; returns the dump's writer (null
-     * without --dump-selection), which the caller closes after the run.
+     * without --dump-selection), which the caller commits when the run is over and closes (a run that fails leaves
+     * the file as it was). inputs: the run's input files, which the dump must not name.
      */
-    SelectionLog.Writer apply(LlamaModel model) {
+    SelectionLog.Writer apply(LlamaModel model, Path... inputs) {
         SelectionConfig c = config();
         model.setSelection(c);
         if (dump == null) {
@@ -77,6 +84,12 @@ final class SelectOptions {
         }
         if (c == null) {
             throw new IllegalArgumentException("--dump-selection records selections: it needs --select topk");
+        }
+        for (Path in : inputs) {
+            if (in != null && dump.toAbsolutePath().normalize().equals(in.toAbsolutePath().normalize())) {
+                throw new IllegalArgumentException("--dump-selection " + dump + " is an input of this run; name"
+                        + " another file");
+            }
         }
         ModelConfig m = model.config();
         SelectionLog.Writer w = SelectionLog.writer(dump, new SelectionLog.Header(m.layers(), m.heads(), m.kvHeads(),

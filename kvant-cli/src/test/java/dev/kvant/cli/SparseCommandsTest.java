@@ -18,6 +18,49 @@ import org.junit.jupiter.api.io.TempDir;
 class SparseCommandsTest {
 
     @Test
+    void benchSizesWhoseCacheOverflowsAndNeedleWithNoAnswerAreRefused() {
+        MainTest.Run r = MainTest.run("bench", "--synthetic", "tiny", "-np", "256", "-d", "9000000", "-p", "0", "-n",
+                "1");
+        assertEquals(1, r.code(), r.err());
+        assertTrue(r.err().contains("-d 9000000") && r.err().contains("too many"), r.err());
+        MainTest.Run n = MainTest.run("needle", "-m", "/nonexistent.gguf", "--haystack", "x", "--max-new", "0");
+        assertEquals(1, n.code(), n.err());
+        assertTrue(n.err().contains("--max-new"), n.err());
+        MainTest.Run p = MainTest.run("needle", "-m", "/nonexistent.gguf", "--probes", "/nonexistent.jsonl");
+        assertTrue(p.err().contains("--probes: cannot read"), p.err());
+    }
+
+    /** An option of the top-k selection given without --select topk is refused, not ignored. */
+    @Test
+    void selectionOptionsWithoutTopkAreRefused() {
+        MainTest.Run r = MainTest.run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1",
+                "--select-budget", "64");
+        assertEquals(1, r.code(), r.err());
+        assertTrue(r.err().contains("add --select topk"), r.err());
+    }
+
+    /**
+     * A run that fails leaves the file --dump-selection names as it was (the dump goes into place when the run is
+     * over), and a dump onto the run's own input is refused.
+     */
+    @Test
+    void aFailedRunLeavesTheDumpFileAsItWas(@TempDir Path dir) throws Exception {
+        Path f = dir.resolve("sel.txt");
+        java.nio.file.Files.writeString(f, "keep");
+        MainTest.Run r = MainTest.run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--kv",
+                "f16,nonsense", "--select", "topk", "--select-budget", "64", "--dump-selection", f.toString());
+        assertEquals(1, r.code(), r.err());
+        assertEquals("keep", java.nio.file.Files.readString(f), r.err());
+        try (var files = java.nio.file.Files.list(dir)) {
+            assertEquals(1, files.count(), "no partial file left");
+        }
+        MainTest.Run ok = MainTest.run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1",
+                "--backend", "cpu", "--select", "topk", "--select-budget", "64", "--dump-selection", f.toString());
+        assertEquals(0, ok.code(), ok.err());
+        assertTrue(!java.nio.file.Files.readString(f).equals("keep"), "the dump went into place");
+    }
+
+    @Test
     void needleNeedsProbesOrAHaystack() {
         MainTest.Run r = MainTest.run("needle", "-m", "/nonexistent.gguf");
         assertEquals(1, r.code());
@@ -39,6 +82,7 @@ class SparseCommandsTest {
         try (SelectionLog.Writer w = SelectionLog.writer(f, new SelectionLog.Header(1, 4, 2, 64, 64, 16))) {
             w.record(0, Selection.of(16, 700, 1, new int[][][] {{{0, 3, 20, 43}, {1, 2, 43}}}));
             w.record(0, Selection.of(16, 701, 1, new int[][][] {{{0, 43}, {5, 6, 7, 43}}}));
+            w.commit();
         }
         String[] args = {"bench-attention", "--replay-selection", f.toString(), "--formats", "turbo3", "-t", "1",
                 "--json"};

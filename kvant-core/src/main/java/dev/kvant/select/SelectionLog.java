@@ -4,8 +4,10 @@ import java.io.BufferedWriter;
 import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.nio.charset.StandardCharsets;
+import java.nio.file.AtomicMoveNotSupportedException;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.nio.file.StandardCopyOption;
 import java.util.ArrayList;
 import java.util.List;
 
@@ -54,17 +56,24 @@ public record SelectionLog(Header header, List<Entry> entries) {
         }
     }
 
-    /** Writes selections as they are made; thread-safe. */
+    /**
+     * Writes selections as they are made, into a file beside the target ({@code NAME.partial}) that {@link #commit}
+     * moves into place once the run is over: a run that fails or is stopped leaves whatever was at the target as it
+     * was (and no partial file). Thread-safe.
+     */
     public static final class Writer implements AutoCloseable {
         private final Path path;
+        private final Path partial;
         private final BufferedWriter out;
         private final Header header;
+        private boolean done;
 
         private Writer(Path path, Header header) {
             this.path = path;
+            this.partial = path.resolveSibling(path.getFileName() + ".partial");
             this.header = header;
             try {
-                this.out = Files.newBufferedWriter(path, StandardCharsets.UTF_8);
+                this.out = Files.newBufferedWriter(partial, StandardCharsets.UTF_8);
                 out.write(header.line());
                 out.newLine();
             } catch (IOException e) {
@@ -104,10 +113,34 @@ public record SelectionLog(Header header, List<Entry> entries) {
             }
         }
 
-        @Override
-        public synchronized void close() {
+        /** The run is over: the dump goes into place (replacing what was there). */
+        public synchronized void commit() {
+            if (done) {
+                return;
+            }
+            done = true;
             try {
                 out.close();
+                try {
+                    Files.move(partial, path, StandardCopyOption.ATOMIC_MOVE, StandardCopyOption.REPLACE_EXISTING);
+                } catch (AtomicMoveNotSupportedException e) {
+                    Files.move(partial, path, StandardCopyOption.REPLACE_EXISTING);
+                }
+            } catch (IOException e) {
+                throw new UncheckedIOException("cannot write selection dump " + path + ": " + e.getMessage(), e);
+            }
+        }
+
+        /** Without {@link #commit} first: drops what was recorded, leaving the target as it was. */
+        @Override
+        public synchronized void close() {
+            if (done) {
+                return;
+            }
+            done = true;
+            try {
+                out.close();
+                Files.deleteIfExists(partial);
             } catch (IOException e) {
                 throw new UncheckedIOException("cannot close selection dump " + path + ": " + e.getMessage(), e);
             }

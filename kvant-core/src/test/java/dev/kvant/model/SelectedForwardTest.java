@@ -77,6 +77,7 @@ class SelectedForwardTest {
                 model.setSelectionLog(w);
                 float[] selected = run(model, prompt, f, pool);
                 model.setSelectionLog(null);
+                w.commit();
                 for (float x : selected) {
                     assertTrue(Float.isFinite(x), "seed " + seed);
                 }

@@ -12,6 +12,21 @@ import org.junit.jupiter.api.io.TempDir;
 
 class SelectionLogTest {
 
+    /** A dump goes into place only when committed: a run that stops first leaves the target as it was. */
+    @Test
+    void anUncommittedDumpLeavesTheTargetAsItWas(@TempDir Path dir) throws Exception {
+        Path f = dir.resolve("sel.txt");
+        java.nio.file.Files.writeString(f, "keep");
+        SelectionLog.Header h = new SelectionLog.Header(8, 4, 2, 128, 128, 16);
+        try (SelectionLog.Writer w = SelectionLog.writer(f, h)) {
+            w.record(5, Selection.of(16, 30, 20, new int[][][] {{{0, 1, 2}, {1, 2}}, {{0, 2, 3}, {2, 3}}}));
+        }
+        assertEquals("keep", java.nio.file.Files.readString(f));
+        try (var files = java.nio.file.Files.list(dir)) {
+            assertEquals(1, files.count(), "no partial file left");
+        }
+    }
+
     @Test
     void aDumpReadsBackAsTheSelectionsWritten(@TempDir Path dir) throws Exception {
         Path f = dir.resolve("sel.txt");
@@ -19,6 +34,7 @@ class SelectionLogTest {
         Selection s = Selection.of(16, 30, 20, new int[][][] {{{0, 1, 2}, {1, 2}}, {{0, 2, 3}, {2, 3}}});
         try (SelectionLog.Writer w = SelectionLog.writer(f, h)) {
             w.record(5, s);
+            w.commit();
         }
         SelectionLog log = SelectionLog.read(f);
         assertEquals(h, log.header());
