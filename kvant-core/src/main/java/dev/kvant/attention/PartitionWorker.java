@@ -682,7 +682,9 @@ final class PartitionWorker {
      * it as query head g·group + i % group of token t0 + i / group.
      */
     private void write(AttentionCall c, int g, int t0, int i, int e, float[] out) {
-        float inv = 1f / sSum[e];
+        // no row a query sees has a finite score (every one masked or non-finite): its output is NaN, as the
+        // reference's 0/0 — not whatever another query left in the accumulator
+        float inv = sSum[e] > 0f ? 1f / sSum[e] : Float.NaN;
         int a = e * c.dpV;
         for (int d = 0; d < c.dimV; d++) {
             row[d] = sAcc[a + d] * inv;
