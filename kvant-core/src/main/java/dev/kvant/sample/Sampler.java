@@ -42,8 +42,13 @@ public final class Sampler {
             return argmax(logits, vocab);
         }
         int keep = config.topK() > 0 ? Math.min(config.topK(), vocab) : vocab;
-        int[] order = best(logits, vocab, keep);
+        int[] order = best(logits, vocab, keep);   // a NaN logit ranks as -infinity
         double max = logits[order[0]];
+        if (max == Double.POSITIVE_INFINITY || !(max > Double.NEGATIVE_INFINITY)) {
+            // an infinite logit outweighs every finite one (the lowest id of them wins); all -inf or NaN: no
+            // distribution to draw from — the first in order, as greedy would take
+            return order[0];
+        }
         double[] p = new double[keep];
         double sum = 0;
         for (int i = 0; i < keep; i++) {
@@ -72,6 +77,9 @@ public final class Sampler {
         for (int i = 0; i < keep; i++) {
             w[i] = Math.exp((logits[order[i]] - max) / config.temperature());
             total += w[i];
+        }
+        if (!(total > 0) || Double.isInfinite(total)) {   // NaN among the kept: no draw, the most likely
+            return order[0];
         }
         double r = random.nextDouble() * total;
         for (int i = 0; i < keep; i++) {
@@ -119,9 +127,13 @@ public final class Sampler {
         return ids;
     }
 
-    /** Larger for a larger logit, then for a lower id; -0 counts as +0, as {@code ==} on floats has it. */
+    /**
+     * Larger for a larger logit, then for a lower id; -0 counts as +0, as {@code ==} on floats has it, and NaN as
+     * -infinity (never chosen over a number).
+     */
     private static long key(float logit, int id) {
-        int bits = Float.floatToRawIntBits(logit == 0f ? 0f : logit);
+        float v = Float.isNaN(logit) ? Float.NEGATIVE_INFINITY : logit == 0f ? 0f : logit;
+        int bits = Float.floatToRawIntBits(v);
         long ordered = (bits < 0 ? ~bits : bits | 0x80000000) & 0xFFFFFFFFL;
         return (ordered << 32 ^ Long.MIN_VALUE) | (0xFFFFFFFFL - id);
     }
@@ -171,11 +183,14 @@ public final class Sampler {
         }
     }
 
+    /** The id of the largest logit, the lowest among equal ones; a NaN counts as -infinity (id 0 if all are NaN). */
     public static int argmax(float[] logits, int vocab) {
         int best = 0;
+        float bestValue = Float.isNaN(logits[0]) ? Float.NEGATIVE_INFINITY : logits[0];
         for (int i = 1; i < vocab; i++) {
-            if (logits[i] > logits[best]) {
+            if (logits[i] > bestValue) {   // false for NaN
                 best = i;
+                bestValue = logits[i];
             }
         }
         return best;

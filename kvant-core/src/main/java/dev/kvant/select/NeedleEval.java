@@ -80,8 +80,9 @@ public final class NeedleEval {
         List<Outcome> outcomes = new ArrayList<>();
         for (NeedleProbe p : probes) {
             int[] prompt = tok.encode(p.prompt(), true, p.chat());
-            if (prompt.length + maxNew > session.contextLength()) {
-                throw new IllegalArgumentException("probe " + p.id() + " needs " + (prompt.length + maxNew)
+            // the last generated token is never fed back: maxNew - 1 of them enter the cache
+            if (prompt.length + maxNew - 1 > session.contextLength()) {
+                throw new IllegalArgumentException("probe " + p.id() + " needs " + (prompt.length + maxNew - 1)
                         + " tokens of context but the session holds " + session.contextLength());
             }
             session.truncate(0);
@@ -93,11 +94,9 @@ public final class NeedleEval {
                 generated.add(next);
                 text = tok.decode(generated.stream().mapToInt(Integer::intValue).toArray());
                 String t = p.chat() ? text.stripLeading() : text;
-                if (t.startsWith(p.expected())) {
-                    correct = true;
-                    break;
-                }
-                if (!p.expected().startsWith(t) || step == maxNew - 1) {
+                Boolean verdict = verdict(t, p.expected(), step == maxNew - 1);
+                if (verdict != null) {
+                    correct = verdict;
                     break;
                 }
                 next = session.decodeGreedy(next);
@@ -107,6 +106,22 @@ public final class NeedleEval {
             progress.accept(o);
         }
         return new Result(outcomes, cells(outcomes));
+    }
+
+    /**
+     * Whether the text generated so far answers the probe: true, false, or null while it cannot tell yet (the text is
+     * still a beginning of the answer, or — for an answer ending in a digit — exactly the answer, whose number the
+     * next token may go on: "123456" does not answer "12345"). last: no token follows.
+     */
+    static Boolean verdict(String text, String expected, boolean last) {
+        if (text.startsWith(expected)) {
+            boolean open = !expected.isEmpty() && Character.isDigit(expected.charAt(expected.length() - 1));
+            if (!open || text.length() > expected.length()) {
+                return !open || !Character.isDigit(text.charAt(expected.length()));
+            }
+            return last ? Boolean.TRUE : null;   // out of tokens right at the answer: counted
+        }
+        return expected.startsWith(text) && !last ? null : Boolean.FALSE;
     }
 
     static List<Cell> cells(List<Outcome> outcomes) {

@@ -74,8 +74,12 @@ public final class Parallel implements AutoCloseable {
             runInline(tasks, task);
             return;
         }
-        Job job = new Job(tasks, task);
+        Job job;
         try {
+            job = new Job(tasks, task);
+            if (closed) {   // close() ran since the check above: it waits for busy, so no worker is left behind
+                throw new IllegalStateException("this pool is closed");
+            }
             current = job;
             for (Worker w : workers) {
                 if (w.parked) {
@@ -90,10 +94,11 @@ public final class Parallel implements AutoCloseable {
         job.rethrow();
     }
 
+    /** As the pool runs them: every task, then the first failure (the others suppressed in it). */
     private static void runInline(int tasks, IntConsumer task) {
-        for (int i = 0; i < tasks; i++) {
-            task.accept(i);
-        }
+        Job job = new Job(tasks, task);
+        job.work();
+        job.rethrow();
     }
 
     @Override
@@ -102,6 +107,11 @@ public final class Parallel implements AutoCloseable {
             return;
         }
         closed = true;
+        // a forEach that passed its closed check before this holds busy until its job is done: wait for it, so
+        // SHUTDOWN is never overwritten by a job the workers would then wait behind forever
+        while (!busy.compareAndSet(false, true)) {
+            Thread.onSpinWait();
+        }
         current = SHUTDOWN;
         for (Worker w : workers) {
             LockSupport.unpark(w);
@@ -131,23 +141,26 @@ public final class Parallel implements AutoCloseable {
 
         void work() {
             int done = 0;
-            for (int t; (t = next.getAndIncrement()) < tasks; ) {
-                try {
-                    body.accept(t);
-                } catch (Throwable e) {
-                    fail(e);
+            try {
+                for (int t; (t = next.getAndIncrement()) < tasks; ) {
+                    try {
+                        body.accept(t);
+                    } catch (Throwable e) {
+                        fail(e);
+                    }
+                    done++;
                 }
-                done++;
-            }
-            if (done > 0) {
-                finished.addAndGet(done);
+            } finally {   // counted whatever happens, or awaitFinished would wait forever
+                if (done > 0) {
+                    finished.addAndGet(done);
+                }
             }
         }
 
         private synchronized void fail(Throwable e) {
             if (failure == null) {
                 failure = e;
-            } else {
+            } else if (e != failure) {   // one exception object thrown by two tasks (a shared instance)
                 failure.addSuppressed(e);
             }
         }

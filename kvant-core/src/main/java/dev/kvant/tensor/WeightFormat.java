@@ -63,9 +63,13 @@ public sealed interface WeightFormat
         Objects.checkFromIndexSize(dstOffset, n, dst.length);
         FusedRows kernels = (FusedRows) this;
         if (!src.isNative()) {
-            MemorySegment copy = Arena.ofAuto().allocate(bytesFor(n), 16);
-            MemorySegment.copy(src, byteOffset, copy, 0, bytesFor(n));
-            kernels.decode(RawMemory.address(copy, 0, bytesFor(n)), dst, dstOffset, n);
+            // a confined arena, closed after the kernel: an automatic one could be freed while the kernel reads
+            // the copy through its raw address (nothing else would hold the segment)
+            try (Arena arena = Arena.ofConfined()) {
+                MemorySegment copy = arena.allocate(bytesFor(n), 16);
+                MemorySegment.copy(src, byteOffset, copy, 0, bytesFor(n));
+                kernels.decode(RawMemory.address(copy, 0, bytesFor(n)), dst, dstOffset, n);
+            }
             return;
         }
         kernels.decode(RawMemory.address(src, byteOffset, bytesFor(n)), dst, dstOffset, n);
@@ -80,9 +84,11 @@ public sealed interface WeightFormat
         Objects.checkFromIndexSize(xOffset, n, x.length);
         FusedRows kernels = (FusedRows) this;
         if (!w.isNative()) {
-            MemorySegment copy = Arena.ofAuto().allocate(bytesFor(n), 16);
-            MemorySegment.copy(w, byteOffset, copy, 0, bytesFor(n));
-            return kernels.dot1(RawMemory.address(copy, 0, bytesFor(n)), x, xOffset, n);
+            try (Arena arena = Arena.ofConfined()) {   // as in dequantize
+                MemorySegment copy = arena.allocate(bytesFor(n), 16);
+                MemorySegment.copy(w, byteOffset, copy, 0, bytesFor(n));
+                return kernels.dot1(RawMemory.address(copy, 0, bytesFor(n)), x, xOffset, n);
+            }
         }
         return kernels.dot1(RawMemory.address(w, byteOffset, bytesFor(n)), x, xOffset, n);
     }

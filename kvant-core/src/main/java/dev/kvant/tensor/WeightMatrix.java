@@ -270,6 +270,9 @@ public final class WeightMatrix {
         for (; r < to; r++) {
             out[outOffset + r] = kernels.dot1(address + r * rowBytes, x, xOffset, cols);
         }
+        // the kernels read v's memory through a raw address: v (whose memory field holds a copy alive) must stay
+        // reachable until they are done
+        java.lang.ref.Reference.reachabilityFence(v);
     }
 
     /**
@@ -308,6 +311,7 @@ public final class WeightMatrix {
         } else {
             v.kernels().decode(v.address() + r * rowBytes, unit, dst, o, cols);
         }
+        java.lang.ref.Reference.reachabilityFence(v);   // as in matvecRows
     }
 
     /**

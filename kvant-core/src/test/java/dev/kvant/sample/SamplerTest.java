@@ -26,6 +26,29 @@ class SamplerTest {
         return r;
     }
 
+    /** An infinite logit wins, a NaN logit never does, and neither turns the draw into the least likely token. */
+    @Test
+    void infiniteAndNanLogitsDoNotPickTheLeastLikelyToken() {
+        float negNan = Float.intBitsToFloat(0xFFC00000);
+        for (long seed = 1; seed <= 20; seed++) {
+            Sampler s = new Sampler(new SamplerConfig(1f, 0, 1f, 0f, 1f, 64, seed));
+            assertEquals(0, s.sample(new float[] {Float.POSITIVE_INFINITY, 5, 1, -3}, 4));
+            assertEquals(2, s.sample(new float[] {1, 5, Float.POSITIVE_INFINITY, Float.POSITIVE_INFINITY}, 4),
+                    "the lowest id of the infinite ones");
+            int nan = s.sample(new float[] {Float.NaN, 5, 1, -3}, 4);
+            assertTrue(nan != 0, "a NaN is never chosen: " + nan);
+            int nan2 = s.sample(new float[] {negNan, 5, 1, -3}, 4);
+            assertTrue(nan2 != 0, "nor a NaN with its sign bit set: " + nan2);
+            Sampler minP = new Sampler(new SamplerConfig(1f, 0, 1f, 0.5f, 1f, 64, seed));
+            assertEquals(1, minP.sample(new float[] {Float.NaN, 5, 1, -3}, 4));
+        }
+        assertEquals(1, Sampler.argmax(new float[] {Float.NaN, 5, 1, -3}, 4));
+        assertEquals(0, Sampler.argmax(new float[] {Float.NaN, Float.NaN}, 2), "all NaN: id 0");
+        Sampler any = new Sampler(new SamplerConfig(1f, 0, 1f, 0f, 1f, 64, 3));
+        assertEquals(0, any.sample(new float[] {Float.NaN, Float.NaN, Float.NEGATIVE_INFINITY}, 3),
+                "nothing to draw from: the first in order");
+    }
+
     @Test
     void candidatesAreTheLargestLogitsInOrderWithTiesToTheLowerId() {
         long seed = new SplittableRandom().nextLong();

@@ -9,6 +9,43 @@ import java.util.concurrent.atomic.AtomicIntegerArray;
 import org.junit.jupiter.api.Test;
 
 class ParallelTest {
+    /** One exception object thrown by many tasks (a shared instance) is rethrown once; the pool goes on. */
+    @Test
+    void aSharedExceptionThrownByManyTasksNeitherHangsNorKillsAWorker() {
+        RuntimeException shared = new RuntimeException("shared");
+        try (Parallel pool = new Parallel(2)) {
+            org.junit.jupiter.api.Assertions.assertTimeoutPreemptively(java.time.Duration.ofSeconds(20), () -> {
+                for (int round = 0; round < 50; round++) {
+                    RuntimeException e = assertThrows(RuntimeException.class, () -> pool.forEach(64, t -> {
+                        throw shared;
+                    }));
+                    assertSame(shared, e);
+                }
+                AtomicIntegerArray ran = new AtomicIntegerArray(64);
+                pool.forEach(64, ran::incrementAndGet);
+                for (int t = 0; t < 64; t++) {
+                    assertEquals(1, ran.get(t));
+                }
+            });
+        }
+    }
+
+    /** Run inline (one task, a serial pool, a nested call), every task still runs before the first failure is thrown. */
+    @Test
+    void theInlinePathRunsEveryTaskBeforeThrowing() {
+        AtomicIntegerArray ran = new AtomicIntegerArray(4);
+        RuntimeException e = assertThrows(RuntimeException.class, () -> Parallel.serial().forEach(4, t -> {
+            ran.incrementAndGet(t);
+            if (t == 1) {
+                throw new RuntimeException("task 1");
+            }
+        }));
+        assertEquals("task 1", e.getMessage());
+        for (int t = 0; t < 4; t++) {
+            assertEquals(1, ran.get(t), "task " + t);
+        }
+    }
+
     @Test
     void everyTaskRunsExactlyOnceAcrossManyCalls() {
         try (Parallel pool = new Parallel(3)) {
