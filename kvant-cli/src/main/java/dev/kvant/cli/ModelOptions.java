@@ -80,7 +80,8 @@ final class ModelOptions {
     int[] gpus;
 
     @Option(names = "--layer-split", paramLabel = "auto|A,B,...", defaultValue = "auto",
-            description = "layers per GPU of --gpus, first to last; auto balances their weight bytes (default)")
+            description = "layers per GPU of --gpus, first to last; auto shares the weight and KV bytes out in proportion"
+                    + " to each GPU's free memory (default)")
     String layerSplit;
 
     @Option(names = "--kv-mem", paramLabel = "SIZE",
