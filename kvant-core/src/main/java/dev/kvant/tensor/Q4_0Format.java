@@ -20,7 +20,7 @@ import jdk.incubator.vector.IntVector;
  * Q4_0: blocks of 32 values, 18 bytes: fp16 scale {@code d}, then 16 bytes whose low nibbles are values 0..15 and
  * high nibbles values 16..31; value = (nibble - 8) * d, exact in float.
  *
- * <p>Kernels decode through a table: per block, the 16 possible values {@code fma(i, d, -8d)} (each exactly
+ * <p>Kernels decode through a table: per block, the 16 possible values {@code fma(i - 8, d, +0)} (each exactly
  * (i - 8) * d) in one vector, indexed by the nibbles with one permute ({@link Lanes#TABLE_LOW}), instead of
  * converting every nibble to float and scaling it.
  */
@@ -52,6 +52,15 @@ final class Q4_0Format implements WeightFormat, FusedRows {
         return Q4_0Packed.fits(cols) ? Q4_0Packed.INSTANCE : null;
     }
 
+    /**
+     * The nibbles' values less 8, both table halves. A block's table is {@code fma(CENTERED, d, +0)}: each (i - 8)·d
+     * is exact and the +0 turns nibble 8's -0 into +0, so for every finite d it holds the bits of
+     * {@code fma(i, d, -8d)} ({@link Q4_0Packed} shares it), and for an infinite d it gives ggml's (q - 8)·d — ±inf,
+     * NaN for nibble 8 — where fma(i, d, -8d) gave NaN for every nibble.
+     */
+    private static final FloatVector CENTERED_LOW = Lanes.TABLE_LOW.sub(8);
+    private static final FloatVector CENTERED_HIGH = Lanes.TABLE_HIGH.sub(8);
+
     private static float scale(MemorySegment rows, long block) {
         return Float.float16ToFloat(rows.get(SHORT_LE, block));
     }
@@ -62,8 +71,8 @@ final class Q4_0Format implements WeightFormat, FusedRows {
         for (int b = 0; b < n / QK; b++) {
             long p = b * unitStride;
             float d = scale(row, p);
-            IntVector ta = Lanes.TABLE_LOW.fma(d, -8 * d).reinterpretAsInts();
-            IntVector tb = Lanes.TABLE_HIGH.fma(d, -8 * d).reinterpretAsInts();
+            IntVector ta = CENTERED_LOW.fma(d, 0f).reinterpretAsInts();
+            IntVector tb = CENTERED_HIGH.fma(d, 0f).reinterpretAsInts();
             for (int run = 0; run < RUNS; run++) {
                 int h = run * L;
                 IntVector q = (IntVector) ByteVector.fromMemorySegment(B, row, p + 2 + h, LE)
@@ -82,8 +91,8 @@ final class Q4_0Format implements WeightFormat, FusedRows {
         for (int b = 0; b < n / QK; b++) {
             long p = (long) b * BYTES;
             float d = scale(row, p);
-            IntVector ta = Lanes.TABLE_LOW.fma(d, -8 * d).reinterpretAsInts();
-            IntVector tb = Lanes.TABLE_HIGH.fma(d, -8 * d).reinterpretAsInts();
+            IntVector ta = CENTERED_LOW.fma(d, 0f).reinterpretAsInts();
+            IntVector tb = CENTERED_HIGH.fma(d, 0f).reinterpretAsInts();
             for (int run = 0; run < RUNS; run++) {
                 int h = run * L;
                 IntVector q = (IntVector) ByteVector.fromMemorySegment(B, row, p + 2 + h, LE)
@@ -113,14 +122,14 @@ final class Q4_0Format implements WeightFormat, FusedRows {
             long p = b * unitStride;
             float d0 = scale(rows, p), d1 = scale(rows, p + rowStride), d2 = scale(rows, p + 2 * rowStride);
             float d3 = scale(rows, p + 3 * rowStride);
-            IntVector ta0 = Lanes.TABLE_LOW.fma(d0, -8 * d0).reinterpretAsInts();
-            IntVector tb0 = Lanes.TABLE_HIGH.fma(d0, -8 * d0).reinterpretAsInts();
-            IntVector ta1 = Lanes.TABLE_LOW.fma(d1, -8 * d1).reinterpretAsInts();
-            IntVector tb1 = Lanes.TABLE_HIGH.fma(d1, -8 * d1).reinterpretAsInts();
-            IntVector ta2 = Lanes.TABLE_LOW.fma(d2, -8 * d2).reinterpretAsInts();
-            IntVector tb2 = Lanes.TABLE_HIGH.fma(d2, -8 * d2).reinterpretAsInts();
-            IntVector ta3 = Lanes.TABLE_LOW.fma(d3, -8 * d3).reinterpretAsInts();
-            IntVector tb3 = Lanes.TABLE_HIGH.fma(d3, -8 * d3).reinterpretAsInts();
+            IntVector ta0 = CENTERED_LOW.fma(d0, 0f).reinterpretAsInts();
+            IntVector tb0 = CENTERED_HIGH.fma(d0, 0f).reinterpretAsInts();
+            IntVector ta1 = CENTERED_LOW.fma(d1, 0f).reinterpretAsInts();
+            IntVector tb1 = CENTERED_HIGH.fma(d1, 0f).reinterpretAsInts();
+            IntVector ta2 = CENTERED_LOW.fma(d2, 0f).reinterpretAsInts();
+            IntVector tb2 = CENTERED_HIGH.fma(d2, 0f).reinterpretAsInts();
+            IntVector ta3 = CENTERED_LOW.fma(d3, 0f).reinterpretAsInts();
+            IntVector tb3 = CENTERED_HIGH.fma(d3, 0f).reinterpretAsInts();
             for (int run = 0; run < RUNS; run++) {
                 int h = run * L;
                 long q = p + 2 + h;

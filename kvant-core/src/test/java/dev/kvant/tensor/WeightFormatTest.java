@@ -47,6 +47,27 @@ class WeightFormatTest {
         return f.blockSize() == 1 ? 3 * Lanes.L + 5 : 3 * f.blockSize();
     }
 
+    /** A Q4_0 block with an infinite scale decodes as ggml's (q - 8)·d: ±inf, and NaN for nibble 8. */
+    @Test
+    void q4_0WithAnInfiniteScaleDecodesAsTheReference() {
+        byte[] block = new byte[18];
+        block[0] = 0x00;
+        block[1] = 0x7C;   // d = +inf
+        for (int j = 0; j < 16; j++) {
+            block[2 + j] = (byte) (j | (j << 4));   // nibbles 0..15, low and high
+        }
+        WeightFormat f = WeightFormat.of(GgmlType.Q4_0);
+        double[] reference = Float64Reference.decode(GgmlType.Q4_0, block, 32);
+        float[] out = new float[32];
+        f.dequantize(MemorySegment.ofArray(block), 0, out, 0, 32);
+        for (int i = 0; i < 32; i++) {
+            assertEquals(reference[i], out[i], 0.0, "value " + i);
+        }
+        assertEquals(Float.NEGATIVE_INFINITY, out[0]);
+        assertTrue(Float.isNaN(out[8]), "nibble 8: 0·inf");
+        assertEquals(Float.POSITIVE_INFINITY, out[15]);
+    }
+
     @ParameterizedTest
     @EnumSource(value = GgmlType.class, names = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"})
     void dequantizeMatchesFloat64ReferenceDecoder(GgmlType type) {
