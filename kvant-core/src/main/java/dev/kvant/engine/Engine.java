@@ -342,8 +342,9 @@ public final class Engine implements AutoCloseable {
             try {
                 cache.clear();
             } catch (RuntimeException | Error e) {   // the requests still waiting must be answered regardless
-                if (died == null) {
-                    died = e;
+                Throwable d = died;
+                if (d != null && d != e) {
+                    d.addSuppressed(e);
                 }
             }
             // the last look at the inbox comes after finished: a request added before it is failed here, one added
@@ -591,12 +592,15 @@ public final class Engine implements AutoCloseable {
     private void drain() {
         for (Cohort c : cohorts) {
             if (c.step != null) {
+                PendingDecode step = c.step;
+                c.step = null;   // awaited once, whatever it throws
                 try {
-                    c.step.await();
-                } catch (RuntimeException e) {
+                    step.await();
+                } catch (VirtualMachineError e) {
+                    throw e;
+                } catch (RuntimeException | Error e) {
                     // the sequences fail anyway
                 }
-                c.step = null;
                 for (int i = 0; i < c.size; i++) {
                     c.members[i].stepping = false;
                     c.members[i] = null;

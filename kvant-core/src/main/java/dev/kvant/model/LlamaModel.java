@@ -236,7 +236,11 @@ public final class LlamaModel implements AutoCloseable {
         } catch (RuntimeException | Error e) {
             for (int i = 0; i < seqs.length; i++) {
                 if (!seqs[i].isClosed()) {
-                    seqs[i].truncate(starts[i]);   // also gives back pages reserved and not written
+                    try {
+                        seqs[i].truncate(starts[i]);   // also gives back pages reserved and not written
+                    } catch (RuntimeException | Error t) {   // the step's own failure is the one to report
+                        e.addSuppressed(t);
+                    }
                 }
             }
             throw e;

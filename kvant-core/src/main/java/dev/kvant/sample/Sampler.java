@@ -42,7 +42,7 @@ public final class Sampler {
             return argmax(logits, vocab);
         }
         int keep = config.topK() > 0 ? Math.min(config.topK(), vocab) : vocab;
-        int[] order = best(logits, vocab, keep);   // a NaN logit ranks as -infinity
+        int[] order = best(logits, vocab, keep);   // a NaN logit ranks below every number
         double max = logits[order[0]];
         if (max == Double.POSITIVE_INFINITY || !(max > Double.NEGATIVE_INFINITY)) {
             // an infinite logit outweighs every finite one (the lowest id of them wins); all -inf or NaN: no
@@ -52,7 +52,8 @@ public final class Sampler {
         double[] p = new double[keep];
         double sum = 0;
         for (int i = 0; i < keep; i++) {
-            p[i] = Math.exp(logits[order[i]] - max);
+            float l = logits[order[i]];
+            p[i] = Float.isNaN(l) ? 0 : Math.exp(l - max);   // a NaN logit carries no weight
             sum += p[i];
         }
         if (config.topP() < 1f) {
@@ -75,7 +76,8 @@ public final class Sampler {
         double total = 0;
         double[] w = new double[keep];
         for (int i = 0; i < keep; i++) {
-            w[i] = Math.exp((logits[order[i]] - max) / config.temperature());
+            float l = logits[order[i]];
+            w[i] = Float.isNaN(l) ? 0 : Math.exp((l - max) / config.temperature());
             total += w[i];
         }
         if (!(total > 0) || Double.isInfinite(total)) {   // NaN among the kept: no draw, the most likely
@@ -128,13 +130,13 @@ public final class Sampler {
     }
 
     /**
-     * Larger for a larger logit, then for a lower id; -0 counts as +0, as {@code ==} on floats has it, and NaN as
-     * -infinity (never chosen over a number).
+     * Larger for a larger logit, then for a lower id; -0 counts as +0, as {@code ==} on floats has it, and NaN below
+     * every number (never chosen over one).
      */
     private static long key(float logit, int id) {
-        float v = Float.isNaN(logit) ? Float.NEGATIVE_INFINITY : logit == 0f ? 0f : logit;
-        int bits = Float.floatToRawIntBits(v);
-        long ordered = (bits < 0 ? ~bits : bits | 0x80000000) & 0xFFFFFFFFL;
+        int bits = Float.floatToRawIntBits(logit == 0f ? 0f : logit);
+        // NaN below every number, -infinity included
+        long ordered = Float.isNaN(logit) ? 0 : (bits < 0 ? ~bits : bits | 0x80000000) & 0xFFFFFFFFL;
         return (ordered << 32 ^ Long.MIN_VALUE) | (0xFFFFFFFFL - id);
     }
 
@@ -183,14 +185,13 @@ public final class Sampler {
         }
     }
 
-    /** The id of the largest logit, the lowest among equal ones; a NaN counts as -infinity (id 0 if all are NaN). */
+    /** The id of the largest logit, the lowest among equal ones; a NaN below every number (id 0 if all are NaN). */
     public static int argmax(float[] logits, int vocab) {
         int best = 0;
-        float bestValue = Float.isNaN(logits[0]) ? Float.NEGATIVE_INFINITY : logits[0];
         for (int i = 1; i < vocab; i++) {
-            if (logits[i] > bestValue) {   // false for NaN
+            float v = logits[i];
+            if (v > logits[best] || Float.isNaN(logits[best]) && !Float.isNaN(v)) {
                 best = i;
-                bestValue = logits[i];
             }
         }
         return best;

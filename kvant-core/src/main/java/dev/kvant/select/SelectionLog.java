@@ -57,7 +57,8 @@ public record SelectionLog(Header header, List<Entry> entries) {
     }
 
     /**
-     * Writes selections as they are made, into a file beside the target ({@code NAME.partial}) that {@link #commit}
+     * Writes selections as they are made, into a temporary file beside the target ({@code NAME.*.partial}) that
+     * {@link #commit}
      * moves into place once the run is over: a run that fails or is stopped leaves whatever was at the target as it
      * was (and no partial file). Thread-safe.
      */
@@ -70,9 +71,11 @@ public record SelectionLog(Header header, List<Entry> entries) {
 
         private Writer(Path path, Header header) {
             this.path = path;
-            this.partial = path.resolveSibling(path.getFileName() + ".partial");
             this.header = header;
             try {
+                // a name of its own beside the target: two runs dumping to one name do not share it
+                Path dir = path.toAbsolutePath().getParent();
+                this.partial = Files.createTempFile(dir, path.getFileName() + ".", ".partial");
                 this.out = Files.newBufferedWriter(partial, StandardCharsets.UTF_8);
                 out.write(header.line());
                 out.newLine();

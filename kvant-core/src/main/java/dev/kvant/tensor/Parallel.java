@@ -34,6 +34,8 @@ public final class Parallel implements AutoCloseable {
     private final int threads;
     private final Worker[] workers;
     private final AtomicBoolean busy = new AtomicBoolean();
+    /** The thread whose forEach holds busy, while it does. */
+    private volatile Thread owner;
     private volatile Job current;
     private volatile boolean closed;
 
@@ -75,6 +77,7 @@ public final class Parallel implements AutoCloseable {
             return;
         }
         Job job;
+        owner = Thread.currentThread();
         try {
             job = new Job(tasks, task);
             if (closed) {   // close() ran since the check above: it waits for busy, so no worker is left behind
@@ -89,6 +92,7 @@ public final class Parallel implements AutoCloseable {
             job.work();
             job.awaitFinished();
         } finally {
+            owner = null;
             busy.set(false);
         }
         job.rethrow();
@@ -103,18 +107,32 @@ public final class Parallel implements AutoCloseable {
 
     @Override
     public void close() {
-        if (this == SERIAL || closed) {
+        if (this == SERIAL) {
             return;
         }
-        closed = true;
-        // a forEach that passed its closed check before this holds busy until its job is done: wait for it, so
-        // SHUTDOWN is never overwritten by a job the workers would then wait behind forever
-        while (!busy.compareAndSet(false, true)) {
-            Thread.onSpinWait();
+        synchronized (this) {   // one closer
+            if (closed) {
+                return;
+            }
+            closed = true;
+        }
+        // From inside a task (the thread running forEach, or a worker) the job in flight is this call's own: the
+        // workers stop after it, unjoined. From outside, a forEach that passed its closed check before this holds
+        // busy until its job is done: wait for it, so SHUTDOWN is never overwritten by a job the workers would then
+        // wait behind forever.
+        Thread me = Thread.currentThread();
+        boolean inside = me == owner || me instanceof Worker w && w.pool() == this;
+        if (!inside) {
+            while (!busy.compareAndSet(false, true)) {
+                Thread.onSpinWait();
+            }
         }
         current = SHUTDOWN;
         for (Worker w : workers) {
             LockSupport.unpark(w);
+        }
+        if (inside) {
+            return;
         }
         for (Worker w : workers) {
             try {
@@ -196,6 +214,10 @@ public final class Parallel implements AutoCloseable {
         Worker(int index) {
             super("kvant-parallel-" + index);
             setDaemon(true);
+        }
+
+        Parallel pool() {
+            return Parallel.this;
         }
 
         @Override

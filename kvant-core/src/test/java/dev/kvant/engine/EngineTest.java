@@ -514,7 +514,7 @@ class EngineTest {
             try (SequencePool pool = backend.newSequencePool(2 * CTX, F16, F16);
                  Engine engine = new Engine(backend, pool, new EngineConfig(1, CTX, CHUNK, 8, false))) {
                 Events e = new Events();
-                engine.submit(greedy(prompts[i], 12), e.queue::add);
+                engine.submit(greedy(prompts[i], 100), e.queue::add);
                 assertInstanceOf(GenerationEvent.Finished.class, e.end());
                 alone[i] = e.ids();
             }
@@ -524,7 +524,7 @@ class EngineTest {
              Engine engine = new Engine(refuses, pool, new EngineConfig(2, CTX, CHUNK, 8, false))) {
             Events[] ev = {new Events(), new Events()};
             for (int i = 0; i < 2; i++) {
-                engine.submit(greedy(prompts[i], 12), ev[i].queue::add);
+                engine.submit(greedy(prompts[i], 100), ev[i].queue::add);
             }
             GenerationEvent[] end = {ev[0].end(), ev[1].end()};
             int failed = end[0] instanceof GenerationEvent.Failed ? 0 : 1;   // whichever came first in the batch

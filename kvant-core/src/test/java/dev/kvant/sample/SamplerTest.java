@@ -43,10 +43,18 @@ class SamplerTest {
             assertEquals(1, minP.sample(new float[] {Float.NaN, 5, 1, -3}, 4));
         }
         assertEquals(1, Sampler.argmax(new float[] {Float.NaN, 5, 1, -3}, 4));
+        assertEquals(1, Sampler.argmax(new float[] {Float.NaN, Float.NEGATIVE_INFINITY}, 2), "NaN below -inf");
+        // a NaN among the candidates carries no weight: the others are still drawn from, not always the first
+        java.util.Set<Integer> drawn = new java.util.HashSet<>();
+        for (long seed = 1; seed <= 64; seed++) {
+            drawn.add(new Sampler(new SamplerConfig(1f, 0, 1f, 0f, 1f, 64, seed)).sample(new float[] {0f, 0f,
+                    Float.NaN}, 3));
+        }
+        assertEquals(java.util.Set.of(0, 1), drawn);
         assertEquals(0, Sampler.argmax(new float[] {Float.NaN, Float.NaN}, 2), "all NaN: id 0");
         Sampler any = new Sampler(new SamplerConfig(1f, 0, 1f, 0f, 1f, 64, 3));
-        assertEquals(0, any.sample(new float[] {Float.NaN, Float.NaN, Float.NEGATIVE_INFINITY}, 3),
-                "nothing to draw from: the first in order");
+        assertEquals(2, any.sample(new float[] {Float.NaN, Float.NaN, Float.NEGATIVE_INFINITY}, 3),
+                "nothing to draw from: the first in order, a number (-inf) before a NaN");
     }
 
     @Test

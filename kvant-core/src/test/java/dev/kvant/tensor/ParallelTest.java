@@ -30,6 +30,32 @@ class ParallelTest {
         }
     }
 
+    /** close() from inside a task, or from two threads at once, returns; the pool refuses work after. */
+    @Test
+    void closeFromInsideATaskOrTwiceAtOnceReturns() {
+        org.junit.jupiter.api.Assertions.assertTimeoutPreemptively(java.time.Duration.ofSeconds(20), () -> {
+            Parallel p = new Parallel(2);
+            AtomicIntegerArray ran = new AtomicIntegerArray(8);
+            p.forEach(8, i -> {
+                ran.incrementAndGet(i);
+                if (i == 0) {
+                    p.close();
+                }
+            });
+            for (int i = 0; i < 8; i++) {
+                assertEquals(1, ran.get(i), "task " + i);
+            }
+            assertThrows(IllegalStateException.class, () -> p.forEach(4, i -> { }));
+            for (int round = 0; round < 20; round++) {
+                Parallel q = new Parallel(2);
+                Thread other = new Thread(q::close);
+                other.start();
+                q.close();
+                other.join();
+            }
+        });
+    }
+
     /** Run inline (one task, a serial pool, a nested call), every task still runs before the first failure is thrown. */
     @Test
     void theInlinePathRunsEveryTaskBeforeThrowing() {

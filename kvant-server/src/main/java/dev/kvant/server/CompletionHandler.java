@@ -58,9 +58,17 @@ final class CompletionHandler {
         int ctx = engine.config().contextLength();
         long textBytes = 0;
         if (chat) {
+            // at least what any template keeps: every turn's text stripped, of the system messages the longest
+            long system = 0;
             for (var m : r.messages()) {
-                textBytes += TextCodec.utf8Length(m.content());
+                long b = TextCodec.utf8Length(m.content().strip());
+                if (m.role().equals("system")) {
+                    system = Math.max(system, b);
+                } else {
+                    textBytes += b;
+                }
             }
+            textBytes += system;
         } else if (r.prompt() != null) {
             textBytes = TextCodec.utf8Length(r.prompt());
         }

@@ -30,12 +30,17 @@ public sealed interface TextCodec {
      */
     int maxTokenBytes();
 
-    /** The UTF-8 length of s, without encoding it. */
+    /** The UTF-8 length of s, without encoding it (a lone surrogate as the one byte '?' the encoder writes). */
     static long utf8Length(CharSequence s) {
         long n = 0;
         for (int i = 0; i < s.length(); i++) {
             char c = s.charAt(i);
-            n += c < 0x80 ? 1 : c < 0x800 ? 2 : Character.isSurrogate(c) ? 2 : 3;   // a surrogate pair: 4 in all
+            if (Character.isHighSurrogate(c) && i + 1 < s.length() && Character.isLowSurrogate(s.charAt(i + 1))) {
+                n += 4;
+                i++;
+            } else {
+                n += c < 0x80 || Character.isSurrogate(c) ? 1 : c < 0x800 ? 2 : 3;
+            }
         }
         return n;
     }

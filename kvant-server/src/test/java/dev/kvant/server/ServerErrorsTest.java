@@ -132,6 +132,7 @@ class ServerErrorsTest {
         assertEquals("context_length_exceeded", r.json().path("error").path("code").asText());
         assertEquals(2L << 20, TextCodec.utf8Length(big));
         assertEquals(4, TextCodec.utf8Length("\uD83D\uDE00"));   // one character outside the BMP
+        assertEquals(2, TextCodec.utf8Length("\uD800\uD800"), "lone surrogates: '?' each");
     }
 
     @Test
