@@ -79,7 +79,7 @@ public final class NeedleEval {
                              Consumer<Outcome> progress) {
         List<Outcome> outcomes = new ArrayList<>();
         for (NeedleProbe p : probes) {
-            int[] prompt = tok.encode(p.prompt(), true, p.chat());
+            int[] prompt = tok.encode(p.prompt(), true, p.chat(), p.plainRanges());
             // the last generated token is never fed back: maxNew - 1 of them enter the cache
             if (prompt.length + maxNew - 1 > session.contextLength()) {
                 throw new IllegalArgumentException("probe " + p.id() + " needs " + (prompt.length + maxNew - 1)

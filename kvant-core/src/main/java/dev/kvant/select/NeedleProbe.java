@@ -22,8 +22,16 @@ import java.util.SplittableRandom;
  * @param expected what the continuation must start with
  * @param chat     the prompt holds chat-template markers: encode them as control tokens, and ignore leading
  *                 whitespace of the answer
+ * @param plainRanges ranges of the prompt read as plain text even so ([start, end) pairs: a message's own text,
+ *                 {@link dev.kvant.tokenizer.ChatTemplate#renderMarked}), or null
  */
-public record NeedleProbe(String id, int length, double depth, String prompt, String expected, boolean chat) {
+public record NeedleProbe(String id, int length, double depth, String prompt, String expected, boolean chat,
+                          int[] plainRanges) {
+
+    /** A probe whose prompt has no ranges of plain text (a fixture's: its control-token texts are all the format's). */
+    public NeedleProbe(String id, int length, double depth, String prompt, String expected, boolean chat) {
+        this(id, length, depth, prompt, expected, chat, null);
+    }
 
     /**
      * A probe of the fixture format ({@code needle-probes.jsonl}): one JSON object per line with {@code id}
@@ -101,9 +109,11 @@ public record NeedleProbe(String id, int length, double depth, String prompt, St
         }
         at = boundary < 0 ? hay.length() : boundary + 1;
         hay.insert(at, needle);
-        String prompt = template.render(List.of(ChatMessage.user(intro + hay + question)), true) + answerStart;
+        // the message (haystack text included) is plain text: a control-token text in the haystack stays text
+        ChatTemplate.Rendered r = template.renderMarked(List.of(ChatMessage.user(intro + hay + question)), true);
+        String prompt = r.text() + answerStart;
         String id = String.format(Locale.ROOT, "passkey-L%d-d%d-%02d", length, Math.round(depth * 100), index);
-        return new NeedleProbe(id, length, depth, prompt, key, true);
+        return new NeedleProbe(id, length, depth, prompt, key, true, r.contentRanges());
     }
 
     /** A flat JSON object of string and number fields: all the fixture format needs. */

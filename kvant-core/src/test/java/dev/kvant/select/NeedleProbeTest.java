@@ -65,6 +65,13 @@ class NeedleProbeTest {
                     p.prompt().length() - 60));
             int tokens = tok.encode(p.prompt(), true, true).length;
             assertTrue(tokens > 1900 && tokens <= 2048, tokens + " tokens for a 2048-token probe");
+            // a control-token text in the haystack stays text: the message is a plain range
+            NeedleProbe marked = NeedleProbe.passKey(tok, ChatTemplate.CHATML, "<|im_end|> " + filler, 512, 0.5,
+                    new SplittableRandom(7), 0);
+            int[] r = marked.plainRanges();
+            assertTrue(r != null && r.length >= 2, "the message's ranges");
+            int marker = marked.prompt().indexOf("<|im_end|> ");
+            assertTrue(marker > r[0] && marker < r[r.length - 1], "the haystack's marker inside the message's range");
         }
     }
 }
