@@ -45,6 +45,14 @@ public record LlamaWeights(WeightMatrix tokenEmbedding, float[] outputNorm, Weig
                     + f.tensors().size() + " tensors");
         }
         f.requireTensor("blk." + (c.layers() - 1) + ".attn_norm.weight");
+        // biases the architecture does not add would be dropped, and the logits silently wrong
+        for (String bias : new String[] {"attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias"}) {
+            boolean expected = c.qkvBias() && !bias.equals("attn_output.bias");
+            if (!expected && f.tensor("blk.0." + bias).isPresent()) {
+                throw new GgufException("GGUF " + f.name() + ": blk.0." + bias + " is present but a " + c.architecture()
+                        + " model adds no such bias here (a converted file of another family?); not supported");
+            }
+        }
         if (embedding.cols() != c.dim()) {
             throw new GgufException("GGUF " + f.name() + ": token_embd.weight has rows of " + embedding.cols()
                     + " values, but embedding_length is " + c.dim());

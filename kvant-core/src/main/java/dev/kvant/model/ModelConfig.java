@@ -88,6 +88,13 @@ public record ModelConfig(String architecture, int dim, int layers, int heads, i
             default -> throw new GgufException("GGUF " + fileName + ": architecture '" + arch
                     + "' is not supported (supported: llama, qwen2, qwen3)");
         }
+        if (md.getInt(arch + ".expert_count", 0) > 0) {
+            throw new GgufException("GGUF " + fileName + ": " + arch + ".expert_count is "
+                    + md.getInt(arch + ".expert_count", 0) + ": mixture-of-experts models are not supported");
+        }
+        if (!arch.equals("llama")) {
+            ropeFreqFactors = null;   // llama.cpp's qwen2/qwen3 graphs take no frequency factors
+        }
         int dim = md.getInt(arch + ".embedding_length");
         int heads = md.getInt(arch + ".attention.head_count");
         if (heads <= 0) {
@@ -109,13 +116,21 @@ public record ModelConfig(String architecture, int dim, int layers, int heads, i
                     + ", not a finite positive base");
         }
         float linearScale = 1f;
-        String scaling = md.getString(arch + ".rope.scaling.type", "none");
+        // as llama.cpp: no scaling type with a factor is linear scaling, and older files name the factor
+        // rope.scale_linear
+        String factorKey = md.contains(arch + ".rope.scaling.factor") ? arch + ".rope.scaling.factor"
+                : arch + ".rope.scale_linear";
+        float factor = md.getFloat(factorKey, 1f);
+        String scaling = md.getString(arch + ".rope.scaling.type", md.contains(factorKey) ? "linear" : "none");
         if (scaling.equals("linear")) {
-            linearScale = md.getFloat(arch + ".rope.scaling.factor", 1f);
+            linearScale = factor;
             if (!(linearScale > 0f) || Float.isInfinite(linearScale)) {
-                throw new GgufException("GGUF " + fileName + ": " + arch + ".rope.scaling.factor is " + linearScale
+                throw new GgufException("GGUF " + fileName + ": " + factorKey + " is " + linearScale
                         + ", not a finite positive factor");
             }
+        } else if ((scaling.equals("none") || scaling.isEmpty()) && factor != 1f) {
+            throw new GgufException("GGUF " + fileName + ": " + factorKey + " is " + factor + " but "
+                    + arch + ".rope.scaling.type is '" + scaling + "': which scaling the factor is for is unclear");
         } else if (!scaling.equals("none") && !scaling.equals("llama3") && !scaling.isEmpty()) {
             throw new GgufException("GGUF " + fileName + ": rope scaling '" + scaling
                     + "' is not supported (supported: none, linear, llama3 frequency factors)");

@@ -148,6 +148,16 @@ class LlamaModelTest {
                 }, "llama.rope.scaling.factor is 0.0"),
                 Arguments.of("a RoPE frequency factor of 0", (Consumer<GgufWriter>) w -> w.addTensor("rope_freqs.weight",
                         GgmlType.F32, new long[] {32}, new byte[128]), "rope_freqs factor 0 is 0.0"),
+                Arguments.of("a RoPE factor with no scaling type is linear; with type none it is refused",
+                        (Consumer<GgufWriter>) w -> {
+                            w.putString("llama.rope.scaling.type", "none");
+                            w.putF32("llama.rope.scale_linear", 4f);
+                        }, "llama.rope.scale_linear is 4.0 but llama.rope.scaling.type is 'none'"),
+                Arguments.of("a mixture of experts", (Consumer<GgufWriter>) w -> w.putU32("llama.expert_count", 8),
+                        "mixture-of-experts models are not supported"),
+                Arguments.of("attention biases on a llama file", (Consumer<GgufWriter>) w -> w.addTensor(
+                        "blk.0.attn_output.bias", GgmlType.F32, new long[] {256}, new byte[1024]),
+                        "blk.0.attn_output.bias is present"),
                 Arguments.of("a million RoPE frequency factors", (Consumer<GgufWriter>) w -> w.addTensor(
                         "rope_freqs.weight", GgmlType.F32, new long[] {1 << 20}, new byte[4 << 20]),
                         "rope_freqs.weight has 1048576 factors"),
@@ -175,6 +185,18 @@ class LlamaModelTest {
             assertTrue(e.getMessage().contains(message), what + ": " + e.getMessage());
             assertTrue(e.getMessage().contains(built.file().name()), what + ": the message names the file: "
                     + e.getMessage());
+        }
+    }
+
+    /** Older files name the linear RoPE factor rope.scale_linear and give no scaling type: linear, as llama.cpp. */
+    @Test
+    void aRopeFactorWithoutAScalingTypeIsLinear() {
+        try (Arena arena = Arena.ofShared()) {
+            TinyModels.Built built = TinyModels.build("llama", GgmlType.F32, 1, arena,
+                    w -> w.putF32("llama.rope.scale_linear", 4f));
+            try (LlamaModel m = LlamaModel.fromGguf(built.file())) {
+                assertEquals(4f, m.config().rope().linearScale());
+            }
         }
     }
 
