@@ -23,6 +23,7 @@ public final class Main implements Runnable {
     public static int execute(String... args) {
         CommandLine cl = new CommandLine(new Main());
         cl.setExecutionExceptionHandler((e, cmd, parsed) -> {
+            Progress.clearShown();   // the message on a line of its own, not after "tokenizing x.txt"
             cmd.getErr().println("kvant: " + (e.getMessage() != null ? e.getMessage() : e.toString()));
             if (System.getenv("KVANT_DEBUG") != null) {
                 e.printStackTrace(cmd.getErr());

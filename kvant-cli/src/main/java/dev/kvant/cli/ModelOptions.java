@@ -195,6 +195,9 @@ final class ModelOptions {
     /** As {@link #openBackend(LlamaModel, Parallel)} for up to {@code maxBatch} sequences decoded together. */
     Backend openBackend(LlamaModel loaded, Parallel pool, int maxBatch) {
         loaded.setAttentionOptions(AttentionOptions.defaults().withSparseV(sparseV));
+        if (kvMem != null) {
+            parseSize(kvMem);   // a malformed size is refused on every path, the ones that do not use it too
+        }
         String name = backend.toLowerCase(java.util.Locale.ROOT);
         if (gpus == null && !"auto".equalsIgnoreCase(layerSplit.strip())) {
             throw new IllegalArgumentException("--layer-split needs --gpus (one GPU per part)");

@@ -30,6 +30,14 @@ class SparseCommandsTest {
         assertTrue(p.err().contains("--probes: cannot read"), p.err());
     }
 
+    @Test
+    void aMalformedKvMemIsRefusedOnTheCpuToo() {
+        MainTest.Run r = MainTest.run("bench", "--synthetic", "tiny", "--backend", "cpu", "-p", "8", "-n", "0", "-r",
+                "1", "--kv-mem", "garbage");
+        assertEquals(1, r.code(), r.err());
+        assertTrue(r.err().contains("--kv-mem"), r.err());
+    }
+
     /** An option of the top-k selection given without --select topk is refused, not ignored. */
     @Test
     void selectionOptionsWithoutTopkAreRefused() {
