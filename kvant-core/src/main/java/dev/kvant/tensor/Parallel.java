@@ -98,11 +98,37 @@ public final class Parallel implements AutoCloseable {
         job.rethrow();
     }
 
-    /** As the pool runs them: every task, then the first failure (the others suppressed in it). */
+    /**
+     * As the pool runs them: every task, then the first failure (the others suppressed in it). A plain loop: this is
+     * every call of a one-thread pool, so it allocates nothing unless a task throws.
+     */
     private static void runInline(int tasks, IntConsumer task) {
-        Job job = new Job(tasks, task);
-        job.work();
-        job.rethrow();
+        Throwable failure = null;
+        for (int i = 0; i < tasks; i++) {
+            try {
+                task.accept(i);
+            } catch (Throwable e) {
+                if (failure == null) {
+                    failure = e;
+                } else if (e != failure) {
+                    failure.addSuppressed(e);
+                }
+            }
+        }
+        rethrow(failure);
+    }
+
+    /** Throws e as it is (unchecked), wrapped when checked; nothing when null. */
+    private static void rethrow(Throwable e) {
+        if (e instanceof RuntimeException r) {
+            throw r;
+        }
+        if (e instanceof Error err) {
+            throw err;
+        }
+        if (e != null) {
+            throw new IllegalStateException(e);
+        }
     }
 
     @Override
@@ -195,16 +221,7 @@ public final class Parallel implements AutoCloseable {
         }
 
         void rethrow() {
-            Throwable e = failure;
-            if (e instanceof RuntimeException r) {
-                throw r;
-            }
-            if (e instanceof Error err) {
-                throw err;
-            }
-            if (e != null) {
-                throw new IllegalStateException(e);
-            }
+            Parallel.rethrow(failure);
         }
     }
 

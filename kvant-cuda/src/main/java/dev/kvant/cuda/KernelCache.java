@@ -101,14 +101,7 @@ public final class KernelCache {
 
     /** The cubin of {@code source} with {@code defines}, for {@code arch}. */
     public byte[] cubin(KernelSource source, String arch, Map<String, String> defines) {
-        List<String> options = options(arch, defines);
-        Path file = directory.resolve(key(source, arch, options).fileName());
-        byte[] stored = stored(file, source);
-        if (stored != null) {
-            hits.incrementAndGet();
-            return stored;
-        }
-        return compileAndStore(source, options, file);
+        return load(source, arch, defines, Function.identity());
     }
 
     /**
@@ -187,13 +180,6 @@ public final class KernelCache {
         } catch (IOException e) {
             LOG.log(System.Logger.Level.WARNING, "kernel cache file " + file + " could not be deleted: " + e);
         }
-    }
-
-    private byte[] compileAndStore(KernelSource source, List<String> options, Path file) {
-        byte[] cubin = compiler.compile(source, options);
-        compiles.incrementAndGet();
-        write(file, encode(cubin));
-        return cubin;
     }
 
     /** What identifies one compiled cubin. */
