@@ -1422,13 +1422,14 @@ __device__ __forceinline__ void store_rows(const float (&o)[DV / 8][4], float (&
 
 // ---- prefill on Hopper's warpgroup tensor cores (wgmma, sm_90a: the module is compiled for sm_90a on a 9.0 device)
 //
-// Compiled where NVRTC targets sm_90a (__CUDA_ARCH_FEAT_SM90_ALL) for f16/bf16 K and V rows of 64 or 128 values
-// (one size), uncentered keys: kvant_attn_prefill then runs prefill_wg below instead of its mma.sync tile loop; the
-// other formats, shapes and architectures keep that loop. Same grid, block (8 warps = 2 warpgroups of 64 query rows)
-// and row order as it: warp w owns rows 16w..16w+15 of the block's 128, lane (g, c) rows g and g + 8 of those, so
-// the softmax and output code is the same. The products give mma.sync's sums (with 64-token tiles this kernel gave
-// the loop's bits exactly); its tiles are of 128 tokens, so the running maximum moves every 128 tokens instead of
-// 64 and the bits differ from the loop's within rounding (measured on an H200: 128 tokens +5% at 32K over 64).
+// Compiled where NVRTC targets sm_90a (__CUDA_ARCH_FEAT_SM90_ALL) for K and V rows of 64 or 128 values (one size),
+// uncentered keys, both f16/bf16 or both turbo3/turbo2: kvant_attn_prefill then runs prefill_wg below instead of
+// its mma.sync tile loop; the other formats, shapes and architectures keep that loop. Same grid, block (8 warps =
+// 2 warpgroups of 64 query rows) and row order as it: warp w owns rows 16w..16w+15 of the block's 128, lane (g, c)
+// rows g and g + 8 of those, so the softmax and output code is the same. The products give mma.sync's sums (with
+// 64-token tiles this kernel gave the loop's bits exactly); its tiles are of 128 tokens, so the running maximum
+// moves every 128 tokens instead of 64 and the bits differ from the loop's within rounding (measured on an H200:
+// 128 tokens +5% at 32K over 64).
 // Shared-memory operands in wgmma's 128-byte swizzled layout: a tile of R rows (query rows, or tokens) x D values is
 // cut into blocks of 64 values (128 bytes a row, R·128 bytes a block); in a block, row r sits at (r/8)·1024 +
 // (r%8)·128 and its 16-byte chunk u (values 8u..8u+7) at chunk u ^ (r % 8) of that row (the XOR spreads rows over
@@ -1437,30 +1438,52 @@ __device__ __forceinline__ void store_rows(const float (&o)[DV / 8][4], float (&
 // V (B with the transpose bit, its rows the k dimension): 8-token groups 1024 bytes apart, the next 64 values
 // R·128 bytes on. Tiles start on 1024 bytes (the swizzle is of address bits).
 // Pipeline: NST stages of TT tokens (K and V) in a ring, each with two mbarriers: full (every thread's copies of
-// the stage landed: cp.async arrives for it when they do) and empty (every thread's warpgroup finished its products
-// over the stage). Each thread issues its share of the copies NST - 2 tiles ahead (a tile, 64 KB, covers the
-// memory latency; the stage it refills was released a tile before), after waiting for that stage to be empty; no
-// block-wide barrier in the loop. A warpgroup waits for its S = Q K^T (DK / 16 k-steps), does the softmax in
-// registers and waits for O += P V (P as register A fragments) before its next tile (left running into it,
-// ptxas serialized the products anyway: C7515, its accumulators being reassigned in between). The two warpgroups
-// take turns on the tensor cores (named barriers, below), so one's softmax runs while the other's products do: +8%
-// at 32K.
-// (1: F_BF16, which the preprocessor cannot read)
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && KF <= 1 && VF <= 1 && !KMEAN && DK == DV && (DK == 64 || DK == 128)
+// the stage landed: cp.async arrives for it when they do) and empty (every thread is done with the stage). A
+// warpgroup waits for its S = Q K^T (DK / 16 k-steps), does the softmax in registers and waits for O += P V (P as
+// register A fragments) before its next tile (left running into it, ptxas serialized the products anyway: C7515,
+// its accumulators being reassigned in between). The two warpgroups take turns on the tensor cores (named
+// barriers, below), so one's softmax runs while the other's products do: +8% at 32K.
+// f16/bf16 rows (WG_DEQ false): the stages are the operand tiles. Each thread issues its share of the copies
+// NST - 2 tiles ahead (a tile, 64 KB, covers the memory latency; the stage it refills was released a tile before),
+// after waiting for that stage to be empty; a stage is empty once both warpgroups' products over it are done.
+// turbo rows (WG_DEQ): the stages hold raw rows (wgq_copy) and each tile is dequantized into one of two f16 tile
+// pairs (K, V) while the products of the tile before run: each warpgroup decodes half of the tokens — K of the next
+// tile while its S product runs, V while its P V product does. The turns order it all with no further barrier:
+// a warpgroup's S(t) comes after the other's P V(t - 1) was issued, so after its S(t - 1) ended and after it
+// decoded K(t) (its window of t - 1); its P V(t) comes after the other's S(t), so after that one's P V(t - 1)
+// ended and after it decoded V(t). So a tile pair is rewritten only when both warpgroups' products over it are
+// done, and read only when both halves are in (each half published by fence.proxy.async before the turn's
+// barrier arrival, which orders it). A raw stage is empty once both warpgroups decoded its V.
+// (1: F_BF16, 7: F_TURBO3, 8: F_TURBO2, which the preprocessor cannot read)
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && !KMEAN && DK == DV && (DK == 64 || DK == 128) \
+    && ((KF <= 1 && VF <= 1) || ((KF == 7 || KF == 8) && (VF == 7 || VF == 8)))
 #define KVANT_WGMMA 1
 #else
 #define KVANT_WGMMA 0
 #endif
 constexpr bool PRE_WG = KVANT_WGMMA;
-static_assert(F_F16 == 0 && F_BF16 == 1, "KVANT_WGMMA's test of the formats");
+static_assert(F_F16 == 0 && F_BF16 == 1 && F_TURBO3 == 7 && F_TURBO2 == 8, "KVANT_WGMMA's test of the formats");
+constexpr bool WG_DEQ = fmt_turbo(KF);
+// A raw stage's slot of a turbo row: the row from the 16-byte word that holds its first byte. Pages start on 16
+// bytes (multiples of 8 tokens of even row bytes), so a row starts at a multiple of gcd(rb, 16) past a word.
+__host__ __device__ constexpr int wg_slot(int rb) { return round16(rb + 16 - imin(rb & -rb, 16)); }
 constexpr int WG_TT = 128;
-constexpr int WG_NST = 3;
 constexpr int WG_Q_BYTES = 128 * DK * 2;
-constexpr int WG_KST = WG_TT * DK * 2;
-constexpr int WG_STAGE = WG_KST + WG_TT * DV * 2;
-constexpr int WG_BARS = WG_Q_BYTES + WG_NST * WG_STAGE;   // full[NST], then empty[NST]
+constexpr int WG_KT = WG_TT * DK * 2;   // an f16 K tile
+constexpr int WG_VT = WG_TT * DV * 2;
+constexpr int WG_SLOTK = wg_slot(RBK), WG_SLOTV = wg_slot(RBV);
+constexpr bool WG_SHARED_LUT = VF == KF;
+constexpr int WG_LUT_BYTES = WG_DEQ ? lut_bytes(KF, false) + (WG_SHARED_LUT ? 0 : lut_bytes(VF, false)) : 0;
+// Q, then (WG_DEQ) two K tiles, two V tiles and the pair tables, then the stages, then the barriers
+constexpr int WG_OFF_TILES = WG_Q_BYTES;
+constexpr int WG_OFF_LUT = WG_OFF_TILES + (WG_DEQ ? 2 * (WG_KT + WG_VT) : 0);
+constexpr int WG_OFF_STAGES = WG_OFF_LUT + round16(WG_LUT_BYTES);
+constexpr int WG_STAGE = WG_DEQ ? WG_TT * (WG_SLOTK + WG_SLOTV) : WG_KT + WG_VT;
+constexpr int WG_NST = WG_DEQ ? imin(4, (227 * 1024 - 1024 - 64 - WG_OFF_STAGES) / WG_STAGE) : 3;
+constexpr int WG_BARS = WG_OFF_STAGES + WG_NST * WG_STAGE;   // full[NST], then empty[NST]
 constexpr int WG_TOTAL = WG_BARS + 16 * WG_NST + 1024;   // + the alignment of the tiles
-static_assert(!PRE_WG || WG_TOTAL <= 227 * 1024, "prefill_wg's tiles do not fit in shared memory");
+static_assert(!PRE_WG || (WG_NST >= (WG_DEQ ? 2 : 3) && WG_TOTAL <= 227 * 1024),
+              "prefill_wg's tiles do not fit in shared memory");
 
 #if KVANT_WGMMA
 typedef unsigned long long u64;
@@ -1626,6 +1649,61 @@ __device__ __forceinline__ void wg_copy(u32 dst, const u8* __restrict__ pool, co
     }
 }
 
+// Issues the copy of one raw turbo row (RB bytes, kv head kh) of the tile from tok0, token t, into its slot of SLOT
+// bytes at dst: the 16-byte words that cover the row, from the one that holds its first byte, and the rest of the
+// slot (or all of it, for a token at or past t1) zero-filled — never reading past a word the row touches; zeros
+// decode to finite values that a masked score or a zero norm cancels. One page lookup and one address a row.
+template <int RB, int SLOT>
+__device__ __forceinline__ void wgq_copy(u32 dst, const u8* __restrict__ pool, const int* __restrict__ table,
+                                         int tok0, int t, int t1, int pageTokens, i64 pageBytes, int kvHeads, int kh) {
+    const int tok = tok0 + t;
+    const u8* src = pool;
+    int words = 0;
+    if (tok < t1) {
+        const u32 start = (u32) ((page_mod(tok, pageTokens) * kvHeads + kh) * RB);
+        words = (int) (((start & 15u) + RB + 15) >> 4);
+        src = pool + (i64) table[page_div(tok, pageTokens)] * pageBytes + (start & ~15u);
+    }
+#pragma unroll
+    for (int w = 0; w < SLOT / 16; w++) {
+        const bool got = w < words;
+        cp_async16_zfill(dst + t * SLOT + w * 16, got ? src + w * 16 : pool, got ? 16 : 0);
+    }
+}
+
+__device__ __forceinline__ void sts128(u32 a, uint4 v) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
+// Dequantizes warpgroup half's 64 tokens of a raw stage (slots of SLOT bytes from raw) into the swizzled f16 tile
+// at dst, by the warpgroup's 128 threads (t128): thread t128 takes group t128 % G of tokens t0, t0 + TSTEP, ...
+// (16-byte stores: 8 lanes fill the 8 chunks of one 128-byte row, conflict-free). A row starts (wg_slot) at
+// ((page position · kvHeads + kh) · RB) mod 16 into its slot, which depends on the page position mod 8 alone (pages
+// are multiples of 8 tokens, RB is even), and that is t0 mod 8 for all of a thread's tokens (tiles start on 128
+// tokens, TSTEP is a multiple of 8): one offset a thread, and every address a base plus a constant. The loads of
+// four rows go first, then their lookups, then the stores. lut: the lane's copy of the pair table.
+template <int FMT, int D, int SLOT>
+__device__ __forceinline__ void wgq_dequant(u32 dst, u32 raw, u32 lut, int half, int t128, int kvHeads, int kh) {
+    constexpr int RB = fmt_row_bytes(FMT, D);
+    constexpr int G = D / 8, TSTEP = 128 / G, ROWS = 64 / TSTEP, BATCH = imin(4, ROWS);
+    static_assert(TSTEP % 8 == 0 && ROWS % BATCH == 0, "a thread's tokens share their place mod 8");
+    const int grp = t128 % G, t0 = half * 64 + t128 / G;
+    const u32 off = (u32) (((t0 & 7) * kvHeads + kh) * RB) & 15u;
+    const u32 src = raw + t0 * SLOT + off, d0 = dst + wg_chunk<WG_TT>(t0, grp);
+#pragma unroll
+    for (int k0 = 0; k0 < ROWS; k0 += BATCH) {
+        TurboWords w[BATCH];
+#pragma unroll
+        for (int k = 0; k < BATCH; k++) w[k] = dq_turbo_words<FMT, D, true>(src + (k0 + k) * TSTEP * SLOT, grp);
+        uint4 v[BATCH];
+#pragma unroll
+        for (int k = 0; k < BATCH; k++) v[k] = dq_turbo_pairs<FMT, D, true>(w[k], grp, lut);
+#pragma unroll
+        for (int k = 0; k < BATCH; k++) sts128(d0 + (k0 + k) * (TSTEP / 8) * 1024, v[k]);
+    }
+}
+
 __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8* __restrict__ kpool,
                                            const u8* __restrict__ vpool, const int* __restrict__ table, int qstart,
                                            int nq, float* __restrict__ out, int kvHeads, int G, int pageTokens,
@@ -1644,8 +1722,12 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
     const int t1 = qstart + lastRow / G + 1;
     const int ntiles = (t1 + TT - 1) / TT;
     const u32 base = (smem_u32(smem) + 1023) & ~1023u;   // the swizzle is of address bits: tiles on 1024 bytes
-    u8* qs = smem + (base - smem_u32(smem)) + (warp >> 2) * 64 * DK * 2;   // this warpgroup's 64 query rows
-    const u32 qa = smem_u32(qs), sa = base + WG_Q_BYTES, bars = base + WG_BARS;
+    u8* const aligned = smem + (base - smem_u32(smem));
+    u8* qs = aligned + (warp >> 2) * 64 * DK * 2;   // this warpgroup's 64 query rows
+    const u32 qa = smem_u32(qs), sa = base + WG_OFF_STAGES, bars = base + WG_BARS;
+    const u32 tiles = base + WG_OFF_TILES;
+    const u32 lutK = base + WG_OFF_LUT + lane * 4;
+    const u32 lutV = lutK + (WG_SHARED_LUT ? 0 : lut_bytes(KF, false));
     const u64 dq = wg_desc(qa, 16, 1024);
     auto full = [&](int st) { return bars + 8 * st; };
     auto empty = [&](int st) { return bars + 8 * (NST + st); };
@@ -1656,34 +1738,83 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
         }
         mbar_init_fence();
     }
+    if constexpr (WG_DEQ) {
+        build_pair_lut<KF, DK>((u32*) (aligned + WG_OFF_LUT), tid, 256);
+        if constexpr (!WG_SHARED_LUT) build_pair_lut<VF, DV>((u32*) (aligned + WG_OFF_LUT + lut_bytes(KF, false)),
+                                                             tid, 256);
+    }
     __syncthreads();
 
-    if (kPageBytes != vPageBytes) __trap();   // wg_sources' one offset for both
+    // the raw turbo rows of tile x into stage st (WG_DEQ): warpgroup 0 copies the K rows, one a thread, and
+    // warpgroup 1 the V rows
+    auto raw_copy = [&](int x, int st) {
+        const u32 dst = sa + st * WG_STAGE;
+        if (wg == 0)
+            wgq_copy<RBK, WG_SLOTK>(dst, kpool, table, x * TT, tid & 127, t1, pageTokens, kPageBytes, kvHeads, kh);
+        else
+            wgq_copy<RBV, WG_SLOTV>(dst + TT * WG_SLOTK, vpool, table, x * TT, tid & 127, t1, pageTokens, vPageBytes,
+                                    kvHeads, kh);
+        cp_async_arrive(full(st));
+    };
+    // this warpgroup's half of tile x's K (V) rows, from its stage into tile pair x % 2 (WG_DEQ)
+    auto dequant_k = [&](int x) {
+        if constexpr (WG_DEQ)
+            wgq_dequant<KF, DK, WG_SLOTK>(tiles + (x & 1) * WG_KT, sa + (x % NST) * WG_STAGE, lutK, wg, tid & 127,
+                                          kvHeads, kh);
+    };
+    auto dequant_v = [&](int x) {
+        if constexpr (WG_DEQ)
+            wgq_dequant<VF, DV, WG_SLOTV>(tiles + 2 * WG_KT + (x & 1) * WG_VT,
+                                          sa + (x % NST) * WG_STAGE + TT * WG_SLOTK, lutV, wg, tid & 127, kvHeads,
+                                          kh);
+    };
+
     i64 off[WG_CHUNKS];
     u32 in = 0;
+    if constexpr (WG_DEQ) {
+        for (int x = 0; x < NST && x < ntiles; x++) raw_copy(x, x);
+    } else {
+        if (kPageBytes != vPageBytes) __trap();   // wg_sources' one offset for both
 #pragma unroll
-    for (int x = 0; x < AHEAD; x++) {
-        if (x < ntiles) {
-            in = wg_sources(off, table, x * TT, t1, pageTokens, kPageBytes, kvHeads, kh, tid);
-            wg_copy(sa + x * WG_STAGE, kpool, off, in, tid);
-            wg_copy(sa + x * WG_STAGE + WG_KST, vpool, off, in, tid);
-            cp_async_arrive(full(x));
+        for (int x = 0; x < AHEAD; x++) {
+            if (x < ntiles) {
+                in = wg_sources(off, table, x * TT, t1, pageTokens, kPageBytes, kvHeads, kh, tid);
+                wg_copy(sa + x * WG_STAGE, kpool, off, in, tid);
+                wg_copy(sa + x * WG_STAGE + WG_KT, vpool, off, in, tid);
+                cp_async_arrive(full(x));
+            }
+        }
+        if (AHEAD < ntiles) in = wg_sources(off, table, AHEAD * TT, t1, pageTokens, kPageBytes, kvHeads, kh, tid);
+    }
+
+    // the warp's 16 query rows, scaled (and rotated, in the tile column order, for a turbo K), as f16/bf16 in the
+    // operand layout; two rows at a time, whose loads and rotations overlap
+    for (int r0 = 0; r0 < 16; r0 += 2) {
+        float x[2][DK / 32];
+        load_q<2>(x, q, 0, nq, heads, G, kh, row0 + r0, lane);
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            if constexpr (fmt_rotated(KF)) {
+                if (row0 + r0 + e < nRows) wht_row<DK>(x[e], lane, false);
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int rr = (warp & 3) * 16 + r0 + e;
+            const bool valid = row0 + r0 + e < nRows;
+#pragma unroll
+            for (int j = 0; j < DK / 32; j++) {
+                const int col = perm_inv<KF, DK>(32 * j + lane);
+                const float v = valid ? x[e][j] * qscale : 0.f;
+                *(u16*) (qs + wg_chunk<64>(rr, col >> 3) + (col & 7) * 2) = K_BF16 ? f2bf(v) : f2h(v);
+            }
         }
     }
-    if (AHEAD < ntiles) in = wg_sources(off, table, AHEAD * TT, t1, pageTokens, kPageBytes, kvHeads, kh, tid);
-
-    // the warp's 16 query rows, scaled, as f16/bf16 in the operand layout
-    for (int r = 0; r < 16; r++) {
-        float x[1][DK / 32];
-        load_q<1>(x, q, 0, nq, heads, G, kh, row0 + r, lane);
-        const int rr = (warp & 3) * 16 + r;
-        const bool valid = row0 + r < nRows;
-#pragma unroll
-        for (int j = 0; j < DK / 32; j++) {
-            const int col = 32 * j + lane;
-            const float v = valid ? x[0][j] * qscale : 0.f;
-            *(u16*) (qs + wg_chunk<64>(rr, col >> 3) + (col & 7) * 2) = K_BF16 ? f2bf(v) : f2h(v);
-        }
+    if constexpr (WG_DEQ) {   // tile 0, before the turns start
+        mbar_wait(full(0), 0);
+        dequant_k(0);
+        dequant_v(0);
+        mbar_arrive(empty(0));
     }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
@@ -1717,23 +1848,29 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
     float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
 
     for (int it = 0; it < ntiles; it++) {
-        {
-            const int nx = it + AHEAD, st = nx % NST;
+        const int st = it % NST;
+        u32 kt, vt;
+        if constexpr (WG_DEQ) {
+            kt = tiles + (it & 1) * WG_KT;
+            vt = tiles + 2 * WG_KT + (it & 1) * WG_VT;
+        } else {
+            const int nx = it + AHEAD, sx = nx % NST;
             if (nx < ntiles) {
-                if (nx >= NST) mbar_wait(empty(st), ((nx / NST) - 1) & 1);
-                wg_copy(sa + st * WG_STAGE, kpool, off, in, tid);
-                wg_copy(sa + st * WG_STAGE + WG_KST, vpool, off, in, tid);
-                cp_async_arrive(full(st));
+                if (nx >= NST) mbar_wait(empty(sx), ((nx / NST) - 1) & 1);
+                wg_copy(sa + sx * WG_STAGE, kpool, off, in, tid);
+                wg_copy(sa + sx * WG_STAGE + WG_KT, vpool, off, in, tid);
+                cp_async_arrive(full(sx));
                 if (nx + 1 < ntiles)
                     in = wg_sources(off, table, (nx + 1) * TT, t1, pageTokens, kPageBytes, kvHeads, kh, tid);
             }
+            mbar_wait(full(st), (it / NST) & 1);
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            kt = sa + st * WG_STAGE;
+            vt = kt + WG_KT;
         }
-        const int st = it % NST;
-        mbar_wait(full(st), (it / NST) & 1);
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        const u32 kt = sa + st * WG_STAGE;
-        const u64 dk = wg_desc(kt, 16, 1024), dv = wg_desc(kt + WG_KST, TT * 128, 1024);
+        const u64 dk = wg_desc(kt, 16, 1024), dv = wg_desc(vt, TT * 128, 1024);
         const int tok0 = it * TT;
+        const bool next = it + 1 < ntiles;
 
         // ---- S = Q K^T: m64 n128 (tokens) k16, DK / 16 steps
         turn_wait();
@@ -1746,6 +1883,13 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
         }
         wg_commit();
         turn_pass();
+        if constexpr (WG_DEQ) {   // while S runs: this warpgroup's half of the next tile's K
+            if (next) {
+                mbar_wait(full((it + 1) % NST), ((it + 1) / NST) & 1);
+                dequant_k(it + 1);
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            }
+        }
         wg_wait0();
         wg_pin(s);
 
@@ -1764,10 +1908,22 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
 #pragma unroll
         for (int kk = 0; kk < TT / 16; kk++) wg_pv<V_BF16>(o, pa[kk], dv + wg_step(kk * 2 * 1024));
         wg_commit();
-        if (wg == 0 || it + 1 < ntiles) turn_pass();
+        if (wg == 0 || next) turn_pass();
+        if constexpr (WG_DEQ) {   // while P V runs: the next tile's V, then its raw stage is done with
+            if (next) {
+                dequant_v(it + 1);
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                mbar_arrive(empty((it + 1) % NST));
+            }
+            const int y = it + NST;   // into the stage of tile it, which every thread released before
+            if (y < ntiles) {
+                mbar_wait(empty(st), ((y / NST) - 1) & 1);
+                raw_copy(y, st);
+            }
+        }
         wg_wait0();
         wg_pin(o);
-        mbar_arrive(empty(st));
+        if constexpr (!WG_DEQ) mbar_arrive(empty(st));
     }
 
     store_rows(o, lrow, out, row0, nRows, G, kh, heads, g, c);
@@ -1790,7 +1946,8 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
 //         eight warps dequantize the shared tile together, so each compressed row is decoded once per 128 query rows.
 //         A tile no row masks and a run without a sparse-V threshold skip those steps by uniform branches.
 // exact:  as decode. Writes out = O / l in head order; for a rotated V format kvant_attn_unrotate follows.
-// sm_90a: f16/bf16 rows of one head size of 64 or 128 take prefill_wg above (same grid, block and rows).
+// sm_90a: f16/bf16 and turbo3/turbo2 rows of one head size of 64 or 128, keys not centered, take prefill_wg above
+//         (same grid, block and rows).
 // ================================================================================================================
 
 constexpr int PRE_TT = 64;

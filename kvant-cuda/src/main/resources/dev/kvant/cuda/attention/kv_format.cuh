@@ -278,51 +278,71 @@ __device__ __forceinline__ u32 lds_table(u32 a) {
 }
 
 // Group grp of a turbo row at shared address row (see dq_group); lut: the lane's copy of the pair table (entry e at
-// lut + 128 e). NORM = false: the bare centroid pairs, without the block's norm (the caller applies it).
+// lut + 128 e). NORM = false: the bare centroid pairs, without the block's norm (the caller applies it). In two
+// steps, so that a caller decoding several rows can issue all their loads first (dq_turbo_words), then look them up
+// (dq_turbo_pairs): ptxas keeps a load after any earlier shared store it cannot tell apart.
+struct TurboWords {
+    u32 g;    // the block's norm (fp16 bits), when NORM
+    u32 lo;   // the group's code word (turbo4: 32 bits; turbo3: the low-plane pair; turbo2: 16 bits)
+    u32 hi;   // turbo3: the high-plane pair
+};
 template <int FMT, int D, bool NORM>
-__device__ __forceinline__ uint4 dq_turbo(u32 row, int grp, u32 lut) {
+__device__ __forceinline__ TurboWords dq_turbo_words(u32 row, int grp) {
     constexpr int N = rot_block(D);
     constexpr int BITS = fmt_bits(FMT);
     constexpr int GPB = N / 8;
     const u32 blk = row + (grp / GPB) * (2 + N * BITS / 8);
     const int gl = grp % GPB;
-    const u32 g = NORM ? lds_u16(blk) : 0u;
-    const u32 g2 = g | (g << 16);
+    const u32 codes = blk + 2;
+    TurboWords w;
+    w.g = NORM ? lds_u16(blk) : 0u;
+    w.hi = 0u;
+    if constexpr (FMT == F_TURBO4) {
+        w.lo = lds_u16(codes + 4 * gl) | (lds_u16(codes + 4 * gl + 2) << 16);
+    } else if constexpr (FMT == F_TURBO2) {
+        w.lo = lds_u16(codes + 2 * gl);
+    } else {
+        // Low plane bytes beta0 = 2gl, beta1 = 2gl+1 hold the low bits of dims beta + q*N/4 (q = 0..3); their
+        // high bits are bits s + 2q of high-plane bytes beta mod N/8 (s = beta div N/8, the same for both).
+        w.lo = lds_u16(codes + 2 * gl);
+        w.hi = lds_u16(codes + N / 4 + (2 * gl) % (N / 8));
+    }
+    return w;
+}
+template <int FMT, int D, bool NORM>
+__device__ __forceinline__ uint4 dq_turbo_pairs(const TurboWords& w, int grp, u32 lut) {
+    constexpr int N = rot_block(D);
+    const u32 g2 = w.g | (w.g << 16);
     auto pair = [&](u32 e) -> u32 {
         const u32 v = lds_table(lut + (e << 7));
         return NORM ? hmul2(v, g2) : v;
     };
-    const u32 codes = blk + 2;
     uint4 r;
     if constexpr (FMT == F_TURBO4) {
-        const u32 w = lds_u16(codes + 4 * gl) | (lds_u16(codes + 4 * gl + 2) << 16);
-        r.x = pair(w & 255u);
-        r.y = pair((w >> 8) & 255u);
-        r.z = pair((w >> 16) & 255u);
-        r.w = pair(w >> 24);
+        r.x = pair(w.lo & 255u);
+        r.y = pair((w.lo >> 8) & 255u);
+        r.z = pair((w.lo >> 16) & 255u);
+        r.w = pair(w.lo >> 24);
     } else if constexpr (FMT == F_TURBO2) {
-        const u32 w = lds_u16(codes + 2 * gl);
-        r.x = pair(w & 15u);
-        r.y = pair((w >> 4) & 15u);
-        r.z = pair((w >> 8) & 15u);
-        r.w = pair((w >> 12) & 15u);
+        r.x = pair(w.lo & 15u);
+        r.y = pair((w.lo >> 4) & 15u);
+        r.z = pair((w.lo >> 8) & 15u);
+        r.w = pair((w.lo >> 12) & 15u);
     } else {
-        // Low plane bytes beta0 = 2gl, beta1 = 2gl+1 hold the low bits of dims beta + q*N/4 (q = 0..3); their
-        // high bits are bits s + 2q of high-plane bytes beta mod N/8 (s = beta div N/8, the same for both).
-        constexpr int P1 = N / 8;
-        const int beta0 = 2 * gl;
-        const int s = beta0 / P1;
-        const u32 lo = lds_u16(codes + 2 * gl);
-        const u32 hi = lds_u16(codes + N / 4 + beta0 % P1);
-        const u32 x0 = (hi >> s) & 0x55u;
-        const u32 x1 = (hi >> (8 + s)) & 0x55u;
-        const u32 lo0 = lo & 255u, lo1 = lo >> 8;
+        const int s = (2 * (grp % (N / 8))) / (N / 8);
+        const u32 x0 = (w.hi >> s) & 0x55u;
+        const u32 x1 = (w.hi >> (8 + s)) & 0x55u;
+        const u32 lo0 = w.lo & 255u, lo1 = w.lo >> 8;
         r.x = pair((lo0 & 15u) | ((x0 & 5u) << 4));
         r.y = pair((lo0 >> 4) | (x0 & 0x50u));
         r.z = pair((lo1 & 15u) | ((x1 & 5u) << 4));
         r.w = pair((lo1 >> 4) | (x1 & 0x50u));
     }
     return r;
+}
+template <int FMT, int D, bool NORM>
+__device__ __forceinline__ uint4 dq_turbo(u32 row, int grp, u32 lut) {
+    return dq_turbo_pairs<FMT, D, NORM>(dq_turbo_words<FMT, D, NORM>(row, grp), grp, lut);
 }
 
 // NORM = false (turbo only): the bare centroid pairs, without the block's norm (the caller applies it).
