@@ -1446,14 +1446,13 @@ __device__ __forceinline__ void store_rows(const float (&o)[DV / 8][4], float (&
 // f16/bf16 rows (WG_DEQ false): the stages are the operand tiles. Each thread issues its share of the copies
 // NST - 2 tiles ahead (a tile, 64 KB, covers the memory latency; the stage it refills was released a tile before),
 // after waiting for that stage to be empty; a stage is empty once both warpgroups' products over it are done.
-// turbo rows (WG_DEQ): the stages hold raw rows (wgq_copy) and each tile is dequantized into one of two f16 tile
-// pairs (K, V) while the products of the tile before run: each warpgroup decodes half of the tokens — K of the next
-// tile while its S product runs, V while its P V product does. The turns order it all with no further barrier:
-// a warpgroup's S(t) comes after the other's P V(t - 1) was issued, so after its S(t - 1) ended and after it
-// decoded K(t) (its window of t - 1); its P V(t) comes after the other's S(t), so after that one's P V(t - 1)
-// ended and after it decoded V(t). So a tile pair is rewritten only when both warpgroups' products over it are
-// done, and read only when both halves are in (each half published by fence.proxy.async before the turn's
-// barrier arrival, which orders it). A raw stage is empty once both warpgroups decoded its V.
+// turbo rows (WG_DEQ): a third warpgroup, the producer (wgq_producer), copies the raw rows into the stage ring and
+// dequantizes each tile into one of two f16 tile pairs (K, V) in that layout while the two computing warpgroups run
+// their products and softmax on the pair before (with the dequantization on the computing warpgroups' own path,
+// between their products, this kernel ran at 0.74x of f16 at 32K; with a producer, 0.86x). Four mbarriers a pair:
+// ready (K, V: the producer's 128 threads wrote it and fenced the async proxy) and freed (K after both computing
+// warpgroups' S, V after their P V), so a pair is rewritten only when both are done with it. The producer needs
+// few registers and the others many: setmaxnreg moves them (3 x 168 at entry = 56 + 2 x 224).
 // (1: F_BF16, 7: F_TURBO3, 8: F_TURBO2, which the preprocessor cannot read)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) && !KMEAN && DK == DV && (DK == 64 || DK == 128) \
     && ((KF <= 1 && VF <= 1) || ((KF == 7 || KF == 8) && (VF == 7 || VF == 8)))
@@ -1479,9 +1478,15 @@ constexpr int WG_OFF_TILES = WG_Q_BYTES;
 constexpr int WG_OFF_LUT = WG_OFF_TILES + (WG_DEQ ? 2 * (WG_KT + WG_VT) : 0);
 constexpr int WG_OFF_STAGES = WG_OFF_LUT + round16(WG_LUT_BYTES);
 constexpr int WG_STAGE = WG_DEQ ? WG_TT * (WG_SLOTK + WG_SLOTV) : WG_KT + WG_VT;
-constexpr int WG_NST = WG_DEQ ? imin(4, (227 * 1024 - 1024 - 64 - WG_OFF_STAGES) / WG_STAGE) : 3;
-constexpr int WG_BARS = WG_OFF_STAGES + WG_NST * WG_STAGE;   // full[NST], then empty[NST]
-constexpr int WG_TOTAL = WG_BARS + 16 * WG_NST + 1024;   // + the alignment of the tiles
+constexpr int WG_NST = WG_DEQ ? imin(4, (227 * 1024 - 1024 - 128 - WG_OFF_STAGES) / WG_STAGE) : 3;
+// f16/bf16: full[NST], empty[NST]; turbo: full[NST], kready[2], vready[2], kfree[2], vfree[2]
+constexpr int WG_NBARS = WG_DEQ ? WG_NST + 8 : 2 * WG_NST;
+constexpr int WG_BARS = WG_OFF_STAGES + WG_NST * WG_STAGE;
+constexpr int WG_TOTAL = WG_BARS + 8 * WG_NBARS + 1024;   // + the alignment of the tiles
+// turbo: a third warpgroup, the producer, copies and dequantizes; it gives registers to the two that compute
+// (setmaxnreg: 3 x 168 at entry = 56 + 2 x 224)
+constexpr int WG_THREADS = WG_DEQ ? 384 : 256;
+constexpr int WG_PRODUCER_REGS = 56, WG_CONSUMER_REGS = 224;
 static_assert(!PRE_WG || (WG_NST >= (WG_DEQ ? 2 : 3) && WG_TOTAL <= 227 * 1024),
               "prefill_wg's tiles do not fit in shared memory");
 
@@ -1676,19 +1681,20 @@ __device__ __forceinline__ void sts128(u32 a, uint4 v) {
                  : "memory");
 }
 
-// Dequantizes warpgroup half's 64 tokens of a raw stage (slots of SLOT bytes from raw) into the swizzled f16 tile
-// at dst, by the warpgroup's 128 threads (t128): thread t128 takes group t128 % G of tokens t0, t0 + TSTEP, ...
+// Dequantizes the WG_TT tokens of a raw stage (slots of SLOT bytes from raw) into the swizzled f16 tile at dst, by
+// the producer warpgroup's 128 threads (t128): thread t128 takes group t128 % G of tokens t0, t0 + TSTEP, ...
 // (16-byte stores: 8 lanes fill the 8 chunks of one 128-byte row, conflict-free). A row starts (wg_slot) at
 // ((page position · kvHeads + kh) · RB) mod 16 into its slot, which depends on the page position mod 8 alone (pages
 // are multiples of 8 tokens, RB is even), and that is t0 mod 8 for all of a thread's tokens (tiles start on 128
 // tokens, TSTEP is a multiple of 8): one offset a thread, and every address a base plus a constant. The loads of
-// four rows go first, then their lookups, then the stores. lut: the lane's copy of the pair table.
+// BATCH rows go first, then their lookups, then the stores (ptxas keeps a load after any earlier shared store).
+// lut: the lane's copy of the pair table.
 template <int FMT, int D, int SLOT>
-__device__ __forceinline__ void wgq_dequant(u32 dst, u32 raw, u32 lut, int half, int t128, int kvHeads, int kh) {
+__device__ __forceinline__ void wgq_dequant(u32 dst, u32 raw, u32 lut, int t128, int kvHeads, int kh) {
     constexpr int RB = fmt_row_bytes(FMT, D);
-    constexpr int G = D / 8, TSTEP = 128 / G, ROWS = 64 / TSTEP, BATCH = imin(4, ROWS);
+    constexpr int G = D / 8, TSTEP = 128 / G, ROWS = WG_TT / TSTEP, BATCH = imin(4, ROWS);
     static_assert(TSTEP % 8 == 0 && ROWS % BATCH == 0, "a thread's tokens share their place mod 8");
-    const int grp = t128 % G, t0 = half * 64 + t128 / G;
+    const int grp = t128 % G, t0 = t128 / G;
     const u32 off = (u32) (((t0 & 7) * kvHeads + kh) * RB) & 15u;
     const u32 src = raw + t0 * SLOT + off, d0 = dst + wg_chunk<WG_TT>(t0, grp);
 #pragma unroll
@@ -1701,6 +1707,50 @@ __device__ __forceinline__ void wgq_dequant(u32 dst, u32 raw, u32 lut, int half,
         for (int k = 0; k < BATCH; k++) v[k] = dq_turbo_pairs<FMT, D, true>(w[k], grp, lut);
 #pragma unroll
         for (int k = 0; k < BATCH; k++) sts128(d0 + (k0 + k) * (TSTEP / 8) * 1024, v[k]);
+    }
+}
+
+// The producer warpgroup of a turbo prefill (warps 8..11): builds the pair tables, then for each tile copies the
+// raw rows NST - 1 tiles ahead into the stage ring (one K row and one V row a thread) and dequantizes the tile's K
+// and V into tile pair x % 2 once the computing warpgroups are done with what it held (kfree, vfree: tile x - 2's
+// products), announcing each (kready, vready) after fence.proxy.async. A stage is refilled after all producer
+// threads dequantized what it held (named barrier 3 at the top of each tile).
+__device__ __forceinline__ void wgq_producer(u8* aligned, u32 base, const u8* __restrict__ kpool,
+                                             const u8* __restrict__ vpool, const int* __restrict__ table, int t1,
+                                             int ntiles, int pageTokens, i64 kPageBytes, i64 vPageBytes, int kvHeads,
+                                             int kh, int t128) {
+    constexpr int TT = WG_TT, NST = WG_NST;
+    const u32 sa = base + WG_OFF_STAGES, bars = base + WG_BARS, tiles = base + WG_OFF_TILES;
+    const u32 lutK = base + WG_OFF_LUT + (t128 & 31) * 4;
+    const u32 lutV = lutK + (WG_SHARED_LUT ? 0 : lut_bytes(KF, false));
+    auto full = [&](int st) { return bars + 8 * st; };
+    auto ready = [&](int v, int b) { return bars + 8 * (NST + 2 * v + b); };      // v: 0 K, 1 V
+    auto freed = [&](int v, int b) { return bars + 8 * (NST + 4 + 2 * v + b); };
+    auto copy = [&](int x) {
+        const u32 dst = sa + (x % NST) * WG_STAGE;
+        wgq_copy<RBK, WG_SLOTK>(dst, kpool, table, x * TT, t128, t1, pageTokens, kPageBytes, kvHeads, kh);
+        wgq_copy<RBV, WG_SLOTV>(dst + TT * WG_SLOTK, vpool, table, x * TT, t128, t1, pageTokens, vPageBytes, kvHeads,
+                                kh);
+        cp_async_arrive(full(x % NST));
+    };
+    for (int x = 0; x < NST - 1 && x < ntiles; x++) copy(x);
+    build_pair_lut<KF, DK>((u32*) (aligned + WG_OFF_LUT), t128, 128);
+    if constexpr (!WG_SHARED_LUT) build_pair_lut<VF, DV>((u32*) (aligned + WG_OFF_LUT + lut_bytes(KF, false)), t128,
+                                                         128);
+    for (int x = 0; x < ntiles; x++) {
+        asm volatile("bar.sync 3, 128;" ::: "memory");   // the tables; every producer thread done with tile x - 1
+        if (x + NST - 1 < ntiles) copy(x + NST - 1);
+        const int b = x & 1;
+        const u32 raw = sa + (x % NST) * WG_STAGE;
+        mbar_wait(full(x % NST), (x / NST) & 1);
+        if (x >= 2) mbar_wait(freed(0, b), ((x >> 1) - 1) & 1);
+        wgq_dequant<KF, DK, WG_SLOTK>(tiles + b * WG_KT, raw, lutK, t128, kvHeads, kh);
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        mbar_arrive(ready(0, b));
+        if (x >= 2) mbar_wait(freed(1, b), ((x >> 1) - 1) & 1);
+        wgq_dequant<VF, DV, WG_SLOTV>(tiles + 2 * WG_KT + b * WG_VT, raw + TT * WG_SLOTK, lutV, t128, kvHeads, kh);
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        mbar_arrive(ready(1, b));
     }
 }
 
@@ -1726,54 +1776,40 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
     u8* qs = aligned + (warp >> 2) * 64 * DK * 2;   // this warpgroup's 64 query rows
     const u32 qa = smem_u32(qs), sa = base + WG_OFF_STAGES, bars = base + WG_BARS;
     const u32 tiles = base + WG_OFF_TILES;
-    const u32 lutK = base + WG_OFF_LUT + lane * 4;
-    const u32 lutV = lutK + (WG_SHARED_LUT ? 0 : lut_bytes(KF, false));
     const u64 dq = wg_desc(qa, 16, 1024);
     auto full = [&](int st) { return bars + 8 * st; };
-    auto empty = [&](int st) { return bars + 8 * (NST + st); };
+    auto empty = [&](int st) { return bars + 8 * (NST + st); };                     // f16/bf16
+    auto ready = [&](int v, int b) { return bars + 8 * (NST + 2 * v + b); };      // turbo; v: 0 K, 1 V
+    auto freed = [&](int v, int b) { return bars + 8 * (NST + 4 + 2 * v + b); };
     if (tid == 0) {
         for (int st = 0; st < NST; st++) {
-            mbar_init(full(st), 256);
-            mbar_init(empty(st), 256);
+            mbar_init(full(st), WG_DEQ ? 128 : 256);
+            if constexpr (!WG_DEQ) mbar_init(empty(st), 256);
+        }
+        if constexpr (WG_DEQ) {
+            for (int b = 0; b < 2; b++) {
+                for (int v = 0; v < 2; v++) {
+                    mbar_init(ready(v, b), 128);
+                    mbar_init(freed(v, b), 256);
+                }
+            }
         }
         mbar_init_fence();
     }
-    if constexpr (WG_DEQ) {
-        build_pair_lut<KF, DK>((u32*) (aligned + WG_OFF_LUT), tid, 256);
-        if constexpr (!WG_SHARED_LUT) build_pair_lut<VF, DV>((u32*) (aligned + WG_OFF_LUT + lut_bytes(KF, false)),
-                                                             tid, 256);
-    }
     __syncthreads();
-
-    // the raw turbo rows of tile x into stage st (WG_DEQ): warpgroup 0 copies the K rows, one a thread, and
-    // warpgroup 1 the V rows
-    auto raw_copy = [&](int x, int st) {
-        const u32 dst = sa + st * WG_STAGE;
-        if (wg == 0)
-            wgq_copy<RBK, WG_SLOTK>(dst, kpool, table, x * TT, tid & 127, t1, pageTokens, kPageBytes, kvHeads, kh);
-        else
-            wgq_copy<RBV, WG_SLOTV>(dst + TT * WG_SLOTK, vpool, table, x * TT, tid & 127, t1, pageTokens, vPageBytes,
-                                    kvHeads, kh);
-        cp_async_arrive(full(st));
-    };
-    // this warpgroup's half of tile x's K (V) rows, from its stage into tile pair x % 2 (WG_DEQ)
-    auto dequant_k = [&](int x) {
-        if constexpr (WG_DEQ)
-            wgq_dequant<KF, DK, WG_SLOTK>(tiles + (x & 1) * WG_KT, sa + (x % NST) * WG_STAGE, lutK, wg, tid & 127,
-                                          kvHeads, kh);
-    };
-    auto dequant_v = [&](int x) {
-        if constexpr (WG_DEQ)
-            wgq_dequant<VF, DV, WG_SLOTV>(tiles + 2 * WG_KT + (x & 1) * WG_VT,
-                                          sa + (x % NST) * WG_STAGE + TT * WG_SLOTK, lutV, wg, tid & 127, kvHeads,
-                                          kh);
-    };
+    if constexpr (WG_DEQ) {
+        if (wg == 2) {
+            asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(WG_PRODUCER_REGS));
+            wgq_producer(aligned, base, kpool, vpool, table, t1, ntiles, pageTokens, kPageBytes, vPageBytes, kvHeads,
+                         kh, tid - 256);
+            return;
+        }
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(WG_CONSUMER_REGS));
+    }
 
     i64 off[WG_CHUNKS];
     u32 in = 0;
-    if constexpr (WG_DEQ) {
-        for (int x = 0; x < NST && x < ntiles; x++) raw_copy(x, x);
-    } else {
+    if constexpr (!WG_DEQ) {
         if (kPageBytes != vPageBytes) __trap();   // wg_sources' one offset for both
 #pragma unroll
         for (int x = 0; x < AHEAD; x++) {
@@ -1810,14 +1846,12 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
             }
         }
     }
-    if constexpr (WG_DEQ) {   // tile 0, before the turns start
-        mbar_wait(full(0), 0);
-        dequant_k(0);
-        dequant_v(0);
-        mbar_arrive(empty(0));
-    }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    __syncthreads();
+    if constexpr (WG_DEQ) {
+        asm volatile("bar.sync 4, 256;" ::: "memory");   // the two computing warpgroups; the producer runs on
+    } else {
+        __syncthreads();
+    }
 
     int rowPos[2];
 #pragma unroll
@@ -1873,6 +1907,7 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
         const bool next = it + 1 < ntiles;
 
         // ---- S = Q K^T: m64 n128 (tokens) k16, DK / 16 steps
+        if constexpr (WG_DEQ) mbar_wait(ready(0, it & 1), (it >> 1) & 1);
         turn_wait();
         wg_pin(s);
         wg_fence();
@@ -1883,15 +1918,9 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
         }
         wg_commit();
         turn_pass();
-        if constexpr (WG_DEQ) {   // while S runs: this warpgroup's half of the next tile's K
-            if (next) {
-                mbar_wait(full((it + 1) % NST), ((it + 1) / NST) & 1);
-                dequant_k(it + 1);
-                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            }
-        }
         wg_wait0();
         wg_pin(s);
+        if constexpr (WG_DEQ) mbar_arrive(freed(0, it & 1));
 
         // ---- online softmax, as kvant_attn_prefill's loop
         float corr[2];
@@ -1901,6 +1930,7 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
         u32 pa[TT / 16][4];
         pack_probs<TT>(pa, s);
         // ---- O += P V: TT / 16 steps (k = tokens)
+        if constexpr (WG_DEQ) mbar_wait(ready(1, it & 1), (it >> 1) & 1);
         turn_wait();
         wg_pin(o);
         wg_pin(pa);
@@ -1909,20 +1939,9 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
         for (int kk = 0; kk < TT / 16; kk++) wg_pv<V_BF16>(o, pa[kk], dv + wg_step(kk * 2 * 1024));
         wg_commit();
         if (wg == 0 || next) turn_pass();
-        if constexpr (WG_DEQ) {   // while P V runs: the next tile's V, then its raw stage is done with
-            if (next) {
-                dequant_v(it + 1);
-                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-                mbar_arrive(empty((it + 1) % NST));
-            }
-            const int y = it + NST;   // into the stage of tile it, which every thread released before
-            if (y < ntiles) {
-                mbar_wait(empty(st), ((y / NST) - 1) & 1);
-                raw_copy(y, st);
-            }
-        }
         wg_wait0();
         wg_pin(o);
+        if constexpr (WG_DEQ) mbar_arrive(freed(1, it & 1));
         if constexpr (!WG_DEQ) mbar_arrive(empty(st));
     }
 
@@ -1947,7 +1966,7 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
 //         A tile no row masks and a run without a sparse-V threshold skip those steps by uniform branches.
 // exact:  as decode. Writes out = O / l in head order; for a rotated V format kvant_attn_unrotate follows.
 // sm_90a: f16/bf16 and turbo3/turbo2 rows of one head size of 64 or 128, keys not centered, take prefill_wg above
-//         (same grid, block and rows).
+//         (same grid and rows; turbo: 12 warps, the third warpgroup dequantizing).
 // ================================================================================================================
 
 constexpr int PRE_TT = 64;
@@ -1959,8 +1978,9 @@ using PreLayout = Layout<1, PRE_WARPS, PRE_TT, 16, false, KMEAN>;
 // each k-step instead of kept.
 constexpr int PRE_BLOCKS = !PRE_WG && DK <= 128 && DV <= 128 && PreLayout::TOTAL <= 112 * 1024 ? 2 : 1;
 constexpr bool PRE_Q_REGS = DK <= 128 && PRE_BLOCKS == 1;
+constexpr int PRE_THREADS = PRE_WG ? WG_THREADS : PRE_WARPS * 32;
 
-extern "C" __global__ void __launch_bounds__(PRE_WARPS * 32, PRE_BLOCKS)
+extern "C" __global__ void __launch_bounds__(PRE_THREADS, PRE_BLOCKS)
 kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, const u8* __restrict__ vpool,
                    const int* __restrict__ table, int qstart, int nq, float* __restrict__ out, int kvHeads, int G,
                    int pageTokens, i64 kPageBytes, i64 vPageBytes, float qscale, float sparseThreshold) {
@@ -2366,7 +2386,7 @@ extern "C" __global__ void kvant_attn_info(int* out) {
     out[1] = HBD * 32;
     out[2] = DecLayout::NST;
     out[3] = PRE_WG ? WG_TOTAL : PreLayout::TOTAL;
-    out[4] = PRE_WARPS * 32;
+    out[4] = PRE_THREADS;
     out[5] = PRE_WG ? WG_NST : PreLayout::NST;
     out[6] = RBK;
     out[7] = RBV;
