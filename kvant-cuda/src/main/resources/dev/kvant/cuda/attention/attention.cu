@@ -1654,25 +1654,24 @@ __device__ __forceinline__ void wg_copy(u32 dst, const u8* __restrict__ pool, co
     }
 }
 
-// Issues the copy of one raw turbo row (RB bytes, kv head kh) of the tile from tok0, token t, into its slot of SLOT
-// bytes at dst: the 16-byte words that cover the row, from the one that holds its first byte, and the rest of the
-// slot (or all of it, for a token at or past t1) zero-filled — never reading past a word the row touches; zeros
-// decode to finite values that a masked score or a zero norm cancels. One page lookup and one address a row.
+// Issues the copy of one raw turbo row (RB bytes, kv head kh) at page position pos of page page (page < 0: a token
+// at or past t1) into its slot of SLOT bytes at dst: the 16-byte words that cover the row, from the one that holds
+// its first byte, and the rest of the slot (or all of it, past t1) zero-filled — never reading past a word the row
+// touches; zeros decode to finite values that a masked score or a zero norm cancels.
 template <int RB, int SLOT>
-__device__ __forceinline__ void wgq_copy(u32 dst, const u8* __restrict__ pool, const int* __restrict__ table,
-                                         int tok0, int t, int t1, int pageTokens, i64 pageBytes, int kvHeads, int kh) {
-    const int tok = tok0 + t;
+__device__ __forceinline__ void wgq_copy(u32 dst, const u8* __restrict__ pool, int page, int pos, i64 pageBytes,
+                                         int kvHeads, int kh) {
     const u8* src = pool;
     int words = 0;
-    if (tok < t1) {
-        const u32 start = (u32) ((page_mod(tok, pageTokens) * kvHeads + kh) * RB);
+    if (page >= 0) {
+        const u32 start = (u32) ((pos * kvHeads + kh) * RB);
         words = (int) (((start & 15u) + RB + 15) >> 4);
-        src = pool + (i64) table[page_div(tok, pageTokens)] * pageBytes + (start & ~15u);
+        src = pool + (i64) page * pageBytes + (start & ~15u);
     }
 #pragma unroll
     for (int w = 0; w < SLOT / 16; w++) {
         const bool got = w < words;
-        cp_async16_zfill(dst + t * SLOT + w * 16, got ? src + w * 16 : pool, got ? 16 : 0);
+        cp_async16_zfill(dst + w * 16, got ? src + w * 16 : pool, got ? 16 : 0);
     }
 }
 
@@ -1726,20 +1725,31 @@ __device__ __forceinline__ void wgq_producer(u8* aligned, u32 base, const u8* __
     auto full = [&](int st) { return bars + 8 * st; };
     auto ready = [&](int v, int b) { return bars + 8 * (NST + 2 * v + b); };      // v: 0 K, 1 V
     auto freed = [&](int v, int b) { return bars + 8 * (NST + 4 + 2 * v + b); };
-    auto copy = [&](int x) {
-        const u32 dst = sa + (x % NST) * WG_STAGE;
-        wgq_copy<RBK, WG_SLOTK>(dst, kpool, table, x * TT, t128, t1, pageTokens, kPageBytes, kvHeads, kh);
-        wgq_copy<RBV, WG_SLOTV>(dst + TT * WG_SLOTK, vpool, table, x * TT, t128, t1, pageTokens, vPageBytes, kvHeads,
-                                kh);
+    // this thread's token of tile x: its page (-1 at or past t1), read a tile before its copy is issued so that the
+    // table's latency is not on the producer's path
+    auto page_of = [&](int x) {
+        const int tok = x * TT + t128;
+        return tok < t1 ? table[page_div(tok, pageTokens)] : -1;
+    };
+    auto copy = [&](int x, int page) {
+        const u32 dst = sa + (x % NST) * WG_STAGE + t128 * WG_SLOTK;
+        const int pos = page_mod(x * TT + t128, pageTokens);
+        wgq_copy<RBK, WG_SLOTK>(dst, kpool, page, pos, kPageBytes, kvHeads, kh);
+        wgq_copy<RBV, WG_SLOTV>(dst + TT * WG_SLOTK + t128 * (WG_SLOTV - WG_SLOTK), vpool, page, pos, vPageBytes,
+                                kvHeads, kh);
         cp_async_arrive(full(x % NST));
     };
-    for (int x = 0; x < NST - 1 && x < ntiles; x++) copy(x);
+    for (int x = 0; x < NST - 1 && x < ntiles; x++) copy(x, page_of(x));
+    int page = NST - 1 < ntiles ? page_of(NST - 1) : -1;
     build_pair_lut<KF, DK>((u32*) (aligned + WG_OFF_LUT), t128, 128);
     if constexpr (!WG_SHARED_LUT) build_pair_lut<VF, DV>((u32*) (aligned + WG_OFF_LUT + lut_bytes(KF, false)), t128,
                                                          128);
     for (int x = 0; x < ntiles; x++) {
         asm volatile("bar.sync 3, 128;" ::: "memory");   // the tables; every producer thread done with tile x - 1
-        if (x + NST - 1 < ntiles) copy(x + NST - 1);
+        if (x + NST - 1 < ntiles) {
+            copy(x + NST - 1, page);
+            if (x + NST < ntiles) page = page_of(x + NST);
+        }
         const int b = x & 1;
         const u32 raw = sa + (x % NST) * WG_STAGE;
         mbar_wait(full(x % NST), (x / NST) & 1);
@@ -1824,25 +1834,29 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
     }
 
     // the warp's 16 query rows, scaled (and rotated, in the tile column order, for a turbo K), as f16/bf16 in the
-    // operand layout; two rows at a time, whose loads and rotations overlap
-    for (int r0 = 0; r0 < 16; r0 += 2) {
-        float x[2][DK / 32];
-        load_q<2>(x, q, 0, nq, heads, G, kh, row0 + r0, lane);
+    // operand layout: all 16 loaded first (one memory latency for the lot: the block's products wait on this), then
+    // rotated two at a time (their shuffles overlap)
+    {
+        float x[16][DK / 32];
+        load_q<16>(x, q, 0, nq, heads, G, kh, row0, lane);
 #pragma unroll
-        for (int e = 0; e < 2; e++) {
-            if constexpr (fmt_rotated(KF)) {
-                if (row0 + r0 + e < nRows) wht_row<DK>(x[e], lane, false);
+        for (int r0 = 0; r0 < 16; r0 += 2) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                if constexpr (fmt_rotated(KF)) {
+                    if (row0 + r0 + e < nRows) wht_row<DK>(x[r0 + e], lane, false);
+                }
             }
-        }
 #pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int rr = (warp & 3) * 16 + r0 + e;
-            const bool valid = row0 + r0 + e < nRows;
+            for (int e = 0; e < 2; e++) {
+                const int rr = (warp & 3) * 16 + r0 + e;
+                const bool valid = row0 + r0 + e < nRows;
 #pragma unroll
-            for (int j = 0; j < DK / 32; j++) {
-                const int col = perm_inv<KF, DK>(32 * j + lane);
-                const float v = valid ? x[e][j] * qscale : 0.f;
-                *(u16*) (qs + wg_chunk<64>(rr, col >> 3) + (col & 7) * 2) = K_BF16 ? f2bf(v) : f2h(v);
+                for (int j = 0; j < DK / 32; j++) {
+                    const int col = perm_inv<KF, DK>(32 * j + lane);
+                    const float v = valid ? x[r0 + e][j] * qscale : 0.f;
+                    *(u16*) (qs + wg_chunk<64>(rr, col >> 3) + (col & 7) * 2) = K_BF16 ? f2bf(v) : f2h(v);
+                }
             }
         }
     }
