@@ -16,9 +16,12 @@ import jdk.incubator.vector.VectorSpecies;
  * and the query heads of the kv head's GQA group (a block matters if any head may attend to it). Under the token
  * budget, after the always-attended sink blocks, recent blocks and the queries' own blocks, the blocks with the
  * highest scores are taken; ties go to the lower block index. Lists come out ascending. With a coarse level
- * ({@link SelectionConfig#coarseTokens}) and more coarse candidates than {@code coarseKeep}, only the blocks of the
- * coarseKeep best coarse blocks (same bound over coarse summaries, same tie rule) compete: a step then bounds
- * context / coarseTokens coarse blocks and coarseKeep · coarseTokens / blockTokens blocks, whatever the context.
+ * ({@link SelectionConfig#coarseTokens}) and more coarse candidates than {@code coarseKeep} — the coarse blocks that
+ * end at or before the recent window — only the blocks of the coarseKeep best of them (same bound over coarse
+ * summaries, same tie rule) and the blocks of the coarse block the recent window cuts compete: a step then bounds
+ * context / coarseTokens coarse blocks and (coarseKeep + 1) · coarseTokens / blockTokens blocks, whatever the
+ * context. A cut coarse block is never ranked: its summary covers rows at or after the queries (in a prefill
+ * chunk, rows written before the chunk's queries select), and a choice that looked at them would not be causal.
  *
  * <p>The bound is computed in float as {@code Σ_d (max(q_d,0)·max_d + min(q_d,0)·min_d)} (equal to the definition
  * in exact arithmetic), with fmas in dimension order per lane and the lanes summed in lane order, so the same query
@@ -138,11 +141,16 @@ public final class PageTopK {
             }
             int per = config.coarseBlocks();
             int j0 = per == 0 ? 0 : sink / per;
-            int coarseCandidates = per == 0 ? 0 : (recentFrom - 1) / per - j0 + 1;
+            // The coarse blocks wholly before the recent window are ranked; the one the window cuts (if any) is not:
+            // its summary covers rows at and after the queries (a prefill chunk's later rows are written before its
+            // queries select), so its blocks always compete — which keeps the choice causal.
+            int jEnd = per == 0 ? 0 : recentFrom / per;
+            int coarseCandidates = Math.max(0, jEnd - j0);
             long[] keys = s.keys(candidates);
             int n = 0;
             if (coarseCandidates > config.coarseKeep()) {
-                // two rounds: the coarseKeep best coarse blocks, then their blocks between the windows compete
+                // two rounds: the coarseKeep best coarse blocks, then their blocks between the windows (and the
+                // blocks of the coarse block the recent window cuts) compete
                 int keep = config.coarseKeep();
                 long[] ckeys = s.coarseKeys(coarseCandidates);
                 float[] csum = ks.coarse(layer);
@@ -156,9 +164,12 @@ public final class PageTopK {
                 }
                 Arrays.sort(kept, 0, keep);
                 for (int i = 0; i < keep; i++) {
-                    for (int b = Math.max(sink, kept[i] * per); b < Math.min(recentFrom, (kept[i] + 1) * per); b++) {
+                    for (int b = Math.max(sink, kept[i] * per); b < (kept[i] + 1) * per; b++) {
                         keys[n++] = key(best(p.pos(), p.neg(), qo, nq, sum, ks.offset(b, g), dim, s.lanes), b);
                     }
+                }
+                for (int b = Math.max(sink, jEnd * per); b < recentFrom; b++) {
+                    keys[n++] = key(best(p.pos(), p.neg(), qo, nq, sum, ks.offset(b, g), dim, s.lanes), b);
                 }
             } else {
                 for (int b = sink; b < recentFrom; b++) {

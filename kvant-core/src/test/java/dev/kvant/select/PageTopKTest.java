@@ -70,12 +70,14 @@ class PageTopKTest {
             cand.add(b);
         }
         int per = c.coarseBlocks();
-        if (per > 0 && (recentFrom - 1) / per - sink / per + 1 > c.coarseKeep()) {
-            // coarse bounds from the rows of each coarse block (up to the written length), keep the best
+        if (per > 0 && recentFrom / per - sink / per > c.coarseKeep()) {
+            // coarse bounds from the rows of each coarse block wholly before the recent window, keep the best; the
+            // blocks of the coarse block the window cuts always compete
             int len = start + n;
+            int jEnd = recentFrom / per;
             List<Integer> coarse = new ArrayList<>();
-            double[] cs = new double[(recentFrom - 1) / per + 1];
-            for (int j = sink / per; j <= (recentFrom - 1) / per; j++) {
+            double[] cs = new double[jEnd];
+            for (int j = sink / per; j < jEnd; j++) {
                 double[] mn = new double[dim];
                 double[] mx = new double[dim];
                 Arrays.fill(mn, Double.POSITIVE_INFINITY);
@@ -92,7 +94,7 @@ class PageTopKTest {
             }
             coarse.sort(Comparator.<Integer>comparingDouble(j -> -cs[j]).thenComparingInt(j -> j));
             List<Integer> kept = coarse.subList(0, c.coarseKeep());
-            cand.removeIf(b -> !kept.contains(b / per));
+            cand.removeIf(b -> b / per < jEnd && !kept.contains(b / per));
             k = Math.min(k, cand.size());
         }
         cand.sort(Comparator.<Integer>comparingDouble(b -> -scoresOut[b]).thenComparingInt(b -> b));
@@ -131,6 +133,53 @@ class PageTopKTest {
     void coarseRoundsChooseTheBlocksOfABruteForceReference(String format, int n, int budget, int block, int coarse,
                                                            int keep) {
         checkAgainstReference(format, n, budget, block, coarse, keep);
+    }
+
+    /**
+     * A prefill chunk's rows are written before its queries select: the lists of a query block must not depend on
+     * the rows after it. Coarse blocks of 512 tokens, a recent window of 128: the coarse block the window cuts holds
+     * the first query block's own rows and the next block's; those next rows are made large (their bounds would win
+     * any ranking), and the first query block's lists must equal those of a chunk that stops after it.
+     */
+    @Test
+    void aChunksLaterRowsDoNotChangeTheChoiceOfItsEarlierQueries() {
+        KvFormat f = KvFormat.parse("f16");
+        int kvHeads = 2, heads = 4, d = 128, start = 4000;
+        KvGeometry geo = new KvGeometry(1, kvHeads, d, d);
+        SelectionConfig c = new SelectionConfig(512, 16, 64, 128, 0, 512, 2);
+        SplittableRandom r = new SplittableRandom(SEED);
+        float[] k = new float[(start + 128) * kvHeads * d];
+        float[] v = new float[k.length];
+        for (int i = 0; i < k.length; i++) {
+            k[i] = (float) r.nextGaussian() * (i >= (start + 64) * kvHeads * d ? 50f : 1f);
+            v[i] = (float) r.nextGaussian();
+        }
+        float[] q = new float[128 * heads * d];
+        for (int i = 0; i < q.length; i++) {
+            q[i] = (float) r.nextGaussian();
+        }
+        int[][] lists = new int[2][];
+        for (int run = 0; run < 2; run++) {
+            int n = run == 0 ? 128 : 64;
+            try (KvCache cache = KvCache.forTokens(geo, f, f, 64, start + n)) {
+                KvSequence seq = cache.newSequence();
+                seq.writeRows(0, 0, start + n, k, 0, v, 0);
+                seq.enableKeySummaries(16, 512);
+                Selection sel = new Selection();
+                new PageTopK(c).select(seq, 0, Arrays.copyOf(q, n * heads * d), n, start, heads, sel, POOL);
+                assertFalse(sel.all());
+                List<Integer> both = new ArrayList<>();
+                for (int g = 0; g < kvHeads; g++) {
+                    for (int i = 0; i < sel.count(0, g); i++) {
+                        both.add(sel.blocks()[sel.offset(0, g) + i]);
+                    }
+                    both.add(-1);
+                }
+                lists[run] = both.stream().mapToInt(Integer::intValue).toArray();
+            }
+        }
+        assertArrayEquals(lists[1], lists[0], "the first query block's lists with the chunk's later rows written"
+                + " (seed " + SEED + ")");
     }
 
     @Test

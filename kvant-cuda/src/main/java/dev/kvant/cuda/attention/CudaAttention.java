@@ -549,7 +549,8 @@ public final class CudaAttention implements AutoCloseable {
             Owned made = new Owned();
             try {
                 long seqHeads = (long) seqs * shape.kvHeads();
-                int entries = sl.coarse ? Math.max(sl.maxBlocks, sl.keep * sl.config.coarseBlocks())
+                // the kept round's entries: the kept coarse blocks and the one the recent window cuts
+                int entries = sl.coarse ? Math.max(sl.maxBlocks, (sl.keep + 1) * sl.config.coarseBlocks())
                         : sl.maxBlocks;
                 this.scores = made.add(context.allocate(4L * seqHeads * entries));
                 this.lists = made.add(context.allocate(4L * seqHeads * sl.listStride));
@@ -558,7 +559,7 @@ public final class CudaAttention implements AutoCloseable {
                 this.partials = made.add(context.allocate(rows * shape.headDimV() * 4));
                 this.maxSums = made.add(context.allocate(rows * 8));
                 this.coarseScores = made.add(context.allocate(4L * seqHeads * Math.max(1, sl.maxCoarse)));
-                this.kept = made.add(context.allocate(4L * seqHeads * Math.max(1, sl.keep)));
+                this.kept = made.add(context.allocate(4L * seqHeads * (sl.keep + 1)));
                 this.keptCounts = made.add(context.allocate(4L * seqHeads));
                 this.lens = lensCount == 0 ? null : made.add(context.allocate(4L * lensCount));
                 this.lensHost = lensCount == 0 ? null : made.add(context.allocatePinned(4L * lensCount));
@@ -718,7 +719,7 @@ public final class CudaAttention implements AutoCloseable {
                 return;
             }
             int keep = this.keep;
-            int entries = keep * config.coarseBlocks();
+            int entries = (keep + 1) * config.coarseBlocks();
             scoreCoarse.launch(new Dim3((maxCoarse + 63) / 64, shape.kvHeads(), seqs), Dim3.of(256), shared, stream,
                     q, kv.coarseSummaries(layer), tables, tableStride, lens, summaryLen, sc.coarseScores, 0L, 0L,
                     keep,

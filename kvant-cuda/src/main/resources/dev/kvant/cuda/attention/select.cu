@@ -72,8 +72,8 @@ struct SelectWindow {
 //
 // A round says which entries a launch bounds, for each (sequence, kv head):
 //   ROUND_FLAT   entry b = block b in [sink, recentFrom) (one round, no coarse level), scores[b]
-//   ROUND_COARSE entry j = coarse block j meeting [sink, recentFrom), bounded from its coarse summary (only when
-//                there are more of them than keep), cscores[j]
+//   ROUND_COARSE entry j = coarse block j from the one holding sink up to the last one wholly before recentFrom,
+//                bounded from its coarse summary (only when there are more of them than keep), cscores[j]
 //   ROUND_KEPT   entry e < keptCount * C = block kept[e / C] * C + e % C (C blocks per coarse block), scores[e];
 //                -inf for a block outside [sink, recentFrom)
 // Nothing is scored when every candidate is taken anyway (k >= candidates) or none is (k = 0).
@@ -119,10 +119,10 @@ __device__ __forceinline__ void score_body(const float* __restrict__ q, const fl
         e1 = win.recentFrom;
     } else if constexpr (ROUND_COARSE == ROUND) {
         e0 = win.sink / C;
-        e1 = (win.recentFrom - 1) / C + 1;
+        e1 = win.recentFrom / C;   // the coarse blocks wholly before the recent window (kvant_select_topk_coarse)
         if (e1 - e0 <= keepMax) return;   // every coarse block is kept: no ranking
     } else {
-        keptList = kept + (i64) (seq * kvHeads + g) * keepMax;
+        keptList = kept + (i64) (seq * kvHeads + g) * (keepMax + 1);
         e0 = 0;
         e1 = keptCounts[seq * kvHeads + g] * C;
     }
@@ -367,8 +367,9 @@ __device__ __forceinline__ bool list_all(const SelectWindow& win, int* list, int
 
 // ================================================================================================================
 // kvant_select_topk — one round: sink, the k best candidates of kvant_select_score, recent and own blocks.
-// kvant_select_topk_coarse — the kept coarse blocks (ascending; all of them when no more than keep meet the
-// candidates) into kept[seq][kvHead][keepMax], their number into keptCounts.
+// kvant_select_topk_coarse — the kept coarse blocks (ascending; all of them when no more than keep are ranked), then
+// the coarse block the recent window cuts (never ranked), into kept[seq][kvHead][keepMax + 1], their number into
+// keptCounts.
 // kvant_select_topk_kept — the final list from kvant_select_score_kept's entries: the min(k, candidates inside the
 // kept coarse blocks) best.
 // grid: (kvHeads, seqs); block: 1024 threads.
@@ -398,21 +399,28 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) kvant_select_topk_coa
     __shared__ TopkShared sh;
     const int seq = blockIdx.y, g = blockIdx.x;
     const SelectWindow win(lens[seq], nq, shift, sinkBlocks, recentBlocks, budgetBlocks);
-    int* out = kept + (i64) (seq * kvHeads + g) * keepMax;
+    int* out = kept + (i64) (seq * kvHeads + g) * (keepMax + 1);
     if (win.k >= win.candidates || win.k == 0) {
         if (threadIdx.x == 0) keptCounts[seq * kvHeads + g] = 0;
         return;
     }
     const int C = 1 << (cshift - shift);
-    const int j0 = win.sink / C, nc = (win.recentFrom - 1) / C + 1 - j0;
+    // ranked: the coarse blocks wholly before the recent window; the one the window cuts (its summary covers rows
+    // at and after the queries: a prefill chunk's later rows) is always kept, after them, so the choice is causal
+    const int j0 = win.sink / C, jEnd = win.recentFrom / C, nc = imax(0, jEnd - j0);
+    const int cut = jEnd * C < win.recentFrom ? 1 : 0;
+    int n = nc;
     if (nc <= keepMax) {
         for (int j = threadIdx.x; j < nc; j += TOPK_THREADS) out[j] = j0 + j;
-        if (threadIdx.x == 0) keptCounts[seq * kvHeads + g] = nc;
-        return;
+    } else {
+        top_k(cscores + ((i64) seq * kvHeads + g) * maxCoarse + j0, nc, keepMax, out, [=](int i) { return j0 + i; },
+              sh);
+        n = keepMax;
     }
-    top_k(cscores + ((i64) seq * kvHeads + g) * maxCoarse + j0, nc, keepMax, out, [=](int i) { return j0 + i; },
-          sh);
-    if (threadIdx.x == 0) keptCounts[seq * kvHeads + g] = keepMax;
+    if (threadIdx.x == 0) {
+        if (cut) out[n] = jEnd;
+        keptCounts[seq * kvHeads + g] = n + cut;
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(TOPK_THREADS) kvant_select_topk_kept(const float* __restrict__ scores,
@@ -429,7 +437,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) kvant_select_topk_kep
     int taken = 0;
     if (win.k > 0) {
         const int C = 1 << (cshift - shift);
-        const int* kl = kept + (i64) (seq * kvHeads + g) * keepMax;
+        const int* kl = kept + (i64) (seq * kvHeads + g) * (keepMax + 1);
         const int nk = keptCounts[seq * kvHeads + g];
         int inside = 0;   // candidates inside the kept coarse blocks
         for (int i = 0; i < nk; i++) {

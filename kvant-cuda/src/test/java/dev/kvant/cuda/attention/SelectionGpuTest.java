@@ -390,7 +390,8 @@ class SelectionGpuTest {
                 List<Integer> candidates = new ArrayList<>();
                 int per = config.coarseBlocks();
                 int j0 = per == 0 ? 0 : sink / per;
-                int coarse = per == 0 ? 0 : (recentFrom - 1) / per - j0 + 1;
+                int jEnd = per == 0 ? 0 : recentFrom / per;   // coarse blocks wholly before the recent window
+                int coarse = Math.max(0, jEnd - j0);
                 if (coarse > config.coarseKeep()) {
                     double[] cb = new double[coarse];
                     for (int j = 0; j < coarse; j++) {
@@ -400,9 +401,12 @@ class SelectionGpuTest {
                     tied[qb] |= nearTie(cb, order, config.coarseKeep());
                     for (int i = 0; i < config.coarseKeep(); i++) {
                         int j = j0 + order[i];
-                        for (int b = Math.max(sink, j * per); b < Math.min(recentFrom, (j + 1) * per); b++) {
+                        for (int b = Math.max(sink, j * per); b < (j + 1) * per; b++) {
                             candidates.add(b);
                         }
+                    }
+                    for (int b = Math.max(sink, jEnd * per); b < recentFrom; b++) {   // the cut one's, unranked
+                        candidates.add(b);
                     }
                 } else {
                     for (int b = sink; b < recentFrom; b++) {
