@@ -1425,7 +1425,7 @@ __device__ __forceinline__ void store_rows(const float (&o)[DV / 8][4], float (&
 // Compiled where NVRTC targets sm_90a (__CUDA_ARCH_FEAT_SM90_ALL) for K and V rows of 64 or 128 values (one size),
 // uncentered keys, both f16/bf16 or both turbo3/turbo2: kvant_attn_prefill then runs prefill_wg below instead of
 // its mma.sync tile loop; the other formats, shapes and architectures keep that loop. Same grid, block (8 warps =
-// 2 warpgroups of 64 query rows) and row order as it: warp w owns rows 16w..16w+15 of the block's 128, lane (g, c)
+// 2 warpgroups of 64 query rows, plus two producer warpgroups for turbo rows) and row order as it: warp w owns rows 16w..16w+15 of the block's 128, lane (g, c)
 // rows g and g + 8 of those, so the softmax and output code is the same. The products give mma.sync's sums (with
 // 64-token tiles this kernel gave the loop's bits exactly); its tiles are of 128 tokens, so the running maximum
 // moves every 128 tokens instead of 64 and the bits differ from the loop's within rounding (measured on an H200:
@@ -1446,13 +1446,15 @@ __device__ __forceinline__ void store_rows(const float (&o)[DV / 8][4], float (&
 // f16/bf16 rows (WG_DEQ false): the stages are the operand tiles. Each thread issues its share of the copies
 // NST - 2 tiles ahead (a tile, 64 KB, covers the memory latency; the stage it refills was released a tile before),
 // after waiting for that stage to be empty; a stage is empty once both warpgroups' products over it are done.
-// turbo rows (WG_DEQ): a third warpgroup, the producer (wgq_producer), copies the raw rows into the stage ring and
-// dequantizes each tile into one of two f16 tile pairs (K, V) in that layout while the two computing warpgroups run
-// their products and softmax on the pair before (with the dequantization on the computing warpgroups' own path,
-// between their products, this kernel ran at 0.74x of f16 at 32K; with a producer, 0.86x). Four mbarriers a pair:
-// ready (K, V: the producer's 128 threads wrote it and fenced the async proxy) and freed (K after both computing
-// warpgroups' S, V after their P V), so a pair is rewritten only when both are done with it. The producer needs
-// few registers and the others many: setmaxnreg moves them (3 x 168 at entry = 56 + 2 x 224).
+// turbo rows (WG_DEQ): two more warpgroups, the producers (wgq_producer: one for K, one for V), copy the raw rows
+// into their parts of the stage ring and dequantize each tile into one of two f16 tile pairs (K, V) in that layout
+// while the two computing warpgroups run their products and softmax on the pair before (with the dequantization on
+// the computing warpgroups' own path, between their products, this kernel ran at 0.74x of f16 at 32K; with one
+// producer for both, 0.86x; with two, 0.93x). Four mbarriers a pair: ready (K, V: its producer's 128 threads wrote
+// it and fenced the async proxy) and freed (K after both computing warpgroups' S, V after their P V), so a pair is
+// rewritten only when both are done with it. The producers need few registers and the others many: setmaxnreg
+// moves them (4 x 128 at entry = 2 x 56 + 2 x 200; a request the register file cannot meet hangs the kernel, so the
+// sum is checked below).
 // (1: F_BF16, 7: F_TURBO3, 8: F_TURBO2, which the preprocessor cannot read)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) && !KMEAN && DK == DV && (DK == 64 || DK == 128) \
     && ((KF <= 1 && VF <= 1) || ((KF == 7 || KF == 8) && (VF == 7 || VF == 8)))
@@ -1479,14 +1481,16 @@ constexpr int WG_OFF_LUT = WG_OFF_TILES + (WG_DEQ ? 2 * (WG_KT + WG_VT) : 0);
 constexpr int WG_OFF_STAGES = WG_OFF_LUT + round16(WG_LUT_BYTES);
 constexpr int WG_STAGE = WG_DEQ ? WG_TT * (WG_SLOTK + WG_SLOTV) : WG_KT + WG_VT;
 constexpr int WG_NST = WG_DEQ ? imin(4, (227 * 1024 - 1024 - 128 - WG_OFF_STAGES) / WG_STAGE) : 3;
-// f16/bf16: full[NST], empty[NST]; turbo: full[NST], kready[2], vready[2], kfree[2], vfree[2]
-constexpr int WG_NBARS = WG_DEQ ? WG_NST + 8 : 2 * WG_NST;
+// f16/bf16: full[NST], empty[NST]; turbo: full[K|V][NST], ready[K|V][2], freed[K|V][2]
+constexpr int WG_NBARS = 2 * WG_NST + (WG_DEQ ? 8 : 0);
 constexpr int WG_BARS = WG_OFF_STAGES + WG_NST * WG_STAGE;
 constexpr int WG_TOTAL = WG_BARS + 8 * WG_NBARS + 1024;   // + the alignment of the tiles
-// turbo: a third warpgroup, the producer, copies and dequantizes; it gives registers to the two that compute
-// (setmaxnreg: 3 x 168 at entry = 56 + 2 x 224)
-constexpr int WG_THREADS = WG_DEQ ? 384 : 256;
-constexpr int WG_PRODUCER_REGS = 56, WG_CONSUMER_REGS = 224;
+// turbo: two more warpgroups, the producers (K, V), copy and dequantize; they give registers to the two that
+// compute (setmaxnreg: 4 x 128 at entry = 2 x 56 + 2 x 200)
+constexpr int WG_THREADS = WG_DEQ ? 512 : 256;
+constexpr int WG_PRODUCER_REGS = 56, WG_CONSUMER_REGS = 200;
+static_assert(!WG_DEQ || 2 * WG_PRODUCER_REGS + 2 * WG_CONSUMER_REGS <= 4 * ((65536 / WG_THREADS) & ~7),
+              "setmaxnreg asks for more registers than the block's entry count frees");
 static_assert(!PRE_WG || (WG_NST >= (WG_DEQ ? 2 : 3) && WG_TOTAL <= 227 * 1024),
               "prefill_wg's tiles do not fit in shared memory");
 
@@ -1681,7 +1685,7 @@ __device__ __forceinline__ void sts128(u32 a, uint4 v) {
 }
 
 // Dequantizes the WG_TT tokens of a raw stage (slots of SLOT bytes from raw) into the swizzled f16 tile at dst, by
-// the producer warpgroup's 128 threads (t128): thread t128 takes group t128 % G of tokens t0, t0 + TSTEP, ...
+// a producer warpgroup's 128 threads (t128): thread t128 takes group t128 % G of tokens t0, t0 + TSTEP, ...
 // (16-byte stores: 8 lanes fill the 8 chunks of one 128-byte row, conflict-free). A row starts (wg_slot) at
 // ((page position · kvHeads + kh) · RB) mod 16 into its slot, which depends on the page position mod 8 alone (pages
 // are multiples of 8 tokens, RB is even), and that is t0 mod 8 for all of a thread's tokens (tiles start on 128
@@ -1709,22 +1713,24 @@ __device__ __forceinline__ void wgq_dequant(u32 dst, u32 raw, u32 lut, int t128,
     }
 }
 
-// The producer warpgroup of a turbo prefill (warps 8..11): builds the pair tables, then for each tile copies the
-// raw rows NST - 1 tiles ahead into the stage ring (one K row and one V row a thread) and dequantizes the tile's K
-// and V into tile pair x % 2 once the computing warpgroups are done with what it held (kfree, vfree: tile x - 2's
-// products), announcing each (kready, vready) after fence.proxy.async. A stage is refilled after all producer
-// threads dequantized what it held (named barrier 3 at the top of each tile).
-__device__ __forceinline__ void wgq_producer(u8* aligned, u32 base, const u8* __restrict__ kpool,
-                                             const u8* __restrict__ vpool, const int* __restrict__ table, int t1,
-                                             int ntiles, int pageTokens, i64 kPageBytes, i64 vPageBytes, int kvHeads,
-                                             int kh, int t128) {
+// A producer warpgroup of a turbo prefill: V = 0 (warps 8..11) for the K rows, V = 1 (warps 12..15) for the V rows.
+// Both build the pair tables together (named barrier 6), then each, for each tile, copies its raw rows NST - 1 tiles
+// ahead into its part of the stage ring (one row a thread, its own full[V][stage] barriers) and dequantizes the
+// tile's rows into tile pair x % 2 once the computing warpgroups are done with what it held (freed: tile x - 2's
+// products), announcing it (ready) after fence.proxy.async. A stage part is refilled after all the producer's
+// threads dequantized what it held (named barrier 3 + 2V at the top of each tile).
+template <int V>
+__device__ __forceinline__ void wgq_producer(u8* aligned, u32 base, const u8* __restrict__ pool,
+                                             const int* __restrict__ table, int t1, int ntiles, int pageTokens,
+                                             i64 pageBytes, int kvHeads, int kh, int t128, int t256) {
     constexpr int TT = WG_TT, NST = WG_NST;
-    const u32 sa = base + WG_OFF_STAGES, bars = base + WG_BARS, tiles = base + WG_OFF_TILES;
-    const u32 lutK = base + WG_OFF_LUT + (t128 & 31) * 4;
-    const u32 lutV = lutK + (WG_SHARED_LUT ? 0 : lut_bytes(KF, false));
-    auto full = [&](int st) { return bars + 8 * st; };
-    auto ready = [&](int v, int b) { return bars + 8 * (NST + 2 * v + b); };      // v: 0 K, 1 V
-    auto freed = [&](int v, int b) { return bars + 8 * (NST + 4 + 2 * v + b); };
+    constexpr int F = V ? VF : KF, D = V ? DV : DK, RB = V ? RBV : RBK, SLOT = V ? WG_SLOTV : WG_SLOTK;
+    const u32 sa = base + WG_OFF_STAGES + (V ? TT * WG_SLOTK : 0), bars = base + WG_BARS;
+    const u32 tile0 = base + WG_OFF_TILES + (V ? 2 * WG_KT : 0);
+    constexpr int TILE = V ? WG_VT : WG_KT;
+    const u32 lut = base + WG_OFF_LUT + (V && !WG_SHARED_LUT ? lut_bytes(KF, false) : 0) + (t128 & 31) * 4;
+    auto full = [&](int st) { return bars + 8 * (V * NST + st); };
+    const u32 ready0 = bars + 8 * (2 * NST + V * 2), freed0 = bars + 8 * (2 * NST + 4 + V * 2);
     // this thread's token of tile x: its page (-1 at or past t1), read a tile before its copy is issued so that the
     // table's latency is not on the producer's path
     auto page_of = [&](int x) {
@@ -1732,35 +1738,31 @@ __device__ __forceinline__ void wgq_producer(u8* aligned, u32 base, const u8* __
         return tok < t1 ? table[page_div(tok, pageTokens)] : -1;
     };
     auto copy = [&](int x, int page) {
-        const u32 dst = sa + (x % NST) * WG_STAGE + t128 * WG_SLOTK;
-        const int pos = page_mod(x * TT + t128, pageTokens);
-        wgq_copy<RBK, WG_SLOTK>(dst, kpool, page, pos, kPageBytes, kvHeads, kh);
-        wgq_copy<RBV, WG_SLOTV>(dst + TT * WG_SLOTK + t128 * (WG_SLOTV - WG_SLOTK), vpool, page, pos, vPageBytes,
-                                kvHeads, kh);
+        wgq_copy<RB, SLOT>(sa + (x % NST) * WG_STAGE + t128 * SLOT, pool, page, page_mod(x * TT + t128, pageTokens),
+                           pageBytes, kvHeads, kh);
         cp_async_arrive(full(x % NST));
     };
     for (int x = 0; x < NST - 1 && x < ntiles; x++) copy(x, page_of(x));
     int page = NST - 1 < ntiles ? page_of(NST - 1) : -1;
-    build_pair_lut<KF, DK>((u32*) (aligned + WG_OFF_LUT), t128, 128);
-    if constexpr (!WG_SHARED_LUT) build_pair_lut<VF, DV>((u32*) (aligned + WG_OFF_LUT + lut_bytes(KF, false)), t128,
-                                                         128);
+    build_pair_lut<KF, DK>((u32*) (aligned + WG_OFF_LUT), t256, 256);
+    if constexpr (!WG_SHARED_LUT) build_pair_lut<VF, DV>((u32*) (aligned + WG_OFF_LUT + lut_bytes(KF, false)), t256,
+                                                         256);
+    asm volatile("bar.sync 6, 256;" ::: "memory");   // the tables, by both producers
     for (int x = 0; x < ntiles; x++) {
-        asm volatile("bar.sync 3, 128;" ::: "memory");   // the tables; every producer thread done with tile x - 1
+        if (x > 0) {   // every thread of this producer done with tile x - 1's stage
+            if (V) asm volatile("bar.sync 5, 128;" ::: "memory");
+            else asm volatile("bar.sync 3, 128;" ::: "memory");
+        }
         if (x + NST - 1 < ntiles) {
             copy(x + NST - 1, page);
             if (x + NST < ntiles) page = page_of(x + NST);
         }
         const int b = x & 1;
-        const u32 raw = sa + (x % NST) * WG_STAGE;
         mbar_wait(full(x % NST), (x / NST) & 1);
-        if (x >= 2) mbar_wait(freed(0, b), ((x >> 1) - 1) & 1);
-        wgq_dequant<KF, DK, WG_SLOTK>(tiles + b * WG_KT, raw, lutK, t128, kvHeads, kh);
+        if (x >= 2) mbar_wait(freed0 + 8 * b, ((x >> 1) - 1) & 1);
+        wgq_dequant<F, D, SLOT>(tile0 + b * TILE, sa + (x % NST) * WG_STAGE, lut, t128, kvHeads, kh);
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        mbar_arrive(ready(0, b));
-        if (x >= 2) mbar_wait(freed(1, b), ((x >> 1) - 1) & 1);
-        wgq_dequant<VF, DV, WG_SLOTV>(tiles + 2 * WG_KT + b * WG_VT, raw + TT * WG_SLOTK, lutV, t128, kvHeads, kh);
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        mbar_arrive(ready(1, b));
+        mbar_arrive(ready0 + 8 * b);
     }
 }
 
@@ -1787,15 +1789,12 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
     const u32 qa = smem_u32(qs), sa = base + WG_OFF_STAGES, bars = base + WG_BARS;
     const u32 tiles = base + WG_OFF_TILES;
     const u64 dq = wg_desc(qa, 16, 1024);
-    auto full = [&](int st) { return bars + 8 * st; };
-    auto empty = [&](int st) { return bars + 8 * (NST + st); };                     // f16/bf16
-    auto ready = [&](int v, int b) { return bars + 8 * (NST + 2 * v + b); };      // turbo; v: 0 K, 1 V
-    auto freed = [&](int v, int b) { return bars + 8 * (NST + 4 + 2 * v + b); };
+    auto full = [&](int st) { return bars + 8 * st; };                              // f16/bf16
+    auto empty = [&](int st) { return bars + 8 * (NST + st); };
+    auto ready = [&](int v, int b) { return bars + 8 * (2 * NST + 2 * v + b); };  // turbo; v: 0 K, 1 V
+    auto freed = [&](int v, int b) { return bars + 8 * (2 * NST + 4 + 2 * v + b); };
     if (tid == 0) {
-        for (int st = 0; st < NST; st++) {
-            mbar_init(full(st), WG_DEQ ? 128 : 256);
-            if constexpr (!WG_DEQ) mbar_init(empty(st), 256);
-        }
+        for (int st = 0; st < 2 * NST; st++) mbar_init(bars + 8 * st, WG_DEQ ? 128 : 256);   // full (and empty)
         if constexpr (WG_DEQ) {
             for (int b = 0; b < 2; b++) {
                 for (int v = 0; v < 2; v++) {
@@ -1808,10 +1807,14 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
     }
     __syncthreads();
     if constexpr (WG_DEQ) {
-        if (wg == 2) {
+        if (wg >= 2) {
             asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(WG_PRODUCER_REGS));
-            wgq_producer(aligned, base, kpool, vpool, table, t1, ntiles, pageTokens, kPageBytes, vPageBytes, kvHeads,
-                         kh, tid - 256);
+            if (wg == 2)
+                wgq_producer<0>(aligned, base, kpool, table, t1, ntiles, pageTokens, kPageBytes, kvHeads, kh,
+                                tid - 256, tid - 256);
+            else
+                wgq_producer<1>(aligned, base, vpool, table, t1, ntiles, pageTokens, vPageBytes, kvHeads, kh,
+                                tid - 384, tid - 256);
             return;
         }
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(WG_CONSUMER_REGS));
@@ -1862,7 +1865,7 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
     }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     if constexpr (WG_DEQ) {
-        asm volatile("bar.sync 4, 256;" ::: "memory");   // the two computing warpgroups; the producer runs on
+        asm volatile("bar.sync 4, 256;" ::: "memory");   // the two computing warpgroups; the producers run on
     } else {
         __syncthreads();
     }
@@ -1980,7 +1983,7 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
 //         A tile no row masks and a run without a sparse-V threshold skip those steps by uniform branches.
 // exact:  as decode. Writes out = O / l in head order; for a rotated V format kvant_attn_unrotate follows.
 // sm_90a: f16/bf16 and turbo3/turbo2 rows of one head size of 64 or 128, keys not centered, take prefill_wg above
-//         (same grid and rows; turbo: 12 warps, the third warpgroup dequantizing).
+//         (same grid and rows; turbo: 16 warps, warps 8..15 copying and dequantizing).
 // ================================================================================================================
 
 constexpr int PRE_TT = 64;
