@@ -319,6 +319,60 @@ class AttentionGpuTest {
         }
     }
 
+    /**
+     * Prefill over pages of 8, 24 and 64 tokens gives the bits of 16-token pages (tiles follow positions; on sm_90a
+     * the warpgroup kernel copies f16 rows a 16-byte chunk at a time and turbo rows a row at a time from wherever
+     * their page lies, and non-power-of-two pages take the division path), for a prompt of one tile (100 tokens)
+     * and one of 1,300 (eleven 128-token tiles: the stage rings and tile pairs wrap several times); every output
+     * element is written (NaN poison first).
+     */
+    @ParameterizedTest(name = "{0}/{1}")
+    @CsvSource({"turbo3,turbo3", "turbo2,turbo3", "turbo3,turbo2", "f16,f16", "q8_0,q8_0"})
+    void prefillGivesTheSameBitsWhateverThePageSize(String kName, String vName) {
+        CudaContext context = AttentionGpuFixture.context();
+        KernelCache cache = AttentionGpuFixture.cache();
+        long seed = AttentionGpuFixture.seed("prefill page sizes " + kName + "/" + vName);
+        KvGeometry g = new KvGeometry(1, KV_HEADS, 128, 128);
+        int heads = KV_HEADS * 4, len = 1300;
+        for (int n : new int[] {100, len}) {
+            float[] first = null;
+            for (int pageTokens : new int[] {16, 8, 24, 64}) {
+                SplittableRandom r = new SplittableRandom(seed);   // the same rows and queries for every page size
+                int pages = (len + pageTokens - 1) / pageTokens;
+                try (KvCache host = new KvCache(g, KvFormat.parse(kName), KvFormat.parse(vName), pageTokens,
+                        pages)) {
+                    KvSequence seq = host.newSequence();
+                    float[] k = AttentionGpuFixture.gaussianRows(r, n * KV_HEADS, 128, 1.0, 3);
+                    float[] v = AttentionGpuFixture.gaussianRows(r, n * KV_HEADS, 128, 1.0, 0);
+                    seq.writeRows(0, 0, n, k, 0, v, 0);
+                    AttentionShape shape = AttentionShape.of(host, heads);
+                    try (CudaKvCache device = CudaKvCache.mirror(context, host);
+                         CudaAttention attention = CudaAttention.create(context, cache, shape,
+                                 AttentionPlan.of(1, 1, len, len));
+                         DeviceBatch batch = DeviceBatch.allocate(context, 1, pages);
+                         DeviceBuffer qd = AttentionGpuFixture.upload(context,
+                                 AttentionGpuFixture.gaussianRows(r, n * heads, 128, 1.0, 0));
+                         DeviceBuffer od = context.allocate(4L * n * heads * 128)) {
+                        batch.set(0, pagesOf(seq), seq.pageCount(), n);
+                        batch.upload();
+                        od.fillFloats(Float.NaN);
+                        attention.prefill(device, 0, qd, batch, 0, 0, n, od, context.defaultStream());
+                        context.synchronize();
+                        float[] out = AttentionGpuFixture.download(od, n * heads * 128);
+                        assertTrue(allFinite(out), kName + "/" + vName + " prefill of " + n + " over pages of "
+                                + pageTokens + ": output has NaN/inf (unwritten or broken); seed " + seed);
+                        if (first == null) {
+                            first = out;
+                        } else {
+                            assertArrayEquals(first, out, kName + "/" + vName + " prefill of " + n + ": pages of "
+                                    + pageTokens + " tokens gave other bits than pages of 16; seed " + seed);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     private static int[] pagesOf(KvSequence seq) {
         int[] pages = new int[seq.pageCount()];
         for (int p = 0; p < pages.length; p++) {
