@@ -10,7 +10,9 @@ import dev.kvant.model.LlamaModel;
 import dev.kvant.tensor.Parallel;
 import picocli.CommandLine.Command;
 import picocli.CommandLine.Mixin;
+import picocli.CommandLine.Model.CommandSpec;
 import picocli.CommandLine.Option;
+import picocli.CommandLine.Spec;
 
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -105,6 +107,9 @@ final class BenchCommand implements Runnable {
         return sb.toString();
     }
 
+    @Spec
+    CommandSpec spec;
+
     @Override
     public void run() {
         ModelOptions.checkThreads(opts.threads);
@@ -131,9 +136,7 @@ final class BenchCommand implements Runnable {
             throw new IllegalArgumentException("-d " + Arrays.stream(depth).max().orElse(0) + " plus -p/-n " + longest
                     + " for -np " + sequences + " sequences is " + context * sequences + " tokens of cache: too many");
         }
-        if (opts.model != null && synthetic != null) {
-            throw new IllegalArgumentException("give either -m or --synthetic, not both");
-        }
+        ModelOptions.checkModelChoice(spec, opts.model, synthetic);
         boolean randomDepth = switch (depthFill.toLowerCase(java.util.Locale.ROOT)) {
             case "prefill" -> false;
             case "random" -> true;
@@ -169,6 +172,10 @@ final class BenchCommand implements Runnable {
                 }
             } else {
                 pairs.add(opts.kvFormats());
+            }
+            for (KvLayerFormats pair : pairs) {
+                opts.checkBudget(model, pair, context * sequences, "-d " + Arrays.stream(depth).max().orElse(0)
+                        + " plus -p/-n " + longest + (sequences > 1 ? " for -np " + sequences + " sequences" : ""));
             }
             CudaBackend.Limits limits = null;
             if (backend instanceof CudaBackend cuda) {

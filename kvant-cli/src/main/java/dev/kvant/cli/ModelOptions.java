@@ -108,6 +108,39 @@ final class ModelOptions {
         return ctx;
     }
 
+    /**
+     * Commands whose context the run fixes (perplexity's -c, needle's longest probe, bench's depths and sizes): with
+     * --kv-mem, a run whose caches need more tokens than the budget holds for these formats is refused up front
+     * (the budget is a limit, not a hint; the CPU backend would otherwise allocate past it).
+     */
+    void checkBudget(LlamaModel model, KvLayerFormats formats, long tokens, String what) {
+        if (kvMem == null) {
+            return;
+        }
+        long bytes = parseSize(kvMem);
+        int fits = dev.kvant.engine.Session.contextForBudget(model.config(), formats, model.selection(), bytes);
+        if (tokens > fits) {
+            throw new IllegalArgumentException(String.format(java.util.Locale.ROOT, "%s needs %d tokens of KV cache;"
+                    + " --kv-mem %s holds %d with %s (raise --kv-mem, or ask for less)", what, tokens, kvMem, fits,
+                    formats.name()));
+        }
+    }
+
+    /**
+     * -m and --synthetic exclude each other, and --weights (the weight format of a synthetic model) does not go
+     * with -m: a model file has its own, and the option would be silently ignored.
+     */
+    static void checkModelChoice(picocli.CommandLine.Model.CommandSpec spec, java.nio.file.Path model,
+                                 String synthetic) {
+        if (model != null && synthetic != null) {
+            throw new IllegalArgumentException("give either -m or --synthetic, not both");
+        }
+        if (model != null && spec.commandLine().getParseResult().hasMatchedOption("--weights")) {
+            throw new IllegalArgumentException("--weights sets a synthetic model's weights; a model file (-m) has"
+                    + " its own");
+        }
+    }
+
     /** "8G", "512M", "64k" or a plain byte count; binary units. */
     static long parseSize(String s) {
         String t = s.strip().toUpperCase(java.util.Locale.ROOT);

@@ -111,6 +111,8 @@ final class NeedleCommand implements Runnable {
                 longest = Math.max(longest, tok.encode(p.prompt(), true, p.chat()).length);
             }
             int ctx = longest + maxNew;
+            opts.checkBudget(model, opts.kvFormats(), ctx, "the longest probe (" + longest + " tokens, + --max-new "
+                    + maxNew + ")");
             try (Session session = new Session(backend, ctx, opts.kvFormats(), opts.prefillChunk(backend))) {
                 int[] done = {0, 0};
                 long t0 = System.nanoTime();

@@ -41,6 +41,12 @@ final class PerplexityCommand implements Runnable {
             + " \"chunk_nll\"), for a paired comparison of two runs over the same text (scripts/ppl-paired.py)")
     boolean chunkNll;
 
+    /** The context, checked against --kv-mem. */
+    private int budgeted(LlamaModel model, int context) {
+        opts.checkBudget(model, opts.kvFormats(), context, "perplexity at -c " + context);
+        return context;
+    }
+
     @Override
     public void run() {
         ModelOptions.checkThreads(opts.threads);
@@ -53,7 +59,8 @@ final class PerplexityCommand implements Runnable {
              Parallel pool = new Parallel(opts.threads);
              var dump = selectOpts.apply(model, opts.model, file);
              Backend backend = opts.openBackend(model, pool);
-             Session session = new Session(backend, ctx, opts.kvFormats(), opts.prefillChunk(backend))) {
+             Session session = new Session(backend, budgeted(model, ctx), opts.kvFormats(),
+                     opts.prefillChunk(backend))) {
             if (selectOpts.dump != null && !backend.name().equals("cpu")) {
                 throw new IllegalArgumentException("--dump-selection records the CPU backend's selections only"
                         + " (use --backend cpu)");

@@ -7,7 +7,9 @@ import dev.kvant.server.TextCodec;
 import dev.kvant.tensor.Parallel;
 import picocli.CommandLine.Command;
 import picocli.CommandLine.Mixin;
+import picocli.CommandLine.Model.CommandSpec;
 import picocli.CommandLine.Option;
+import picocli.CommandLine.Spec;
 
 import java.nio.file.Path;
 import java.time.Duration;
@@ -88,9 +90,13 @@ final class ServeBenchCommand implements Runnable {
     @Option(names = "--seed", paramLabel = "S", description = "random seed (default: random, printed)")
     Long seed;
 
+    @Spec
+    CommandSpec spec;
+
     @Override
     public void run() {
         ModelOptions.checkThreads(opts.threads);
+        ModelOptions.checkModelChoice(spec, opts.model, synthetic);
         if (opts.model == null && synthetic == null) {
             throw new IllegalArgumentException("no model given: pass -m path/to/model.gguf or --synthetic SHAPE");
         }

@@ -12,7 +12,9 @@ import dev.kvant.server.TextCodec;
 import dev.kvant.tensor.Parallel;
 import picocli.CommandLine.Command;
 import picocli.CommandLine.Mixin;
+import picocli.CommandLine.Model.CommandSpec;
 import picocli.CommandLine.Option;
+import picocli.CommandLine.Spec;
 
 import java.nio.file.Path;
 import java.time.Duration;
@@ -96,6 +98,9 @@ final class ServeCommand implements Runnable {
         return (long) parallel * (((long) context + pageTokens - 1) / pageTokens * pageTokens);
     }
 
+    @Spec
+    CommandSpec spec;
+
     @Override
     public void run() {
         ModelOptions.checkThreads(opts.threads);
@@ -114,9 +119,7 @@ final class ServeCommand implements Runnable {
                     + " tokens of KV cache, more than one pool holds (" + Integer.MAX_VALUE + "); use fewer or"
                     + " shorter sequences, or --kv-mem");
         }
-        if (opts.model != null && synthetic != null) {
-            throw new IllegalArgumentException("give either -m or --synthetic, not both");
-        }
+        ModelOptions.checkModelChoice(spec, opts.model, synthetic);
         if (opts.model == null && synthetic == null) {
             throw new IllegalArgumentException("no model given: pass -m path/to/model.gguf (or --synthetic SHAPE)");
         }

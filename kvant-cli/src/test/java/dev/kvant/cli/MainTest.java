@@ -85,6 +85,14 @@ class MainTest {
                         "--chunks must not be negative"},
                 {new String[] {"perplexity", "-m", "none.gguf", "-f", "no-such-text.txt"},
                         "cannot read no-such-text.txt: no such file"},
+                // --kv-mem is a limit for the commands that fix their context, not a hint they ignore
+                {new String[] {"bench", "--synthetic", "tiny", "-p", "64", "-n", "0", "-d", "4096", "--kv-mem", "1M",
+                        "-r", "1"}, "-d 4096 plus -p/-n 64 needs 4160 tokens of KV cache; --kv-mem 1M holds 128"},
+                // a synthetic model's weight format does not silently go with a model file
+                {new String[] {"bench", "-m", "none.gguf", "--weights", "q4_0", "-p", "8", "-n", "0", "-r", "1"},
+                        "--weights sets a synthetic model's weights"},
+                {new String[] {"bench-serve", "-m", "none.gguf", "--synthetic", "tiny"},
+                        "give either -m or --synthetic, not both"},
         };
         for (Object[] c : cases) {
             Run r = run((String[]) c[0]);

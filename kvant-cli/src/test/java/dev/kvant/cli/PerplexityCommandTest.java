@@ -40,4 +40,20 @@ class PerplexityCommandTest {
         assertTrue(plain.out().strip().matches("\\{\"ppl\":" + Pattern.quote(m.group(1))
                 + ",\"ppl_err\":[0-9.]+,\"chunks\":3,\"ctx\":128,\"tokens_scored\":189}"), plain.out());
     }
+
+    /** With --kv-mem, a -c the budget cannot hold is refused before any work (and one it holds runs). */
+    @Test
+    void aContextTheKvBudgetCannotHoldIsRefused(@TempDir Path dir) throws Exception {
+        Path model = SparseCommandsTest.tinycode("tinycode-q8_0.gguf");
+        Path text = dir.resolve("text.txt");
+        Files.write(text, Arrays.copyOf(Files.readAllBytes(SparseCommandsTest.tinycode("eval-heldout.txt")), 4000));
+        MainTest.Run over = MainTest.run("perplexity", "-m", model.toString(), "-f", text.toString(), "-c", "4096",
+                "--chunks", "1", "-t", "2", "--backend", "cpu", "--kv-mem", "1M");
+        assertEquals(1, over.code(), over.err());
+        assertTrue(over.err().contains("perplexity at -c 4096 needs 4096 tokens of KV cache; --kv-mem 1M holds"),
+                over.err());
+        MainTest.Run fits = MainTest.run("perplexity", "-m", model.toString(), "-f", text.toString(), "-c", "128",
+                "--chunks", "1", "-t", "2", "--backend", "cpu", "--kv-mem", "1M", "--json");
+        assertEquals(0, fits.code(), fits.err());
+    }
 }
