@@ -30,11 +30,11 @@ public interface BackendSequence extends AutoCloseable {
     void fillRandom(int tokens, long seed);
 
     /**
-     * The cache pages this sequence alone holds (no fork shares them): what closing it gives back to the pool. -1
-     * where the backend does not say.
+     * The ids of this sequence's cache pages in its pool (a copy; {@link SequencePool#holders} counts a page's
+     * holders), so that what closing some sequences gives back can be told; null where the backend does not say.
      */
-    default int pagesHeldAlone() {
-        return -1;
+    default int[] pageIds() {
+        return null;
     }
 
     /** Forgets everything after the first {@code length} tokens. */

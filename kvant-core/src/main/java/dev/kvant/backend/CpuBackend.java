@@ -138,6 +138,11 @@ public final class CpuBackend implements Backend {
         }
 
         @Override
+        public int holders(int page) {
+            return cache.refCount(page);
+        }
+
+        @Override
         public Sequence newSequence(int capacity) {
             checkCapacity(capacity);
             return new Sequence(cache, cache.newSequence(), capacity, false);
@@ -194,8 +199,8 @@ public final class CpuBackend implements Backend {
         }
 
         @Override
-        public int pagesHeldAlone() {
-            return kv.pagesHeldAlone();
+        public int[] pageIds() {
+            return kv.pageIds();
         }
 
         @Override

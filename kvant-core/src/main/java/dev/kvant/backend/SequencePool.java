@@ -41,6 +41,14 @@ public interface SequencePool extends AutoCloseable {
         return true;
     }
 
+    /**
+     * How many sequences hold the page ({@link BackendSequence#pageIds}): closing them all gives it back. -1 where
+     * the backend does not say.
+     */
+    default int holders(int page) {
+        return -1;
+    }
+
     /** Frees the pages; every sequence of the pool is unusable afterwards. */
     @Override
     void close();

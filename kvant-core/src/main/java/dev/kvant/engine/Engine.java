@@ -416,7 +416,7 @@ public final class Engine implements AutoCloseable {
         // every page not free is the cache's.
         while (available() < maxPages - m.tokens() / pageTokens) {
             int shortBy = maxPages - m.tokens() / pageTokens - available();
-            boolean hopeless = !running.isEmpty() && cache.pagesExcept(m.entry(), pageTokens) < shortBy;
+            boolean hopeless = !running.isEmpty() && cache.pagesExcept(m.entry(), pool) < shortBy;
             if (hopeless || !cache.evictLeastRecent(m.entry())) {
                 if (m.entry() == null || !running.isEmpty()) {
                     return false;

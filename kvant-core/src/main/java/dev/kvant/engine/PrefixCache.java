@@ -1,15 +1,18 @@
 package dev.kvant.engine;
 
 import dev.kvant.backend.BackendSequence;
+import dev.kvant.backend.SequencePool;
 
 import java.util.ArrayList;
+import java.util.HashMap;
 import java.util.List;
+import java.util.Map;
 
 /**
  * Sequences kept after their request ended, with the tokens they hold, so that a later prompt that starts with the
  * same tokens (the next turn of a conversation, a shared system prompt) forks their pages instead of computing them.
  * The pages are reference-counted by the pool: an entry that shares pages with running sequences or other entries
- * frees only the pages it alone holds when it is evicted. Entries are evicted least recently used first, when pages
+ * frees only the pages it alone holds when it is evicted (a page shared between entries goes with the last). Entries are evicted least recently used first, when pages
  * are needed or there are more than maxEntries.
  *
  * <p>Used by the engine's thread only; the counters may be read from any thread.
@@ -98,17 +101,30 @@ final class PrefixCache {
     }
 
     /**
-     * What evicting every entry but keep would free, about: the pages each holds alone (a page an entry shares with a
-     * running sequence — the prompt pages kept while it runs — stays until that one goes; pages shared only between
-     * entries are not counted, so this may fall short, never over). Where the backend does not say, an entry's pages
-     * are counted as if none were shared.
+     * What evicting every entry but keep would free: the pages whose every holder is one of those entries (a page an
+     * entry shares with a running sequence — the prompt pages kept while it runs — stays until that one goes; one
+     * shared only between entries goes with the last of them). Where the backend does not say, an entry's pages are
+     * counted as if none were shared.
      */
-    int pagesExcept(Entry keep, int pageTokens) {
+    int pagesExcept(Entry keep, SequencePool pool) {
         long n = 0;
+        Map<Integer, Integer> held = new HashMap<>();
         for (Entry e : entries) {
             if (e != keep) {
-                int alone = e.seq.pagesHeldAlone();
-                n += alone >= 0 ? alone : (e.seq.length() + pageTokens - 1) / pageTokens;
+                int[] ids = e.seq.pageIds();
+                if (ids == null) {
+                    n += (e.seq.length() + pool.pageTokens() - 1) / pool.pageTokens();
+                    continue;
+                }
+                for (int id : ids) {
+                    held.merge(id, 1, Integer::sum);
+                }
+            }
+        }
+        for (Map.Entry<Integer, Integer> h : held.entrySet()) {
+            int holders = pool.holders(h.getKey());
+            if (holders < 0 || holders == h.getValue()) {
+                n++;
             }
         }
         return (int) Math.min(n, Integer.MAX_VALUE);

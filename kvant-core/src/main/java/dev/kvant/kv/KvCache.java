@@ -394,7 +394,8 @@ public final class KvCache implements AutoCloseable {
         arena.close();
     }
 
-    int refCount(int page) {
+    /** How many sequences hold the page: the last one to close gives it back. */
+    public int refCount(int page) {
         synchronized (allocator) {
             return allocator.refCount(page);
         }

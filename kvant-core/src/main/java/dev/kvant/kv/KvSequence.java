@@ -55,16 +55,10 @@ public final class KvSequence implements AutoCloseable {
         return pageCount;
     }
 
-    /** Pages of the table no other sequence shares: what {@link #close} gives back. */
-    public int pagesHeldAlone() {
+    /** The pages of the table, in order (a copy); {@link KvCache#refCount} says how many sequences hold each. */
+    public int[] pageIds() {
         synchronized (allocator) {
-            int n = 0;
-            for (int p = 0; p < pageCount; p++) {
-                if (allocator.refCount(table[p]) == 1) {
-                    n++;
-                }
-            }
-            return n;
+            return java.util.Arrays.copyOf(table, pageCount);
         }
     }
 

@@ -163,6 +163,7 @@ class EngineTest {
                 @Override public int pageTokens() { return p.pageTokens(); }
                 @Override public int totalPages() { return p.totalPages(); }
                 @Override public int freePages() { return p.freePages(); }
+                @Override public int holders(int page) { return p.holders(page); }
                 @Override public BackendSequence newSequence(int capacity) { return new Tracked(p.newSequence(capacity)); }
                 @Override public BackendSequence fork(BackendSequence parent, int prefix, int capacity) {
                     check(parent, "forked");
@@ -187,7 +188,7 @@ class EngineTest {
 
             @Override public int length() { return seq.length(); }
             @Override public int capacity() { return seq.capacity(); }
-            @Override public int pagesHeldAlone() { return seq.pagesHeldAlone(); }
+            @Override public int[] pageIds() { return seq.pageIds(); }
             @Override public void forward(int[] t, int off, int n, boolean all, float[] out) { check(this, "fed"); seq.forward(t, off, n, all, out); }
             @Override public int forwardGreedy(int[] t, int off, int n) { check(this, "fed"); return seq.forwardGreedy(t, off, n); }
             @Override public void fillRandom(int tokens, long seed) { check(this, "filled"); seq.fillRandom(tokens, seed); }
@@ -243,6 +244,42 @@ class EngineTest {
                     return result[0];
                 }
             };
+        }
+    }
+
+    /**
+     * What evicting the prefix entries would free counts a page shared only between entries (it goes with the last
+     * of them) and not one a running sequence holds too: two entries, b forked from a's first two pages and grown by
+     * a page of its own, and a running sequence forked from their first page. Evicting both frees a's third page,
+     * b's own page and their shared second page: 3 — where counting each entry's pages held alone gave 2; keeping b,
+     * a alone frees its third page: 1. And evicting them does give that many back.
+     */
+    @Test
+    void evictingPrefixEntriesCountsThePagesOnlyTheyShare() {
+        try (SequencePool pool = backend.newSequencePool(8 * CTX, F16, F16)) {
+            int pt = pool.pageTokens();
+            BackendSequence a = pool.newSequence(CTX);
+            a.fillRandom(3 * pt, SEED);
+            BackendSequence b = pool.fork(a, 2 * pt, CTX);
+            b.fillRandom(pt, SEED + 1);
+            BackendSequence running = pool.fork(a, pt, CTX);
+            PrefixCache cache = new PrefixCache(8);
+            int[] ta = new int[3 * pt];
+            int[] tb = new int[3 * pt];
+            java.util.Arrays.fill(ta, 1);
+            java.util.Arrays.fill(tb, 2);
+            cache.insert(ta, a);
+            cache.insert(tb, b);
+            assertEquals(3, cache.pagesExcept(null, pool));
+            PrefixCache.Match kept = cache.match(java.util.Arrays.copyOf(tb, 2 * pt + 1));
+            assertEquals(2 * pt, kept.tokens());
+            assertEquals(1, cache.pagesExcept(kept.entry(), pool));
+            int free = pool.freePages();
+            while (cache.evictLeastRecent(null)) {
+                // every entry
+            }
+            assertEquals(free + 3, pool.freePages());
+            running.close();
         }
     }
 

@@ -733,6 +733,11 @@ public final class CudaBackend implements Backend {
         }
 
         @Override
+        public int holders(int page) {
+            return pool.holders(page);
+        }
+
+        @Override
         public BackendSequence newSequence(int capacity) {
             check(capacity);
             return new Sequence(pool, capacity);
@@ -1081,14 +1086,8 @@ public final class CudaBackend implements Backend {
         }
 
         @Override
-        public int pagesHeldAlone() {
-            int n = 0;
-            for (int i = 0; i < pageCount; i++) {
-                if (!pool.shared(pages[i])) {
-                    n++;
-                }
-            }
-            return n;
+        public int[] pageIds() {
+            return java.util.Arrays.copyOf(pages, pageCount);
         }
 
         /** The free pages {@link #ensurePages}(tokens) would take: new pages, and copies of shared ones. */

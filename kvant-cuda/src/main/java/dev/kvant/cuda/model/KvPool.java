@@ -213,6 +213,10 @@ final class KvPool implements AutoCloseable {
         refs[page]++;
     }
 
+    synchronized int holders(int page) {
+        return refs[page];
+    }
+
     synchronized boolean shared(int page) {
         return refs[page] > 1;
     }
