@@ -88,28 +88,29 @@ final class AttentionBenchCommand implements Runnable {
             ModelOptions.checkThreads(t);
         }
         if (heads < 1 || kvHeads < 1) {
-            throw new IllegalArgumentException("--heads and --kv-heads must be at least 1, got " + heads + " and "
+            throw new UsageException("--heads and --kv-heads must be at least 1, got " + heads + " and "
                     + kvHeads);
         }
         if (reps < 1) {
-            throw new IllegalArgumentException("-r must be at least 1");
+            throw new UsageException("-r must be at least 1");
         }
         for (int c : ctx) {
             if (c < 1) {
-                throw new IllegalArgumentException("--ctx must be at least 1, got " + c);
+                throw new UsageException("--ctx must be at least 1, got " + c);
             }
         }
         if (heads % kvHeads != 0) {
-            throw new IllegalArgumentException("--heads " + heads + " must be a multiple of --kv-heads " + kvHeads);
+            throw new UsageException("--heads " + heads + " must be a multiple of --kv-heads " + kvHeads);
         }
-        List<KvFormat> fs = formats.stream().map(KvFormat::parse).toList();
+        List<KvFormat> fs = UsageException.parsing(() -> formats.stream().map(KvFormat::parse).toList());
         Progress progress = new Progress(json);
         String machine = AttentionBench.machine();
         if (replay != null) {
             replay(fs, progress, machine);
             return;
         }
-        SelectionConfig select = selectBudget > 0 ? SelectionConfig.topK(selectBudget).withCoarse(selectCoarse) : null;
+        SelectionConfig select = selectBudget > 0
+                ? UsageException.parsing(() -> SelectionConfig.topK(selectBudget).withCoarse(selectCoarse)) : null;
         List<AttentionBench.Row> rows = AttentionBench.run(new AttentionBench.Settings(fs, ctx, threads, heads, kvHeads,
                 headDim, reps, prefill, new AttentionOptions(0f, sparseV), (long) copyMb << 20, select),
                 progress::update);

@@ -114,33 +114,33 @@ final class BenchCommand implements Runnable {
     public void run() {
         ModelOptions.checkThreads(opts.threads);
         if (reps < 1) {
-            throw new IllegalArgumentException("-r must be at least 1");
+            throw new UsageException("-r must be at least 1");
         }
         if (sequences < 1 || sequences > 256) {
-            throw new IllegalArgumentException("-np must be between 1 and 256, got " + sequences);
+            throw new UsageException("-np must be between 1 and 256, got " + sequences);
         }
         for (int[] list : new int[][] {prompt, gen, depth}) {
             for (int v : list) {
                 if (v < 0) {
-                    throw new IllegalArgumentException("sizes and depths must not be negative");
+                    throw new UsageException("sizes and depths must not be negative");
                 }
             }
         }
         if (Arrays.stream(prompt).allMatch(p -> p == 0) && Arrays.stream(gen).allMatch(n -> n == 0)) {
-            throw new IllegalArgumentException("nothing to run: every -p and -n is 0");
+            throw new UsageException("nothing to run: every -p and -n is 0");
         }
         // a context of the deepest -d and the longest -p or -n, for each of -np sequences, must fit an int
         long longest = Math.max(Arrays.stream(prompt).max().orElse(0), Arrays.stream(gen).max().orElse(0));
         long context = Arrays.stream(depth).max().orElse(0) + longest;
         if (context * sequences > Integer.MAX_VALUE / 2) {
-            throw new IllegalArgumentException("-d " + Arrays.stream(depth).max().orElse(0) + " plus -p/-n " + longest
+            throw new UsageException("-d " + Arrays.stream(depth).max().orElse(0) + " plus -p/-n " + longest
                     + " for -np " + sequences + " sequences is " + context * sequences + " tokens of cache: too many");
         }
         ModelOptions.checkModelChoice(spec, opts.model, synthetic);
         boolean randomDepth = switch (depthFill.toLowerCase(java.util.Locale.ROOT)) {
             case "prefill" -> false;
             case "random" -> true;
-            default -> throw new IllegalArgumentException("--depth-fill: prefill or random, not '" + depthFill + "'");
+            default -> throw new UsageException("--depth-fill: prefill or random, not '" + depthFill + "'");
         };
         if (randomDepth && !json) {
             System.err.println("--depth-fill random: the cache depth holds random K/V rows, not a prefill's");
@@ -160,7 +160,7 @@ final class BenchCommand implements Runnable {
              Backend backend = opts.openBackend(model, pool, Math.min(sequences, ModelOptions.MAX_DEVICE_BATCH))) {
             if (selectOpts.config() != null && !backend.name().equals("cpu")) {
                 if (selectOpts.dump != null) {
-                    throw new IllegalArgumentException("--dump-selection records the CPU backend's selections only"
+                    throw new UsageException("--dump-selection records the CPU backend's selections only"
                             + " (use --backend cpu)");
                 }
             }
@@ -168,7 +168,8 @@ final class BenchCommand implements Runnable {
             List<KvLayerFormats> pairs = new ArrayList<>();
             if (kvList != null) {
                 for (String f : kvList) {
-                    pairs.add(opts.withLayers(KvLayerFormats.of(KvFormat.parse(f), KvFormat.parse(f))));
+                    KvFormat kf = UsageException.parsing(() -> KvFormat.parse(f));
+                    pairs.add(opts.withLayers(KvLayerFormats.of(kf, kf)));
                 }
             } else {
                 pairs.add(opts.kvFormats());

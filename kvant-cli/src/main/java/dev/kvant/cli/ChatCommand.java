@@ -57,7 +57,7 @@ final class ChatCommand implements Runnable {
     public void run() {
         ModelOptions.checkThreads(opts.threads);
         if (nPredict < 0) {
-            throw new IllegalArgumentException("-n must not be negative");
+            throw new UsageException("-n must not be negative");
         }
         PrintStream out = new PrintStream(System.out, true, StandardCharsets.UTF_8);
         BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));

@@ -59,10 +59,10 @@ final class KvEvalCommand implements Runnable {
     @Override
     public void run() {
         if ((model == null) != (file == null)) {
-            throw new IllegalArgumentException("give -m and -f together (the model reads the text)");
+            throw new UsageException("give -m and -f together (the model reads the text)");
         }
         if (rows < 1 || headDim < 1 || tokens < 2) {
-            throw new IllegalArgumentException("--rows, --head-dim must be positive and --tokens at least 2");
+            throw new UsageException("--rows, --head-dim must be positive and --tokens at least 2");
         }
         List<KvFormat> formats = KvFormat.all();
         List<Line> lines = new ArrayList<>();

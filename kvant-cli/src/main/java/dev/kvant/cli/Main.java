@@ -28,7 +28,7 @@ public final class Main implements Runnable {
             if (System.getenv("KVANT_DEBUG") != null) {
                 e.printStackTrace(cmd.getErr());
             }
-            return 1;
+            return e instanceof UsageException ? CommandLine.ExitCode.USAGE : 1;
         });
         try {
             return cl.execute(args);

@@ -59,7 +59,7 @@ final class ModelOptions {
     int prefillChunk(Backend backend) {
         if (prefillChunkOption != null) {
             if (prefillChunkOption < 1) {
-                throw new IllegalArgumentException("--prefill-chunk must be positive, got " + prefillChunkOption);
+                throw new UsageException("--prefill-chunk must be positive, got " + prefillChunkOption);
             }
             return prefillChunkOption;
         }
@@ -133,10 +133,10 @@ final class ModelOptions {
     static void checkModelChoice(picocli.CommandLine.Model.CommandSpec spec, java.nio.file.Path model,
                                  String synthetic) {
         if (model != null && synthetic != null) {
-            throw new IllegalArgumentException("give either -m or --synthetic, not both");
+            throw new UsageException("give either -m or --synthetic, not both");
         }
         if (model != null && spec.commandLine().getParseResult().hasMatchedOption("--weights")) {
-            throw new IllegalArgumentException("--weights sets a synthetic model's weights; a model file (-m) has"
+            throw new UsageException("--weights sets a synthetic model's weights; a model file (-m) has"
                     + " its own");
         }
     }
@@ -168,16 +168,16 @@ final class ModelOptions {
             }
             return (long) (v * mult);
         } catch (NumberFormatException e) {
-            throw new IllegalArgumentException("--kv-mem: cannot read '" + s + "' as a size (e.g. 8G, 512M)");
+            throw new UsageException("--kv-mem: cannot read '" + s + "' as a size (e.g. 8G, 512M)");
         }
     }
 
     KvFormat kFormat() {
-        return KvFormat.parse(ctk);
+        return UsageException.parsing(() -> KvFormat.parse(ctk));
     }
 
     KvFormat vFormat() {
-        return KvFormat.parse(ctv);
+        return UsageException.parsing(() -> KvFormat.parse(ctv));
     }
 
     /** --ctk and --ctv for every layer, with the layers --ctk-layer and --ctv-layer give formats of their own. */
@@ -189,10 +189,10 @@ final class ModelOptions {
     KvLayerFormats withLayers(KvLayerFormats base) {
         KvLayerFormats f = base;
         for (String spec : ctkLayers) {
-            f = f.withK(layerOf("--ctk-layer", spec), KvFormat.parse(formatOf(spec)));
+            f = f.withK(layerOf("--ctk-layer", spec), UsageException.parsing(() -> KvFormat.parse(formatOf(spec))));
         }
         for (String spec : ctvLayers) {
-            f = f.withV(layerOf("--ctv-layer", spec), KvFormat.parse(formatOf(spec)));
+            f = f.withV(layerOf("--ctv-layer", spec), UsageException.parsing(() -> KvFormat.parse(formatOf(spec))));
         }
         return f;
     }
@@ -205,7 +205,7 @@ final class ModelOptions {
             }
             return Integer.parseInt(spec.substring(0, eq).strip());
         } catch (NumberFormatException e) {
-            throw new IllegalArgumentException(option + ": '" + spec + "' is not LAYER=FORMAT (e.g. -1=q8_0: the last"
+            throw new UsageException(option + ": '" + spec + "' is not LAYER=FORMAT (e.g. -1=q8_0: the last"
                     + " layer in q8_0)");
         }
     }
@@ -233,15 +233,15 @@ final class ModelOptions {
         }
         String name = backend.toLowerCase(java.util.Locale.ROOT);
         if (gpus == null && !"auto".equalsIgnoreCase(layerSplit.strip())) {
-            throw new IllegalArgumentException("--layer-split needs --gpus (one GPU per part)");
+            throw new UsageException("--layer-split needs --gpus (one GPU per part)");
         }
         if (gpus != null && name.equals("cpu")) {
-            throw new IllegalArgumentException("--gpus names GPUs for the cuda backend; --backend cpu uses none");
+            throw new UsageException("--gpus names GPUs for the cuda backend; --backend cpu uses none");
         }
         if (gpus != null) {
             for (int g : gpus) {
                 if (g < 0) {
-                    throw new IllegalArgumentException("--gpus takes GPU ordinals 0, 1, ... (nvidia-smi's), got " + g);
+                    throw new UsageException("--gpus takes GPU ordinals 0, 1, ... (nvidia-smi's), got " + g);
                 }
             }
         }
@@ -265,7 +265,7 @@ final class ModelOptions {
                     yield new CpuBackend(loaded, pool);
                 }
             }
-            default -> throw new IllegalArgumentException("--backend: unknown backend '" + backend
+            default -> throw new UsageException("--backend: unknown backend '" + backend
                     + "' (cpu, cuda, auto)");
         };
     }
@@ -288,12 +288,12 @@ final class ModelOptions {
                 split = java.util.Arrays.stream(layerSplit.split(",")).map(String::strip).mapToInt(Integer::parseInt)
                         .toArray();
             } catch (NumberFormatException e) {
-                throw new IllegalArgumentException("--layer-split: '" + layerSplit
+                throw new UsageException("--layer-split: '" + layerSplit
                         + "' is neither auto nor a list of layer counts (e.g. 14,18)");
             }
         }
         if (split != null && gpus == null) {
-            throw new IllegalArgumentException("--layer-split needs --gpus (one GPU per part)");
+            throw new UsageException("--layer-split needs --gpus (one GPU per part)");
         }
         return CudaBackend.open(loaded, new CudaBackend.Options(maxBatch,
                 prefillChunkOption != null ? Math.max(prefillChunkOption, 1) : CUDA_PREFILL_CHUNK, kvTokens,
@@ -302,7 +302,7 @@ final class ModelOptions {
 
     LlamaModel load() {
         if (model == null) {
-            throw new IllegalArgumentException("no model given: pass -m path/to/model.gguf");
+            throw new UsageException("no model given: pass -m path/to/model.gguf");
         }
         if (!Files.isRegularFile(model)) {
             throw new IllegalArgumentException("model file not found: " + model);
@@ -315,14 +315,14 @@ final class ModelOptions {
         try {
             type = GgmlType.valueOf(weightType.toUpperCase(java.util.Locale.ROOT));
         } catch (IllegalArgumentException e) {
-            throw new IllegalArgumentException("unknown weight type '" + weightType + "'");
+            throw new UsageException("unknown weight type '" + weightType + "'");
         }
-        return SyntheticModel.build(SyntheticModel.Shape.parse(shape), type, 42);
+        return SyntheticModel.build(UsageException.parsing(() -> SyntheticModel.Shape.parse(shape)), type, 42);
     }
 
     static void checkThreads(int threads) {
         if (threads < 1 || threads > 1024) {
-            throw new IllegalArgumentException("--threads must be between 1 and 1024, got " + threads);
+            throw new UsageException("--threads must be between 1 and 1024, got " + threads);
         }
     }
 }

@@ -83,11 +83,11 @@ final class NeedleCommand implements Runnable {
     public void run() {
         ModelOptions.checkThreads(opts.threads);
         if ((probes == null) == (haystack == null)) {
-            throw new IllegalArgumentException("give exactly one of --probes FILE.jsonl and --haystack TEXT");
+            throw new UsageException("give exactly one of --probes FILE.jsonl and --haystack TEXT");
         }
         selectOpts.config();
         if (maxNew < 1) {
-            throw new IllegalArgumentException("--max-new must be at least 1 (the answer is read from it), got " + maxNew);
+            throw new UsageException("--max-new must be at least 1 (the answer is read from it), got " + maxNew);
         }
         if (probes != null && !java.nio.file.Files.isReadable(probes)) {   // before the model is loaded
             throw new IllegalArgumentException("--probes: cannot read " + probes);
@@ -98,7 +98,7 @@ final class NeedleCommand implements Runnable {
              SelectionLog.Writer dump = selectOpts.apply(model, opts.model, probes, haystack);
              Backend backend = opts.openBackend(model, pool)) {
             if (selectOpts.dump != null && !backend.name().equals("cpu")) {
-                throw new IllegalArgumentException("--dump-selection records the CPU backend's selections only"
+                throw new UsageException("--dump-selection records the CPU backend's selections only"
                         + " (use --backend cpu)");
             }
             Tokenizer tok = model.tokenizer();
@@ -194,7 +194,7 @@ final class NeedleCommand implements Runnable {
             int length = parseLength(l);
             for (int d : depths) {
                 if (d < 0 || d > 100) {
-                    throw new IllegalArgumentException("--depths: " + d + " is not a percentage");
+                    throw new UsageException("--depths: " + d + " is not a percentage");
                 }
                 for (int k = 0; k < n; k++) {
                     out.add(NeedleProbe.passKey(tok, template, text, length, d / 100.0, rnd, k));
@@ -221,7 +221,7 @@ final class NeedleCommand implements Runnable {
             }
             return Math.multiplyExact(v, mult);
         } catch (NumberFormatException | ArithmeticException e) {
-            throw new IllegalArgumentException("--lengths: cannot read '" + s + "' as a token count (e.g. 8k, 32768)");
+            throw new UsageException("--lengths: cannot read '" + s + "' as a token count (e.g. 8k, 32768)");
         }
     }
 

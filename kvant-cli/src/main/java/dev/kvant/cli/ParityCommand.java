@@ -74,12 +74,12 @@ final class ParityCommand implements Callable<Integer> {
     public Integer call() {
         ModelOptions.checkThreads(threads);
         long s = seed != null ? seed : new SplittableRandom().nextLong();
-        AttentionParity.Settings settings = new AttentionParity.Settings(KvFormat.parse(ctk), KvFormat.parse(ctv), ctx,
-                queries, kvHeads, heads, headDim, headDimV != null ? headDimV : headDim, s,
-                new AttentionOptions(softCap, sparseV));
+        AttentionParity.Settings settings = UsageException.parsing(() -> new AttentionParity.Settings(
+                KvFormat.parse(ctk), KvFormat.parse(ctv), ctx, queries, kvHeads, heads, headDim,
+                headDimV != null ? headDimV : headDim, s, new AttentionOptions(softCap, sparseV)));
         String which = backend.toLowerCase(java.util.Locale.ROOT);
         if (!which.equals("cpu") && !which.equals("cuda") && !which.equals("all")) {
-            throw new IllegalArgumentException("--backend: unknown backend '" + backend + "' (cpu, cuda, all)");
+            throw new UsageException("--backend: unknown backend '" + backend + "' (cpu, cuda, all)");
         }
         AttentionParity.Report report;
         CudaContext context = null;

@@ -51,7 +51,7 @@ final class PerplexityCommand implements Runnable {
     public void run() {
         ModelOptions.checkThreads(opts.threads);
         if (chunks < 0) {
-            throw new IllegalArgumentException("--chunks must not be negative (0 = all), got " + chunks);
+            throw new UsageException("--chunks must not be negative (0 = all), got " + chunks);
         }
         String text = TextFiles.read(file);
         Progress progress = new Progress(json);
@@ -62,7 +62,7 @@ final class PerplexityCommand implements Runnable {
              Session session = new Session(backend, budgeted(model, ctx), opts.kvFormats(),
                      opts.prefillChunk(backend))) {
             if (selectOpts.dump != null && !backend.name().equals("cpu")) {
-                throw new IllegalArgumentException("--dump-selection records the CPU backend's selections only"
+                throw new UsageException("--dump-selection records the CPU backend's selections only"
                         + " (use --backend cpu)");
             }
             Tokenizer tok = model.tokenizer();

@@ -43,7 +43,7 @@ final class RunCommand implements Runnable {
     public void run() {
         ModelOptions.checkThreads(opts.threads);
         if (nPredict < 0) {
-            throw new IllegalArgumentException("-n must not be negative");
+            throw new UsageException("-n must not be negative");
         }
         PrintStream out = new PrintStream(System.out, true, StandardCharsets.UTF_8);
         try (LlamaModel model = opts.load();

@@ -59,15 +59,16 @@ final class SelectOptions {
                         || page != SelectionConfig.DEFAULT_BLOCK || sink != SelectionConfig.DEFAULT_SINK
                         || recent != SelectionConfig.DEFAULT_RECENT
                         || denseLayers != SelectionConfig.DEFAULT_DENSE_LAYERS) {
-                    throw new IllegalArgumentException("--select-budget, --select-page, --select-sink,"
+                    throw new UsageException("--select-budget, --select-page, --select-sink,"
                             + " --select-recent, --select-dense-layers, --select-coarse and --select-coarse-keep shape"
                             + " a top-k selection: add --select topk");
                 }
                 yield null;
             }
-            case "topk" -> new SelectionConfig(budget, page, sink, recent, denseLayers, coarse,
-                    coarse > 0 && coarseKeep == 0 ? SelectionConfig.defaultCoarseKeep(budget, coarse) : coarseKeep);
-            default -> throw new IllegalArgumentException("--select: unknown selection '" + select + "' (dense, topk)");
+            case "topk" -> UsageException.parsing(() -> new SelectionConfig(budget, page, sink, recent, denseLayers,
+                    coarse, coarse > 0 && coarseKeep == 0 ? SelectionConfig.defaultCoarseKeep(budget, coarse)
+                            : coarseKeep));
+            default -> throw new UsageException("--select: unknown selection '" + select + "' (dense, topk)");
         };
     }
 
@@ -83,11 +84,11 @@ final class SelectOptions {
             return null;
         }
         if (c == null) {
-            throw new IllegalArgumentException("--dump-selection records selections: it needs --select topk");
+            throw new UsageException("--dump-selection records selections: it needs --select topk");
         }
         for (Path in : inputs) {
             if (in != null && dump.toAbsolutePath().normalize().equals(in.toAbsolutePath().normalize())) {
-                throw new IllegalArgumentException("--dump-selection " + dump + " is an input of this run; name"
+                throw new UsageException("--dump-selection " + dump + " is an input of this run; name"
                         + " another file");
             }
         }

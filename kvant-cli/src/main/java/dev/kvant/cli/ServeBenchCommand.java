@@ -98,11 +98,11 @@ final class ServeBenchCommand implements Runnable {
         ModelOptions.checkThreads(opts.threads);
         ModelOptions.checkModelChoice(spec, opts.model, synthetic);
         if (opts.model == null && synthetic == null) {
-            throw new IllegalArgumentException("no model given: pass -m path/to/model.gguf or --synthetic SHAPE");
+            throw new UsageException("no model given: pass -m path/to/model.gguf or --synthetic SHAPE");
         }
         long s = seed != null ? seed : new SplittableRandom().nextLong();
         if (selectOpts.dump != null) {
-            throw new IllegalArgumentException("--dump-selection records the selections of one run (perplexity,"
+            throw new UsageException("--dump-selection records the selections of one run (perplexity,"
                     + " needle, bench on the CPU), not of a server");
         }
         try (LlamaModel model = synthetic != null ? ModelOptions.synthetic(synthetic, weights) : opts.load();
@@ -122,7 +122,7 @@ final class ServeBenchCommand implements Runnable {
                 case "batching" -> batching(setup, s);
                 case "prefix" -> prefix(setup, model);
                 case "load" -> load(setup, s);
-                default -> throw new IllegalArgumentException("--mode must be batching, prefix or load, got " + mode);
+                default -> throw new UsageException("--mode must be batching, prefix or load, got " + mode);
             }
         }
     }
@@ -157,7 +157,7 @@ final class ServeBenchCommand implements Runnable {
             corpus = sb.toString();
         }
         if (conversation + 64 >= setup.contextLength()) {
-            throw new IllegalArgumentException("--conversation " + conversation + " needs a context above it: raise -c");
+            throw new UsageException("--conversation " + conversation + " needs a context above it: raise -c");
         }
         ServeBench.PrefixReuse p = ServeBench.prefixReuse(setup, corpus, conversation);
         System.out.println("| turn | prompt tokens | cached | time to first token |");

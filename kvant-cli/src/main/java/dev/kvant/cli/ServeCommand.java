@@ -105,26 +105,26 @@ final class ServeCommand implements Runnable {
     public void run() {
         ModelOptions.checkThreads(opts.threads);
         if (parallel < 1 || parallel > 256) {
-            throw new IllegalArgumentException("--parallel must be between 1 and 256, got " + parallel);
+            throw new UsageException("--parallel must be between 1 and 256, got " + parallel);
         }
         if (pipeline < 0) {
-            throw new IllegalArgumentException("--pipeline must not be negative, got " + pipeline);
+            throw new UsageException("--pipeline must not be negative, got " + pipeline);
         }
         if (ctx != null && ctx < 1) {
-            throw new IllegalArgumentException("-c must be at least 1, got " + ctx);
+            throw new UsageException("-c must be at least 1, got " + ctx);
         }
         long wanted = poolTokens(parallel, ctx != null ? ctx : 4096);
         if (opts.kvMem == null && wanted > Integer.MAX_VALUE) {
-            throw new IllegalArgumentException("--parallel " + parallel + " x -c " + ctx + " is " + wanted
+            throw new UsageException("--parallel " + parallel + " x -c " + ctx + " is " + wanted
                     + " tokens of KV cache, more than one pool holds (" + Integer.MAX_VALUE + "); use fewer or"
                     + " shorter sequences, or --kv-mem");
         }
         ModelOptions.checkModelChoice(spec, opts.model, synthetic);
         if (opts.model == null && synthetic == null) {
-            throw new IllegalArgumentException("no model given: pass -m path/to/model.gguf (or --synthetic SHAPE)");
+            throw new UsageException("no model given: pass -m path/to/model.gguf (or --synthetic SHAPE)");
         }
         if (selectOpts.dump != null) {
-            throw new IllegalArgumentException("--dump-selection records the selections of one run (perplexity,"
+            throw new UsageException("--dump-selection records the selections of one run (perplexity,"
                     + " needle, bench on the CPU), not of a server");
         }
         try (LlamaModel model = synthetic != null ? ModelOptions.synthetic(synthetic, weights) : opts.load();

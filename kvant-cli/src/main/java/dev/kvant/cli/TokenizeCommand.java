@@ -35,7 +35,7 @@ final class TokenizeCommand implements Runnable {
     @Override
     public void run() {
         if ((prompt == null) == (file == null)) {
-            throw new IllegalArgumentException("give exactly one of -p and -f");
+            throw new UsageException("give exactly one of -p and -f");
         }
         String text = prompt != null ? prompt : TextFiles.read(file);
         int[] ids;

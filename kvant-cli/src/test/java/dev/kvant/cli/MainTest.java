@@ -77,26 +77,27 @@ class MainTest {
     void emptyOrImpossibleRequestsAreOneLineErrors() {
         Object[][] cases = {
                 {new String[] {"bench", "--synthetic", "tiny", "-p", "0", "-n", "0", "-r", "1"},
-                        "nothing to run: every -p and -n is 0"},
+                        "nothing to run: every -p and -n is 0", 2},
                 {new String[] {"bench-attention", "--kv-heads", "0", "--ctx", "64", "-r", "1"},
-                        "--heads and --kv-heads must be at least 1"},
-                {new String[] {"bench-attention", "--ctx", "0", "-r", "1"}, "--ctx must be at least 1, got 0"},
+                        "--heads and --kv-heads must be at least 1", 2},
+                {new String[] {"bench-attention", "--ctx", "0", "-r", "1"}, "--ctx must be at least 1, got 0", 2},
                 {new String[] {"perplexity", "-m", "none.gguf", "-f", "none.txt", "--chunks", "-1"},
-                        "--chunks must not be negative"},
+                        "--chunks must not be negative", 2},
                 {new String[] {"perplexity", "-m", "none.gguf", "-f", "no-such-text.txt"},
-                        "cannot read no-such-text.txt: no such file"},
+                        "cannot read no-such-text.txt: no such file", 1},
                 // --kv-mem is a limit for the commands that fix their context, not a hint they ignore
                 {new String[] {"bench", "--synthetic", "tiny", "-p", "64", "-n", "0", "-d", "4096", "--kv-mem", "1M",
-                        "-r", "1"}, "-d 4096 plus -p/-n 64 needs 4160 tokens of KV cache; --kv-mem 1M holds 128"},
+                        "-r", "1"}, "-d 4096 plus -p/-n 64 needs 4160 tokens of KV cache; --kv-mem 1M holds 128", 1},
                 // a synthetic model's weight format does not silently go with a model file
                 {new String[] {"bench", "-m", "none.gguf", "--weights", "q4_0", "-p", "8", "-n", "0", "-r", "1"},
-                        "--weights sets a synthetic model's weights"},
+                        "--weights sets a synthetic model's weights", 2},
                 {new String[] {"bench-serve", "-m", "none.gguf", "--synthetic", "tiny"},
-                        "give either -m or --synthetic, not both"},
+                        "give either -m or --synthetic, not both", 2},
         };
         for (Object[] c : cases) {
             Run r = run((String[]) c[0]);
-            assertEquals(1, r.code(), String.join(" ", (String[]) c[0]) + ": " + r.err());
+            // 2: a usage error (options out of range or that do not go together); 1: one met while running
+            assertEquals((int) c[2], r.code(), String.join(" ", (String[]) c[0]) + ": " + r.err());
             assertTrue(r.err().strip().startsWith("kvant: ") && r.err().contains((String) c[1])
                     && r.err().strip().lines().count() == 1, r.err());
         }
@@ -138,18 +139,18 @@ class MainTest {
         assertTrue(r.out().contains("| tg2 @ d200 |"), r.out());
         assertTrue(r.err().contains("random K/V rows"), r.err());
         Run bad = run("bench", "--synthetic", "tiny", "-p", "0", "-n", "2", "-d", "8", "-r", "1", "--depth-fill", "x");
-        assertEquals(1, bad.code());
+        assertEquals(2, bad.code());   // a usage error
         assertTrue(bad.err().contains("--depth-fill"), bad.err());
     }
 
     @Test
     void coarseSelectionOptionsNeedATopKSelection() {
         Run r = run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--select-coarse", "256");
-        assertEquals(1, r.code());
+        assertEquals(2, r.code());
         assertTrue(r.err().contains("--select topk"), r.err());
         Run bad = run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--select", "topk",
                 "--select-coarse", "100");
-        assertEquals(1, bad.code());
+        assertEquals(2, bad.code());
         assertTrue(bad.err().contains("--select-coarse"), bad.err());
     }
 
@@ -164,17 +165,17 @@ class MainTest {
     void backendChoicesThatCannotWorkAreClearErrors() {
         Run gpusOnCpu = run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--backend", "cpu",
                 "--gpus", "0,1");
-        assertEquals(1, gpusOnCpu.code());
+        assertEquals(2, gpusOnCpu.code());
         assertTrue(gpusOnCpu.err().contains("--gpus"), gpusOnCpu.err());
         Run negative = run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--backend", "cuda",
                 "--gpus", "0,-1");
-        assertEquals(1, negative.code());
+        assertEquals(2, negative.code());
         assertTrue(negative.err().contains("GPU ordinals"), negative.err());
         Run unknown = run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--backend", "tpu");
-        assertEquals(1, unknown.code());
+        assertEquals(2, unknown.code());
         assertTrue(unknown.err().contains("tpu") && unknown.err().contains("cuda"), unknown.err());
         Run split = run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--layer-split", "4,4");
-        assertEquals(1, split.code());
+        assertEquals(2, split.code());
         assertTrue(split.err().contains("--layer-split") || split.err().contains("cuda"), split.err());
     }
 
@@ -196,21 +197,21 @@ class MainTest {
         assertTrue(outside.err().contains("layer 99") && outside.err().contains("layers"), outside.err());
         Run malformed = run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--backend", "cpu",
                 "--ctk-layer", "last:q8_0");
-        assertEquals(1, malformed.code());
+        assertEquals(2, malformed.code());
         assertTrue(malformed.err().contains("LAYER=FORMAT"), malformed.err());
     }
 
     @Test
     void unknownKvFormatIsAClearError() {
         Run r = run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--ctk", "q3_x");
-        assertEquals(1, r.code());
+        assertEquals(2, r.code());
         assertTrue(r.err().contains("q3_x"), r.err());
     }
 
     @Test
     void unknownSyntheticShapeListsTheKnownOnes() {
         Run r = run("bench", "--synthetic", "gpt5", "-r", "1");
-        assertEquals(1, r.code());
+        assertEquals(2, r.code());
         assertTrue(r.err().contains("llama3-8b") && r.err().contains("tiny"), r.err());
     }
 }

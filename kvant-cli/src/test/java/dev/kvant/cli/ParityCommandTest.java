@@ -44,14 +44,14 @@ class ParityCommandTest {
             assertTrue(r.err().contains("--backend cuda"), r.err());
         }
         MainTest.Run bad = MainTest.run("parity", "--backend", "tpu");
-        assertEquals(1, bad.code());
+        assertEquals(2, bad.code());
         assertTrue(bad.err().contains("tpu") && bad.err().contains("cuda"), bad.err());
     }
 
     @Test
     void parityNamesAnUnknownFormat() {
         MainTest.Run r = MainTest.run("parity", "--ctk", "q5_1");
-        assertEquals(1, r.code());
+        assertEquals(2, r.code());
         assertTrue(r.err().contains("q5_1") && r.err().contains("turbo3"), r.err());
     }
 

@@ -20,17 +20,17 @@ class ServeCommandTest {
     @Test
     void serveWithoutAModelSaysWhatToPass() {
         MainTest.Run r = MainTest.run("serve", "--port", "0");
-        assertEquals(1, r.code());
+        assertEquals(2, r.code());
         assertTrue(r.err().contains("no model given"), r.err());
     }
 
     @Test
     void aContextOrPoolTooLargeOrTooSmallIsNamedBeforeAnythingLoads() {
         MainTest.Run big = MainTest.run("serve", "--synthetic", "tiny", "--port", "0", "-np", "256", "-c", "8388608");
-        assertEquals(1, big.code());
+        assertEquals(2, big.code());
         assertTrue(big.err().contains("tokens of KV cache, more than one pool holds"), big.err());
         MainTest.Run zero = MainTest.run("serve", "--synthetic", "tiny", "--port", "0", "-c", "0");
-        assertEquals(1, zero.code());
+        assertEquals(2, zero.code());
         assertTrue(zero.err().contains("-c must be at least 1"), zero.err());
     }
 
@@ -44,7 +44,7 @@ class ServeCommandTest {
         assertTrue(r.out().contains("| 1 |") && r.out().contains("| 2 |"), r.out());
         MainTest.Run dump = MainTest.run("serve", "--synthetic", "tiny", "--port", "0", "--select", "topk",
                 "--dump-selection", "/tmp/x.sel");
-        assertEquals(1, dump.code());
+        assertEquals(2, dump.code());
         assertTrue(dump.err().contains("--dump-selection"), dump.err());
     }
 

@@ -21,10 +21,10 @@ class SparseCommandsTest {
     void benchSizesWhoseCacheOverflowsAndNeedleWithNoAnswerAreRefused() {
         MainTest.Run r = MainTest.run("bench", "--synthetic", "tiny", "-np", "256", "-d", "9000000", "-p", "0", "-n",
                 "1");
-        assertEquals(1, r.code(), r.err());
+        assertEquals(2, r.code(), r.err());
         assertTrue(r.err().contains("-d 9000000") && r.err().contains("too many"), r.err());
         MainTest.Run n = MainTest.run("needle", "-m", "/nonexistent.gguf", "--haystack", "x", "--max-new", "0");
-        assertEquals(1, n.code(), n.err());
+        assertEquals(2, n.code(), n.err());
         assertTrue(n.err().contains("--max-new"), n.err());
         MainTest.Run p = MainTest.run("needle", "-m", "/nonexistent.gguf", "--probes", "/nonexistent.jsonl");
         assertTrue(p.err().contains("--probes: cannot read"), p.err());
@@ -34,7 +34,7 @@ class SparseCommandsTest {
     void aMalformedKvMemIsRefusedOnTheCpuToo() {
         MainTest.Run r = MainTest.run("bench", "--synthetic", "tiny", "--backend", "cpu", "-p", "8", "-n", "0", "-r",
                 "1", "--kv-mem", "garbage");
-        assertEquals(1, r.code(), r.err());
+        assertEquals(2, r.code(), r.err());
         assertTrue(r.err().contains("--kv-mem"), r.err());
     }
 
@@ -43,7 +43,7 @@ class SparseCommandsTest {
     void selectionOptionsWithoutTopkAreRefused() {
         MainTest.Run r = MainTest.run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1",
                 "--select-budget", "64");
-        assertEquals(1, r.code(), r.err());
+        assertEquals(2, r.code(), r.err());
         assertTrue(r.err().contains("add --select topk"), r.err());
     }
 
@@ -57,7 +57,7 @@ class SparseCommandsTest {
         java.nio.file.Files.writeString(f, "keep");
         MainTest.Run r = MainTest.run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--kv",
                 "f16,nonsense", "--select", "topk", "--select-budget", "64", "--dump-selection", f.toString());
-        assertEquals(1, r.code(), r.err());
+        assertEquals(2, r.code(), r.err());
         assertEquals("keep", java.nio.file.Files.readString(f), r.err());
         try (var files = java.nio.file.Files.list(dir)) {
             assertEquals(1, files.count(), "no partial file left");
@@ -71,7 +71,7 @@ class SparseCommandsTest {
     @Test
     void needleNeedsProbesOrAHaystack() {
         MainTest.Run r = MainTest.run("needle", "-m", "/nonexistent.gguf");
-        assertEquals(1, r.code());
+        assertEquals(2, r.code());
         assertTrue(r.err().contains("--probes FILE.jsonl and --haystack TEXT"), r.err());
     }
 
@@ -80,7 +80,7 @@ class SparseCommandsTest {
         Path probes = Files.writeString(dir.resolve("p.jsonl"), "");
         MainTest.Run r = MainTest.run("needle", "-m", "/nonexistent.gguf", "--probes", probes.toString(), "--select",
                 "random");
-        assertEquals(1, r.code());
+        assertEquals(2, r.code());
         assertTrue(r.err().contains("unknown selection 'random' (dense, topk)"), r.err());
     }
 
