@@ -68,8 +68,10 @@ public final class HalfFormat implements KvFormat {
                 dst.set(LE_SHORT, dstOff + 2L * i, toBf16(src[srcOff + i]));
             }
         } else {
+            // saturated, as scales are: a value past the f16 range becomes ±65504, not an infinity (which would turn
+            // the zero weight a masked row gets in a prefill or multi-query call into NaN: 0·inf); NaN stays NaN
             for (int i = 0; i < headDim; i++) {
-                dst.set(LE_SHORT, dstOff + 2L * i, Float.floatToFloat16(src[srcOff + i]));
+                dst.set(LE_SHORT, dstOff + 2L * i, KvLanes.toHalf(src[srcOff + i]));
             }
         }
     }

@@ -180,6 +180,37 @@ class CpuAttentionTest {
         }
     }
 
+    /**
+     * A V row past the f16 range at the last position of a prefill chunk (an activation of 1e6) leaves the earlier
+     * queries, which do not see it, as they are: the f16 cache stores it saturated, so the zero weight those queries
+     * give it adds 0, where an infinity would have made their outputs NaN (0·inf). Each earlier query's output has
+     * the bits of a prefill that stops before that row.
+     */
+    @Test
+    void aValuePastTheHalfRangeDoesNotReachTheQueriesBeforeIt() {
+        KvFormat f = KvFormat.parse("f16");
+        int kvHeads = 2, group = 2, d = 64, n = 20;
+        try (AttentionProblem p = AttentionProblem.random(f, f, kvHeads, group, d, d, 0, n, 16, SEED)) {
+            float[] k = new float[kvHeads * d];
+            float[] v = new float[kvHeads * d];
+            java.util.Arrays.fill(k, 0.5f);
+            java.util.Arrays.fill(v, 1e6f);
+            p.seq().truncate(n - 1);
+            p.seq().writeRows(0, n - 1, 1, k, 0, v, 0);
+            int heads = p.heads();
+            float[] all = new float[n * heads * d];
+            CpuAttention.prefill(p.seq(), 0, p.queries(), n, 0, heads, p.scale(), AttentionOptions.defaults(), all,
+                    POOL);
+            float[] first = new float[(n - 1) * heads * d];
+            CpuAttention.prefill(p.seq(), 0, java.util.Arrays.copyOf(p.queries(), (n - 1) * heads * d), n - 1, 0,
+                    heads, p.scale(), AttentionOptions.defaults(), first, POOL);
+            assertArrayEquals(first, java.util.Arrays.copyOf(all, first.length), "seed " + SEED);
+            for (float x : all) {
+                assertTrue(Float.isFinite(x), "seed " + SEED);
+            }
+        }
+    }
+
     /** Pages of 6 and 10 tokens: tiles and 4-row blocks cross pages, so page means are added row by row there. */
     @Test
     void centeredKeysOnPagesThatCutTilesMatchReference() {

@@ -319,6 +319,24 @@ class KvFormatTest {
         }
     }
 
+    /**
+     * f16 rows saturate: a value past the half range (or an infinity) is stored as ±65504, as scales and norms are,
+     * not as an infinity (which a masked row's zero weight would turn into NaN); a NaN stays a NaN of its sign.
+     */
+    @Test
+    void halfRowsSaturateAndKeepNaN() {
+        float[] x = {1e6f, -1e6f, Float.POSITIVE_INFINITY, Float.NEGATIVE_INFINITY, 65519f, 65520f, Float.NaN, -0f, 1.5f};
+        int[] want = {0x7bff, 0xfbff, 0x7bff, 0xfbff, 0x7bff, 0x7bff, 0x7e00, 0x8000, 0x3e00};
+        try (Arena arena = Arena.ofConfined()) {
+            MemorySegment seg = poisoned(arena, HalfFormat.F16.rowBytes(x.length));
+            HalfFormat.F16.encode(x, 0, x.length, seg, 0);
+            for (int i = 0; i < x.length; i++) {
+                assertEquals(want[i], seg.get(java.lang.foreign.ValueLayout.JAVA_SHORT_UNALIGNED.withOrder(
+                        java.nio.ByteOrder.LITTLE_ENDIAN), 2L * i) & 0xffff, "element " + i + " (" + x[i] + ")");
+            }
+        }
+    }
+
     @Test
     void halfFormatsRoundToNearest() {
         long seed = System.nanoTime();

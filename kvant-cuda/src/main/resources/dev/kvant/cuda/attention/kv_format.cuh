@@ -92,9 +92,16 @@ __device__ __forceinline__ u32 hsub2(u32 a, u32 b) {
     return r;
 }
 
-// KvLanes.toHalf: the magnitude clamped to the largest finite fp16, then rounded to nearest even.
+// Float.floatToFloat16 of a NaN: its sign, the quiet bit and the top ten payload bits (cvt.rn.f16.f32 gives one
+// canonical NaN instead), so that a NaN the CPU stores and one the device stores are the same bytes.
+__device__ __forceinline__ u16 nan_to_half(float x) {
+    const u32 b = __float_as_uint(x);
+    return (u16) (((b >> 16) & 0x8000u) | 0x7e00u | ((b & 0x7fffffu) >> 13));
+}
+// KvLanes.toHalf: the magnitude clamped to the largest finite fp16, then rounded to nearest even; NaN stays NaN
+// (fminf would make it the largest fp16).
 __device__ __forceinline__ u16 to_half_clamped(float x) {
-    return f2h(copysignf(fminf(fabsf(x), 65504.f), x));
+    return x != x ? nan_to_half(x) : f2h(copysignf(fminf(fabsf(x), 65504.f), x));
 }
 
 // Java's Math.max/Math.min order on floats: -0 below +0, NaN wins. The CPU's block maxima use it, so the q4_0

@@ -173,7 +173,7 @@ __device__ void encode_regs(float (&x)[D / 32], u8* dst, u8* codes, int lane, co
     }
     if constexpr (FMT == F_F16) {
 #pragma unroll
-        for (int j = 0; j < D / 32; j++) ((u16*) dst)[32 * j + lane] = f2h(x[j]);
+        for (int j = 0; j < D / 32; j++) ((u16*) dst)[32 * j + lane] = to_half_clamped(x[j]);   // HalfFormat
     } else if constexpr (FMT == F_BF16) {
 #pragma unroll
         for (int j = 0; j < D / 32; j++) {

@@ -14,10 +14,12 @@ import dev.kvant.kv.KvGeometry;
 import dev.kvant.kv.KvSequence;
 import java.lang.foreign.ValueLayout;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.List;
 import java.util.SplittableRandom;
 import java.util.stream.Stream;
 import org.junit.jupiter.api.Tag;
+import org.junit.jupiter.api.Test;
 import org.junit.jupiter.params.ParameterizedTest;
 import org.junit.jupiter.params.provider.Arguments;
 import org.junit.jupiter.params.provider.MethodSource;
@@ -116,6 +118,51 @@ class KvWriteGpuTest {
                                 + seed);
                     }
                 }
+            }
+        }
+    }
+
+    /**
+     * f16 rows past the half range saturate to ±65504 and a NaN keeps its sign and payload bits, on the device as
+     * HalfFormat does on the CPU (an infinity in a V row would turn the zero weight of a masked row into NaN in a
+     * prefill or multi-query call): the same bytes for a token of such values, one write.
+     */
+    @Test
+    void halfRowsSaturateAndKeepTheirNaNsAsTheCpuDoes() {
+        CudaContext context = AttentionGpuFixture.context();
+        KernelCache cache = AttentionGpuFixture.cache();
+        KvFormat f = KvFormat.parse("f16");
+        int d = 128;
+        KvGeometry g = new KvGeometry(1, KV_HEADS, d, d);
+        float[] special = {1e6f, -1e6f, Float.POSITIVE_INFINITY, Float.NEGATIVE_INFINITY, Float.NaN,
+                Float.intBitsToFloat(0xff812345), 65519f, 65520f, -0f, 1.5f, 3e-8f};
+        float[] k = new float[KV_HEADS * d];
+        float[] v = new float[KV_HEADS * d];
+        for (int i = 0; i < k.length; i++) {
+            k[i] = special[i % special.length];
+            v[i] = special[(i + 5) % special.length];
+        }
+        try (KvCache host = new KvCache(g, f, f, PAGE_TOKENS, PAGES)) {
+            KvSequence a = host.newSequence();
+            a.reserve(1);
+            a.writeRows(0, 0, 1, k, 0, v, 0);
+            int[] slots = {a.page(0) * PAGE_TOKENS};
+            AttentionShape shape = AttentionShape.of(host, 4 * KV_HEADS);
+            try (CudaKvCache dev = CudaKvCache.allocate(context, g, f, f, PAGE_TOKENS, PAGES);
+                 CudaAttention attention = CudaAttention.create(context, cache, shape, AttentionPlan.of(1, 1, 64, 0));
+                 DeviceBuffer kd = AttentionGpuFixture.upload(context, k);
+                 DeviceBuffer vd = AttentionGpuFixture.upload(context, v);
+                 DeviceBuffer sd = AttentionGpuFixture.upload(context, slots)) {
+                attention.quantizeRows(dev, 0, kd, vd, sd, 1, context.defaultStream());
+                context.synchronize();
+                int at = (int) (a.page(0) * host.kPageBytes());
+                int n = (int) host.kRowBytes() * KV_HEADS;
+                byte[] want = host.kPool(0).toArray(ValueLayout.JAVA_BYTE);
+                byte[] got = AttentionGpuFixture.downloadBytes(dev.kPool(0));
+                assertArrayEquals(Arrays.copyOfRange(want, at, at + n), Arrays.copyOfRange(got, at, at + n), "K");
+                want = host.vPool(0).toArray(ValueLayout.JAVA_BYTE);
+                got = AttentionGpuFixture.downloadBytes(dev.vPool(0));
+                assertArrayEquals(Arrays.copyOfRange(want, at, at + n), Arrays.copyOfRange(got, at, at + n), "V");
             }
         }
     }
