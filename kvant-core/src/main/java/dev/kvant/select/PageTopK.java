@@ -16,12 +16,13 @@ import jdk.incubator.vector.VectorSpecies;
  * and the query heads of the kv head's GQA group (a block matters if any head may attend to it). Under the token
  * budget, after the always-attended sink blocks, recent blocks and the queries' own blocks, the blocks with the
  * highest scores are taken; ties go to the lower block index. Lists come out ascending. With a coarse level
- * ({@link SelectionConfig#coarseTokens}) and more coarse candidates than {@code coarseKeep} — the coarse blocks that
- * end at or before the recent window — only the blocks of the coarseKeep best of them (same bound over coarse
- * summaries, same tie rule) and the blocks of the coarse block the recent window cuts compete: a step then bounds
- * context / coarseTokens coarse blocks and (coarseKeep + 1) · coarseTokens / blockTokens blocks, whatever the
- * context. A cut coarse block is never ranked: its summary covers rows at or after the queries (in a prefill
- * chunk, rows written before the chunk's queries select), and a choice that looked at them would not be causal.
+ * ({@link SelectionConfig#coarseTokens}) and more coarse candidates than {@code coarseKeep} (the coarse blocks
+ * meeting the candidates), only the blocks of the coarseKeep best of them (same bound over coarse summaries, same
+ * tie rule) compete: a step then bounds context / coarseTokens coarse blocks and about coarseKeep · coarseTokens /
+ * blockTokens blocks, whatever the context. One exception keeps the choice causal: where the recent window is
+ * shorter than a coarse block, the coarse block it cuts can reach the queries' own rows, and its summary then
+ * covers rows at or after them (in a prefill chunk, rows written before the chunk's queries select); such a block
+ * is not ranked, and its blocks below the window always compete (one coarse block's more).
  *
  * <p>The bound is computed in float as {@code Σ_d (max(q_d,0)·max_d + min(q_d,0)·min_d)} (equal to the definition
  * in exact arithmetic), with fmas in dimension order per lane and the lanes summed in lane order, so the same query
@@ -141,20 +142,23 @@ public final class PageTopK {
             }
             int per = config.coarseBlocks();
             int j0 = per == 0 ? 0 : sink / per;
-            // The coarse blocks wholly before the recent window are ranked; the one the window cuts (if any) is not:
-            // its summary covers rows at and after the queries (a prefill chunk's later rows are written before its
-            // queries select), so its blocks always compete — which keeps the choice causal.
+            // The coarse blocks meeting the candidates are ranked, but for the one the recent window cuts when its
+            // rows reach the queries' own (a short recent window): its summary then covers rows at and after them
+            // (a prefill chunk's later rows are written before its queries select), so it is not ranked and its
+            // blocks always compete — which keeps the choice causal.
             int jEnd = per == 0 ? 0 : recentFrom / per;
-            int coarseCandidates = Math.max(0, jEnd - j0);
+            boolean reaches = per > 0 && jEnd * per < recentFrom && (long) (jEnd + 1) * per * bt > first;
+            int jRank = per == 0 || reaches || jEnd * per == recentFrom ? jEnd : jEnd + 1;
+            int coarseCandidates = Math.max(0, jRank - j0);
             long[] keys = s.keys(candidates);
             int n = 0;
             if (coarseCandidates > config.coarseKeep()) {
-                // two rounds: the coarseKeep best coarse blocks, then their blocks between the windows (and the
-                // blocks of the coarse block the recent window cuts) compete
+                // two rounds: the coarseKeep best coarse blocks, then their blocks between the windows (and those of
+                // a cut coarse block that reaches the queries) compete
                 int keep = config.coarseKeep();
                 long[] ckeys = s.coarseKeys(coarseCandidates);
                 float[] csum = ks.coarse(layer);
-                for (int j = j0; j < j0 + coarseCandidates; j++) {
+                for (int j = j0; j < jRank; j++) {
                     ckeys[j - j0] = key(best(p.pos(), p.neg(), qo, nq, csum, ks.coarseOffset(j, g), dim, s.lanes), j);
                 }
                 smallest(ckeys, coarseCandidates, keep);
@@ -164,11 +168,11 @@ public final class PageTopK {
                 }
                 Arrays.sort(kept, 0, keep);
                 for (int i = 0; i < keep; i++) {
-                    for (int b = Math.max(sink, kept[i] * per); b < (kept[i] + 1) * per; b++) {
+                    for (int b = Math.max(sink, kept[i] * per); b < Math.min(recentFrom, (kept[i] + 1) * per); b++) {
                         keys[n++] = key(best(p.pos(), p.neg(), qo, nq, sum, ks.offset(b, g), dim, s.lanes), b);
                     }
                 }
-                for (int b = Math.max(sink, jEnd * per); b < recentFrom; b++) {
+                for (int b = reaches ? Math.max(sink, jEnd * per) : recentFrom; b < recentFrom; b++) {
                     keys[n++] = key(best(p.pos(), p.neg(), qo, nq, sum, ks.offset(b, g), dim, s.lanes), b);
                 }
             } else {

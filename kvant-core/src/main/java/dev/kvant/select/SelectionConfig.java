@@ -17,7 +17,8 @@ package dev.kvant.select;
  *                    summaries in proportion to context / coarseTokens + coarseKeep · coarseTokens / blockTokens
  *                    instead of context / blockTokens. The same choice as one round when the coarse candidates
  *                    are no more than coarseKeep
- * @param coarseKeep  coarse blocks whose blocks compete (0 with coarseTokens 0)
+ * @param coarseKeep  coarse blocks whose blocks compete (0 with coarseTokens 0); one more where a recent window
+ *                    shorter than a coarse block cuts one that reaches the queries' rows (PageTopK)
  */
 public record SelectionConfig(int budget, int blockTokens, int sink, int recent, int denseLayers, int coarseTokens,
                               int coarseKeep) {

@@ -70,14 +70,16 @@ class PageTopKTest {
             cand.add(b);
         }
         int per = c.coarseBlocks();
-        if (per > 0 && recentFrom / per - sink / per > c.coarseKeep()) {
-            // coarse bounds from the rows of each coarse block wholly before the recent window, keep the best; the
-            // blocks of the coarse block the window cuts always compete
+        // the coarse block the recent window cuts is not ranked when its rows reach the query block's own
+        int jEnd = per == 0 ? 0 : recentFrom / per;
+        boolean reaches = per > 0 && jEnd * per < recentFrom && (jEnd + 1L) * c.coarseTokens() > start + t0;
+        int jRank = per == 0 || reaches || jEnd * per == recentFrom ? jEnd : jEnd + 1;
+        if (per > 0 && jRank - sink / per > c.coarseKeep()) {
+            // coarse bounds from the rows of each ranked coarse block (up to the written length), keep the best
             int len = start + n;
-            int jEnd = recentFrom / per;
             List<Integer> coarse = new ArrayList<>();
-            double[] cs = new double[jEnd];
-            for (int j = sink / per; j < jEnd; j++) {
+            double[] cs = new double[jRank];
+            for (int j = sink / per; j < jRank; j++) {
                 double[] mn = new double[dim];
                 double[] mx = new double[dim];
                 Arrays.fill(mn, Double.POSITIVE_INFINITY);
@@ -94,7 +96,7 @@ class PageTopKTest {
             }
             coarse.sort(Comparator.<Integer>comparingDouble(j -> -cs[j]).thenComparingInt(j -> j));
             List<Integer> kept = coarse.subList(0, c.coarseKeep());
-            cand.removeIf(b -> b / per < jEnd && !kept.contains(b / per));
+            cand.removeIf(b -> b / per < jRank && !kept.contains(b / per));
             k = Math.min(k, cand.size());
         }
         cand.sort(Comparator.<Integer>comparingDouble(b -> -scoresOut[b]).thenComparingInt(b -> b));
@@ -138,8 +140,9 @@ class PageTopKTest {
     /**
      * A prefill chunk's rows are written before its queries select: the lists of a query block must not depend on
      * the rows after it. Coarse blocks of 512 tokens, a recent window of 128: the coarse block the window cuts holds
-     * the first query block's own rows and the next block's; those next rows are made large (their bounds would win
-     * any ranking), and the first query block's lists must equal those of a chunk that stops after it.
+     * the first query block's own rows and the next block's; its rows are made faint up to the second query block
+     * (it would never rank) and large after (it would always rank), and the first query block's lists must equal
+     * those of a chunk that stops after it.
      */
     @Test
     void aChunksLaterRowsDoNotChangeTheChoiceOfItsEarlierQueries() {
@@ -151,7 +154,9 @@ class PageTopKTest {
         float[] k = new float[(start + 128) * kvHeads * d];
         float[] v = new float[k.length];
         for (int i = 0; i < k.length; i++) {
-            k[i] = (float) r.nextGaussian() * (i >= (start + 64) * kvHeads * d ? 50f : 1f);
+            int pos = i / (kvHeads * d);
+            // the cut coarse block (positions 3584..4095): faint up to the chunk's second query block, large after
+            k[i] = (float) r.nextGaussian() * (pos >= start + 64 ? 50f : pos >= 3584 ? 0.01f : 1f);
             v[i] = (float) r.nextGaussian();
         }
         float[] q = new float[128 * heads * d];

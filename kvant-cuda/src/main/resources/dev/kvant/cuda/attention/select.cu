@@ -64,6 +64,24 @@ struct SelectWindow {
     }
 };
 
+// The coarse blocks a coarse round ranks, [j0, end), for a query block from len - nq: those meeting the candidates,
+// but for the one the recent window cuts when its rows reach the queries' own (a recent window shorter than a coarse
+// block): its summary then covers rows at and after them (a prefill chunk's later rows are written before its
+// queries select), so it is not ranked and is kept as it is (cut), its blocks below the window competing — which
+// keeps the choice causal. PageTopK's rule.
+struct CoarseRange {
+    int j0, end;
+    bool cut;
+    __device__ CoarseRange(const SelectWindow& win, int len, int nq, int shift, int cshift) {
+        const int C = 1 << (cshift - shift);
+        const int jEnd = win.recentFrom / C;
+        const bool cutBlock = jEnd * C < win.recentFrom;
+        cut = cutBlock && ((i64) (jEnd + 1) << cshift) > len - nq;
+        j0 = win.sink / C;
+        end = cutBlock && !cut ? jEnd + 1 : jEnd;
+    }
+};
+
 // ================================================================================================================
 // Scoring. The bound of a block for the query rows: max over the nq * G rows of sum_d max(q_d, 0) * max_d +
 // min(q_d, 0) * min_d, q rotated into K's domain (unscaled). Each lane sums its dimensions d = lane + 32j with fmas
@@ -72,8 +90,8 @@ struct SelectWindow {
 //
 // A round says which entries a launch bounds, for each (sequence, kv head):
 //   ROUND_FLAT   entry b = block b in [sink, recentFrom) (one round, no coarse level), scores[b]
-//   ROUND_COARSE entry j = coarse block j from the one holding sink up to the last one wholly before recentFrom,
-//                bounded from its coarse summary (only when there are more of them than keep), cscores[j]
+//   ROUND_COARSE entry j = coarse block j of CoarseRange (those meeting [sink, recentFrom) but a cut one that
+//                reaches the queries), bounded from its coarse summary (only when there are more than keep), cscores[j]
 //   ROUND_KEPT   entry e < keptCount * C = block kept[e / C] * C + e % C (C blocks per coarse block), scores[e];
 //                -inf for a block outside [sink, recentFrom)
 // Nothing is scored when every candidate is taken anyway (k >= candidates) or none is (k = 0).
@@ -118,8 +136,9 @@ __device__ __forceinline__ void score_body(const float* __restrict__ q, const fl
         e0 = win.sink;
         e1 = win.recentFrom;
     } else if constexpr (ROUND_COARSE == ROUND) {
-        e0 = win.sink / C;
-        e1 = win.recentFrom / C;   // the coarse blocks wholly before the recent window (kvant_select_topk_coarse)
+        const CoarseRange cr(win, len, nq, shift, cshift);
+        e0 = cr.j0;
+        e1 = cr.end;
         if (e1 - e0 <= keepMax) return;   // every coarse block is kept: no ranking
     } else {
         keptList = kept + (i64) (seq * kvHeads + g) * (keepMax + 1);
@@ -368,8 +387,8 @@ __device__ __forceinline__ bool list_all(const SelectWindow& win, int* list, int
 // ================================================================================================================
 // kvant_select_topk — one round: sink, the k best candidates of kvant_select_score, recent and own blocks.
 // kvant_select_topk_coarse — the kept coarse blocks (ascending; all of them when no more than keep are ranked), then
-// the coarse block the recent window cuts (never ranked), into kept[seq][kvHead][keepMax + 1], their number into
-// keptCounts.
+// the coarse block the recent window cuts where it reaches the queries (CoarseRange::cut, never ranked), into
+// kept[seq][kvHead][keepMax + 1], their number into keptCounts.
 // kvant_select_topk_kept — the final list from kvant_select_score_kept's entries: the min(k, candidates inside the
 // kept coarse blocks) best.
 // grid: (kvHeads, seqs); block: 1024 threads.
@@ -404,11 +423,8 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) kvant_select_topk_coa
         if (threadIdx.x == 0) keptCounts[seq * kvHeads + g] = 0;
         return;
     }
-    const int C = 1 << (cshift - shift);
-    // ranked: the coarse blocks wholly before the recent window; the one the window cuts (its summary covers rows
-    // at and after the queries: a prefill chunk's later rows) is always kept, after them, so the choice is causal
-    const int j0 = win.sink / C, jEnd = win.recentFrom / C, nc = imax(0, jEnd - j0);
-    const int cut = jEnd * C < win.recentFrom ? 1 : 0;
+    const CoarseRange cr(win, lens[seq], nq, shift, cshift);
+    const int j0 = cr.j0, nc = imax(0, cr.end - j0), cut = cr.cut ? 1 : 0;
     int n = nc;
     if (nc <= keepMax) {
         for (int j = threadIdx.x; j < nc; j += TOPK_THREADS) out[j] = j0 + j;
@@ -418,7 +434,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) kvant_select_topk_coa
         n = keepMax;
     }
     if (threadIdx.x == 0) {
-        if (cut) out[n] = jEnd;
+        if (cut) out[n] = cr.end;   // the cut block, after the ranked ones
         keptCounts[seq * kvHeads + g] = n + cut;
     }
 }

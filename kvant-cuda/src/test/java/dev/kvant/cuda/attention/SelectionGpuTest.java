@@ -390,8 +390,12 @@ class SelectionGpuTest {
                 List<Integer> candidates = new ArrayList<>();
                 int per = config.coarseBlocks();
                 int j0 = per == 0 ? 0 : sink / per;
-                int jEnd = per == 0 ? 0 : recentFrom / per;   // coarse blocks wholly before the recent window
-                int coarse = Math.max(0, jEnd - j0);
+                // PageTopK's ranked coarse blocks: a cut one that reaches the query block's rows is not ranked
+                int jEnd = per == 0 ? 0 : recentFrom / per;
+                boolean reaches = per > 0 && jEnd * per < recentFrom
+                        && (jEnd + 1L) * config.coarseTokens() > start + t0;
+                int jRank = per == 0 || reaches || jEnd * per == recentFrom ? jEnd : jEnd + 1;
+                int coarse = Math.max(0, jRank - j0);
                 if (coarse > config.coarseKeep()) {
                     double[] cb = new double[coarse];
                     for (int j = 0; j < coarse; j++) {
@@ -401,12 +405,12 @@ class SelectionGpuTest {
                     tied[qb] |= nearTie(cb, order, config.coarseKeep());
                     for (int i = 0; i < config.coarseKeep(); i++) {
                         int j = j0 + order[i];
-                        for (int b = Math.max(sink, j * per); b < (j + 1) * per; b++) {
+                        for (int b = Math.max(sink, j * per); b < Math.min(recentFrom, (j + 1) * per); b++) {
                             candidates.add(b);
                         }
                     }
-                    for (int b = Math.max(sink, jEnd * per); b < recentFrom; b++) {   // the cut one's, unranked
-                        candidates.add(b);
+                    for (int b = reaches ? Math.max(sink, jEnd * per) : recentFrom; b < recentFrom; b++) {
+                        candidates.add(b);   // the cut block's, unranked
                     }
                 } else {
                     for (int b = sink; b < recentFrom; b++) {
