@@ -110,6 +110,12 @@ final class BenchCommand implements Runnable {
     @Spec
     CommandSpec spec;
 
+    /** The model, the run's caches checked against --kv-mem before a backend is opened for it. */
+    private LlamaModel budgeted(LlamaModel model, long context, String what) {
+        opts.checkBudget(model, opts.kvFormats(), context, sequences, what);
+        return model;
+    }
+
     @Override
     public void run() {
         ModelOptions.checkThreads(opts.threads);
@@ -153,11 +159,18 @@ final class BenchCommand implements Runnable {
                         + weights + " weights (use -m path/to/model.gguf for a real one)");
             }
         }
+        if (kvList != null && opts.kvMem != null) {
+            throw new UsageException("--kv-mem budgets the --ctk/--ctv cache; --kv benchmarks several caches in one run:"
+                    + " give one format at a time by --ctk/--ctv with --kv-mem");
+        }
+        String deepest = "-d " + Arrays.stream(depth).max().orElse(0) + " plus -p/-n " + longest
+                + (sequences > 1 ? " for -np " + sequences + " sequences" : "");
         progress.update("loading model");
         try (LlamaModel model = synthetic != null ? ModelOptions.synthetic(synthetic, weights) : opts.load();
              Parallel pool = new Parallel(opts.threads);
              var dump = selectOpts.apply(model, opts.model);
-             Backend backend = opts.openBackend(model, pool, Math.min(sequences, ModelOptions.MAX_DEVICE_BATCH))) {
+             Backend backend = opts.openBackend(budgeted(model, context, deepest), pool,
+                     Math.min(sequences, ModelOptions.MAX_DEVICE_BATCH))) {
             if (selectOpts.config() != null && !backend.name().equals("cpu")) {
                 if (selectOpts.dump != null) {
                     throw new UsageException("--dump-selection records the CPU backend's selections only"
@@ -173,10 +186,6 @@ final class BenchCommand implements Runnable {
                 }
             } else {
                 pairs.add(opts.kvFormats());
-            }
-            for (KvLayerFormats pair : pairs) {
-                opts.checkBudget(model, pair, context * sequences, "-d " + Arrays.stream(depth).max().orElse(0)
-                        + " plus -p/-n " + longest + (sequences > 1 ? " for -np " + sequences + " sequences" : ""));
             }
             CudaBackend.Limits limits = null;
             if (backend instanceof CudaBackend cuda) {

@@ -22,6 +22,16 @@ public final class Main implements Runnable {
     /** Runs the command line and returns the exit code (tests call this). */
     public static int execute(String... args) {
         CommandLine cl = new CommandLine(new Main());
+        // an option picocli cannot read: the same one line as kvant's own usage errors (and exit 2), then where the
+        // options are listed, and picocli's suggestions for a mistyped name
+        cl.setParameterExceptionHandler((e, given) -> {
+            CommandLine cmd = e.getCommandLine();
+            Progress.clearShown();
+            cmd.getErr().println("kvant: " + e.getMessage() + " (" + cmd.getCommandSpec().qualifiedName()
+                    + " --help lists the options)");
+            CommandLine.UnmatchedArgumentException.printSuggestions(e, cmd.getErr());
+            return cmd.getCommandSpec().exitCodeOnInvalidInput();
+        });
         cl.setExecutionExceptionHandler((e, cmd, parsed) -> {
             Progress.clearShown();   // the message on a line of its own, not after "tokenizing x.txt"
             cmd.getErr().println("kvant: " + (e.getMessage() != null ? e.getMessage() : e.toString()));

@@ -93,11 +93,14 @@ final class ModelOptions {
      * (capped by an explicit -c). Reports the plan on stderr.
      */
     int contextLength(LlamaModel model, Integer ctxOption, int dflt) {
+        if (ctxOption != null && ctxOption < 1) {
+            throw new UsageException("-c must be at least 1, got " + ctxOption);
+        }
         if (kvMem == null) {
             return ctxOption != null ? ctxOption : dflt;
         }
         long bytes = parseSize(kvMem);
-        int fits = dev.kvant.engine.Session.contextForBudget(model.config(), kvFormats(), model.selection(), bytes);
+        int fits = budgetTokens(model, kvFormats(), bytes);
         int ctx = ctxOption != null ? Math.min(ctxOption, fits) : fits;
         System.err.printf(java.util.Locale.ROOT, "KV cache %s: %d bytes/token%s, budget %s holds %d tokens;"
                         + " context %d%n", kvFormats().name(),
@@ -114,16 +117,29 @@ final class ModelOptions {
      * (the budget is a limit, not a hint; the CPU backend would otherwise allocate past it).
      */
     void checkBudget(LlamaModel model, KvLayerFormats formats, long tokens, String what) {
+        checkBudget(model, formats, tokens, 1, what);
+    }
+
+    /** As above for {@code sequences} caches of {@code tokens} each, every one a whole number of pages. */
+    void checkBudget(LlamaModel model, KvLayerFormats formats, long tokens, int sequences, String what) {
         if (kvMem == null) {
             return;
         }
         long bytes = parseSize(kvMem);
-        int fits = dev.kvant.engine.Session.contextForBudget(model.config(), formats, model.selection(), bytes);
-        if (tokens > fits) {
-            throw new IllegalArgumentException(String.format(java.util.Locale.ROOT, "%s needs %d tokens of KV cache;"
-                    + " --kv-mem %s holds %d with %s (raise --kv-mem, or ask for less)", what, tokens, kvMem, fits,
+        int fits = budgetTokens(model, formats, bytes);
+        int page = dev.kvant.engine.Session.PAGE_TOKENS;
+        long needed = (tokens + page - 1) / page * page * sequences;
+        if (needed > fits) {
+            throw new UsageException(String.format(java.util.Locale.ROOT, "%s needs %d tokens of KV cache;"
+                    + " --kv-mem %s holds %d with %s (raise --kv-mem, or ask for less)", what, needed, kvMem, fits,
                     formats.name()));
         }
+    }
+
+    /** The tokens a budget holds, its refusal (less than one page) a usage error. */
+    static int budgetTokens(LlamaModel model, KvLayerFormats formats, long bytes) {
+        return UsageException.parsing(() -> dev.kvant.engine.Session.contextForBudget(model.config(), formats,
+                model.selection(), bytes));
     }
 
     /**
@@ -279,8 +295,7 @@ final class ModelOptions {
         long kvBytes = 0;
         if (kvMem != null) {
             kvBytes = parseSize(kvMem);
-            kvTokens = dev.kvant.engine.Session.contextForBudget(loaded.config(), kvFormats(), loaded.selection(),
-                    kvBytes);
+            kvTokens = budgetTokens(loaded, kvFormats(), kvBytes);
         }
         int[] split = null;
         if (!"auto".equalsIgnoreCase(layerSplit.strip())) {

@@ -41,10 +41,10 @@ final class PerplexityCommand implements Runnable {
             + " \"chunk_nll\"), for a paired comparison of two runs over the same text (scripts/ppl-paired.py)")
     boolean chunkNll;
 
-    /** The context, checked against --kv-mem. */
-    private int budgeted(LlamaModel model, int context) {
+    /** The model, its context checked against --kv-mem before a backend (a GPU's upload) is opened for it. */
+    private LlamaModel budgeted(LlamaModel model, int context) {
         opts.checkBudget(model, opts.kvFormats(), context, "perplexity at -c " + context);
-        return context;
+        return model;
     }
 
     @Override
@@ -53,14 +53,17 @@ final class PerplexityCommand implements Runnable {
         if (chunks < 0) {
             throw new UsageException("--chunks must not be negative (0 = all), got " + chunks);
         }
+        if (ctx < 4 || ctx % 2 != 0) {   // Perplexity's own rule, checked before the model loads
+            throw new UsageException("-c must be even and at least 4 (the second half of a chunk is scored), got "
+                    + ctx);
+        }
         String text = TextFiles.read(file);
         Progress progress = new Progress(json);
         try (LlamaModel model = opts.load();
              Parallel pool = new Parallel(opts.threads);
              var dump = selectOpts.apply(model, opts.model, file);
-             Backend backend = opts.openBackend(model, pool);
-             Session session = new Session(backend, budgeted(model, ctx), opts.kvFormats(),
-                     opts.prefillChunk(backend))) {
+             Backend backend = opts.openBackend(budgeted(model, ctx), pool);
+             Session session = new Session(backend, ctx, opts.kvFormats(), opts.prefillChunk(backend))) {
             if (selectOpts.dump != null && !backend.name().equals("cpu")) {
                 throw new UsageException("--dump-selection records the CPU backend's selections only"
                         + " (use --backend cpu)");

@@ -14,6 +14,7 @@ import picocli.CommandLine.Spec;
 import java.nio.file.Path;
 import java.time.Duration;
 import java.time.LocalDate;
+import java.util.List;
 import java.util.Locale;
 import java.util.SplittableRandom;
 
@@ -93,12 +94,30 @@ final class ServeBenchCommand implements Runnable {
     @Spec
     CommandSpec spec;
 
+    /** The model, the server's pool (--parallel caches of -c) checked against --kv-mem before a backend opens. */
+    private LlamaModel budgeted(LlamaModel model) {
+        opts.checkBudget(model, opts.kvFormats(), ctx, parallel, "--parallel " + parallel + " x -c " + ctx);
+        return model;
+    }
+
     @Override
     public void run() {
         ModelOptions.checkThreads(opts.threads);
         ModelOptions.checkModelChoice(spec, opts.model, synthetic);
         if (opts.model == null && synthetic == null) {
             throw new UsageException("no model given: pass -m path/to/model.gguf or --synthetic SHAPE");
+        }
+        if (parallel < 1 || parallel > 256) {
+            throw new UsageException("--parallel must be between 1 and 256, got " + parallel);
+        }
+        if (ctx < 1) {
+            throw new UsageException("-c must be at least 1, got " + ctx);
+        }
+        if (pipeline < 0) {
+            throw new UsageException("--pipeline must not be negative, got " + pipeline);
+        }
+        if (!List.of("batching", "prefix", "load").contains(mode)) {
+            throw new UsageException("--mode must be batching, prefix or load, got " + mode);
         }
         long s = seed != null ? seed : new SplittableRandom().nextLong();
         if (selectOpts.dump != null) {
@@ -108,7 +127,8 @@ final class ServeBenchCommand implements Runnable {
         try (LlamaModel model = synthetic != null ? ModelOptions.synthetic(synthetic, weights) : opts.load();
              Parallel threads = new Parallel(opts.threads);
              var dump = selectOpts.apply(model);
-             Backend backend = opts.openBackend(model, threads, Math.min(parallel, ModelOptions.MAX_DEVICE_BATCH))) {
+             Backend backend = opts.openBackend(budgeted(model), threads,
+                     Math.min(parallel, ModelOptions.MAX_DEVICE_BATCH))) {
             String name = synthetic != null ? "synthetic " + synthetic + " " + weights : opts.model.getFileName().toString();
             ServeBench.Setup setup = new ServeBench.Setup(backend, TextCodec.of(model, null), opts.kvFormats(), ctx,
                     opts.prefillChunk(backend), name, pipeline);

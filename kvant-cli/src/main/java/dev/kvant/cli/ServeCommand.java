@@ -135,8 +135,7 @@ final class ServeCommand implements Runnable {
             int context;
             int poolTokens;
             if (opts.kvMem != null) {
-                poolTokens = Session.contextForBudget(model.config(), opts.kvFormats(), model.selection(),
-                        ModelOptions.parseSize(opts.kvMem));
+                poolTokens = ModelOptions.budgetTokens(model, opts.kvFormats(), ModelOptions.parseSize(opts.kvMem));
                 context = Math.min(ctx != null ? ctx : Math.min(4096, poolTokens), poolTokens);
             } else {
                 context = ctx != null ? ctx : 4096;

@@ -72,7 +72,10 @@ class MainTest {
         assertTrue(r.out().matches("(?s).*  blk\\.0\\.attn_norm\\.weight +F32 +3 x 2 +24 bytes.*"), r.out());
     }
 
-    /** Options that leave nothing to do or name nothing that exists are one-line errors (exit 1), not stack traces. */
+    /**
+     * Options that leave nothing to do or name nothing that exists are one-line errors, not stack traces: exit 2 for
+     * a command line that cannot work, 1 for what goes wrong while running.
+     */
     @Test
     void emptyOrImpossibleRequestsAreOneLineErrors() {
         Object[][] cases = {
@@ -87,7 +90,21 @@ class MainTest {
                         "cannot read no-such-text.txt: no such file", 1},
                 // --kv-mem is a limit for the commands that fix their context, not a hint they ignore
                 {new String[] {"bench", "--synthetic", "tiny", "-p", "64", "-n", "0", "-d", "4096", "--kv-mem", "1M",
-                        "-r", "1"}, "-d 4096 plus -p/-n 64 needs 4160 tokens of KV cache; --kv-mem 1M holds 128", 1},
+                        "-r", "1"}, "-d 4096 plus -p/-n 64 needs 4160 tokens of KV cache; --kv-mem 1M holds 128", 2},
+                // -np caches of whole pages: 3 x 33 tokens are 3 pages, more than the 2 that 1M holds
+                {new String[] {"bench", "--synthetic", "tiny", "-p", "33", "-n", "0", "-np", "3", "--kv-mem", "1M",
+                        "-r", "1"}, "needs 192 tokens of KV cache; --kv-mem 1M holds 128", 2},
+                {new String[] {"bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "--kv", "f16,turbo3", "--kv-mem",
+                        "1M", "-r", "1"}, "give one format at a time by --ctk/--ctv with --kv-mem", 2},
+                {new String[] {"bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "--kv-mem", "1K", "-r", "1"},
+                        "holds less than one page", 2},
+                {new String[] {"bench-serve", "--synthetic", "tiny", "-np", "0"}, "--parallel must be between 1", 2},
+                {new String[] {"bench-serve", "--synthetic", "tiny", "--mode", "x"}, "--mode must be batching", 2},
+                {new String[] {"bench-serve", "--synthetic", "tiny", "-np", "4", "-c", "4096", "--kv-mem", "1M"},
+                        "--parallel 4 x -c 4096 needs 16384 tokens of KV cache", 2},
+                {new String[] {"perplexity", "-m", "none.gguf", "-f", "none.txt", "-c", "0"}, "-c must be even", 2},
+                // picocli's own: the same one line, and where the options are listed
+                {new String[] {"bench", "-np", "x"}, "'x' is not an int (kvant bench --help lists the options)", 2},
                 // a synthetic model's weight format does not silently go with a model file
                 {new String[] {"bench", "-m", "none.gguf", "--weights", "q4_0", "-p", "8", "-n", "0", "-r", "1"},
                         "--weights sets a synthetic model's weights", 2},

@@ -49,7 +49,7 @@ class PerplexityCommandTest {
         Files.write(text, Arrays.copyOf(Files.readAllBytes(SparseCommandsTest.tinycode("eval-heldout.txt")), 4000));
         MainTest.Run over = MainTest.run("perplexity", "-m", model.toString(), "-f", text.toString(), "-c", "4096",
                 "--chunks", "1", "-t", "2", "--backend", "cpu", "--kv-mem", "1M");
-        assertEquals(1, over.code(), over.err());
+        assertEquals(2, over.code(), over.err());
         assertTrue(over.err().contains("perplexity at -c 4096 needs 4096 tokens of KV cache; --kv-mem 1M holds"),
                 over.err());
         MainTest.Run fits = MainTest.run("perplexity", "-m", model.toString(), "-f", text.toString(), "-c", "128",

@@ -4,9 +4,7 @@ import dev.kvant.backend.BackendSequence;
 import dev.kvant.backend.SequencePool;
 
 import java.util.ArrayList;
-import java.util.HashMap;
 import java.util.List;
-import java.util.Map;
 
 /**
  * Sequences kept after their request ended, with the tokens they hold, so that a later prompt that starts with the
@@ -41,6 +39,8 @@ final class PrefixCache {
 
     private final int maxEntries;
     private final List<Entry> entries = new ArrayList<>();
+    /** pagesExcept's count of each page's holders among the entries; all 0 between calls. */
+    private int[] held = new int[0];
     private long clock;
     private volatile int size;
 
@@ -103,12 +103,15 @@ final class PrefixCache {
     /**
      * What evicting every entry but keep would free: the pages whose every holder is one of those entries (a page an
      * entry shares with a running sequence — the prompt pages kept while it runs — stays until that one goes; one
-     * shared only between entries goes with the last of them). Where the backend does not say, an entry's pages are
-     * counted as if none were shared.
+     * shared only between entries goes with the last of them). Where the backend does not say (no page ids, or no
+     * holder counts), an entry's pages are counted as if none were shared.
      */
     int pagesExcept(Entry keep, SequencePool pool) {
+        if (held.length < pool.totalPages()) {
+            held = new int[pool.totalPages()];
+        }
         long n = 0;
-        Map<Integer, Integer> held = new HashMap<>();
+        List<int[]> lists = new ArrayList<>();
         for (Entry e : entries) {
             if (e != keep) {
                 int[] ids = e.seq.pageIds();
@@ -116,15 +119,21 @@ final class PrefixCache {
                     n += (e.seq.length() + pool.pageTokens() - 1) / pool.pageTokens();
                     continue;
                 }
+                lists.add(ids);
                 for (int id : ids) {
-                    held.merge(id, 1, Integer::sum);
+                    held[id]++;
                 }
             }
         }
-        for (Map.Entry<Integer, Integer> h : held.entrySet()) {
-            int holders = pool.holders(h.getKey());
-            if (holders < 0 || holders == h.getValue()) {
-                n++;
+        for (int[] ids : lists) {   // each page once (its count back to 0 for the next call)
+            for (int id : ids) {
+                if (held[id] > 0) {
+                    int holders = pool.holders(id);
+                    if (holders < 0 || holders == held[id]) {
+                        n++;
+                    }
+                    held[id] = 0;
+                }
             }
         }
         return (int) Math.min(n, Integer.MAX_VALUE);
