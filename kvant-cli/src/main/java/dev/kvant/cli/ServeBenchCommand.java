@@ -94,9 +94,14 @@ final class ServeBenchCommand implements Runnable {
     @Spec
     CommandSpec spec;
 
-    /** The model, the server's pool (--parallel caches of -c) checked against --kv-mem before a backend opens. */
+    /**
+     * The model, the server's pool checked against --kv-mem before a backend opens: --parallel caches of -c (the
+     * prefix mode's server holds two).
+     */
     private LlamaModel budgeted(LlamaModel model) {
-        opts.checkBudget(model, opts.kvFormats(), ctx, parallel, "--parallel " + parallel + " x -c " + ctx);
+        int caches = mode.equals("prefix") ? ServeBench.PREFIX_PARALLEL : parallel;
+        opts.checkBudget(model, opts.kvFormats(), ctx, caches, (mode.equals("prefix") ? "--mode prefix's "
+                + caches : "--parallel " + caches) + " x -c " + ctx);
         return model;
     }
 

@@ -112,26 +112,34 @@ final class PrefixCache {
         }
         long n = 0;
         List<int[]> lists = new ArrayList<>();
-        for (Entry e : entries) {
-            if (e != keep) {
-                int[] ids = e.seq.pageIds();
-                if (ids == null) {
-                    n += (e.seq.length() + pool.pageTokens() - 1) / pool.pageTokens();
-                    continue;
-                }
-                lists.add(ids);
-                for (int id : ids) {
-                    held[id]++;
+        try {
+            for (Entry e : entries) {
+                if (e != keep) {
+                    int[] ids = e.seq.pageIds();
+                    if (ids == null) {
+                        n += (e.seq.length() + pool.pageTokens() - 1) / pool.pageTokens();
+                        continue;
+                    }
+                    lists.add(ids);
+                    for (int id : ids) {
+                        held[id]++;
+                    }
                 }
             }
-        }
-        for (int[] ids : lists) {   // each page once (its count back to 0 for the next call)
-            for (int id : ids) {
-                if (held[id] > 0) {
-                    int holders = pool.holders(id);
-                    if (holders < 0 || holders == held[id]) {
-                        n++;
+            for (int[] ids : lists) {   // each page once
+                for (int id : ids) {
+                    if (held[id] > 0) {
+                        int holders = pool.holders(id);
+                        if (holders < 0 || holders == held[id]) {
+                            n++;
+                        }
+                        held[id] = 0;
                     }
+                }
+            }
+        } finally {   // every count back to 0 for the next call, whatever happened
+            for (int[] ids : lists) {
+                for (int id : ids) {
                     held[id] = 0;
                 }
             }

@@ -32,6 +32,9 @@ import java.util.concurrent.atomic.AtomicLong;
  * cleanly and no KV page leaks. {@code kvant bench-serve} runs them from the command line; the tests run small ones.
  */
 public final class ServeBench {
+    /** Sequences the prefix-reuse run's server holds (its pool: this many full contexts). */
+    public static final int PREFIX_PARALLEL = 2;
+
 
     private ServeBench() {
     }
@@ -164,7 +167,7 @@ public final class ServeBench {
      * with the assistant's answer and asks a short question.
      */
     public static PrefixReuse prefixReuse(Setup s, String corpus, int conversationTokens) {
-        try (Instance in = new Instance(s, 2, 4, true)) {
+        try (Instance in = new Instance(s, PREFIX_PARALLEL, 4, true)) {
             // Warm-up on other text, so that the first turn is not paying for the JIT.
             String warm = fit(s.codec(), new StringBuilder(corpus).reverse().toString(), Math.min(1024,
                     conversationTokens / 4));

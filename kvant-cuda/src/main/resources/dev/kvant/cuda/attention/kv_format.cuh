@@ -92,8 +92,10 @@ __device__ __forceinline__ u32 hsub2(u32 a, u32 b) {
     return r;
 }
 
-// Float.floatToFloat16 of a NaN: its sign, the quiet bit and the top ten payload bits (cvt.rn.f16.f32 gives one
-// canonical NaN instead), so that a NaN the CPU stores and one the device stores are the same bytes.
+// A NaN as HotSpot's Float.floatToFloat16 gives it through the hardware conversion it uses on x64 (F16C) and
+// aarch64: its sign, the quiet bit and the top ten payload bits (cvt.rn.f16.f32 gives one canonical NaN instead), so
+// that a NaN input the CPU stores in an f16 row and one the device stores are the same bytes. (A NaN computed from
+// other values, a scale or a norm, may carry other payload bits on the two.)
 __device__ __forceinline__ u16 nan_to_half(float x) {
     const u32 b = __float_as_uint(x);
     return (u16) (((b >> 16) & 0x8000u) | 0x7e00u | ((b & 0x7fffffu) >> 13));
