@@ -1,6 +1,5 @@
 package dev.kvant.attention;
 
-import static dev.kvant.attention.Lanes.F;
 import static dev.kvant.attention.Lanes.I;
 import static dev.kvant.attention.Lanes.L;
 import static dev.kvant.attention.Lanes.half;

@@ -5,7 +5,6 @@ import dev.kvant.cuda.CudaStream;
 import dev.kvant.cuda.DeviceBuffer;
 import dev.kvant.cuda.KernelCache;
 import dev.kvant.kv.KvFormat;
-import dev.kvant.kv.KvGeometry;
 import dev.kvant.select.SelectionConfig;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;

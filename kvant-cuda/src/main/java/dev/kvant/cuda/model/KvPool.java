@@ -1,7 +1,6 @@
 package dev.kvant.cuda.model;
 
 import dev.kvant.cuda.CudaGraph;
-import dev.kvant.cuda.CudaStream;
 import dev.kvant.cuda.KernelCache;
 import dev.kvant.cuda.attention.AttentionPlan;
 import dev.kvant.cuda.attention.AttentionShape;
