@@ -340,8 +340,15 @@ class AttentionGpuTest {
                 SplittableRandom r = new SplittableRandom(seed);   // the same rows and queries for every page size
                 int pages = (len + pageTokens - 1) / pageTokens;
                 try (KvCache host = new KvCache(g, KvFormat.parse(kName), KvFormat.parse(vName), pageTokens,
-                        pages)) {
+                        2 * pages)) {
+                    // a second sequence takes every other page, so the table is not the identity (a kernel that
+                    // ignored it would read the right rows by luck)
+                    KvSequence other = host.newSequence();
                     KvSequence seq = host.newSequence();
+                    for (int p = 1; p <= pages; p++) {
+                        other.reserve(p * pageTokens);
+                        seq.reserve(Math.min(n, p * pageTokens));
+                    }
                     float[] k = AttentionGpuFixture.gaussianRows(r, n * KV_HEADS, 128, 1.0, 3);
                     float[] v = AttentionGpuFixture.gaussianRows(r, n * KV_HEADS, 128, 1.0, 0);
                     seq.writeRows(0, 0, n, k, 0, v, 0);
@@ -349,7 +356,7 @@ class AttentionGpuTest {
                     try (CudaKvCache device = CudaKvCache.mirror(context, host);
                          CudaAttention attention = CudaAttention.create(context, cache, shape,
                                  AttentionPlan.of(1, 1, len, len));
-                         DeviceBatch batch = DeviceBatch.allocate(context, 1, pages);
+                         DeviceBatch batch = DeviceBatch.allocate(context, 1, 2 * pages);
                          DeviceBuffer qd = AttentionGpuFixture.upload(context,
                                  AttentionGpuFixture.gaussianRows(r, n * heads, 128, 1.0, 0));
                          DeviceBuffer od = context.allocate(4L * n * heads * 128)) {

@@ -153,6 +153,8 @@ class KvWriteGpuTest {
                  DeviceBuffer kd = AttentionGpuFixture.upload(context, k);
                  DeviceBuffer vd = AttentionGpuFixture.upload(context, v);
                  DeviceBuffer sd = AttentionGpuFixture.upload(context, slots)) {
+                dev.kPool(0).fillBytes((byte) 0xA5);
+                dev.vPool(0).fillBytes((byte) 0xA5);
                 attention.quantizeRows(dev, 0, kd, vd, sd, 1, context.defaultStream());
                 context.synchronize();
                 int at = (int) (a.page(0) * host.kPageBytes());
@@ -160,6 +162,8 @@ class KvWriteGpuTest {
                 byte[] want = host.kPool(0).toArray(ValueLayout.JAVA_BYTE);
                 byte[] got = AttentionGpuFixture.downloadBytes(dev.kPool(0));
                 assertArrayEquals(Arrays.copyOfRange(want, at, at + n), Arrays.copyOfRange(got, at, at + n), "K");
+                at = (int) (a.page(0) * host.vPageBytes());
+                n = (int) host.vRowBytes() * KV_HEADS;
                 want = host.vPool(0).toArray(ValueLayout.JAVA_BYTE);
                 got = AttentionGpuFixture.downloadBytes(dev.vPool(0));
                 assertArrayEquals(Arrays.copyOfRange(want, at, at + n), Arrays.copyOfRange(got, at, at + n), "V");
