@@ -92,6 +92,11 @@ final class ServeCommand implements Runnable {
             description = "how long in-flight requests may take to finish on shutdown (default ${DEFAULT-VALUE})")
     int grace;
 
+    @Option(names = "--write-timeout", paramLabel = "SECONDS", defaultValue = "60",
+            description = "how long one write to a client may take before its response is cut and its generation"
+                    + " cancelled: a client that stops reading (default ${DEFAULT-VALUE})")
+    int writeTimeout;
+
     /** Tokens of a pool of whole pages for {@code parallel} sequences of {@code context} tokens. */
     private static long poolTokens(int parallel, int context) {
         int pageTokens = Session.PAGE_TOKENS;
@@ -119,6 +124,9 @@ final class ServeCommand implements Runnable {
                     + " tokens of KV cache, more than one pool holds (" + Integer.MAX_VALUE + "); use fewer or"
                     + " shorter sequences, or --kv-mem");
         }
+        if (writeTimeout < 1) {
+            throw new UsageException("--write-timeout must be at least 1 second, got " + writeTimeout);
+        }
         ModelOptions.checkModelChoice(spec, opts.model, synthetic);
         if (opts.model == null && synthetic == null) {
             throw new UsageException("no model given: pass -m path/to/model.gguf (or --synthetic SHAPE)");
@@ -143,7 +151,8 @@ final class ServeCommand implements Runnable {
             }
             String name = alias != null ? alias : synthetic != null ? "synthetic-" + synthetic
                     : stripGguf(opts.model.getFileName());
-            ServerConfig config = new ServerConfig(host, port, apiKey, name, 32L << 20, Duration.ofSeconds(1));
+            ServerConfig config = new ServerConfig(host, port, apiKey, name, 32L << 20, Duration.ofSeconds(1),
+                    Duration.ofSeconds(writeTimeout));
             try (SequencePool pool = backend.newSequencePool(poolTokens, opts.kvFormats());
                  Engine engine = new Engine(backend, pool,
                          new EngineConfig(parallel, context, opts.prefillChunk(backend), maxQueue, !noPrefixCache,

@@ -118,11 +118,11 @@ final class CompletionHandler {
         }
         String id = (chat ? "chatcmpl-" : "cmpl-") + idPrefix + Long.toHexString(g.id());
         long created = System.currentTimeMillis() / 1000;
-        try {
+        try (WriteDeadline deadline = new WriteDeadline(config.writeTimeout())) {
             if (r.stream()) {
-                stream(res, r, g, events, id, created, arrivalNanos);
+                stream(deadline, res, r, g, events, id, created, arrivalNanos);
             } else {
-                respond(res, r, g, events, id, created, arrivalNanos);
+                respond(deadline, res, r, g, events, id, created, arrivalNanos);
             }
         } catch (UncheckedIOException e) {
             metrics.disconnect();
@@ -131,7 +131,7 @@ final class CompletionHandler {
         }
     }
 
-    private void stream(ServerResponse res, CompletionRequest r, Generation g,
+    private void stream(WriteDeadline d, ServerResponse res, CompletionRequest r, Generation g,
                         LinkedBlockingQueue<GenerationEvent> events, String id, long created, long arrival) {
         boolean chat = r.kind() == CompletionRequest.Kind.CHAT;
         res.status(200);
@@ -140,28 +140,28 @@ final class CompletionHandler {
         OutputStream out = res.outputStream();
         if (chat) {
             ObjectNode delta = Json.MAPPER.createObjectNode().put("role", "assistant").put("content", "");
-            event(out, chunk(id, created, r, delta, null, null));
+            event(d, out, chunk(id, created, r, delta, null, null));
         }
-        Outcome o = consume(r, g, events, arrival, true, text -> event(out, chunk(id, created, r, null, text, null)),
-                () -> write(out, ": keep-alive\n\n"));
+        Outcome o = consume(r, g, events, arrival, true, text -> event(d, out, chunk(id, created, r, null, text, null)),
+                () -> write(d, out, ": keep-alive\n\n"));
         if (o.failure() != null) {
-            event(out, ApiException.body(o.failure().message(), "server_error", null,
+            event(d, out, ApiException.body(o.failure().message(), "server_error", null,
                     o.failure().shuttingDown() ? "shutting_down" : "generation_failed"));
         } else {
-            event(out, chunk(id, created, r, chat ? Json.MAPPER.createObjectNode() : null, chat ? null : "",
+            event(d, out, chunk(id, created, r, chat ? Json.MAPPER.createObjectNode() : null, chat ? null : "",
                     o.finishReason()));
             if (r.includeUsage()) {
                 ObjectNode u = envelope(id, created, r);
                 u.putArray("choices");
                 u.set("usage", usage(o));
-                event(out, u);
+                event(d, out, u);
             }
         }
-        write(out, "data: [DONE]\n\n");
-        close(out);
+        write(d, out, "data: [DONE]\n\n");
+        close(d, out);
     }
 
-    private void respond(ServerResponse res, CompletionRequest r, Generation g,
+    private void respond(WriteDeadline d, ServerResponse res, CompletionRequest r, Generation g,
                          LinkedBlockingQueue<GenerationEvent> events, String id, long created, long arrival) {
         StringBuilder text = new StringBuilder();
         OutputStream[] committed = {null};
@@ -173,7 +173,7 @@ final class CompletionHandler {
                 res.header(HeaderNames.CONTENT_TYPE, "application/json");
                 committed[0] = res.outputStream();
             }
-            write(committed[0], " ");
+            write(d, committed[0], " ");
         });
         ObjectNode body;
         if (o.failure() != null) {
@@ -202,10 +202,14 @@ final class CompletionHandler {
         byte[] bytes = Json.write(body).getBytes(StandardCharsets.UTF_8);
         if (committed[0] == null) {
             res.header(HeaderNames.CONTENT_TYPE, "application/json");
-            res.send(bytes);
+            try {
+                d.run(() -> res.send(bytes));
+            } catch (IOException e) {
+                throw new UncheckedIOException(e);
+            }
         } else {
-            write(committed[0], new String(bytes, StandardCharsets.UTF_8));
-            close(committed[0]);
+            write(d, committed[0], new String(bytes, StandardCharsets.UTF_8));
+            close(d, committed[0]);
         }
     }
 
@@ -322,15 +326,20 @@ final class CompletionHandler {
         return u;
     }
 
-    private static void event(OutputStream out, ObjectNode data) {
-        write(out, "data: " + Json.write(data) + "\n\n");
+    private static void event(WriteDeadline d, OutputStream out, ObjectNode data) {
+        write(d, out, "data: " + Json.write(data) + "\n\n");
     }
 
-    /** Writes and flushes; any failure means the client is gone and surfaces as UncheckedIOException. */
-    private static void write(OutputStream out, String s) {
+    /**
+     * Writes and flushes within the write deadline; any failure means the client is gone (or reads nothing) and
+     * surfaces as UncheckedIOException.
+     */
+    private static void write(WriteDeadline d, OutputStream out, String s) {
         try {
-            out.write(s.getBytes(StandardCharsets.UTF_8));
-            out.flush();
+            d.run(() -> {
+                out.write(s.getBytes(StandardCharsets.UTF_8));
+                out.flush();
+            });
         } catch (IOException e) {
             throw new UncheckedIOException(e);
         } catch (UncheckedIOException e) {
@@ -340,9 +349,9 @@ final class CompletionHandler {
         }
     }
 
-    private static void close(OutputStream out) {
+    private static void close(WriteDeadline d, OutputStream out) {
         try {
-            out.close();
+            d.run(out::close);
         } catch (IOException e) {
             throw new UncheckedIOException(e);
         } catch (UncheckedIOException e) {

@@ -40,7 +40,7 @@ public final class KvantServer implements AutoCloseable {
     private final WebServer web;
     private volatile boolean draining;
 
-    private KvantServer(ServerConfig config, Engine engine, TextCodec codec) {
+    private KvantServer(ServerConfig config, Engine engine, TextCodec codec, int sendBufferBytes) {
         this.config = Objects.requireNonNull(config, "config");
         this.engine = Objects.requireNonNull(engine, "engine");
         CompletionHandler completions = new CompletionHandler(engine, codec, metrics, config);
@@ -100,7 +100,11 @@ public final class KvantServer implements AutoCloseable {
                 .error(Throwable.class, (req, res, e) -> error(res, new ApiException(500, "server_error", null, null,
                         "internal error: " + e, 0)));
         requireFreePort(config);
-        this.web = WebServer.builder()
+        var builder = WebServer.builder();
+        if (sendBufferBytes > 0) {
+            builder.connectionOptions(o -> o.socketSendBufferSize(sendBufferBytes));
+        }
+        this.web = builder
                 .host(config.host())
                 .port(config.port())
                 .maxPayloadSize(config.maxRequestBytes())
@@ -139,7 +143,15 @@ public final class KvantServer implements AutoCloseable {
 
     /** Starts listening; the engine and the codec stay the caller's to close, after {@link #shutdown}. */
     public static KvantServer start(ServerConfig config, Engine engine, TextCodec codec) {
-        return new KvantServer(config, engine, codec);
+        return new KvantServer(config, engine, codec, 0);
+    }
+
+    /**
+     * As above with each connection's socket send buffer of that many bytes (the system's choice by default, which
+     * Linux grows to megabytes): for tests of a client that stops reading, whose writes block once it is full.
+     */
+    static KvantServer start(ServerConfig config, Engine engine, TextCodec codec, int sendBufferBytes) {
+        return new KvantServer(config, engine, codec, sendBufferBytes);
     }
 
     /** The port listened on (the one picked when the config asked for 0). */
