@@ -32,6 +32,9 @@ import java.util.function.Consumer;
  */
 final class CompletionHandler {
 
+    /** The most bytes one write to a client carries (its deadline: {@link WriteDeadline}). */
+    private static final int SLICE = 64 * 1024;
+
     private final Engine engine;
     private final TextCodec codec;
     private final Metrics metrics;
@@ -200,7 +203,7 @@ final class CompletionHandler {
             body.set("usage", usage(o));
         }
         byte[] bytes = Json.write(body).getBytes(StandardCharsets.UTF_8);
-        if (committed[0] == null) {
+        if (committed[0] == null && bytes.length <= SLICE) {
             res.header(HeaderNames.CONTENT_TYPE, "application/json");
             try {
                 d.run(() -> res.send(bytes));
@@ -208,6 +211,11 @@ final class CompletionHandler {
                 throw new UncheckedIOException(e);
             }
         } else {
+            if (committed[0] == null) {   // a long body: streamed a slice at a time, each within the deadline
+                res.status(200);
+                res.header(HeaderNames.CONTENT_TYPE, "application/json");
+                committed[0] = res.outputStream();
+            }
             write(d, committed[0], new String(bytes, StandardCharsets.UTF_8));
             close(d, committed[0]);
         }
@@ -331,15 +339,20 @@ final class CompletionHandler {
     }
 
     /**
-     * Writes and flushes within the write deadline; any failure means the client is gone (or reads nothing) and
-     * surfaces as UncheckedIOException.
+     * Writes and flushes within the write deadline, SLICE bytes at a time (so that the deadline measures a client
+     * that stopped reading, not a long body read slowly); any failure means the client is gone (or reads nothing)
+     * and surfaces as UncheckedIOException.
      */
     private static void write(WriteDeadline d, OutputStream out, String s) {
+        byte[] bytes = s.getBytes(StandardCharsets.UTF_8);
         try {
-            d.run(() -> {
-                out.write(s.getBytes(StandardCharsets.UTF_8));
-                out.flush();
-            });
+            for (int off = 0; off < bytes.length || off == 0; off += SLICE) {
+                int from = off, n = Math.min(SLICE, bytes.length - off);
+                d.run(() -> {
+                    out.write(bytes, from, n);
+                    out.flush();
+                });
+            }
         } catch (IOException e) {
             throw new UncheckedIOException(e);
         } catch (UncheckedIOException e) {

@@ -2,9 +2,9 @@ package dev.kvant.server;
 
 import java.io.IOException;
 import java.time.Duration;
-import java.util.concurrent.Executors;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.ScheduledFuture;
+import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
 
 /**
@@ -23,11 +23,17 @@ final class WriteDeadline implements AutoCloseable {
         void run() throws IOException;
     }
 
-    private static final ScheduledExecutorService TIMER = Executors.newSingleThreadScheduledExecutor(r -> {
-        Thread t = new Thread(r, "kvant-write-deadline");
-        t.setDaemon(true);
+    private static final ScheduledExecutorService TIMER = timer();
+
+    private static ScheduledExecutorService timer() {
+        ScheduledThreadPoolExecutor t = new ScheduledThreadPoolExecutor(1, r -> {
+            Thread th = new Thread(r, "kvant-write-deadline");
+            th.setDaemon(true);
+            return th;
+        });
+        t.setRemoveOnCancelPolicy(true);   // a finished response's check goes at once, not at its next run
         return t;
-    });
+    }
 
     private final long limitNanos;
     private final Thread writer = Thread.currentThread();
@@ -52,30 +58,30 @@ final class WriteDeadline implements AutoCloseable {
     }
 
     /**
-     * Runs one write under the limit; a write the limit cut (or one that ended just as it was cut) throws
-     * IOException, and the interrupt does not outlive it.
+     * Runs one write under the limit: a write the limit cut fails (IOException, the interrupt cleared); one that
+     * returned just as the limit was reached was delivered, and the response goes on (the interrupt cleared too).
      */
     void run(Write w) throws IOException {
         synchronized (this) {
-            if (expired) {
-                throw timedOut();
-            }
             started = System.nanoTime();
         }
-        boolean cut;
+        boolean done = false;
         try {
             w.run();
+            done = true;
         } finally {
+            boolean cut;
             synchronized (this) {
                 started = NONE;
                 cut = expired;
+                expired = false;
             }
             if (cut) {
                 Thread.interrupted();
+                if (!done) {
+                    throw timedOut();
+                }
             }
-        }
-        if (cut) {
-            throw timedOut();
         }
     }
 
