@@ -8,9 +8,7 @@ import dev.kvant.kv.KvFormat;
 import org.junit.jupiter.params.ParameterizedTest;
 import org.junit.jupiter.params.provider.ValueSource;
 
-import java.io.OutputStream;
 import java.net.Socket;
-import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.Random;
 
@@ -39,15 +37,8 @@ class DisconnectTest {
                     engine, TextCodec.of(m.model, null));
             try {
                 int freeBefore = engine.stats().freePages();
-                String body = "{\"prompt\": \"hello\", \"max_tokens\": " + MAX_TOKENS + ", \"ignore_eos\": true, "
-                        + "\"temperature\": 0, \"stream\": " + stream + "}";
-                byte[] bytes = body.getBytes(StandardCharsets.UTF_8);
                 try (Socket socket = new Socket("127.0.0.1", server.port())) {
-                    OutputStream out = socket.getOutputStream();
-                    out.write(("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                            + "Content-Length: " + bytes.length + "\r\n\r\n").getBytes(StandardCharsets.US_ASCII));
-                    out.write(bytes);
-                    out.flush();
+                    TestServers.postCompletion(socket, MAX_TOKENS, stream);
                     long deadline = System.nanoTime() + Duration.ofSeconds(30).toNanos();
                     while (engine.stats().generatedTokens() < 50 && System.nanoTime() < deadline) {
                         Thread.sleep(1);

@@ -7,10 +7,8 @@ import dev.kvant.engine.EngineStats;
 import dev.kvant.kv.KvFormat;
 import org.junit.jupiter.api.Test;
 
-import java.io.OutputStream;
 import java.net.InetSocketAddress;
 import java.net.Socket;
-import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.Random;
 
@@ -41,14 +39,7 @@ class SlowClientTest {
                 socket.setReceiveBufferSize(4096);   // before connecting: a small window, soon full
                 socket.connect(new InetSocketAddress("127.0.0.1", server.port()));
                 int freeBefore = engine.stats().freePages();
-                String body = "{\"prompt\": \"hello\", \"max_tokens\": " + MAX_TOKENS + ", \"ignore_eos\": true, "
-                        + "\"temperature\": 0, \"stream\": true}";
-                byte[] bytes = body.getBytes(StandardCharsets.UTF_8);
-                OutputStream out = socket.getOutputStream();
-                out.write(("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                        + "Content-Length: " + bytes.length + "\r\n\r\n").getBytes(StandardCharsets.US_ASCII));
-                out.write(bytes);
-                out.flush();
+                TestServers.postCompletion(socket, MAX_TOKENS, true);
                 // never read; wait for the server to give up on this client
                 long deadline = System.nanoTime() + Duration.ofSeconds(60).toNanos();
                 while (server.metrics().disconnects() == 0 && System.nanoTime() < deadline) {

@@ -23,6 +23,20 @@ final class TestServers implements AutoCloseable {
     }
 
     /** The random two-layer llama of the core tests: 300 ids, no tokenizer (text goes byte by byte). */
+    /**
+     * Sends {@code POST /v1/completions} of a greedy, end-ignoring completion of "hello" by hand on socket (tests of
+     * clients that hang up or stop reading), and does not read the answer.
+     */
+    static void postCompletion(java.net.Socket socket, int maxTokens, boolean stream) throws java.io.IOException {
+        byte[] bytes = ("{\"prompt\": \"hello\", \"max_tokens\": " + maxTokens + ", \"ignore_eos\": true, "
+                + "\"temperature\": 0, \"stream\": " + stream + "}").getBytes(java.nio.charset.StandardCharsets.UTF_8);
+        java.io.OutputStream out = socket.getOutputStream();
+        out.write(("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                + "Content-Length: " + bytes.length + "\r\n\r\n").getBytes(java.nio.charset.StandardCharsets.US_ASCII));
+        out.write(bytes);
+        out.flush();
+    }
+
     static TestServers tiny(long seed) {
         return new TestServers(a -> LlamaModel.fromGguf(TinyModels.build("llama", GgmlType.F16, seed, a).file()));
     }
