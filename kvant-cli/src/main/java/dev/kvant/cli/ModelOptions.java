@@ -157,6 +157,22 @@ final class ModelOptions {
         }
     }
 
+    /**
+     * serve's and bench-serve's engine options, refused before the model loads (EngineConfig's rules, with
+     * kvant's own bound on --parallel); ctx null: the default.
+     */
+    static void checkServing(int parallel, Integer ctx, int pipeline) {
+        if (parallel < 1 || parallel > 256) {
+            throw new UsageException("--parallel must be between 1 and 256, got " + parallel);
+        }
+        if (pipeline < 0) {
+            throw new UsageException("--pipeline must not be negative, got " + pipeline);
+        }
+        if (ctx != null && ctx < 2) {
+            throw new UsageException("-c must be at least 2, got " + ctx);
+        }
+    }
+
     /** "8G", "512M", "64k" or a plain byte count; binary units. */
     static long parseSize(String s) {
         String t = s.strip().toUpperCase(java.util.Locale.ROOT);

@@ -112,15 +112,7 @@ final class ServeBenchCommand implements Runnable {
         if (opts.model == null && synthetic == null) {
             throw new UsageException("no model given: pass -m path/to/model.gguf or --synthetic SHAPE");
         }
-        if (parallel < 1 || parallel > 256) {
-            throw new UsageException("--parallel must be between 1 and 256, got " + parallel);
-        }
-        if (ctx < 1) {
-            throw new UsageException("-c must be at least 1, got " + ctx);
-        }
-        if (pipeline < 0) {
-            throw new UsageException("--pipeline must not be negative, got " + pipeline);
-        }
+        ModelOptions.checkServing(parallel, ctx, pipeline);
         if (!List.of("batching", "prefix", "load").contains(mode)) {
             throw new UsageException("--mode must be batching, prefix or load, got " + mode);
         }

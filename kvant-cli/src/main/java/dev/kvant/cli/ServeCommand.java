@@ -109,15 +109,7 @@ final class ServeCommand implements Runnable {
     @Override
     public void run() {
         ModelOptions.checkThreads(opts.threads);
-        if (parallel < 1 || parallel > 256) {
-            throw new UsageException("--parallel must be between 1 and 256, got " + parallel);
-        }
-        if (pipeline < 0) {
-            throw new UsageException("--pipeline must not be negative, got " + pipeline);
-        }
-        if (ctx != null && ctx < 1) {
-            throw new UsageException("-c must be at least 1, got " + ctx);
-        }
+        ModelOptions.checkServing(parallel, ctx, pipeline);
         long wanted = poolTokens(parallel, ctx != null ? ctx : 4096);
         if (opts.kvMem == null && wanted > Integer.MAX_VALUE) {
             throw new UsageException("--parallel " + parallel + " x -c " + ctx + " is " + wanted

@@ -31,7 +31,7 @@ class ServeCommandTest {
         assertTrue(big.err().contains("tokens of KV cache, more than one pool holds"), big.err());
         MainTest.Run zero = MainTest.run("serve", "--synthetic", "tiny", "--port", "0", "-c", "0");
         assertEquals(2, zero.code());
-        assertTrue(zero.err().contains("-c must be at least 1"), zero.err());
+        assertTrue(zero.err().contains("-c must be at least 2"), zero.err());
     }
 
     @Test
