@@ -35,7 +35,9 @@ import java.util.SplittableRandom;
  * The cache is filled on the device (normal data through the quantize kernel), pages shuffled over the pool.
  *
  * <pre>java --add-modules jdk.incubator.vector --enable-native-access=ALL-UNNAMED \
- *   -cp kvant-cuda.jar:kvant-core.jar dev.kvant.cuda.attention.AttentionGpuBench [format,...]</pre>
+ *   -cp kvant-cuda.jar:kvant-core.jar dev.kvant.cuda.attention.AttentionGpuBench [format,...] [prefill=L,L,...]</pre>
+ * With {@code prefill=L,...} only the prefill rows run, at those lengths (a sweep over lengths separates a prefill
+ * block's fixed cost from its per-tile cost), over one sequence filled to the longest.
  */
 public final class AttentionGpuBench {
     static final int KV_HEADS = 8;
@@ -63,6 +65,7 @@ public final class AttentionGpuBench {
         } else {
             formats.addAll(KvFormat.all());
         }
+        Sizes sizes = args.length > 1 ? Sizes.prefillOnly(args[1]) : Sizes.DEFAULT;
         try (CudaContext context = CudaContext.open(); CudaStream stream = context.createStream()) {
             KernelCache cache = KernelCache.open(context);
             List<AttentionShape> shapes = new ArrayList<>();
@@ -78,7 +81,7 @@ public final class AttentionGpuBench {
             List<String> prefillRows = new ArrayList<>();
             List<String> writeRows = new ArrayList<>();
             for (KvFormat f : formats) {
-                run(context, cache, stream, f, copy, decodeRows, prefillRows, writeRows);
+                run(context, cache, stream, f, copy, sizes, decodeRows, prefillRows, writeRows);
             }
             System.out.println();
             System.out.println("### Decode attention (llama3-8b layer: 32 q heads, 8 kv heads, d 128; one query per "
@@ -103,22 +106,41 @@ public final class AttentionGpuBench {
         }
     }
 
+    /**
+     * What a run measures: decode at {@code lengths} x {@code batches} over a cache of {@code batch} sequences of
+     * {@code tokens}, and prefill at {@code prefill} lengths.
+     */
+    record Sizes(int batch, int tokens, int[] lengths, int[] batches, int[] prefill) {
+        static final Sizes DEFAULT = new Sizes(MAX_BATCH, MAX_TOKENS, LENGTHS, BATCHES, PREFILL);
+
+        /** {@code prefill=L,L,...}: prefill alone at those lengths, one sequence. */
+        static Sizes prefillOnly(String arg) {
+            if (!arg.startsWith("prefill=")) {
+                throw new IllegalArgumentException("expected prefill=L,L,... after the formats, got " + arg);
+            }
+            int[] lengths = Arrays.stream(arg.substring("prefill=".length()).split(","))
+                    .mapToInt(x -> Integer.parseInt(x.strip())).sorted().toArray();
+            int tokens = (lengths[lengths.length - 1] + CHUNK - 1) / CHUNK * CHUNK;
+            return new Sizes(1, tokens, new int[0], new int[0], lengths);
+        }
+    }
+
     static AttentionShape shape(KvFormat f) {
         return new AttentionShape(new KvGeometry(1, KV_HEADS, D, D), HEADS, f, f, PAGE_TOKENS);
     }
 
     private static void run(CudaContext context, KernelCache cache, CudaStream stream, KvFormat f, double copy,
-                            List<String> decodeRows, List<String> prefillRows, List<String> writeRows) {
+                            Sizes sizes, List<String> decodeRows, List<String> prefillRows, List<String> writeRows) {
         AttentionShape shape = shape(f);
-        int pagesPerSeq = MAX_TOKENS / PAGE_TOKENS;
-        int pages = MAX_BATCH * pagesPerSeq;
+        int pagesPerSeq = sizes.tokens() / PAGE_TOKENS;
+        int pages = sizes.batch() * pagesPerSeq;
         int[] perm = shuffled(pages, 42);
         boolean prefill = List.of("f16", "turbo3", "turbo2", "q8_0").contains(f.name());
-        int maxPrefill = prefill ? PREFILL[PREFILL.length - 1] : 0;
+        int maxPrefill = prefill ? sizes.prefill()[sizes.prefill().length - 1] : 0;
         try (CudaKvCache kv = CudaKvCache.allocate(context, shape.geometry(), f, f, PAGE_TOKENS, pages);
              CudaAttention writer = CudaAttention.create(context, cache, shape,
-                     AttentionPlan.of(MAX_BATCH, 1, MAX_TOKENS, maxPrefill));
-             DeviceBatch batch = DeviceBatch.allocate(context, MAX_BATCH, pagesPerSeq);
+                     AttentionPlan.of(sizes.batch(), 1, sizes.tokens(), maxPrefill));
+             DeviceBatch batch = DeviceBatch.allocate(context, sizes.batch(), pagesPerSeq);
              DeviceBuffer k = context.allocate(4L * CHUNK * KV_HEADS * D);
              DeviceBuffer v = context.allocate(4L * CHUNK * KV_HEADS * D);
              DeviceBuffer slots = context.allocate(4L * CHUNK);
@@ -127,10 +149,10 @@ public final class AttentionGpuBench {
             // ---- fill the cache (and time the quantize kernel on the first chunk)
             long n = (long) CHUNK * KV_HEADS * D;
             double[] writeTimes = null;
-            for (int s = 0; s < MAX_BATCH; s++) {
+            for (int s = 0; s < sizes.batch(); s++) {
                 int[] table = Arrays.copyOfRange(perm, s * pagesPerSeq, (s + 1) * pagesPerSeq);
-                batch.set(s, table, table.length, MAX_TOKENS);
-                for (int t0 = 0; t0 < MAX_TOKENS; t0 += CHUNK) {
+                batch.set(s, table, table.length, sizes.tokens());
+                for (int t0 = 0; t0 < sizes.tokens(); t0 += CHUNK) {
                     for (int t = 0; t < CHUNK; t++) {
                         int pos = t0 + t;
                         hostSlots.setAtIndex(ValueLayout.JAVA_INT, t,
@@ -160,14 +182,14 @@ public final class AttentionGpuBench {
             try (DeviceBuffer q = context.allocate(4L * MAX_BATCH * HEADS * D);
                  DeviceBuffer out = context.allocate(4L * MAX_BATCH * HEADS * D)) {
                 writer.fillNormal(q, (long) MAX_BATCH * HEADS * D, 7, 1f, stream);
-                for (int len : LENGTHS) {
+                for (int len : sizes.lengths()) {
                     try (CudaAttention attention = CudaAttention.create(context, cache, shape,
                             AttentionPlan.of(MAX_BATCH, 1, len, 0))) {
                         for (int s = 0; s < MAX_BATCH; s++) {
                             batch.setLength(s, len);
                         }
                         batch.upload();
-                        for (int b : BATCHES) {
+                        for (int b : sizes.batches()) {
                             Runnable decode = () -> attention.decode(kv, 0, q, batch, b, out, stream);
                             double launched = median(time(context, stream, 3, 20, decode)) * 1e3;
                             double us = graphTime(context, stream, 1, 10, decode) * 1e3;
@@ -185,7 +207,7 @@ public final class AttentionGpuBench {
 
             // ---- prefill
             if (prefill) {
-                for (int len : PREFILL) {
+                for (int len : sizes.prefill()) {
                     try (DeviceBuffer q = context.allocate(4L * len * HEADS * D);
                          DeviceBuffer out = context.allocate(4L * len * HEADS * D)) {
                         writer.fillNormal(q, (long) len * HEADS * D, 11, 1f, stream);
