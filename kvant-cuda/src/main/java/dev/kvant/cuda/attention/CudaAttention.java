@@ -65,6 +65,8 @@ public final class CudaAttention implements AutoCloseable {
     private final int prefillShared;
     private final int prefillThreads;
     private final int decodeStages;
+    /** Whether a prefill's output, in a rotated V format's domain, takes the unrotate kernel after it. */
+    private final boolean prefillUnrotates;
     /**
      * The most splits dense decode cuts a sequence into (the plan's for as many decode blocks an SM as the layout
      * allows), and about the blocks one decode launch fills (attention.cu dec_run).
@@ -111,6 +113,7 @@ public final class CudaAttention implements AutoCloseable {
             this.prefillThreads = info[4];
             this.prefillStages = info[5];
             this.decodeSplits = plan.maxSplits(info[8]);
+            this.prefillUnrotates = info[9] != 0;
             if (info[6] != shape.kRowBytes() || info[7] != shape.vRowBytes()) {
                 throw new IllegalStateException("module " + source.name() + " computes rows of " + info[6] + "/"
                         + info[7] + " bytes, the formats say " + shape.kRowBytes() + "/" + shape.vRowBytes());
@@ -146,11 +149,14 @@ public final class CudaAttention implements AutoCloseable {
         return new CudaAttention(context, cache, shape, plan, scale, sparseThreshold);
     }
 
+    /** Ints kvant_attn_info writes (attention.cu). */
+    private static final int INFO_INTS = 10;
+
     private static int[] info(CudaContext context, CudaModule module) {
-        try (DeviceBuffer out = context.allocate(9 * 4); Arena arena = Arena.ofConfined()) {
+        try (DeviceBuffer out = context.allocate(INFO_INTS * 4); Arena arena = Arena.ofConfined()) {
             CudaStream stream = context.defaultStream();
             module.function("kvant_attn_info").launch(Dim3.of(1), Dim3.of(1), 0, stream, out);
-            MemorySegment host = arena.allocate(9 * 4);
+            MemorySegment host = arena.allocate(INFO_INTS * 4);
             out.copyToHost(host);
             return host.toArray(ValueLayout.JAVA_INT);
         }
@@ -783,7 +789,7 @@ public final class CudaAttention implements AutoCloseable {
         prefill.launch(new Dim3(1, shape.kvHeads() * rowBlocks, 1), Dim3.of(prefillThreads), prefillShared, stream, q,
                 kv.kPool(layer), kv.vPool(layer), batch.table(seq), start, n, out, shape.kvHeads(), shape.group(),
                 shape.pageTokens(), kv.kPageBytes(layer), kv.vPageBytes(layer), qscale(), sparseThreshold);
-        if (shape.vFormat().rotated()) {
+        if (prefillUnrotates) {
             int perBlock = MERGE_THREADS / shape.headDimV();
             unrotate.launch(Dim3.of((int) ((rows + perBlock - 1) / perBlock)), Dim3.of(MERGE_THREADS), 0, stream, out,
                     rows);

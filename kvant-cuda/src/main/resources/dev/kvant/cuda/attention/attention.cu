@@ -1766,6 +1766,131 @@ __device__ __forceinline__ void wgq_producer(u8* aligned, u32 base, const u8* __
     }
 }
 
+// prefill_wg's epilogue: a warp's rows O / l written in head order through shared memory, 8 rows at a time (rows g,
+// then rows g + 8 of the warp). A rotated V's rows are rotated back first, in registers: the lane's 32 values of a
+// row and its quad's other three lanes' make the whole row (tile column 8j + 2c + e holds head dimension
+// (2(c & 1) + e)·N/4 + 2j + (c >> 1), perm_col), so the butterflies of distance 1 and N/2 cross the quad (shuffles
+// with lanes c ^ 2 and c ^ 1) and the others are registers — kvant_attn_unrotate's float operations in its order
+// (D2, distances 1, 2, ..., N/2, the scale, D1), so the same bits as that kernel, which prefill_wg's launches no
+// longer need. Each warp then stages its 8 rows of DV floats in `stage` (swizzled so that a store of the 32 lanes
+// falls on 32 banks) and writes each row as float pairs, 256 contiguous bytes a store: the plain store_rows wrote
+// 4 bytes at a time, for turbo to scattered columns (ncu: a fifth of a 4K turbo3 prefill's warp samples).
+template <bool ROT>
+__device__ __forceinline__ void wg_store_rows(const float (&o)[DV / 8][4], float (&lrow)[2], float* __restrict__ out,
+                                              float* stage, int row0, int nRows, int G, int kh, int heads, int g,
+                                              int c, int lane) {
+    constexpr int N = rot_block(DV), NI = N == 128 ? 1 : 0, J = DV / 8;
+    static_assert(!ROT || N == DV, "one rotation block a row");
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        lrow[e] += __shfl_xor_sync(FULL_MASK, lrow[e], 1);
+        lrow[e] += __shfl_xor_sync(FULL_MASK, lrow[e], 2);
+    }
+    // a row's dimension d in the stage: pairs (d, d + 1) stay together, 8-byte aligned
+    auto place = [&](int r, int d) {
+        return r * DV + (ROT ? d ^ (4 * r) ^ (((d / (N / 2)) & 1) << 1) : d ^ (8 * r));
+    };
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const float inv = 1.f / lrow[e];
+        float x[J][2];
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            x[j][0] = o[j][2 * e] * inv;
+            x[j][1] = o[j][2 * e + 1] * inv;
+        }
+        if constexpr (ROT) {
+            u32 pre[2], post[2];
+            int shift[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int first = (2 * (c & 1) + h) * (N / 4);   // the dimension of x[0][h]
+                pre[h] = kv_rot_sign[NI][1][first >> 5];
+                post[h] = kv_rot_sign[NI][0][first >> 5];
+                shift[h] = (first & 31) + (c >> 1);
+            }
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    if ((pre[h] >> (shift[h] + 2 * j)) & 1u) x[j][h] = -x[j][h];
+                }
+            }
+            // distance 1: dimension bit 0, lanes c and c ^ 2
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const float y = __shfl_xor_sync(FULL_MASK, x[j][h], 2);
+                    x[j][h] = (c & 2) ? __fsub_rn(y, x[j][h]) : __fadd_rn(x[j][h], y);
+                }
+            }
+            // distances 2 .. N/8: the bits of j
+#pragma unroll
+            for (int b = 1; b < J; b <<= 1) {
+#pragma unroll
+                for (int j = 0; j < J; j++) {
+                    if (!(j & b)) {
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            const float lo = x[j][h], hi = x[j + b][h];
+                            x[j][h] = __fadd_rn(lo, hi);
+                            x[j + b][h] = __fsub_rn(lo, hi);
+                        }
+                    }
+                }
+            }
+            // distance N/4: the pair of a register
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+                const float lo = x[j][0], hi = x[j][1];
+                x[j][0] = __fadd_rn(lo, hi);
+                x[j][1] = __fsub_rn(lo, hi);
+            }
+            // distance N/2: lanes c and c ^ 1
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const float y = __shfl_xor_sync(FULL_MASK, x[j][h], 1);
+                    x[j][h] = (c & 1) ? __fsub_rn(y, x[j][h]) : __fadd_rn(x[j][h], y);
+                }
+            }
+            const float sc = kv_rot_scale[NI];
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    x[j][h] = __fmul_rn(x[j][h], ((post[h] >> (shift[h] + 2 * j)) & 1u) ? -sc : sc);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+#pragma unroll
+                for (int h = 0; h < 2; h++) stage[place(g, (2 * (c & 1) + h) * (N / 4) + 2 * j + (c >> 1))] = x[j][h];
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < J; j++) *(float2*) (stage + place(g, 8 * j + 2 * c)) = make_float2(x[j][0], x[j][1]);
+        }
+        __syncwarp();
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            const int row = row0 + 8 * e + r;
+            if (row < nRows) {
+                const int qi = row / G, hq = kh * G + (row - qi * G);
+                float* op = out + ((i64) qi * heads + hq) * DV;
+#pragma unroll
+                for (int h = 0; h < DV / 64; h++) {
+                    const int d = 64 * h + 2 * lane;
+                    *(float2*) (op + d) = *(const float2*) (stage + place(r, d));
+                }
+            }
+        }
+        __syncwarp();
+    }
+}
+
 __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8* __restrict__ kpool,
                                            const u8* __restrict__ vpool, const int* __restrict__ table, int qstart,
                                            int nq, float* __restrict__ out, int kvHeads, int G, int pageTokens,
@@ -1962,7 +2087,11 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
         if constexpr (!WG_DEQ) mbar_arrive(empty(st));
     }
 
-    store_rows(o, lrow, out, row0, nRows, G, kh, heads, g, c);
+    // the warpgroup's query tile becomes its warps' output stages once all four are past their last products
+    if (wg == 0) asm volatile("bar.sync 7, 128;" ::: "memory");
+    else asm volatile("bar.sync 8, 128;" ::: "memory");
+    wg_store_rows<fmt_rotated(VF)>(o, lrow, out, (float*) qs + (warp & 3) * 8 * DV, row0, nRows, G, kh, heads, g, c,
+                                   lane);
 }
 #endif
 
@@ -1981,7 +2110,8 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
 //         from the f16 tile; P from the S accumulators as A fragments; O = P V, DV/8 n-tiles x 4 f32 per lane. The
 //         eight warps dequantize the shared tile together, so each compressed row is decoded once per 128 query rows.
 //         A tile no row masks and a run without a sparse-V threshold skip those steps by uniform branches.
-// exact:  as decode. Writes out = O / l in head order; for a rotated V format kvant_attn_unrotate follows.
+// exact:  as decode. Writes out = O / l in head order; for a rotated V format kvant_attn_unrotate follows, except
+//         after prefill_wg, which rotates its rows back itself (kvant_attn_info out[9]).
 // sm_90a: f16/bf16 and turbo3/turbo2 rows of one head size of 64 or 128, keys not centered, take prefill_wg above
 //         (same grid and rows; turbo: 16 warps, warps 8..15 copying and dequantizing).
 // ================================================================================================================
@@ -2396,7 +2526,8 @@ extern "C" __global__ void __launch_bounds__(MERGE_THREADS) kvant_attn_unrotate(
 
 // kvant_attn_info — the launch geometry the host needs, from the one place it is defined:
 // out = {decode shared bytes, decode threads, decode stages, prefill shared bytes, prefill threads, prefill stages,
-//        K row bytes, V row bytes, decode blocks an SM}. One thread.
+//        K row bytes, V row bytes, decode blocks an SM, 1 if the prefill's output needs kvant_attn_unrotate}. One
+//        thread.
 extern "C" __global__ void kvant_attn_info(int* out) {
     KVANT_GRID_ENTER();
     out[0] = DecLayout::TOTAL;
@@ -2408,4 +2539,5 @@ extern "C" __global__ void kvant_attn_info(int* out) {
     out[6] = RBK;
     out[7] = RBV;
     out[8] = DEC_BLOCKS;
+    out[9] = fmt_rotated(VF) && !PRE_WG ? 1 : 0;
 }
