@@ -27,8 +27,8 @@ import java.util.SplittableRandom;
  * the device copy bandwidth measured in the same run (DeviceCopy: bytes read + written per second) come from this —
  * and launched one at a time from Java between two events (host launch time included, which dominates short
  * decodes);</li>
- * <li>causal prefill of 4K and 32K tokens in f16, turbo3, turbo2 and q8_0 (the warpgroup kernel's formats and the
- * mma.sync one's most used): TFLOP/s counting 2 * L^2 * d * heads (the causal half of QK^T and PV), the convention
+ * <li>causal prefill of 4K and 32K tokens in f16, turbo3, turbo2 (the warpgroup kernel's formats), q8_0, turbo4 and
+ * q4_0h (the mma.sync one's, the last two with a rotated V): TFLOP/s counting 2 * L^2 * d * heads (the causal half of QK^T and PV), the convention
  * of scripts/gpu-sdpa-baseline.py;</li>
  * <li>quantize-on-write: K+V rows per second per format.</li>
  * </ul>
@@ -135,7 +135,7 @@ public final class AttentionGpuBench {
         int pagesPerSeq = sizes.tokens() / PAGE_TOKENS;
         int pages = sizes.batch() * pagesPerSeq;
         int[] perm = shuffled(pages, 42);
-        boolean prefill = List.of("f16", "turbo3", "turbo2", "q8_0").contains(f.name());
+        boolean prefill = List.of("f16", "turbo3", "turbo2", "q8_0", "turbo4", "q4_0h").contains(f.name());
         int maxPrefill = prefill ? sizes.prefill()[sizes.prefill().length - 1] : 0;
         try (CudaKvCache kv = CudaKvCache.allocate(context, shape.geometry(), f, f, PAGE_TOKENS, pages);
              CudaAttention writer = CudaAttention.create(context, cache, shape,
