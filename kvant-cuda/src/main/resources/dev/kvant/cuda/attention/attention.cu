@@ -1420,6 +1420,132 @@ __device__ __forceinline__ void store_rows(const float (&o)[DV / 8][4], float (&
     }
 }
 
+// The prefill epilogue (both kernels): a warp's rows O / l written in head order through shared memory, 8 rows at a
+// time (rows g, then rows g + 8 of the warp). A rotated V's rows are rotated back first, in registers: the lane's
+// DV/4 values x[r] of a row (r = 2j + e: tile column 8j + 2c + e, whose head dimension is perm_col) and its quad's
+// other three lanes' make the whole row, so each butterfly distance of the inverse transform is either a bit of r
+// (registers) or a bit of c (a shuffle within the quad) — out_bit_src — and the transform runs in
+// kvant_attn_unrotate's float operations and order (D2, distances 1, 2, ..., N/2, the scale, D1): that kernel's
+// bits, without its launch and its pass over the output. Each warp then stages 8 rows of DV floats in `stage`
+// (swizzled so that a store of the 32 lanes falls on distinct banks; a float pair stays together) and writes each
+// row as float pairs, 256 contiguous bytes a store. (store_rows wrote 4 bytes at a time, a turbo V's to scattered
+// columns: ncu put a fifth of a 4K turbo3 prefill's warp samples of prefill_wg there.)
+// STAGED_OUT: the formats and sizes it takes (a rotated V of one rotation block a row); the caller's stage holds
+// 8 * DV floats a warp.
+constexpr bool STAGED_OUT = DV % 64 == 0 && (!fmt_rotated(VF) || rot_block(DV) == DV);
+__host__ __device__ constexpr int ilog2(int n) { return n <= 1 ? 0 : 1 + ilog2(n / 2); }
+// Where bit k of the head dimension of x[r] (above) comes from: >= 0 that bit of r, -1 lane bit 0 (c & 1), -2 lane
+// bit 1 (c & 2). turbo3/turbo2 (perm_col): (2(c & 1) + e)·N/4 + 2j + (c >> 1); turbo4: 4j + c + e·N/2; the
+// others: 8j + 2c + e.
+__host__ __device__ constexpr int out_bit_src(int fmt, int n, int k) {
+    return fmt == F_TURBO4 ? (k == 0 ? -1 : k == 1 ? -2 : k == ilog2(n) - 1 ? 0 : k - 1)
+         : fmt_turbo(fmt) ? (k == 0 ? -2 : k == ilog2(n) - 1 ? -1 : k == ilog2(n) - 2 ? 0 : k)
+         : (k == 0 ? 0 : k == 1 ? -1 : k == 2 ? -2 : k - 2);
+}
+// The head dimension of x[r] (above) is out_dim_a(r) + the lane's part out_dim_b(c), without a carry out of the low
+// five bits, so a sign bit is bit (a & 31) + (b & 31) of word (a >> 5) + (b >> 5).
+__host__ __device__ constexpr int out_dim_a(int fmt, int n, int r) {
+    return fmt == F_TURBO4 ? 4 * (r >> 1) + (r & 1) * (n / 2)
+         : fmt_turbo(fmt) ? (r & 1) * (n / 4) + 2 * (r >> 1)
+         : 8 * (r >> 1) + (r & 1);
+}
+__device__ __forceinline__ int out_dim_b(int fmt, int n, int c) {
+    return fmt == F_TURBO4 ? c : fmt_turbo(fmt) ? (c & 1) * (n / 2) + (c >> 1) : 2 * c;
+}
+__device__ __forceinline__ void store_rows_staged(const float (&o)[DV / 8][4], float (&lrow)[2],
+                                                  float* __restrict__ out, float* stage, int row0, int nRows, int G,
+                                                  int kh, int heads, int g, int c, int lane) {
+    constexpr bool ROT = fmt_rotated(VF), TURBO = fmt_turbo(VF);
+    constexpr int N = rot_block(DV), NI = N == 128 ? 1 : 0, R = DV / 4;
+    // (compiled for every module, called where STAGED_OUT holds: PRE_STAGED)
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        lrow[e] += __shfl_xor_sync(FULL_MASK, lrow[e], 1);
+        lrow[e] += __shfl_xor_sync(FULL_MASK, lrow[e], 2);
+    }
+    const int b = out_dim_b(VF, N, c);
+    // dimension d of staged row rr; turbo's lanes write single values, the others' float pairs (bit 0 is kept)
+    auto place = [&](int rr, int d) {
+        const int x = !TURBO ? 8 * rr : VF == F_TURBO4 ? 4 * rr : 4 * rr ^ (((d / (N / 2)) & 1) << 1);
+        return rr * DV + (d ^ x);
+    };
+    // the lane's sign words: pre[i] holds the D2 bits of dimensions 32(i + (b >> 5)) .., post[i] D1's
+    u32 pre[N / 32], post[N / 32];
+    if constexpr (ROT) {
+#pragma unroll
+        for (int i = 0; i < N / 32; i++) {
+            const int w = imin(i + (b >> 5), N / 32 - 1);
+            pre[i] = kv_rot_sign[NI][1][w];
+            post[i] = kv_rot_sign[NI][0][w];
+        }
+    }
+    auto sign = [&](const u32 (&w)[N / 32], int r) {
+        const int a = out_dim_a(VF, N, r);
+        return (w[a >> 5] >> ((a & 31) + (b & 31))) & 1u;
+    };
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const float inv = 1.f / lrow[e];
+        float x[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) x[r] = o[r >> 1][2 * e + (r & 1)] * inv;
+        if constexpr (ROT) {
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (sign(pre, r)) x[r] = -x[r];
+            }
+#pragma unroll
+            for (int k = 0; k < ilog2(N); k++) {
+                const int src = out_bit_src(VF, N, k);
+                if (src < 0) {
+                    const int m = -src;   // lane bit 0 or 1 of c
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        const float y = __shfl_xor_sync(FULL_MASK, x[r], m);
+                        x[r] = (c & m) ? __fsub_rn(y, x[r]) : __fadd_rn(x[r], y);
+                    }
+                } else {
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        if (!(r & (1 << src))) {
+                            const float lo = x[r], hi = x[r | (1 << src)];
+                            x[r] = __fadd_rn(lo, hi);
+                            x[r | (1 << src)] = __fsub_rn(lo, hi);
+                        }
+                    }
+                }
+            }
+            const float sc = kv_rot_scale[NI];
+#pragma unroll
+            for (int r = 0; r < R; r++) x[r] = __fmul_rn(x[r], sign(post, r) ? -sc : sc);
+        }
+        if constexpr (TURBO) {
+#pragma unroll
+            for (int r = 0; r < R; r++) stage[place(g, out_dim_a(VF, N, r) + b)] = x[r];
+        } else {
+#pragma unroll
+            for (int j = 0; j < R / 2; j++) {
+                *(float2*) (stage + place(g, 8 * j + b)) = make_float2(x[2 * j], x[2 * j + 1]);
+            }
+        }
+        __syncwarp();
+#pragma unroll
+        for (int rr = 0; rr < 8; rr++) {
+            const int row = row0 + 8 * e + rr;
+            if (row < nRows) {
+                const int qi = row / G, hq = kh * G + (row - qi * G);
+                float* op = out + ((i64) qi * heads + hq) * DV;
+#pragma unroll
+                for (int h = 0; h < DV / 64; h++) {
+                    const int d = 64 * h + 2 * lane;
+                    *(float2*) (op + d) = *(const float2*) (stage + place(rr, d));
+                }
+            }
+        }
+        __syncwarp();
+    }
+}
+
 // ---- prefill on Hopper's warpgroup tensor cores (wgmma, sm_90a: the module is compiled for sm_90a on a 9.0 device)
 //
 // Compiled where NVRTC targets sm_90a (__CUDA_ARCH_FEAT_SM90_ALL) for K and V rows of 64 or 128 values (one size),
@@ -1766,131 +1892,6 @@ __device__ __forceinline__ void wgq_producer(u8* aligned, u32 base, const u8* __
     }
 }
 
-// prefill_wg's epilogue: a warp's rows O / l written in head order through shared memory, 8 rows at a time (rows g,
-// then rows g + 8 of the warp). A rotated V's rows are rotated back first, in registers: the lane's 32 values of a
-// row and its quad's other three lanes' make the whole row (tile column 8j + 2c + e holds head dimension
-// (2(c & 1) + e)·N/4 + 2j + (c >> 1), perm_col), so the butterflies of distance 1 and N/2 cross the quad (shuffles
-// with lanes c ^ 2 and c ^ 1) and the others are registers — kvant_attn_unrotate's float operations in its order
-// (D2, distances 1, 2, ..., N/2, the scale, D1), so the same bits as that kernel, which prefill_wg's launches no
-// longer need. Each warp then stages its 8 rows of DV floats in `stage` (swizzled so that a store of the 32 lanes
-// falls on 32 banks) and writes each row as float pairs, 256 contiguous bytes a store: the plain store_rows wrote
-// 4 bytes at a time, for turbo to scattered columns (ncu: a fifth of a 4K turbo3 prefill's warp samples).
-template <bool ROT>
-__device__ __forceinline__ void wg_store_rows(const float (&o)[DV / 8][4], float (&lrow)[2], float* __restrict__ out,
-                                              float* stage, int row0, int nRows, int G, int kh, int heads, int g,
-                                              int c, int lane) {
-    constexpr int N = rot_block(DV), NI = N == 128 ? 1 : 0, J = DV / 8;
-    static_assert(!ROT || N == DV, "one rotation block a row");
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-        lrow[e] += __shfl_xor_sync(FULL_MASK, lrow[e], 1);
-        lrow[e] += __shfl_xor_sync(FULL_MASK, lrow[e], 2);
-    }
-    // a row's dimension d in the stage: pairs (d, d + 1) stay together, 8-byte aligned
-    auto place = [&](int r, int d) {
-        return r * DV + (ROT ? d ^ (4 * r) ^ (((d / (N / 2)) & 1) << 1) : d ^ (8 * r));
-    };
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-        const float inv = 1.f / lrow[e];
-        float x[J][2];
-#pragma unroll
-        for (int j = 0; j < J; j++) {
-            x[j][0] = o[j][2 * e] * inv;
-            x[j][1] = o[j][2 * e + 1] * inv;
-        }
-        if constexpr (ROT) {
-            u32 pre[2], post[2];
-            int shift[2];
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int first = (2 * (c & 1) + h) * (N / 4);   // the dimension of x[0][h]
-                pre[h] = kv_rot_sign[NI][1][first >> 5];
-                post[h] = kv_rot_sign[NI][0][first >> 5];
-                shift[h] = (first & 31) + (c >> 1);
-            }
-#pragma unroll
-            for (int j = 0; j < J; j++) {
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    if ((pre[h] >> (shift[h] + 2 * j)) & 1u) x[j][h] = -x[j][h];
-                }
-            }
-            // distance 1: dimension bit 0, lanes c and c ^ 2
-#pragma unroll
-            for (int j = 0; j < J; j++) {
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const float y = __shfl_xor_sync(FULL_MASK, x[j][h], 2);
-                    x[j][h] = (c & 2) ? __fsub_rn(y, x[j][h]) : __fadd_rn(x[j][h], y);
-                }
-            }
-            // distances 2 .. N/8: the bits of j
-#pragma unroll
-            for (int b = 1; b < J; b <<= 1) {
-#pragma unroll
-                for (int j = 0; j < J; j++) {
-                    if (!(j & b)) {
-#pragma unroll
-                        for (int h = 0; h < 2; h++) {
-                            const float lo = x[j][h], hi = x[j + b][h];
-                            x[j][h] = __fadd_rn(lo, hi);
-                            x[j + b][h] = __fsub_rn(lo, hi);
-                        }
-                    }
-                }
-            }
-            // distance N/4: the pair of a register
-#pragma unroll
-            for (int j = 0; j < J; j++) {
-                const float lo = x[j][0], hi = x[j][1];
-                x[j][0] = __fadd_rn(lo, hi);
-                x[j][1] = __fsub_rn(lo, hi);
-            }
-            // distance N/2: lanes c and c ^ 1
-#pragma unroll
-            for (int j = 0; j < J; j++) {
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const float y = __shfl_xor_sync(FULL_MASK, x[j][h], 1);
-                    x[j][h] = (c & 1) ? __fsub_rn(y, x[j][h]) : __fadd_rn(x[j][h], y);
-                }
-            }
-            const float sc = kv_rot_scale[NI];
-#pragma unroll
-            for (int j = 0; j < J; j++) {
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    x[j][h] = __fmul_rn(x[j][h], ((post[h] >> (shift[h] + 2 * j)) & 1u) ? -sc : sc);
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < J; j++) {
-#pragma unroll
-                for (int h = 0; h < 2; h++) stage[place(g, (2 * (c & 1) + h) * (N / 4) + 2 * j + (c >> 1))] = x[j][h];
-            }
-        } else {
-#pragma unroll
-            for (int j = 0; j < J; j++) *(float2*) (stage + place(g, 8 * j + 2 * c)) = make_float2(x[j][0], x[j][1]);
-        }
-        __syncwarp();
-#pragma unroll
-        for (int r = 0; r < 8; r++) {
-            const int row = row0 + 8 * e + r;
-            if (row < nRows) {
-                const int qi = row / G, hq = kh * G + (row - qi * G);
-                float* op = out + ((i64) qi * heads + hq) * DV;
-#pragma unroll
-                for (int h = 0; h < DV / 64; h++) {
-                    const int d = 64 * h + 2 * lane;
-                    *(float2*) (op + d) = *(const float2*) (stage + place(r, d));
-                }
-            }
-        }
-        __syncwarp();
-    }
-}
-
 __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8* __restrict__ kpool,
                                            const u8* __restrict__ vpool, const int* __restrict__ table, int qstart,
                                            int nq, float* __restrict__ out, int kvHeads, int G, int pageTokens,
@@ -2090,8 +2091,7 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
     // the warpgroup's query tile becomes its warps' output stages once all four are past their last products
     if (wg == 0) asm volatile("bar.sync 7, 128;" ::: "memory");
     else asm volatile("bar.sync 8, 128;" ::: "memory");
-    wg_store_rows<fmt_rotated(VF)>(o, lrow, out, (float*) qs + (warp & 3) * 8 * DV, row0, nRows, G, kh, heads, g, c,
-                                   lane);
+    store_rows_staged(o, lrow, out, (float*) qs + (warp & 3) * 8 * DV, row0, nRows, G, kh, heads, g, c, lane);
 }
 #endif
 
@@ -2110,8 +2110,8 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
 //         from the f16 tile; P from the S accumulators as A fragments; O = P V, DV/8 n-tiles x 4 f32 per lane. The
 //         eight warps dequantize the shared tile together, so each compressed row is decoded once per 128 query rows.
 //         A tile no row masks and a run without a sparse-V threshold skip those steps by uniform branches.
-// exact:  as decode. Writes out = O / l in head order; for a rotated V format kvant_attn_unrotate follows, except
-//         after prefill_wg, which rotates its rows back itself (kvant_attn_info out[9]).
+// exact:  as decode. Writes out = O / l in head order, a rotated V's rows rotated back in the epilogue
+//         (store_rows_staged); where that cannot be (PRE_STAGED), kvant_attn_unrotate follows (kvant_attn_info out[9]).
 // sm_90a: f16/bf16 and turbo3/turbo2 rows of one head size of 64 or 128, keys not centered, take prefill_wg above
 //         (same grid and rows; turbo: 16 warps, warps 8..15 copying and dequantizing).
 // ================================================================================================================
@@ -2126,6 +2126,10 @@ using PreLayout = Layout<1, PRE_WARPS, PRE_TT, 16, false, KMEAN>;
 constexpr int PRE_BLOCKS = !PRE_WG && DK <= 128 && DV <= 128 && PreLayout::TOTAL <= 112 * 1024 ? 2 : 1;
 constexpr bool PRE_Q_REGS = DK <= 128 && PRE_BLOCKS == 1;
 constexpr int PRE_THREADS = PRE_WG ? WG_THREADS : PRE_WARPS * 32;
+// The epilogue rotates back and stages the rows (store_rows_staged) where the format allows and the warp's 16 query
+// rows (PreLayout, or prefill_wg's quarter of a warpgroup's tile) hold 8 output rows; else store_rows, and a rotated V's
+// output takes kvant_attn_unrotate after the launch.
+constexpr bool PRE_STAGED = STAGED_OUT && (PRE_WG || 8 * DV * 4 <= 16 * PreLayout::QSTR);
 
 extern "C" __global__ void __launch_bounds__(PRE_THREADS, PRE_BLOCKS)
 kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, const u8* __restrict__ vpool,
@@ -2315,7 +2319,11 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
         }
     }
 
-    store_rows(o, lrow, out, row0, nRows, G, kh, heads, g, c);
+    if constexpr (PRE_STAGED) {
+        store_rows_staged(o, lrow, out, (float*) qs, row0, nRows, G, kh, heads, g, c, lane);   // the warp's own Q rows
+    } else {
+        store_rows(o, lrow, out, row0, nRows, G, kh, heads, g, c);
+    }
 }
 
 // ================================================================================================================
@@ -2539,5 +2547,5 @@ extern "C" __global__ void kvant_attn_info(int* out) {
     out[6] = RBK;
     out[7] = RBV;
     out[8] = DEC_BLOCKS;
-    out[9] = fmt_rotated(VF) && !PRE_WG ? 1 : 0;
+    out[9] = fmt_rotated(VF) && !PRE_STAGED ? 1 : 0;
 }
