@@ -2111,7 +2111,8 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
 //         eight warps dequantize the shared tile together, so each compressed row is decoded once per 128 query rows.
 //         A tile no row masks and a run without a sparse-V threshold skip those steps by uniform branches.
 // exact:  as decode. Writes out = O / l in head order, a rotated V's rows rotated back in the epilogue
-//         (store_rows_staged); where that cannot be (PRE_STAGED), kvant_attn_unrotate follows (kvant_attn_info out[9]).
+//         (store_rows_staged); where that cannot be (!PRE_STAGED: a rotated V of head 256, or of head 128 beside a K of
+//         head 64), kvant_attn_unrotate follows (kvant_attn_info out[9]).
 // sm_90a: f16/bf16 and turbo3/turbo2 rows of one head size of 64 or 128, keys not centered, take prefill_wg above
 //         (same grid and rows; turbo: 16 warps, warps 8..15 copying and dequantizing).
 // ================================================================================================================
