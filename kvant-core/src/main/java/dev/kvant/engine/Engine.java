@@ -307,9 +307,24 @@ public final class Engine implements AutoCloseable {
         return died;
     }
 
+    /**
+     * Shuts down at once and waits for the engine thread to end, however long its step in progress takes: the
+     * caller closes the model next, and a step still reading weights from an unmapped file would crash the JVM.
+     */
     @Override
     public void close() {
         shutdown(Duration.ZERO);
+        boolean interrupted = false;
+        while (thread.isAlive()) {
+            try {
+                thread.join();
+            } catch (InterruptedException e) {
+                interrupted = true;
+            }
+        }
+        if (interrupted) {
+            Thread.currentThread().interrupt();
+        }
     }
 
     // ---- the engine thread ----

@@ -58,6 +58,10 @@ public final class GgufFile implements AutoCloseable {
         if (Files.isDirectory(path)) {
             throw new GgufException("GGUF " + name + ": is a directory, not a file");
         }
+        if (Files.exists(path) && !Files.isRegularFile(path)) {
+            // a named pipe or a device: opening a pipe waits for a writer, mapping one cannot work
+            throw new GgufException("GGUF " + name + ": is not a regular file");
+        }
         Arena arena = Arena.ofShared();
         try (FileChannel ch = FileChannel.open(path, StandardOpenOption.READ)) {
             MemorySegment mapped = ch.map(FileChannel.MapMode.READ_ONLY, 0, ch.size(), arena);

@@ -39,14 +39,25 @@ final class GgufParser {
      * Far above any real metadata (the largest vocabularies are ~260k tokens, chat templates ~100 KB), low enough
      * that a corrupted length inside a multi-gigabyte model cannot ask for gigabytes of heap.
      */
-    static final long MAX_ARRAY_LENGTH = 1L << 26;
+    static final long MAX_ARRAY_LENGTH = 1L << 24;
     /**
      * The most keys, strings, nested arrays and tensor infos one header may hold, all together: each is an object of
      * tens of bytes in memory for as few as 8 bytes of file, so a count bounded by the file alone could still ask for
      * many times its size in heap. Real files hold about a million (a 256K vocabulary and its merges).
      */
     static final long MAX_HEADER_OBJECTS = 1L << 23;
-    static final long MAX_STRING_BYTES = 1L << 28;
+    /**
+     * The most tensor infos a header may hold (real models hold hundreds to a few thousand): each becomes several
+     * objects and copies, a few hundred bytes of heap for 32 bytes of file.
+     */
+    static final long MAX_TENSORS = 1L << 18;
+    /**
+     * The longest string value (converters embed whole tokenizer.json files of a few MB; chat templates are ~100 KB):
+     * decoding one costs about three times its length in heap.
+     */
+    static final long MAX_STRING_BYTES = 1L << 26;
+    /** The longest key or tensor name (ggml keeps tensor names in 64 bytes). */
+    static final long MAX_NAME_BYTES = 1L << 16;
     /** Smallest tensor info: name length, n_dims, one dimension, type, offset. */
     private static final int MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8;
     /** Smallest key/value: key length, value type, a one-byte value. */
@@ -114,13 +125,16 @@ final class GgufParser {
         long tensorCount = u64("the tensor count");
         long kvCount = u64("the metadata count");
         checkCount(tensorCount, MIN_TENSOR_INFO_BYTES, "tensor count", "tensor infos");
+        if (tensorCount > MAX_TENSORS) {
+            throw fail("the tensor count %,d is more than the limit of %,d", tensorCount, MAX_TENSORS);
+        }
         checkCount(kvCount, MIN_KV_BYTES, "metadata count", "key/value entries");
 
         Map<String, GgufValue> metadata = new LinkedHashMap<>();
         for (long i = 0; i < kvCount; i++) {
             context = "metadata entry #" + i;
             counted();
-            String key = string("its key");
+            String key = string("its key", MAX_NAME_BYTES);
             context = "key '" + key + "'";
             int typeId = u32("the value type");
             GgufValueType type = GgufValueType.byId(Integer.toUnsignedLong(typeId));
@@ -140,7 +154,7 @@ final class GgufParser {
         for (long i = 0; i < tensorCount; i++) {
             context = "tensor info #" + i;
             counted();
-            String tensorName = string("the tensor name");
+            String tensorName = string("the tensor name", MAX_NAME_BYTES);
             context = "tensor '" + tensorName + "'";
             Long previous = seen.putIfAbsent(tensorName, i);
             if (previous != null) {
@@ -276,7 +290,7 @@ final class GgufParser {
             case FLOAT32 -> Float.intBitsToFloat(u32("a float32"));
             case FLOAT64 -> Double.longBitsToDouble(u64("a float64"));
             case BOOL -> bool(u8("a bool"), pos - 1);
-            case STRING -> string("a string");
+            case STRING -> string("a string", MAX_STRING_BYTES);
             case ARRAY -> array(depth + 1);
         };
         return new GgufValue(type, v);
@@ -352,15 +366,15 @@ final class GgufParser {
                 yield a;
             }
             case STRING -> {
-                List<String> a = new ArrayList<>(n);
+                List<String> a = new ArrayList<>(Math.min(n, 1024));   // grown as the strings prove themselves
                 for (int i = 0; i < n; i++) {
                     counted();
-                    a.add(string("an array string"));
+                    a.add(string("an array string", MAX_STRING_BYTES));
                 }
                 yield a;
             }
             case ARRAY -> {
-                List<GgufArray> a = new ArrayList<>(n);
+                List<GgufArray> a = new ArrayList<>(Math.min(n, 1024));
                 for (int i = 0; i < n; i++) {
                     counted();
                     a.add(array(depth + 1));
@@ -417,8 +431,8 @@ final class GgufParser {
         return v;
     }
 
-    /** A u64 length and that many bytes of strict UTF-8. */
-    private String string(String what) {
+    /** A u64 length, at most {@code limit}, and that many bytes of strict UTF-8. */
+    private String string(String what, long limit) {
         long start = pos;
         long length = u64("the length of " + what);
         long remaining = size - pos;
@@ -426,9 +440,9 @@ final class GgufParser {
             throw fail("truncated: %s of %s at byte %,d has length %s, but only %,d bytes remain", what, context,
                     start, Long.toUnsignedString(length), remaining);
         }
-        if (length > MAX_STRING_BYTES) {
+        if (length > limit) {
             throw fail("%s of %s at byte %,d has length %,d, more than the limit of %,d", what, context, start,
-                    length, MAX_STRING_BYTES);
+                    length, limit);
         }
         byte[] b = bytes.asSlice(pos, length).toArray(ValueLayout.JAVA_BYTE);
         pos += length;

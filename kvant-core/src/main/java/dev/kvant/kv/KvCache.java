@@ -82,11 +82,11 @@ public final class KvCache implements AutoCloseable {
         }
         this.kUniform = kSame;
         this.vUniform = vSame;
-        this.allocator = new PageAllocator(pages);
         this.arena = Arena.ofShared();
         this.kPools = new MemorySegment[layers];
         this.vPools = new MemorySegment[layers];
         try {
+            this.allocator = new PageAllocator(pages);   // its tables, 8 bytes a page, inside the check as well
             for (int l = 0; l < layers; l++) {
                 kPools[l] = arena.allocate(Math.multiplyExact(kPageBytes[l], (long) pages), 64);
                 vPools[l] = arena.allocate(Math.multiplyExact(vPageBytes[l], (long) pages), 64);

@@ -96,6 +96,7 @@ public final class KvSequence implements AutoCloseable {
      *
      * @throws KvCacheFullException when pages for [0, pos+n) (or copies of shared pages in range) do not fit;
      *                              nothing is written or allocated then
+     * @throws IllegalArgumentException when pos is past the tokens the layer holds (a gap)
      */
     public void writeRows(int layer, int pos, int n, float[] k, int kOff, float[] v, int vOff) {
         checkOpen();
@@ -103,6 +104,11 @@ public final class KvSequence implements AutoCloseable {
         Objects.checkIndex(layer, g.layers());
         if (pos < 0 || n < 0) {
             throw new IllegalArgumentException("write of " + n + " tokens at position " + pos);
+        }
+        if (pos > layerLength[layer]) {
+            // the rows between would be read as written: whatever an earlier sequence left in those pages
+            throw new IllegalArgumentException("write at position " + pos + " of layer " + layer + ", which holds "
+                    + layerLength[layer] + " tokens: rows are written in order, without gaps");
         }
         if (n == 0) {
             return;
@@ -333,13 +339,25 @@ public final class KvSequence implements AutoCloseable {
         }
         synchronized (allocator) {
             long need = 0;
+            int first = -1;      // the first sequence whose pages do not fit after those of the ones before it
+            long before = 0;
             for (int i = 0; i < seqs.length; i++) {
                 need += seqs[i].pagesFor(tokens[i]);
+                if (first < 0 && need > allocator.free()) {
+                    first = i;
+                } else if (first < 0) {
+                    before = need;
+                }
             }
-            if (need > allocator.free()) {
+            if (first >= 0) {
+                // its numbers: what it asked for, and what it could reach with the pages the ones before it leave
+                KvSequence s = seqs[first];
+                long left = Math.max(0, allocator.free() - before);
+                int fits = (int) Math.min(Math.max(s.length,
+                        (s.pageCount + left - s.copiesFor(tokens[first], Math.min(s.length, tokens[first]))) * s.pageTokens), Integer.MAX_VALUE);
                 throw new KvCacheFullException("KV cache full: a step of " + seqs.length + " sequences needs " + need
-                        + " page(s) but " + allocator.free() + " of " + allocator.total() + " are free", tokens[0],
-                        seqs[0].length);
+                        + " page(s) but " + allocator.free() + " of " + allocator.total() + " are free (sequence "
+                        + first + " of the step is the first that does not fit)", tokens[first], fits);
             }
             for (int i = 0; i < seqs.length; i++) {
                 seqs[i].prepare(tokens[i], Math.min(seqs[i].length, tokens[i]));

@@ -2,14 +2,17 @@ package dev.kvant.gguf;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTimeoutPreemptively;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.time.Duration;
 import java.util.Arrays;
 import java.util.List;
+import org.junit.jupiter.api.Assumptions;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
 
@@ -265,6 +268,16 @@ class GgufValidationTest {
         assertEquals("GGUF " + missing + ": no such file",
                 assertThrows(GgufException.class, () -> GgufFile.open(missing)).getMessage());
         assertContains(assertThrows(GgufException.class, () -> GgufFile.open(dir)).getMessage(), "is a directory");
+    }
+
+    @Test
+    void openingANamedPipeSaysSoInsteadOfWaitingForAWriter() throws Exception {
+        Path fifo = dir.resolve("pipe.gguf");
+        Process p = new ProcessBuilder("mkfifo", fifo.toString()).start();
+        Assumptions.assumeTrue(p.waitFor() == 0, "mkfifo is not available here");
+        assertContains(assertTimeoutPreemptively(Duration.ofSeconds(10),
+                () -> assertThrows(GgufException.class, () -> GgufFile.open(fifo))).getMessage(),
+                "is not a regular file");
     }
 
     @Test

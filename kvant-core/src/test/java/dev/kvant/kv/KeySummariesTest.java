@@ -1,5 +1,6 @@
 package dev.kvant.kv;
 
+import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 
 import java.util.SplittableRandom;
@@ -146,8 +147,9 @@ class KeySummariesTest {
     }
 
     /**
-     * Writes that leave a gap, and layers written to different lengths, then fill in: an append after them must not
-     * merge into a block the write before recomputed over rows past where the summaries were exact.
+     * A write that would leave a gap (refused), and layers written to different lengths, then filled in: an append
+     * after them must not merge into a block the write before recomputed over rows past where the summaries were
+     * exact.
      */
     @ParameterizedTest
     @ValueSource(strings = {"f16", "q8_0"})
@@ -158,11 +160,12 @@ class KeySummariesTest {
             gap.enableKeySummaries(4);
             for (int l = 0; l < 2; l++) {
                 writeLayer(gap, l, 0, 2, 1f);
-                writeLayer(gap, l, 6, 1, 1f);   // a gap at 2..5
+                int layer = l;
+                assertThrows(IllegalArgumentException.class, () -> writeLayer(gap, layer, 6, 1, 1f));   // a gap
                 writeLayer(gap, l, 2, 1, 100f);
-                writeLayer(gap, l, 2, 5, 1f);   // fills the gap, row 2 again
+                writeLayer(gap, l, 2, 5, 1f);   // row 2 again, then on
             }
-            assertExact(gap, "after a gap filled in");
+            assertExact(gap, "after a refused gap and a rewritten row");
             KvSequence lag = cache.newSequence();
             lag.enableKeySummaries(4);
             writeLayer(lag, 0, 0, 6, 5f);

@@ -137,11 +137,15 @@ class KvCacheTest {
             try (KvCache a = KvCache.forTokens(GEOMETRY, f, f, 5, 40); KvCache b = KvCache.forTokens(GEOMETRY, f, f, 5, 40)) {
                 KvSequence sa = a.newSequence();
                 KvSequence sb = b.newSequence();
-                int start = 3;
+                int start = 3;   // the first rows, then a write from the middle of a page
                 int n = 13;
+                float[] k0 = tokens(rnd, start, 2, 128);
+                float[] v0 = tokens(rnd, start, 2, 64);
                 float[] k = tokens(rnd, n, 2, 128);
                 float[] v = tokens(rnd, n, 2, 64);
                 for (int l = 0; l < 3; l++) {
+                    sa.writeRows(l, 0, start, k0, 0, v0, 0);
+                    sb.writeRows(l, 0, start, k0, 0, v0, 0);
                     sa.writeRows(l, start, n, k, 0, v, 0);
                     for (int t = 0; t < n; t++) {
                         sb.write(l, start + t, k, t * 2 * 128, v, t * 2 * 64);
@@ -193,6 +197,41 @@ class KvCacheTest {
             assertEquals(8, b.length());
             assertTrue(pagesEqual(before, snapshot(cache), cache, tableA, tableB),
                     "seed " + seed + ": failed operations changed no row of a or b");
+        }
+    }
+
+    @Test
+    void aWritePastTheEndIsRefusedRatherThanLeavingAGapOfOldRows() {
+        SplittableRandom rnd = new SplittableRandom(3);
+        try (KvCache cache = new KvCache(GEOMETRY, TurboFormat.TURBO4, Int8Format.Q8_0, 4, 8)) {
+            KvSequence s = cache.newSequence();
+            IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                    () -> s.writeRows(0, 5, 1, tokens(rnd, 1, 2, 128), 0, tokens(rnd, 1, 2, 64), 0));
+            assertTrue(e.getMessage().contains("without gaps"), e.getMessage());
+            assertEquals(0, s.length());
+            assertEquals(0, s.pageCount());
+            writeAllLayers(s, 0, 3, tokens(rnd, 3, 2, 128), tokens(rnd, 3, 2, 64));
+            s.write(0, 3, tokens(rnd, 1, 2, 128), 0, tokens(rnd, 1, 2, 64), 0);   // right after: taken
+            s.write(1, 1, tokens(rnd, 1, 2, 128), 0, tokens(rnd, 1, 2, 64), 0);   // over earlier rows: taken
+            assertThrows(IllegalArgumentException.class,
+                    () -> s.write(1, 4, tokens(rnd, 1, 2, 128), 0, tokens(rnd, 1, 2, 64), 0));   // layer 1 holds 3
+        }
+    }
+
+    @Test
+    void aFullStepNamesTheFirstSequenceThatDoesNotFit() {
+        SplittableRandom rnd = new SplittableRandom(5);
+        try (KvCache cache = new KvCache(GEOMETRY, TurboFormat.TURBO4, Int8Format.Q8_0, 4, 6)) {
+            KvSequence a = cache.newSequence();
+            KvSequence b = cache.newSequence();
+            writeAllLayers(b, 0, 4, tokens(rnd, 4, 2, 128), tokens(rnd, 4, 2, 64));   // b: 1 page; 5 free
+            // a asks for 3 pages (fits), b for 3 more (its 2nd..4th): 6 > 5; b could reach 3 pages = 12 tokens
+            KvCacheFullException e = assertThrows(KvCacheFullException.class,
+                    () -> KvSequence.reserveAll(new KvSequence[] {a, b}, new int[] {12, 16}));
+            assertEquals(16, e.requestedTokens());
+            assertEquals(12, e.fittingTokens());
+            assertTrue(e.getMessage().contains("sequence 1"), e.getMessage());
+            assertEquals(5, cache.freePages());
         }
     }
 
@@ -329,9 +368,10 @@ class KvCacheTest {
                             live.add(cache.newSequence());
                         } else if (choice <= 3) {
                             int n = 1 + rnd.nextInt(16);
-                            int pos = rnd.nextInt(s.length() + 1);
+                            int layer = rnd.nextInt(2);
+                            int pos = rnd.nextInt(s.layerLength(layer) + 1);   // no gaps: rows go in order
                             op = "write " + n + " at " + pos;
-                            s.writeRows(rnd.nextInt(2), pos, n, k, 0, v, 0);
+                            s.writeRows(layer, pos, n, k, 0, v, 0);
                         } else if (choice == 4) {
                             op = "reserve";
                             s.reserve(s.length() + rnd.nextInt(10));
