@@ -68,7 +68,7 @@ final class ChatCommand implements Runnable {
                      opts.prefillChunk(backend))) {
             Tokenizer tok = model.tokenizer();
             ChatTemplate tpl = ChatTemplate.detect(model.chatTemplate(), template);
-            Sampler sampler = new Sampler(sampling.config());
+            Sampler sampler = new Sampler(sampling.config(session.contextLength()));
             List<ChatMessage> history = new ArrayList<>();
             if (system != null) {
                 history.add(new ChatMessage("system", system));

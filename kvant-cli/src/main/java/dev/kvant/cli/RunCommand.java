@@ -53,7 +53,7 @@ final class RunCommand implements Runnable {
                      opts.prefillChunk(backend))) {
             int[] tokens = model.tokenizer().encode(prompt, true, special);
             Generator.Stats st = Generator.generate(session, model.tokenizer(), tokens, nPredict,
-                    new Sampler(sampling.config()), piece -> {
+                    new Sampler(sampling.config(session.contextLength())), piece -> {
                         out.print(piece);
                         out.flush();
                     });

@@ -7,13 +7,13 @@ import picocli.CommandLine.Option;
 final class SamplingOptions {
 
     @Option(names = "--temp", paramLabel = "T", defaultValue = "0.8",
-            description = "temperature, 0 = greedy (default ${DEFAULT-VALUE})")
+            description = "temperature, 0 or below = greedy (default ${DEFAULT-VALUE})")
     float temperature;
 
     @Option(names = "--top-k", paramLabel = "K", defaultValue = "40", description = "top-k, 0 = off (default ${DEFAULT-VALUE})")
     int topK;
 
-    @Option(names = "--top-p", paramLabel = "P", defaultValue = "0.95", description = "top-p, 1 = off (default ${DEFAULT-VALUE})")
+    @Option(names = "--top-p", paramLabel = "P", defaultValue = "0.95", description = "top-p, 1 = off, 0 = greedy (default ${DEFAULT-VALUE})")
     float topP;
 
     @Option(names = "--min-p", paramLabel = "P", defaultValue = "0.05", description = "min-p, 0 = off (default ${DEFAULT-VALUE})")
@@ -24,14 +24,20 @@ final class SamplingOptions {
     float repeatPenalty;
 
     @Option(names = "--repeat-last-n", paramLabel = "N", defaultValue = "64",
-            description = "tokens the repetition penalty looks back (default ${DEFAULT-VALUE})")
+            description = "tokens the repetition penalty looks back, -1 = the whole context (default ${DEFAULT-VALUE})")
     int repeatLastN;
 
     @Option(names = {"-s", "--seed"}, paramLabel = "S", description = "random seed (default: random)")
     Long seed;
 
-    SamplerConfig config() {
+    /**
+     * The settings for a context of {@code contextLength} tokens, read as llama.cpp reads them: a temperature of 0 or
+     * below, or top-p 0, is greedy; a repetition window of -1 is the whole context, and none is longer than it.
+     */
+    SamplerConfig config(int contextLength) {
         long s = seed != null ? seed : new java.security.SecureRandom().nextLong();
-        return new SamplerConfig(temperature, topK, topP, minP, repeatPenalty, repeatLastN, s);
+        boolean greedy = temperature <= 0 || topP == 0;
+        int window = repeatLastN == -1 ? contextLength : Math.min(repeatLastN, contextLength);
+        return new SamplerConfig(greedy ? 0f : temperature, topK, greedy ? 1f : topP, minP, repeatPenalty, window, s);
     }
 }

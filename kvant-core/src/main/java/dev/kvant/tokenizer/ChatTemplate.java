@@ -180,7 +180,7 @@ public enum ChatTemplate {
                 boolean firstUser = true;
                 for (ChatMessage m : messages) {
                     switch (role(m)) {
-                        case "system" -> system = m.content();
+                        case "system" -> system = joinSystem(system, m.content());
                         case "user" -> {
                             o.t(firstUser ? "" : "<s>").t("[INST] ");
                             if (system != null) {
@@ -204,7 +204,7 @@ public enum ChatTemplate {
                 String system = null;
                 for (ChatMessage m : messages) {
                     switch (role(m)) {
-                        case "system" -> system = m.content();
+                        case "system" -> system = joinSystem(system, m.content());
                         case "user" -> {
                             o.t("[INST] ");
                             if (system != null) {
@@ -270,7 +270,7 @@ public enum ChatTemplate {
                 for (ChatMessage m : messages) {
                     String role = role(m);
                     if (role.equals("system")) {
-                        system = m.content().strip();
+                        system = joinSystem(system, m.content().strip());
                         continue;
                     }
                     o.t("<start_of_turn>").t(role.equals("assistant") ? "model" : "user").t("\n");
@@ -292,6 +292,14 @@ public enum ChatTemplate {
             }
         }
         return o.done();
+    }
+
+    /**
+     * The system text of formats that fold it into the next user turn: several system (or developer) messages before
+     * it are all kept, a blank line between them (one used to replace the one before).
+     */
+    private static String joinSystem(String before, String content) {
+        return before == null ? content : before + "\n\n" + content;
     }
 
     /** The text being rendered, with the ranges of it that are the messages' own. */

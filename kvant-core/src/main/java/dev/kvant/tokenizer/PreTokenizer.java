@@ -27,6 +27,11 @@ import java.util.regex.Pattern;
 enum PreTokenizer {
     /** GPT-2: contractions, letter runs, digit runs and symbol runs each with one optional leading space. */
     GPT2(Regexes.GPT2),
+    /**
+     * What llama.cpp applies to a missing or "default" tokenizer.ggml.pre (older conversions): punctuation runs, then
+     * GPT-2's pieces, then digit runs, then runs of three ASCII digits ("12345" is "123", "45").
+     */
+    LEGACY_DEFAULT("[\\p{P}\\$\\+<=>\\^~\\|]+", Regexes.GPT2_NO_FALLBACK, "\\p{N}+", "[0-9][0-9][0-9]"),
     /** Llama 3: case-insensitive contractions, digits in groups of at most three, newlines kept with symbols. */
     LLAMA3(Regexes.LLAMA3_LIKE.formatted("\\p{N}{1,3}")),
     /** Qwen 2: as Llama 3 but every digit on its own. */
@@ -67,9 +72,9 @@ enum PreTokenizer {
             Set.of("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "tekken");
 
     static {
-        // llama.cpp uses a legacy regex sequence for "default"; kvant reads a missing or "default" value as GPT-2,
-        // the pre-tokenizer of byte-level BPE as published.
-        names(GPT2, "default", "gpt-2", "phi-2", "mpt", "olmo", "jina-es", "jina-de", "jina-v2-es", "jina-v2-de",
+        // a missing or "default" value: llama.cpp's legacy sequence, so that older files give its ids
+        names(LEGACY_DEFAULT, "default");
+        names(GPT2, "gpt-2", "phi-2", "mpt", "olmo", "jina-es", "jina-de", "jina-v2-es", "jina-v2-de",
                 "gigachat", "a.x-4.0", "mellum", "modern-bert", "roberta-bpe", "jina-v1-en", "jina-v2-code", "jais",
                 "trillion", "granite-docling", "exaone4");
         names(LLAMA3, "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "dbrx",

@@ -175,7 +175,9 @@ public final class SpmTokenizer extends VocabularyTokenizer {
             vocab.checkRange(id);
             byte[] b = tokenBytes[id];
             TokenType t = vocab.type(id);
-            if (t == TokenType.CONTROL || t == TokenType.USER_DEFINED) {
+            // a special token (BOS and EOS too where the file types every token as normal) ends a fragment: the
+            // text after it had its own space prefix added when encoded
+            if (t == TokenType.CONTROL || t == TokenType.USER_DEFINED || id == vocab.bos || id == vocab.eos) {
                 out.writeBytes(b);
                 dropSpace = addSpacePrefix;
                 continue;

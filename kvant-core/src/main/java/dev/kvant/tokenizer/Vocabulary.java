@@ -19,7 +19,10 @@ final class Vocabulary {
      */
     private static final Set<String> END_OF_TURN_TEXTS = Set.of(
             "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
-            "<|eom_id|>", "<EOT>", "<|EOT|>", "<｜end▁of▁sentence｜>");
+            "<|eom_id|>", "<EOT>", "_<EOT>", "<|EOT|>", "<｜end▁of▁sentence｜>", "<end_of_utterance>", "<|return|>",
+            "<|call|>",
+            // fill-in-the-middle padding and repository markers (Qwen2.5-Coder): a completion that reaches them is done
+            "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>");
 
     /** A span of input text, or one special token found in it. */
     record Fragment(int start, int end, int token) {
@@ -90,10 +93,12 @@ final class Vocabulary {
         addBos = spec.addBos();
         addEos = spec.addEos();
         if (addBos && bos < 0) {
-            throw new IllegalArgumentException("tokenizer.ggml.add_bos_token is true but tokenizer.ggml.bos_token_id is not set");
+            throw new IllegalArgumentException("tokenizer.ggml.add_bos_token is true but tokenizer.ggml.bos_token_id is"
+                    + (spec.bos() >= n ? " " + spec.bos() + ", outside the vocabulary of " + n + " tokens" : " not set"));
         }
         if (addEos && eos < 0) {
-            throw new IllegalArgumentException("tokenizer.ggml.add_eos_token is true but tokenizer.ggml.eos_token_id is not set");
+            throw new IllegalArgumentException("tokenizer.ggml.add_eos_token is true but tokenizer.ggml.eos_token_id is"
+                    + (spec.eos() >= n ? " " + spec.eos() + ", outside the vocabulary of " + n + " tokens" : " not set"));
         }
         for (int i = 0; i < n; i++) {
             TokenType t = types[i];
@@ -113,9 +118,12 @@ final class Vocabulary {
         }
     }
 
+    /** A special id from the metadata; one outside the vocabulary is left unset with a warning, as llama.cpp does. */
     private static int checkId(int id, int n, String key) {
         if (id < -1 || id >= n) {
-            throw new IllegalArgumentException(key + " = " + id + " is outside the vocabulary of " + n + " tokens");
+            System.getLogger(Vocabulary.class.getName()).log(System.Logger.Level.WARNING,
+                    key + " = " + id + " is outside the vocabulary of " + n + " tokens; left unset");
+            return -1;
         }
         return id;
     }

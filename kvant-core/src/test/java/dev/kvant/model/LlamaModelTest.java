@@ -163,10 +163,13 @@ class LlamaModelTest {
                         "rope_freqs.weight has 1048576 factors"),
                 Arguments.of("a context of 0", (Consumer<GgufWriter>) w -> w.putU32("llama.context_length", 0),
                         "must be positive"),
-                Arguments.of("a tokenizer whose BOS is no token", (Consumer<GgufWriter>) w -> {
+                // an id outside the vocabulary is left unset (llama.cpp warns and goes on); one the model must add is
+                // an error
+                Arguments.of("a tokenizer whose BOS, to be added, is no token", (Consumer<GgufWriter>) w -> {
                     bpeTokenizer(w, TinyModels.VOCAB);
                     w.putU32("tokenizer.ggml.bos_token_id", 5000);
-                }, "the tokenizer: "),
+                    w.putBool("tokenizer.ggml.add_bos_token", true);
+                }, "outside the vocabulary"),
                 Arguments.of("fewer tokens than embedding rows", (Consumer<GgufWriter>) w -> bpeTokenizer(w, 256),
                         "the tokenizer has 256 tokens but token_embd.weight has 300 rows"));
     }

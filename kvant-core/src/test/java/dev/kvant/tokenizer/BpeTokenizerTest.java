@@ -119,6 +119,18 @@ class BpeTokenizerTest {
     }
 
     @Test
+    void aSpecialIdOutsideTheVocabularyIsLeftUnsetAndTheModelLoads() {
+        // llama.cpp warns ("bad special token") and goes on; a model must not fail to load over an unused id
+        TokenizerSpec s = SyntheticVocab.bpe("gpt-2");
+        int n = s.tokens().size();
+        Tokenizer t = Tokenizer.create(new TokenizerSpec(s.model(), s.pre(), s.tokens(), s.scores(), s.tokenTypes(),
+                s.merges(), -1, IM_END, n, n + 5, -1, false, false, false, null));
+        assertEquals(IM_END, t.eos());
+        assertTrue(t.isEndOfGeneration(IM_END));
+        assertFalse(t.isEndOfGeneration(HELLO));
+    }
+
+    @Test
     void endOfGenerationCoversEosAndEndOfTurnMarkers() {
         assertEquals(IM_END, tok.eos());
         assertTrue(tok.isEndOfGeneration(IM_END));
@@ -160,13 +172,16 @@ class BpeTokenizerTest {
      * with a stale one load (as llama.cpp loads them, with a warning there) and tokenize as without it.
      */
     @Test
-    void anOutOfRangeSpecialIdIsRefusedButAnUnusedPaddingIdIsNot() {
+    void anOutOfRangeSpecialIdIsLeftUnsetUnlessTheModelMustAddIt() {
         TokenizerSpec s = SyntheticVocab.bpe("gpt-2");
         int n = s.tokens().size();
+        Tokenizer unset = Tokenizer.create(new TokenizerSpec("gpt2", "gpt-2", s.tokens(), null, s.tokenTypes(),
+                s.merges(), -1, n + 5, -1, -1, -1, false, false, false, null));
+        assertEquals(-1, unset.eos());
         IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> Tokenizer.create(
                 new TokenizerSpec("gpt2", "gpt-2", s.tokens(), null, s.tokenTypes(), s.merges(), -1, n + 5, -1, -1, -1,
-                        false, false, false, null)));
-        assertTrue(e.getMessage().contains("tokenizer.ggml.eos_token_id = " + (n + 5) + " is outside the vocabulary"),
+                        false, true, false, null)));
+        assertTrue(e.getMessage().contains("eos_token_id is " + (n + 5) + ", outside the vocabulary"),
                 e.getMessage());
         Tokenizer padded = Tokenizer.create(new TokenizerSpec("gpt2", "gpt-2", s.tokens(), null, s.tokenTypes(),
                 s.merges(), -1, -1, -1, -1, 999_999, false, false, false, null));

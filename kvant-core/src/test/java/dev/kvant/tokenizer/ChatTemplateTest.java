@@ -138,6 +138,17 @@ class ChatTemplateTest {
     }
 
     @Test
+    void severalSystemMessagesAreAllKeptWhereTheyFoldIntoTheUserTurn() {
+        List<ChatMessage> two = List.of(new ChatMessage("system", "A"), new ChatMessage("system", "B"),
+                new ChatMessage("user", "hi"));
+        assertEquals("<start_of_turn>user\nA\n\nB\n\nhi<end_of_turn>\n", ChatTemplate.GEMMA.render(two, false));
+        assertTrue(ChatTemplate.MISTRAL.render(two, false).startsWith("[INST] A\n\nB\n\nhi"),
+                ChatTemplate.MISTRAL.render(two, false));
+        assertTrue(ChatTemplate.LLAMA2.render(two, false).contains("<<SYS>>\nA\n\nB\n<</SYS>>"),
+                ChatTemplate.LLAMA2.render(two, false));
+    }
+
+    @Test
     void raw() {
         assertEquals("You are terse.What is 2+2?4", ChatTemplate.RAW.render(CONVERSATION, false));
         assertEquals("You are terse.What is 2+2?", ChatTemplate.RAW.render(QUESTION, true));

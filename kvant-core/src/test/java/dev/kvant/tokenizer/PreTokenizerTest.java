@@ -94,9 +94,18 @@ class PreTokenizerTest {
     }
 
     @Test
+    void aMissingOrDefaultNameSplitsAsLlamaCppsLegacySequence() {
+        // punctuation runs first, then GPT-2's pieces, then digit runs, then three ASCII digits at a time
+        assertEquals(List.of("123", "45"), PreTokenizer.LEGACY_DEFAULT.split("12345"));
+        assertEquals(List.of("Hello", ",", " world", "!!"), PreTokenizer.LEGACY_DEFAULT.split("Hello, world!!"));
+        assertEquals(List.of("12345"), PreTokenizer.GPT2.split("12345"));
+    }
+
+    @Test
     void namesMapAsLlamaCppGroupsThem() {
-        assertSame(PreTokenizer.GPT2, PreTokenizer.forName(null));
-        assertSame(PreTokenizer.GPT2, PreTokenizer.forName("default"));
+        assertSame(PreTokenizer.LEGACY_DEFAULT, PreTokenizer.forName(null));
+        assertSame(PreTokenizer.LEGACY_DEFAULT, PreTokenizer.forName("default"));
+        assertSame(PreTokenizer.GPT2, PreTokenizer.forName("gpt-2"));
         assertSame(PreTokenizer.LLAMA3, PreTokenizer.forName("llama-bpe"));
         assertSame(PreTokenizer.QWEN2, PreTokenizer.forName("qwen2"));
         assertSame(PreTokenizer.STARCODER, PreTokenizer.forName("smollm"));

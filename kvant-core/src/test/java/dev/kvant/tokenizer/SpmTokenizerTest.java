@@ -45,6 +45,18 @@ class SpmTokenizerTest {
     }
 
     @Test
+    void aBosTypedAsNormalStillRestartsTheSpacePrefixOnDecode() {
+        // files without tokenizer.ggml.token_type: every token is normal, the BOS id included
+        TokenizerSpec s = SyntheticVocab.spm(true);
+        int[] normal = new int[s.tokenTypes().length];
+        java.util.Arrays.fill(normal, 1);
+        Tokenizer untyped = Tokenizer.create(new TokenizerSpec(s.model(), s.pre(), s.tokens(), s.scores(), normal,
+                s.merges(), s.bos(), s.eos(), s.eot(), s.unk(), s.pad(), s.addBos(), s.addEos(), s.addSpacePrefix(),
+                null));
+        assertEquals("<s>hello", untyped.decode(untyped.encode("hello", true, false)));
+    }
+
+    @Test
     void bosIsAddedAndTheAddedSpaceIsRemovedOnDecode() {
         int[] ids = tok.encode("hello", true, false);
         assertArrayEquals(new int[] {1, piece("▁he"), piece("llo")}, ids);

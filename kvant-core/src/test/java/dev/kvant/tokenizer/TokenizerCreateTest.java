@@ -43,7 +43,7 @@ class TokenizerCreateTest {
     void inconsistentArraysAndFlagsAreNamed() {
         assertRefused(bpe("gpt2", "gpt-2", new float[3], -1, false), "tokenizer.ggml.scores has 3 entries");
         assertRefused(bpe("gpt2", "gpt-2", null, -1, true), "tokenizer.ggml.add_bos_token", "bos_token_id");
-        assertRefused(bpe("gpt2", "gpt-2", null, 9999, false), "tokenizer.ggml.bos_token_id = 9999");
+        assertRefused(bpe("gpt2", "gpt-2", null, 9999, true), "tokenizer.ggml.bos_token_id is 9999, outside");
         assertRefused(new TokenizerSpec("gpt2", "gpt-2", List.of("a"), null, null, null, -1, -1, -1, -1, false, false,
                 null), "tokenizer.ggml.merges is missing");
         assertRefused(new TokenizerSpec("llama", null, List.of(), null, null, null, -1, -1, -1, -1, false, false, null),

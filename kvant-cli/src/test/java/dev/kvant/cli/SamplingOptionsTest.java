@@ -1,0 +1,28 @@
+package dev.kvant.cli;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import dev.kvant.sample.SamplerConfig;
+import org.junit.jupiter.api.Test;
+import picocli.CommandLine;
+
+class SamplingOptionsTest {
+
+    private static SamplerConfig config(int ctx, String... args) {
+        return CommandLine.populateCommand(new SamplingOptions(), args).config(ctx);
+    }
+
+    @Test
+    void llamaCppSettingsThatMeanGreedyOrTheWholeContextAreTakenAsSuch() {
+        assertTrue(config(4096, "--temp", "-1", "-s", "1").isGreedy(), "a negative temperature is greedy");
+        assertTrue(config(4096, "--top-p", "0", "-s", "1").isGreedy(), "top-p 0 is greedy, as the server reads it");
+        assertEquals(4096, config(4096, "--repeat-last-n", "-1", "-s", "1").repeatLastN());
+        // a window longer than the context is the context (it used to size the sampler's ring: 8 GB here)
+        assertEquals(4096, config(4096, "--repeat-last-n", "2000000000", "-s", "1").repeatLastN());
+        assertEquals(64, config(4096, "-s", "1").repeatLastN());
+        assertEquals(0.8f, config(4096, "-s", "1").temperature());
+        assertThrows(IllegalArgumentException.class, () -> config(4096, "--repeat-last-n", "-2", "-s", "1"));
+    }
+}
