@@ -59,32 +59,18 @@ final class CompletionHandler {
         boolean chat = kind == CompletionRequest.Kind.CHAT;
         String what = chat ? "messages" : "prompt";
         int ctx = engine.config().contextLength();
-        long textBytes = 0;
-        if (chat) {
-            // at least what any template keeps: every turn's text stripped, of the system messages the longest
-            long system = 0;
-            for (var m : r.messages()) {
-                long b = TextCodec.utf8Length(m.content().strip());
-                if (m.role().equals("system")) {
-                    system = Math.max(system, b);
-                } else {
-                    textBytes += b;
-                }
-            }
-            textBytes += system;
-        } else if (r.prompt() != null) {
-            textBytes = TextCodec.utf8Length(r.prompt());
-        }
-        long least = textBytes / codec.maxTokenBytes();
-        if (least >= ctx) {   // certain to be too long: refused before it is tokenized
-            throw new ApiException(400, "invalid_request_error", what, "context_length_exceeded",
-                    "This model's maximum context length is " + ctx + " tokens, but the " + what + " hold "
-                            + textBytes + " bytes of text, at least " + least + " tokens. Shorten the " + what
-                            + " (or start the server with a larger -c).", 0);
-        }
         int[] prompt;
         try {
-            prompt = chat ? codec.chat(r.messages()) : r.prompt() != null ? codec.text(r.prompt()) : r.promptTokens();
+            // a text certain to be too long is refused before it is tokenized (the chat once rendered)
+            if (!chat && r.prompt() != null) {
+                codec.checkLength(r.prompt(), ctx);
+            }
+            prompt = chat ? codec.chat(r.messages(), ctx) : r.prompt() != null ? codec.text(r.prompt()) : r.promptTokens();
+        } catch (TextCodec.TooLong e) {
+            throw new ApiException(400, "invalid_request_error", what, "context_length_exceeded",
+                    "This model's maximum context length is " + ctx + " tokens, but the " + what + " hold "
+                            + e.bytes + " bytes of text" + (chat ? " once rendered" : "") + ", at least " + e.least
+                            + " tokens. Shorten the " + what + " (or start the server with a larger -c).", 0);
         } catch (IllegalArgumentException e) {
             throw ApiException.invalid(chat ? "messages" : "prompt", e.getMessage());
         }
@@ -137,31 +123,45 @@ final class CompletionHandler {
     private void stream(WriteDeadline d, ServerResponse res, CompletionRequest r, Generation g,
                         LinkedBlockingQueue<GenerationEvent> events, String id, long created, long arrival) {
         boolean chat = r.kind() == CompletionRequest.Kind.CHAT;
-        res.status(200);
-        res.header(HeaderNames.CONTENT_TYPE, "text/event-stream; charset=utf-8");
-        res.header(HeaderNames.CACHE_CONTROL, "no-cache");
-        OutputStream out = res.outputStream();
+        // The headers go out with the first write: a chat's role chunk at once, a text stream's first token or
+        // heartbeat; a text stream that fails before either gets the status of the failure instead of 200.
+        OutputStream[] opened = {null};
+        java.util.function.Supplier<OutputStream> out = () -> {
+            if (opened[0] == null) {
+                res.status(200);
+                res.header(HeaderNames.CONTENT_TYPE, "text/event-stream; charset=utf-8");
+                res.header(HeaderNames.CACHE_CONTROL, "no-cache");
+                opened[0] = res.outputStream();
+            }
+            return opened[0];
+        };
         if (chat) {
             ObjectNode delta = Json.MAPPER.createObjectNode().put("role", "assistant").put("content", "");
-            event(d, out, chunk(id, created, r, delta, null, null));
+            event(d, out.get(), chunk(id, created, r, delta, null, null));
         }
-        Outcome o = consume(r, g, events, arrival, true, text -> event(d, out, chunk(id, created, r, null, text, null)),
-                () -> write(d, out, ": keep-alive\n\n"));
+        Outcome o = consume(r, g, events, arrival, true,
+                text -> event(d, out.get(), chunk(id, created, r, null, text, null)),
+                () -> write(d, out.get(), ": keep-alive\n\n"));
         if (o.failure() != null) {
-            event(d, out, ApiException.body(o.failure().message(), "server_error", null,
+            if (opened[0] == null) {
+                GenerationEvent.Failed f = o.failure();
+                throw new ApiException(f.shuttingDown() ? 503 : 500, "server_error", null,
+                        f.shuttingDown() ? "shutting_down" : "generation_failed", f.message(), 0);
+            }
+            event(d, out.get(), ApiException.body(o.failure().message(), "server_error", null,
                     o.failure().shuttingDown() ? "shutting_down" : "generation_failed"));
         } else {
-            event(d, out, chunk(id, created, r, chat ? Json.MAPPER.createObjectNode() : null, chat ? null : "",
+            event(d, out.get(), chunk(id, created, r, chat ? Json.MAPPER.createObjectNode() : null, chat ? null : "",
                     o.finishReason()));
             if (r.includeUsage()) {
                 ObjectNode u = envelope(id, created, r);
                 u.putArray("choices");
                 u.set("usage", usage(o));
-                event(d, out, u);
+                event(d, out.get(), u);
             }
         }
-        write(d, out, "data: [DONE]\n\n");
-        close(d, out);
+        write(d, out.get(), "data: [DONE]\n\n");
+        close(d, out.get());
     }
 
     private void respond(WriteDeadline d, ServerResponse res, CompletionRequest r, Generation g,

@@ -58,6 +58,7 @@ public final class KvantServer implements AutoCloseable {
                             return;
                         }
                         if (draining && path.endsWith("/completions")) {   // new work only: /v1/models still answers
+                            metrics.rejected();
                             error(res, new ApiException(503, "server_error", null, "shutting_down",
                                     "the server is shutting down", 0));
                             return;

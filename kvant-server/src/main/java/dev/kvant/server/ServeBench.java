@@ -396,7 +396,7 @@ public final class ServeBench {
         String all = sb.toString();
         int chars = Math.min(all.length(), tokens * 3);
         for (int i = 0; i < 6; i++) {
-            int got = codec.chat(List.of(ChatMessage.user(all.substring(0, chars)))).length;
+            int got = codec.chat(List.of(ChatMessage.user(all.substring(0, chars))), Integer.MAX_VALUE).length;
             if (Math.abs(got - tokens) <= tokens / 100 + 1) {
                 break;
             }

@@ -15,8 +15,35 @@ import java.util.List;
  */
 public sealed interface TextCodec {
 
-    /** The prompt of a conversation, ending with the cue for the assistant's turn. */
-    int[] chat(List<ChatMessage> messages);
+    /**
+     * The prompt of a conversation, ending with the cue for the assistant's turn.
+     *
+     * @throws TooLong when the rendered conversation is certain to come to {@code limit} tokens or more: refused
+     *                 before it is tokenized (templates add text of their own, and keep whitespace the messages hold)
+     */
+    int[] chat(List<ChatMessage> messages, int limit);
+
+    /** A prompt certain to reach its limit of tokens: its text's UTF-8 bytes, and the fewest tokens they come to. */
+    final class TooLong extends RuntimeException {
+        private static final long serialVersionUID = 1L;
+        final long bytes;
+        final long least;
+
+        TooLong(long bytes, long least) {
+            super("a text of " + bytes + " bytes, at least " + least + " tokens", null, false, false);
+            this.bytes = bytes;
+            this.least = least;
+        }
+    }
+
+    /** Throws {@link TooLong} when {@code text} is certain to come to {@code limit} tokens or more. */
+    default void checkLength(CharSequence text, int limit) {
+        long bytes = utf8Length(text);
+        long least = bytes / maxTokenBytes();
+        if (least >= limit) {
+            throw new TooLong(bytes, least);
+        }
+    }
 
     /** The prompt of a text completion. */
     int[] text(String prompt);
@@ -71,9 +98,10 @@ public sealed interface TextCodec {
     /** A real model: its tokenizer, BOS as the model asks, control-token texts in the rendered chat recognised. */
     record Model(Tokenizer tokenizer, ChatTemplate template, int maxTokenBytes) implements TextCodec {
         @Override
-        public int[] chat(List<ChatMessage> messages) {
+        public int[] chat(List<ChatMessage> messages, int limit) {
             // the messages' own text is read with control-token texts as plain text: a message cannot open a turn
             ChatTemplate.Rendered r = template.renderMarked(messages, true);
+            checkLength(r.text(), limit);
             return tokenizer.encode(r.text(), true, true, r.contentRanges());
         }
 
@@ -118,12 +146,14 @@ public sealed interface TextCodec {
         }
 
         @Override
-        public int[] chat(List<ChatMessage> messages) {
+        public int[] chat(List<ChatMessage> messages, int limit) {
             StringBuilder sb = new StringBuilder();
             for (ChatMessage m : messages) {
                 sb.append(m.role()).append(": ").append(m.content()).append('\n');
             }
-            return text(sb.append("assistant:").toString());
+            sb.append("assistant:");
+            checkLength(sb, limit);
+            return text(sb.toString());
         }
 
         @Override

@@ -128,9 +128,17 @@ class ServerErrorsTest {
         String big = "é".repeat(1 << 20);   // 2 MiB of UTF-8
         Reply r = post("/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"" + big + "\"}]}");
         assertError(r, 400, "messages", "maximum context length is " + CTX + " tokens");
-        assertTrue(r.message().contains((2 << 20) + " bytes of text"), r.message());
+        assertTrue(r.message().contains("bytes of text once rendered"), r.message());
         assertEquals("context_length_exceeded", r.json().path("error").path("code").asText());
         assertEquals(2L << 20, TextCodec.utf8Length(big));
+        // what the messages' stripped text alone did not count: whitespace a template keeps, and its own text for
+        // each of many empty messages — both refused by the rendered text's bytes, before tokenizing
+        Reply spaces = post("/v1/chat/completions",
+                "{\"messages\": [{\"role\": \"user\", \"content\": \"" + " ".repeat(1 << 20) + "\"}]}");
+        assertError(spaces, 400, "messages", "bytes of text once rendered");
+        String empty = "{\"role\": \"user\", \"content\": \"\"},";
+        String many = "{\"messages\": [" + empty.repeat(50_000) + "{\"role\": \"user\", \"content\": \"x\"}]}";
+        assertError(post("/v1/chat/completions", many), 400, "messages", "bytes of text once rendered");
         assertEquals(4, TextCodec.utf8Length("\uD83D\uDE00"));   // one character outside the BMP
         assertEquals(2, TextCodec.utf8Length("\uD800\uD800"), "lone surrogates: '?' each");
     }
