@@ -34,6 +34,10 @@ record CompletionRequest(Kind kind, List<ChatMessage> messages, String prompt, i
             "store", "service_tier", "modalities", "reasoning_effort");
     private static final Set<String> TEXT_ONLY = Set.of("prompt", "echo", "suffix", "best_of");
     private static final Set<String> ROLES = Set.of("system", "developer", "user", "assistant");
+    /** A message's fields: what kvant reads (role, content), what it refuses when set (tool_calls), the rest ignored. */
+    private static final Set<String> MESSAGE_FIELDS = Set.of("role", "content", "name", "tool_calls", "refusal",
+            "function_call", "audio");
+    private static final Set<String> STREAM_OPTIONS = Set.of("include_usage", "include_obfuscation");
 
     static CompletionRequest parse(Kind kind, JsonNode body) {
         for (Iterator<String> it = body.fieldNames(); it.hasNext(); ) {
@@ -147,7 +151,17 @@ record CompletionRequest(Kind kind, List<ChatMessage> messages, String prompt, i
         JsonNode options = b.object("stream_options");
         boolean includeUsage = false;
         if (options != null) {
-            includeUsage = Boolean.TRUE.equals(new Fields(options).bool("include_usage"));
+            if (!Boolean.TRUE.equals(stream)) {
+                throw ApiException.invalid("stream_options",
+                        "The 'stream_options' parameter is only allowed when 'stream' is enabled.");
+            }
+            known(options, STREAM_OPTIONS, "stream_options.");
+            try {
+                includeUsage = Boolean.TRUE.equals(new Fields(options).bool("include_usage"));
+            } catch (ApiException e) {
+                throw ApiException.invalid("stream_options.include_usage",
+                        "'stream_options.include_usage' must be a boolean");
+            }
         }
         float t = temperature == null ? 1f : temperature.floatValue();
         float p = topP == null ? 1f : topP.floatValue();
@@ -160,6 +174,16 @@ record CompletionRequest(Kind kind, List<ChatMessage> messages, String prompt, i
                 minP == null ? 0f : minP.floatValue(), repeat == null ? 1f : repeat.floatValue(), seed,
                 stops(body.get("stop")), Boolean.TRUE.equals(stream), includeUsage,
                 Boolean.TRUE.equals(b.bool("ignore_eos")));
+    }
+
+    /** Refuses a field of {@code object} outside {@code names}, as OpenAI refuses an unknown argument. */
+    private static void known(JsonNode object, Set<String> names, String prefix) {
+        for (Iterator<String> it = object.fieldNames(); it.hasNext(); ) {
+            String f = it.next();
+            if (!names.contains(f)) {
+                throw ApiException.invalid(prefix + f, "Unrecognized request argument supplied: " + prefix + f);
+            }
+        }
     }
 
     private static List<ChatMessage> messages(JsonNode node) {
@@ -176,6 +200,7 @@ record CompletionRequest(Kind kind, List<ChatMessage> messages, String prompt, i
             if (!m.isObject()) {
                 throw ApiException.invalid(where, "'" + where + "' must be an object with a role and content");
             }
+            known(m, MESSAGE_FIELDS, where + ".");
             JsonNode roleNode = m.get("role");
             if (roleNode == null || !roleNode.isTextual()) {
                 throw ApiException.invalid(where + ".role", "'" + where + ".role' must be a string");

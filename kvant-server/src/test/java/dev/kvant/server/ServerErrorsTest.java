@@ -104,6 +104,16 @@ class ServerErrorsTest {
         assertError(post("/v1/chat/completions", "{" + msgs + ", \"colour\": \"blue\"}"), 400, "colour",
                 "Unrecognized request argument supplied: colour");
         assertError(post("/v1/chat/completions", "{" + msgs + ", \"n\": 2}"), 400, "n", "n must be 1");
+        // inside objects too: a stream option or a message field kvant does not know is named, not ignored
+        assertError(post("/v1/chat/completions", "{" + msgs + ", \"stream\": true, \"stream_options\": {\"foo\": 1}}"),
+                400, "stream_options.foo", "Unrecognized request argument supplied: stream_options.foo");
+        assertError(post("/v1/chat/completions", "{" + msgs + ", \"stream_options\": {\"include_usage\": true}}"),
+                400, "stream_options", "only allowed when 'stream' is enabled");
+        assertError(post("/v1/chat/completions", "{" + msgs + ", \"stream\": true, \"stream_options\": "
+                + "{\"include_usage\": 1}}"), 400, "stream_options.include_usage", "must be a boolean");
+        assertError(post("/v1/chat/completions",
+                "{\"messages\": [{\"role\": \"user\", \"content\": \"x\", \"colour\": 1}]}"), 400,
+                "messages[0].colour", "Unrecognized request argument supplied: messages[0].colour");
         assertError(post("/v1/chat/completions", "{\"messages\": []}"), 400, "messages", "non-empty array");
         assertError(post("/v1/chat/completions", "{\"messages\": [{\"role\": \"robot\", \"content\": \"x\"}]}"), 400,
                 "messages[0].role", "'robot'");
