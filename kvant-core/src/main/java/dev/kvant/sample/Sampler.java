@@ -11,6 +11,8 @@ public final class Sampler {
     private final int[] recent;
     private int recentCount;
     private int recentHead;
+    /** The weights of a draw over the whole vocabulary, reused. */
+    private double[] weights = new double[0];
 
     public Sampler(SamplerConfig config) {
         this.config = config;
@@ -33,7 +35,12 @@ public final class Sampler {
         recentCount = Math.min(recentCount + 1, recent.length);
     }
 
-    /** Chooses a token; the logits array may be modified. */
+    /**
+     * Chooses a token; the logits array may be modified. The kept candidates are ranked by logit (ties to the lower
+     * id) and drawn from in that order, as llama.cpp's chain does; without top-k the whole vocabulary is not sorted:
+     * top-p needs only the candidates that reach it and min-p only those above its cut, and with neither the draw
+     * walks the ids in order (the same distribution; one pass, no ranking).
+     */
     public int sample(float[] logits, int vocab) {
         if (config.repeatPenalty() != 1f && config.repeatLastN() > 0) {
             penalize(logits);
@@ -41,8 +48,108 @@ public final class Sampler {
         if (config.isGreedy()) {
             return argmax(logits, vocab);
         }
-        int keep = config.topK() > 0 ? Math.min(config.topK(), vocab) : vocab;
-        int[] order = best(logits, vocab, keep);   // a NaN logit ranks below every number
+        if (config.topK() > 0 && config.topK() < vocab) {
+            return draw(logits, best(logits, vocab, config.topK()), -1);
+        }
+        int top = argmax(logits, vocab);
+        float max = logits[top];
+        if (max == Float.POSITIVE_INFINITY || !(max > Float.NEGATIVE_INFINITY)) {
+            return top;   // an infinite logit wins (the lowest id of them); all -inf or NaN: greedy's choice
+        }
+        if (config.topP() >= 1f && config.minP() <= 0f) {
+            return drawInIdOrder(logits, vocab, max);
+        }
+        // The candidates that can be kept: those above min-p's cut (exp(l - max) >= minP), and of them the largest
+        // until their probability reaches top-p — found by lowering a floor until the candidates above it hold
+        // that much (every one below it is smaller than every one above).
+        double sum = 0;   // the probability mass of the whole vocabulary, in id order
+        if (config.topP() < 1f) {
+            for (int i = 0; i < vocab; i++) {
+                float l = logits[i];
+                sum += Float.isNaN(l) ? 0 : Math.exp(l - max);
+            }
+        }
+        double minCut = config.minP() > 0f ? max + Math.log(config.minP()) : Double.NEGATIVE_INFINITY;
+        int[] order = null;
+        for (double gap = 4; ; gap *= 2) {
+            double floor = Math.max(max - gap, minCut);
+            order = above(logits, vocab, floor);
+            if (floor == minCut || config.topP() >= 1f || floor == Double.NEGATIVE_INFINITY
+                    || order.length == vocab || reaches(logits, order, max, config.topP() * sum)) {
+                break;
+            }
+            if (gap > 1e6) {
+                order = above(logits, vocab, Double.NEGATIVE_INFINITY);
+                break;
+            }
+        }
+        return draw(logits, order, sum);
+    }
+
+    /** Whether the probability mass of {@code order} (largest first) reaches {@code target}. */
+    private static boolean reaches(float[] logits, int[] order, float max, double target) {
+        double mass = 0;
+        for (int id : order) {
+            mass += Math.exp(logits[id] - max);
+        }
+        return mass >= target;
+    }
+
+    /** The ids whose logit is at least {@code floor} (NaN never), ranked as {@link #best} ranks them. */
+    private static int[] above(float[] logits, int vocab, double floor) {
+        long[] keys = new long[16];
+        int n = 0;
+        for (int i = 0; i < vocab; i++) {
+            float l = logits[i];
+            if (l >= floor) {
+                if (n == keys.length) {
+                    keys = Arrays.copyOf(keys, 2 * n);
+                }
+                keys[n++] = key(l, i);
+            }
+        }
+        Arrays.sort(keys, 0, n);
+        int[] ids = new int[n];
+        for (int i = 0; i < n; i++) {
+            ids[i] = (int) (0xFFFFFFFFL - (keys[n - 1 - i] & 0xFFFFFFFFL));
+        }
+        return ids;
+    }
+
+    /** Temperature alone: the weights of the ids in one pass (kept for the draw), then a walk to the draw. */
+    private int drawInIdOrder(float[] logits, int vocab, float max) {
+        if (weights.length < vocab) {
+            weights = new double[vocab];
+        }
+        double invT = 1.0 / config.temperature();
+        double total = 0;
+        for (int i = 0; i < vocab; i++) {
+            float l = logits[i];
+            double w = Float.isNaN(l) ? 0 : Math.exp((l - max) * invT);
+            weights[i] = w;
+            total += w;
+        }
+        double r = random.nextDouble() * total;
+        int last = 0;
+        for (int i = 0; i < vocab; i++) {
+            double w = weights[i];
+            if (w > 0) {
+                last = i;
+            }
+            r -= w;
+            if (r < 0) {
+                return i;
+            }
+        }
+        return last;
+    }
+
+    /**
+     * Top-p (over {@code sum}, the mass of the whole vocabulary, or of {@code order} when negative), then min-p, then
+     * a draw at the temperature from the candidates of {@code order}, largest first.
+     */
+    private int draw(float[] logits, int[] order, double sum) {
+        int keep = order.length;
         double max = logits[order[0]];
         if (max == Double.POSITIVE_INFINITY || !(max > Double.NEGATIVE_INFINITY)) {
             // an infinite logit outweighs every finite one (the lowest id of them wins); all -inf or NaN: no
@@ -50,11 +157,14 @@ public final class Sampler {
             return order[0];
         }
         double[] p = new double[keep];
-        double sum = 0;
+        double mass = 0;
         for (int i = 0; i < keep; i++) {
             float l = logits[order[i]];
             p[i] = Float.isNaN(l) ? 0 : Math.exp(l - max);   // a NaN logit carries no weight
-            sum += p[i];
+            mass += p[i];
+        }
+        if (sum < 0) {
+            sum = mass;
         }
         if (config.topP() < 1f) {
             double cum = 0;

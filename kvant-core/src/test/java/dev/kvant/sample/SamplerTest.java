@@ -129,6 +129,48 @@ class SamplerTest {
     }
 
     /**
+     * Without top-k the vocabulary is not ranked as a whole (temperature alone draws in id order; top-p and min-p rank
+     * only the candidates they can keep): the frequencies still follow the softmax of what each setting keeps.
+     */
+    @Test
+    void withoutTopKTheKeptTokensAndTheirFrequenciesAreThoseOfTheSettings() {
+        long seed = new SplittableRandom().nextLong();
+        float[] logits = new float[5000];
+        Arrays.fill(logits, -30f);   // a long tail of negligible weight
+        logits[4000] = 3f;
+        logits[7] = 2f;
+        logits[2500] = 1f;
+        logits[3] = Float.NaN;       // never drawn
+        int n = 20000;
+        // temperature 2 alone: all three, in proportion exp(l / 2)
+        int[] c = counts(new SamplerConfig(2f, 0, 1f, 0f, 1f, 0, seed), logits, n);
+        double z = Math.exp(1.5) + Math.exp(1) + Math.exp(0.5);
+        assertClose(c[4000] / (double) n, Math.exp(1.5) / z, "temperature 2, token 4000, seed " + seed);
+        assertClose(c[2500] / (double) n, Math.exp(0.5) / z, "temperature 2, token 2500, seed " + seed);
+        assertEquals(0, c[3], "NaN, seed " + seed);
+        // top-p 0.8: the largest two reach it (e^3 / (e^3 + e^2 + e) = 0.665, then 0.910)
+        c = counts(new SamplerConfig(1f, 0, 0.8f, 0f, 1f, 0, seed), logits, n);
+        assertEquals(n, c[4000] + c[7], "top-p keeps two, seed " + seed);
+        assertClose(c[4000] / (double) n, Math.exp(3) / (Math.exp(3) + Math.exp(2)), "top-p, seed " + seed);
+        // min-p 0.3: e^(l - 3) >= 0.3 keeps 4000 and 7 (0.37), not 2500 (0.14)
+        c = counts(new SamplerConfig(1f, 0, 1f, 0.3f, 1f, 0, seed), logits, n);
+        assertEquals(n, c[4000] + c[7], "min-p keeps two, seed " + seed);
+    }
+
+    private static int[] counts(SamplerConfig config, float[] logits, int n) {
+        Sampler s = new Sampler(config);
+        int[] counts = new int[logits.length];
+        for (int i = 0; i < n; i++) {
+            counts[s.sample(logits.clone(), logits.length)]++;
+        }
+        return counts;
+    }
+
+    private static void assertClose(double got, double expected, String what) {
+        assertTrue(Math.abs(got - expected) < 0.015, what + ": " + got + " vs " + expected);
+    }
+
+    /**
      * Settings outside their ranges, NaN and infinities included (every test used to be a comparison that NaN passes),
      * are refused with the setting's name and the value given.
      */
