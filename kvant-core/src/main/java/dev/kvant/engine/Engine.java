@@ -69,6 +69,12 @@ public final class Engine implements AutoCloseable {
     private final ArrayDeque<Pending> waiting = new ArrayDeque<>();
     private final List<Active> running = new ArrayList<>();
     private final AtomicInteger inFlight = new AtomicInteger();
+    /**
+     * Generations in flight that their caller cancelled and the engine has not yet let go of (it does at its next
+     * step): they no longer count against the queue limit, so a client that ends a request on a stop string and sends
+     * the next one at once is not refused for the place the first still holds.
+     */
+    private final AtomicInteger cancelledInFlight = new AtomicInteger();
     private final AtomicLong ids = new AtomicLong();
     private final Thread thread;
     /** Decode steps in flight at once, one per cohort. */
@@ -234,7 +240,7 @@ public final class Engine implements AutoCloseable {
         int limit = config.parallel() + config.maxQueue();
         while (true) {
             int n = inFlight.get();
-            if (n >= limit) {
+            if (n - cancelledInFlight.get() >= limit) {
                 throw new EngineBusyException("all " + config.parallel() + " slots are busy and " + config.maxQueue()
                         + " requests are queued; retry later", false);
             }
@@ -242,13 +248,13 @@ public final class Engine implements AutoCloseable {
                 break;
             }
         }
-        Generation g = new Generation(ids.incrementAndGet());
+        Generation g = new Generation(ids.incrementAndGet(), cancelledInFlight::incrementAndGet);
         Pending pending = new Pending(g, request, listener);
         inbox.add(pending);
         // The engine thread's last look at the inbox may have come before this add: then nothing would ever answer
         // the request. Taken back here, it is refused; else the engine took it (that look follows finished).
         if (finished && inbox.remove(pending)) {
-            inFlight.decrementAndGet();
+            leave(g);
             throw new EngineBusyException("the server is shutting down", true);
         }
         return g;
@@ -394,11 +400,19 @@ public final class Engine implements AutoCloseable {
         }
     }
 
+    /** A generation the engine is done with leaves the count of those in flight (and of the cancelled ones). */
+    private void leave(Generation g) {
+        if (g.settle()) {
+            cancelledInFlight.decrementAndGet();
+        }
+        inFlight.decrementAndGet();
+    }
+
     private void dropCancelled() {
         waiting.removeIf(p -> {
             if (p.handle.isCancelled()) {
                 deliver(p, new GenerationEvent.Finished(FinishReason.CANCELLED, p.request.prompt().length, 0, 0));
-                inFlight.decrementAndGet();
+                leave(p.handle);
                 return true;
             }
             return false;
@@ -448,7 +462,7 @@ public final class Engine implements AutoCloseable {
             throw e;
         } catch (RuntimeException | Error e) {   // an assertion or a linkage error: this step's requests fail
             deliver(p, new GenerationEvent.Failed("could not start the sequence: " + e.getMessage(), false));
-            inFlight.decrementAndGet();
+            leave(p.handle);
             return true;
         }
         Active a = new Active(p, seq, m.tokens());
@@ -724,7 +738,7 @@ public final class Engine implements AutoCloseable {
 
     /** Returns the sequence: to the prefix cache when its contents can be trusted, else to the pool. */
     private void release(Active a, boolean keep) {
-        inFlight.decrementAndGet();
+        leave(a.p.handle);
         if (keep && reusePrefixes && a.seq.length() >= PrefixCache.MIN_MATCH && !stopping) {
             try {
                 cache.insert(a.heldTokens(), a.seq);
@@ -752,7 +766,7 @@ public final class Engine implements AutoCloseable {
         for (Active a : running) {
             if (!a.done) {
                 a.done = true;
-                inFlight.decrementAndGet();
+                leave(a.p.handle);
                 a.seq.close();
                 deliver(a.p, new GenerationEvent.Failed(message, shuttingDown));
             }
@@ -761,13 +775,13 @@ public final class Engine implements AutoCloseable {
         runningCount = 0;
         for (Pending p : waiting) {
             deliver(p, new GenerationEvent.Failed(message, shuttingDown));
-            inFlight.decrementAndGet();
+            leave(p.handle);
         }
         waiting.clear();
         for (Object m = inbox.poll(); m != null; m = inbox.poll()) {
             if (m instanceof Pending p) {
                 deliver(p, new GenerationEvent.Failed(message, shuttingDown));
-                inFlight.decrementAndGet();
+                leave(p.handle);
             } else if (m instanceof Runnable r) {
                 r.run();
             }

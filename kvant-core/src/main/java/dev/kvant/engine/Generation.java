@@ -1,5 +1,7 @@
 package dev.kvant.engine;
 
+import java.util.concurrent.atomic.AtomicInteger;
+
 /**
  * A request accepted by the {@link Engine}: the caller's handle to cancel it. Its progress arrives as
  * {@link GenerationEvent}s.
@@ -7,9 +9,13 @@ package dev.kvant.engine;
 public final class Generation {
     private final long id;
     private volatile boolean cancelled;
+    /** 0 live, 1 cancelled (and counted so by the engine), 2 settled: the engine is done with it. */
+    private final AtomicInteger state = new AtomicInteger();
+    private final Runnable onCancel;
 
-    Generation(long id) {
+    Generation(long id, Runnable onCancel) {
         this.id = id;
+        this.onCancel = onCancel;
     }
 
     /** Unique among the engine's generations. */
@@ -23,6 +29,14 @@ public final class Generation {
      */
     public void cancel() {
         cancelled = true;
+        if (state.compareAndSet(0, 1)) {
+            onCancel.run();   // its place stops counting against the queue now, not when the engine frees it
+        }
+    }
+
+    /** The engine is done with it; whether a cancel had counted it first. */
+    boolean settle() {
+        return state.getAndSet(2) == 1;
     }
 
     public boolean isCancelled() {

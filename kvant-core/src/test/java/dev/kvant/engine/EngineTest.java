@@ -758,10 +758,17 @@ class EngineTest {
             EngineBusyException busy = assertThrows(EngineBusyException.class,
                     () -> engine.submit(greedy(new int[] {1, 2}, 1), e -> { }));
             assertTrue(busy.getMessage().contains("queued"), busy.getMessage());
-            ga.cancel();
+            // a cancelled request stops holding its place at once, before the engine frees it at its next step (a
+            // client that ends a stream on a stop string and sends the next request straight away is not refused)
             gb.cancel();
+            Events c = new Events();
+            Generation gc = engine.submit(greedy(new int[] {1, 2}, 1), c.queue::add);
+            assertThrows(EngineBusyException.class, () -> engine.submit(greedy(new int[] {3, 4}, 1), e -> { }));
+            ga.cancel();
             a.end();
             b.end();
+            c.end();
+            assertTrue(gc.id() > gb.id());
         }
     }
 
