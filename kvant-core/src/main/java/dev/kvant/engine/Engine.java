@@ -20,6 +20,8 @@ import java.util.concurrent.TimeoutException;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.function.Consumer;
+import java.util.function.IntPredicate;
+import java.util.stream.IntStream;
 
 /**
  * Continuous batching over one backend and one shared KV pool: up to {@code parallel} sequences run at once, and each
@@ -107,6 +109,8 @@ public final class Engine implements AutoCloseable {
         final Pending p;
         final BackendSequence seq;
         final Sampler sampler;
+        /** The ids the request bans (their logits set to -inf before each draw), or null. */
+        final int[] banned;
         final int cached;
         /** Prompt tokens in the cache so far. */
         int fed;
@@ -128,6 +132,8 @@ public final class Engine implements AutoCloseable {
             for (int t : p.request.prompt()) {
                 sampler.accept(t);
             }
+            IntPredicate ban = p.request.bannedToken();
+            this.banned = ban == null ? null : IntStream.range(0, vocab).filter(ban).toArray();
         }
 
         int[] prompt() {
@@ -524,7 +530,7 @@ public final class Engine implements AutoCloseable {
             if (n < share && n < c.members.length && a.decoding && !a.done && !a.stepping) {
                 c.members[n++] = a;
                 // greedy sequences let the backend choose (a GPU then copies back ids, not logits)
-                greedy &= a.sampler.argmaxSuffices();
+                greedy &= a.sampler.argmaxSuffices() && a.banned == null;
             }
         }
         if (n == 0) {
@@ -685,6 +691,11 @@ public final class Engine implements AutoCloseable {
 
     private void sampleNext(Active a, float[] logits, int off) {
         System.arraycopy(logits, off, row, 0, vocab);
+        if (a.banned != null) {
+            for (int b : a.banned) {
+                row[b] = Float.NEGATIVE_INFINITY;
+            }
+        }
         int t;
         try {
             t = a.sampler.sample(row, vocab);

@@ -7,10 +7,18 @@ import java.util.function.IntPredicate;
 
 /**
  * What one client asks the {@link Engine} for: a prompt of token ids, how many tokens at most to generate, how to
- * sample them, and which tokens end the generation (the tokenizer's end-of-generation tokens; never any when
- * stopToken is null, as benchmarks that must generate exactly maxTokens want).
+ * sample them, which tokens end the generation (the tokenizer's end-of-generation tokens; never any when
+ * stopToken is null, as benchmarks that must generate exactly maxTokens want), and which tokens are never to be
+ * generated (bannedToken, or none when null: a request that ignores end-of-generation tokens bans them, as
+ * llama.cpp's ignore_eos makes them impossible to sample instead of printing their text).
  */
-public record GenerationRequest(int[] prompt, int maxTokens, SamplerConfig sampling, IntPredicate stopToken) {
+public record GenerationRequest(int[] prompt, int maxTokens, SamplerConfig sampling, IntPredicate stopToken,
+                                IntPredicate bannedToken) {
+
+    /** A request that bans no token. */
+    public GenerationRequest(int[] prompt, int maxTokens, SamplerConfig sampling, IntPredicate stopToken) {
+        this(prompt, maxTokens, sampling, stopToken, null);
+    }
 
     public GenerationRequest {
         Objects.requireNonNull(prompt, "prompt");

@@ -27,6 +27,7 @@ import java.util.concurrent.TimeUnit;
 
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertInstanceOf;
 import static org.junit.jupiter.api.Assertions.assertNotNull;
 import static org.junit.jupiter.api.Assertions.assertNull;
@@ -769,6 +770,32 @@ class EngineTest {
             b.end();
             c.end();
             assertTrue(gc.id() > gb.id());
+        }
+    }
+
+    /** Banned tokens (a request that ignores end-of-generation tokens bans them) are never generated. */
+    @Test
+    void bannedTokensAreNeverGeneratedEvenGreedily() throws Exception {
+        Random r = new Random(SEED + 9);
+        int[] prompt = r.ints(12, 0, TinyModels.VOCAB).toArray();
+        try (SequencePool pool = backend.newSequencePool(2 * CTX, F16, F16);
+             Engine engine = new Engine(backend, pool, new EngineConfig(2, CTX, CHUNK, 4, false))) {
+            Events free = new Events();
+            engine.submit(greedy(prompt, 24), free.queue::add);
+            free.end();
+            int[] chosen = free.ids();
+            java.util.Set<Integer> ban = new java.util.HashSet<>();
+            for (int i = 0; i < 4; i++) {
+                ban.add(chosen[i]);   // what greedy picks first, and then
+            }
+            Events banned = new Events();
+            engine.submit(new GenerationRequest(prompt, 24, SamplerConfig.greedy(), null, ban::contains),
+                    banned.queue::add);
+            banned.end();
+            assertEquals(24, banned.ids().length);
+            for (int t : banned.ids()) {
+                assertFalse(ban.contains(t), "banned token " + t + " generated: " + Arrays.toString(banned.ids()));
+            }
         }
     }
 

@@ -95,7 +95,8 @@ final class CompletionHandler {
         Generation g;
         try {
             g = engine.submit(new GenerationRequest(prompt, maxTokens, sampling,
-                    r.ignoreEos() ? null : codec::isEndOfGeneration), events::add);
+                    r.ignoreEos() ? null : codec::isEndOfGeneration, r.ignoreEos() ? codec::isEndOfGeneration : null),
+                    events::add);
         } catch (EngineBusyException e) {
             metrics.rejected();
             throw new ApiException(503, "server_error", null, e.shuttingDown() ? "shutting_down" : "overloaded",
