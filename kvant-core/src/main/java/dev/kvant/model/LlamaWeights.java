@@ -8,6 +8,7 @@ import dev.kvant.tensor.UnsupportedTensorTypeException;
 import dev.kvant.tensor.WeightFormat;
 import dev.kvant.tensor.WeightMatrix;
 
+import java.util.List;
 import java.util.Optional;
 
 /** The tensors of a llama-family model, viewed in place in the mapped GGUF file (nothing is copied but norms). */
@@ -76,9 +77,40 @@ public record LlamaWeights(WeightMatrix tokenEmbedding, float[] outputNorm, Weig
                     matrix(f, p + "ffn_up.weight", c.ffnDim(), c.dim()),
                     matrix(f, p + "ffn_down.weight", c.dim(), c.ffnDim()));
         }
+        checkNothingElse(f, c);
         Optional<GgufTensorInfo> out = f.tensor("output.weight");
         WeightMatrix output = out.isPresent() ? matrix(f, "output.weight", c.vocabSize(), c.dim()) : embedding;
         return new LlamaWeights(embedding, vector(f, "output_norm.weight", c.dim()), output, layers, ropeFreqFactors);
+    }
+
+    /**
+     * Refuses a tensor the model would not use (a bias of the feed-forward or output layer, say, which llama.cpp adds
+     * where a file has it): dropped, it would leave the logits silently wrong. llama.cpp refuses a file whose tensor
+     * count differs from what it loads, too.
+     */
+    private static void checkNothingElse(GgufFile f, ModelConfig c) {
+        java.util.Set<String> used = new java.util.HashSet<>(List.of("token_embd.weight", "output_norm.weight",
+                "output.weight", "rope_freqs.weight"));
+        for (int i = 0; i < c.layers(); i++) {
+            String p = "blk." + i + ".";
+            for (String n : List.of("attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
+                    "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")) {
+                used.add(p + n);
+            }
+            if (c.qkvBias()) {
+                used.addAll(List.of(p + "attn_q.bias", p + "attn_k.bias", p + "attn_v.bias"));
+            }
+            if (c.qkNorm()) {
+                used.addAll(List.of(p + "attn_q_norm.weight", p + "attn_k_norm.weight"));
+            }
+        }
+        for (GgufTensorInfo t : f.tensors()) {
+            if (!used.contains(t.name())) {
+                throw new GgufException("GGUF " + f.name() + ": tensor '" + t.name() + "' is not part of a "
+                        + c.architecture() + " model of " + c.layers() + " blocks as kvant computes it (it would be"
+                        + " dropped and the logits wrong); not supported");
+            }
+        }
     }
 
     /** A 2-D weight; rows/cols of -1 accept whatever the file says. */

@@ -131,15 +131,33 @@ public record ModelConfig(String architecture, int dim, int layers, int heads, i
         } else if ((scaling.equals("none") || scaling.isEmpty()) && factor != 1f) {
             throw new GgufException("GGUF " + fileName + ": " + factorKey + " is " + factor + " but "
                     + arch + ".rope.scaling.type is '" + scaling + "': which scaling the factor is for is unclear");
+        } else if (scaling.equals("llama3") && ropeFreqFactors == null) {
+            // the factors are read from rope_freqs.weight, where llama.cpp's conversion writes them; from the scaling
+            // keys alone RoPE would run unscaled
+            throw new GgufException("GGUF " + fileName + ": rope scaling 'llama3' needs the rope_freqs.weight tensor"
+                    + " of its frequency factors" + (arch.equals("llama") ? "" : " and a llama architecture")
+                    + "; not supported without it");
         } else if (!scaling.equals("none") && !scaling.equals("llama3") && !scaling.isEmpty()) {
             throw new GgufException("GGUF " + fileName + ": rope scaling '" + scaling
                     + "' is not supported (supported: none, linear, llama3 frequency factors)");
         }
+        float attnFactor = md.getFloat(arch + ".rope.scaling.attn_factor", 1f);
+        if (attnFactor != 1f) {   // llama.cpp scales the rotated part of q and k by it; kvant does not
+            throw new GgufException("GGUF " + fileName + ": " + arch + ".rope.scaling.attn_factor is " + attnFactor
+                    + "; a factor other than 1 is not supported");
+        }
+
         try {
             Rope rope = new Rope(mode, ropeDim, base, linearScale, ropeFreqFactors);
-            return new ModelConfig(arch, dim, md.getInt(arch + ".block_count"), heads, kvHeads, headDimK, headDimV,
-                    md.getInt(arch + ".feed_forward_length"), vocabSize, md.getInt(arch + ".context_length", 4096),
+            ModelConfig config = new ModelConfig(arch, dim, md.getInt(arch + ".block_count"), heads, kvHeads, headDimK,
+                    headDimV, md.getInt(arch + ".feed_forward_length"), vocabSize,
+                    md.getInt(arch + ".context_length", 4096),
                     md.getFloat(arch + ".attention.layer_norm_rms_epsilon", 1e-5f), rope, qkvBias, qkNorm);
+            if (arch.equals("llama") && ropeDim < headDimK) {   // as llama.cpp: partial rotary is not a llama model's
+                throw new GgufException("GGUF " + fileName + ": llama.rope.dimension_count " + ropeDim + " is less"
+                        + " than the head size " + headDimK + " (llama.cpp refuses such a llama model: invalid n_rot)");
+            }
+            return config;
         } catch (IllegalArgumentException e) {
             throw new GgufException("GGUF " + fileName + ": " + e.getMessage(), e);
         }

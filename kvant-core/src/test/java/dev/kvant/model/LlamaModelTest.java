@@ -163,6 +163,18 @@ class LlamaModelTest {
                         "rope_freqs.weight has 1048576 factors"),
                 Arguments.of("a context of 0", (Consumer<GgufWriter>) w -> w.putU32("llama.context_length", 0),
                         "must be positive"),
+                // what llama.cpp computes and kvant would drop: refused rather than wrong logits
+                Arguments.of("a feed-forward bias (llama.cpp adds it; kvant would drop it)", (Consumer<GgufWriter>) w -> w.addTensor(
+                        "blk.0.ffn_up.bias", GgmlType.F32, new long[] {512}, new byte[2048]),
+                        "tensor 'blk.0.ffn_up.bias' is not part of a llama model"),
+                Arguments.of("Llama-3 RoPE scaling without its frequency factors", (Consumer<GgufWriter>) w -> {
+                    w.putString("llama.rope.scaling.type", "llama3");
+                    w.putF32("llama.rope.scaling.factor", 8f);
+                }, "rope scaling 'llama3' needs the rope_freqs.weight tensor"),
+                Arguments.of("a RoPE attention factor", (Consumer<GgufWriter>) w ->
+                        w.putF32("llama.rope.scaling.attn_factor", 1.2f), "attn_factor is 1.2"),
+                Arguments.of("partial rotary on a llama model", (Consumer<GgufWriter>) w ->
+                        w.putU32("llama.rope.dimension_count", 32), "invalid n_rot"),
                 // an id outside the vocabulary is left unset (llama.cpp warns and goes on); one the model must add is
                 // an error
                 Arguments.of("a tokenizer whose BOS, to be added, is no token", (Consumer<GgufWriter>) w -> {
