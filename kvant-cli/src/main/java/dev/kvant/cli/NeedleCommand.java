@@ -108,7 +108,8 @@ final class NeedleCommand implements Runnable {
             }
             int longest = 0;
             for (NeedleProbe p : list) {
-                longest = Math.max(longest, tok.encode(p.prompt(), true, p.chat()).length);
+                // tokenized as the run will (control-token texts in plain ranges are plain text, several tokens)
+                longest = Math.max(longest, tok.encode(p.prompt(), true, p.chat(), p.plainRanges()).length);
             }
             int ctx = longest + maxNew;
             opts.checkBudget(model, opts.kvFormats(), ctx, "the longest probe (" + longest + " tokens, + --max-new "

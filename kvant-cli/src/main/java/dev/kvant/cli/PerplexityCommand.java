@@ -53,9 +53,8 @@ final class PerplexityCommand implements Runnable {
         if (chunks < 0) {
             throw new UsageException("--chunks must not be negative (0 = all), got " + chunks);
         }
-        if (ctx < 4 || ctx % 2 != 0) {   // Perplexity's own rule, checked before the model loads
-            throw new UsageException("-c must be even and at least 4 (the second half of a chunk is scored), got "
-                    + ctx);
+        if (ctx < 4) {   // Perplexity's own rule, checked before the model loads
+            throw new UsageException("-c must be at least 4 (the second half of a chunk is scored), got " + ctx);
         }
         String text = TextFiles.read(file);
         Progress progress = new Progress(json);
@@ -71,6 +70,10 @@ final class PerplexityCommand implements Runnable {
             Tokenizer tok = model.tokenizer();
             progress.update("tokenizing " + file);
             int[] tokens = tok.encode(text, true, false);
+            if (tok.addEos() && tokens.length > 0 && tokens[tokens.length - 1] == tok.eos()) {
+                // the vocabulary appends EOS to an encoded text: the file's own tokens are scored, not that one
+                tokens = java.util.Arrays.copyOf(tokens, tokens.length - 1);
+            }
             int bos = tok.addBos() ? tok.bos() : -1;
             int total = chunks > 0 ? Math.min(chunks, tokens.length / ctx) : tokens.length / ctx;
             long t0 = System.nanoTime();

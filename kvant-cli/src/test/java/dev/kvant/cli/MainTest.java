@@ -104,7 +104,7 @@ class MainTest {
                         "--parallel 4 x -c 4096 needs 16384 tokens of KV cache", 2},
                 {new String[] {"bench-serve", "--synthetic", "tiny", "--mode", "prefix", "-c", "128", "--kv-mem",
                         "1M"}, "--mode prefix's 2 x -c 128 needs 256 tokens of KV cache", 2},
-                {new String[] {"perplexity", "-m", "none.gguf", "-f", "none.txt", "-c", "0"}, "-c must be even", 2},
+                {new String[] {"perplexity", "-m", "none.gguf", "-f", "none.txt", "-c", "0"}, "-c must be at least 4", 2},
                 // picocli's own: the same one line, and where the options are listed
                 {new String[] {"bench", "-np", "x"}, "'x' is not an int (kvant bench --help lists the options)", 2},
                 // a synthetic model's weight format does not silently go with a model file

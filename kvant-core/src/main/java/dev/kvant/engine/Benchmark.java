@@ -44,10 +44,12 @@ public final class Benchmark {
         public String toJson(boolean quartiles) {
             String base = String.format(Locale.ROOT,
                     "{\"model\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"kv\":\"%s\",\"test\":\"%s\","
-                            + "\"depth\":%d,\"reps\":%d,\"tps_mean\":%.3f,\"tps_sd\":%.3f",
-                    escape(model), backend, threads, kv, test, depth, reps, tpsMean, tpsSd);
-            return quartiles ? base + String.format(Locale.ROOT, ",\"tps_median\":%.3f,\"tps_q1\":%.3f,"
-                    + "\"tps_q3\":%.3f}", quantile(0.5), quantile(0.25), quantile(0.75)) : base + "}";
+                            + "\"depth\":%d,\"reps\":%d,\"tps_mean\":%s,\"tps_sd\":%s",
+                    escape(model), backend, threads, kv, test, depth, reps, Perplexity.number(tpsMean, 3),
+                    Perplexity.number(tpsSd, 3));
+            return quartiles ? base + ",\"tps_median\":" + Perplexity.number(quantile(0.5), 3) + ",\"tps_q1\":"
+                    + Perplexity.number(quantile(0.25), 3) + ",\"tps_q3\":" + Perplexity.number(quantile(0.75), 3)
+                    + "}" : base + "}";
         }
 
         /**

@@ -25,13 +25,13 @@ public final class Perplexity {
 
         /** One JSON object; with {@code withChunks} also {@code "chunk_nll":[...]} (each to 9 decimals). */
         public String toJson(boolean withChunks) {
-            StringBuilder b = new StringBuilder(String.format(java.util.Locale.ROOT,
-                    "{\"ppl\":%.6f,\"ppl_err\":%.6f,\"chunks\":%d,\"ctx\":%d,\"tokens_scored\":%d",
-                    ppl, pplError, chunks, ctx, tokensScored));
+            StringBuilder b = new StringBuilder("{\"ppl\":").append(number(ppl, 6)).append(",\"ppl_err\":")
+                    .append(number(pplError, 6)).append(String.format(java.util.Locale.ROOT,
+                            ",\"chunks\":%d,\"ctx\":%d,\"tokens_scored\":%d", chunks, ctx, tokensScored));
             if (withChunks) {
                 b.append(",\"chunk_nll\":[");
                 for (int c = 0; c < chunkNll.length; c++) {
-                    b.append(c == 0 ? "" : ",").append(String.format(java.util.Locale.ROOT, "%.9f", chunkNll[c]));
+                    b.append(c == 0 ? "" : ",").append(number(chunkNll[c], 9));
                 }
                 b.append(']');
             }
@@ -42,6 +42,11 @@ public final class Perplexity {
     private Perplexity() {
     }
 
+    /** A JSON number to this many decimals; null for NaN or an infinity (a NaN logit), which JSON cannot hold. */
+    static String number(double v, int decimals) {
+        return Double.isFinite(v) ? String.format(java.util.Locale.ROOT, "%." + decimals + "f", v) : "null";
+    }
+
     /**
      * @param tokens    the whole tokenized text, BOS first when the vocabulary adds one
      * @param bos       BOS id, or -1 when the vocabulary adds none
@@ -50,17 +55,17 @@ public final class Perplexity {
      */
     public static Result evaluate(Session session, int[] tokens, int ctx, int bos, int maxChunks,
                                   IntConsumer progress) {
-        if (ctx < 4 || ctx % 2 != 0) {
-            throw new IllegalArgumentException("perplexity context must be even and at least 4, got " + ctx);
+        if (ctx < 4) {
+            throw new IllegalArgumentException("perplexity context must be at least 4, got " + ctx);
         }
         if (ctx > session.contextLength()) {
             throw new IllegalArgumentException("perplexity context " + ctx + " exceeds the session's context "
                     + session.contextLength());
         }
         int available = tokens.length / ctx;
-        if (available == 0) {
-            throw new IllegalArgumentException("the text has " + tokens.length + " tokens, fewer than one chunk of "
-                    + ctx + " (use a smaller -c or a longer file)");
+        if (tokens.length < 2 * ctx) {   // llama.cpp's rule
+            throw new IllegalArgumentException("the text has " + tokens.length + " tokens; perplexity at -c " + ctx
+                    + " needs at least 2 x " + ctx + " = " + 2 * ctx + " (use a smaller -c or a longer file)");
         }
         int chunks = maxChunks > 0 ? Math.min(maxChunks, available) : available;
         int vocab = session.model().config().vocabSize();

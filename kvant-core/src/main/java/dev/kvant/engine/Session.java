@@ -197,9 +197,12 @@ public final class Session implements AutoCloseable {
     public void prefillLogits(int[] tokens, int off, int n, LogitRows rows) {
         checkRoom(n);
         int vocab = backend.model().config().vocabSize();
-        float[] chunkLogits = new float[Math.toIntExact((long) Math.min(prefillChunk, n) * vocab)];
-        for (int done = 0; done < n; done += prefillChunk) {
-            int m = Math.min(prefillChunk, n - done);
+        // rows a call: the prefill chunk, or fewer where its logits would not fit one array (16K rows of a 152K
+        // vocabulary are 2.5G floats)
+        int step = Math.max(1, Math.min(prefillChunk, Integer.MAX_VALUE / vocab));
+        float[] chunkLogits = new float[Math.min(step, n) * vocab];
+        for (int done = 0; done < n; done += step) {
+            int m = Math.min(step, n - done);
             seq.forward(tokens, off + done, m, true, chunkLogits);
             rows.accept(done, m, chunkLogits);
         }

@@ -82,6 +82,9 @@ public sealed interface Tokenizer permits VocabularyTokenizer {
     /** Whether the model's {@code add_bos_token} flag asks for a BOS in front of every prompt. */
     boolean addBos();
 
+    /** Whether the model's {@code add_eos_token} flag asks for an EOS after every encoded text. */
+    boolean addEos();
+
     /**
      * Whether generation ends at this token: EOS, EOT, and tokens whose text is a common end-of-turn marker
      * ({@code <|eot_id|>}, {@code <|im_end|>}, {@code <end_of_turn>}, {@code <|endoftext|>}, ...) when present.

@@ -57,6 +57,11 @@ abstract sealed class VocabularyTokenizer implements Tokenizer permits BpeTokeni
     }
 
     @Override
+    public boolean addEos() {
+        return vocab.addEos;
+    }
+
+    @Override
     public boolean isEndOfGeneration(int id) {
         return vocab.isEndOfGeneration(id);
     }
