@@ -4,6 +4,7 @@ import dev.kvant.model.LlamaModel;
 import dev.kvant.tokenizer.ChatMessage;
 import dev.kvant.tokenizer.ChatTemplate;
 import dev.kvant.tokenizer.StreamDecoder;
+import dev.kvant.tokenizer.TokenType;
 import dev.kvant.tokenizer.Tokenizer;
 
 import java.nio.charset.StandardCharsets;
@@ -121,7 +122,9 @@ public sealed interface TextCodec {
             return new Detokenizer() {
                 @Override
                 public String feed(int id) {
-                    return d.feed(id);
+                    // a control token (a turn marker, <|python_tag|>, ...) is not text: left out of the reply, as
+                    // llama.cpp's server leaves special tokens out unless asked
+                    return tokenizer.tokenType(id) == TokenType.CONTROL ? "" : d.feed(id);
                 }
 
                 @Override
