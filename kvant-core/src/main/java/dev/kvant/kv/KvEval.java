@@ -14,7 +14,8 @@ import java.util.SplittableRandom;
  * <li>{@code ipErrRel} = √(Σ(⟨q,x⟩ - ⟨q,x̂⟩)² / Σ⟨q,x⟩²) over all pairs of rows and {@value #QUERIES} queries:
  * the RMS error of attention logits relative to their RMS. Queries are N(0, I) for {@code ipErrRel}, and for
  * {@code ipErrRelOutlierQ} N(0, diag(s²)) with s = {@value #OUTLIER_SCALE} on two RoPE channel pairs (i, i +
- * headDim/2) and 1 elsewhere, like the massive channels of real queries. For isotropic queries ipErrRel ≈
+ * headDim/2) and 1 elsewhere, like the massive channels of real queries — the two pairs where the rows themselves
+ * hold the most energy, since a model's queries and keys have their massive channels in the same places. For isotropic queries ipErrRel ≈
  * √mseRel; outlier queries weigh the error in those channels, which rotation spreads evenly and per-block
  * scaling does not.</li>
  * </ul>
@@ -76,7 +77,7 @@ public final class KvEval {
         return rows;
     }
 
-    private static float[] outlierScales(int headDim, SplittableRandom rnd) {
+    static float[] outlierScales(int headDim, SplittableRandom rnd) {
         float[] s = new float[headDim];
         java.util.Arrays.fill(s, 1f);
         int half = Math.max(1, headDim / 2);
@@ -85,6 +86,35 @@ public final class KvEval {
             s[c] = (float) OUTLIER_SCALE;
             if (c + half < headDim) {
                 s[c + half] = (float) OUTLIER_SCALE;
+            }
+        }
+        return s;
+    }
+
+    /**
+     * {@value #OUTLIER_SCALE} on the two RoPE channel pairs (i, i + headDim/2) with the most energy over the rows
+     * (the lower i of equal ones), 1 elsewhere.
+     */
+    static float[] rowOutlierScales(float[][] rows, int headDim) {
+        int half = Math.max(1, headDim / 2);
+        double[] energy = new double[half];
+        for (float[] row : rows) {
+            for (int i = 0; i < headDim; i++) {
+                energy[i % half] += (double) row[i] * row[i];
+            }
+        }
+        float[] s = new float[headDim];
+        java.util.Arrays.fill(s, 1f);
+        for (int p = 0; p < Math.min(2, half); p++) {
+            int best = -1;
+            for (int c = 0; c < half; c++) {
+                if (s[c] == 1f && (best < 0 || energy[c] > energy[best])) {
+                    best = c;
+                }
+            }
+            s[best] = (float) OUTLIER_SCALE;
+            if (best + half < headDim) {
+                s[best + half] = (float) OUTLIER_SCALE;
             }
         }
         return s;
@@ -170,7 +200,7 @@ public final class KvEval {
         SplittableRandom rnd = new SplittableRandom(seed);
         double[][] gaussQ = new double[QUERIES][headDim];
         double[][] outlierQ = new double[QUERIES][headDim];
-        float[] scales = outlierScales(headDim, rnd);
+        float[] scales = rowOutlierScales(rows, headDim);
         for (int q = 0; q < QUERIES; q++) {
             for (int i = 0; i < headDim; i++) {
                 gaussQ[q][i] = rnd.nextGaussian();

@@ -1,5 +1,6 @@
 package dev.kvant.kv;
 
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -20,6 +21,16 @@ class KvEvalTest {
      * For N(0, I) queries E⟨q, e⟩² = ‖e‖², so the squared RMS inner-product error equals the relative MSE up to
      * sampling (512 rows × 16 queries: about 2% relative; 15% allowed).
      */
+    /** The outlier queries weigh the channels where the rows carry their outliers, as a model's queries do. */
+    @Test
+    void outlierQueriesFallOnTheRowsOwnOutlierChannels() {
+        for (long seed : new long[] {1, 7, 42}) {
+            float[][] rows = KvEval.outlierRows(512, 128, seed);
+            float[] own = KvEval.outlierScales(128, new java.util.SplittableRandom(seed ^ 0x5DEECE66DL));
+            assertArrayEquals(own, KvEval.rowOutlierScales(rows, 128), "seed " + seed);
+        }
+    }
+
     @Test
     void gaussianQueryErrorIsTheSquareRootOfTheRelativeMse() {
         long seed = System.nanoTime();
