@@ -44,10 +44,11 @@ public final class CudaContext implements AutoCloseable {
                 driver.deviceGetAttribute(CudaDriver.ATTR_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device);
         this.totalMemory = driver.deviceTotalMem(device);
         this.driverVersion = driver.driverGetVersion();
+        // read before the context is retained: a bad value then leaves nothing behind
+        this.overlap = LaunchOverlap.fromEnvironment(System.getenv("KVANT_CUDA_OVERLAP"));
         this.handle = driver.devicePrimaryCtxRetain(device);
         this.defaultStream = CudaStream.legacyDefault(this);
         this.canOverlap = computeCapability.major() >= 9 && driver.canLaunchOverlapped();
-        this.overlap = LaunchOverlap.fromEnvironment(System.getenv("KVANT_CUDA_OVERLAP"));
         makeCurrent();
     }
 

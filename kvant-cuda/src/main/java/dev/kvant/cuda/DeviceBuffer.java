@@ -206,9 +206,9 @@ public final class DeviceBuffer implements AutoCloseable {
         context.driver().memsetD32Async(address, value, words, stream.handle());
     }
 
-    /** Frees an allocation of its own; retires a slice or pooled scratch. Idempotent. */
+    /** Frees an allocation of its own; retires a slice or pooled scratch. Idempotent, and safe from two threads. */
     @Override
-    public void close() {
+    public synchronized void close() {
         if (closed) {
             return;
         }

@@ -261,6 +261,12 @@ public final class KernelCache {
             temp = Files.createTempFile(directory, file.getFileName().toString(), ".tmp");
             Files.write(temp, bytes);
             try {
+                // a temporary file is the owner's alone; a cache directory shared between users must stay readable
+                Files.setPosixFilePermissions(temp, java.nio.file.attribute.PosixFilePermissions.fromString("rw-r--r--"));
+            } catch (UnsupportedOperationException e) {
+                // not a POSIX file system: its defaults apply
+            }
+            try {
                 Files.move(temp, file, StandardCopyOption.ATOMIC_MOVE, StandardCopyOption.REPLACE_EXISTING);
             } catch (AtomicMoveNotSupportedException e) {
                 Files.move(temp, file, StandardCopyOption.REPLACE_EXISTING);

@@ -44,6 +44,8 @@ public final class CudaAttention implements AutoCloseable {
     private static final int KV_GAINS = TurboFormat.gains().length;
     /** Query rows (query x head in group) of one prefill block (attention.cu PRE_ROWS). */
     static final int PREFILL_ROWS = 128;
+    /** The largest grid height CUDA launches. */
+    static final int MAX_GRID_Y = 65535;
 
     private final CudaContext context;
     private final AttentionShape shape;
@@ -145,6 +147,14 @@ public final class CudaAttention implements AutoCloseable {
                                        float scale, float sparseThreshold) {
         if (!(sparseThreshold >= 0f && sparseThreshold < 1f)) {
             throw new IllegalArgumentException("sparse-V threshold must be in [0, 1), got " + sparseThreshold);
+        }
+        // the prefill grid's height: every kv head's blocks of 128 query rows (a grid's y is at most 65535)
+        long prefillBlocks = (long) shape.kvHeads() * (((long) plan.maxPrefill() * shape.group() + PREFILL_ROWS - 1)
+                / PREFILL_ROWS);
+        if (prefillBlocks > MAX_GRID_Y) {
+            throw new IllegalArgumentException("a prefill chunk of " + plan.maxPrefill() + " tokens would launch "
+                    + prefillBlocks + " blocks of " + PREFILL_ROWS + " query rows, more than a grid holds ("
+                    + MAX_GRID_Y + "); use a smaller --prefill-chunk");
         }
         return new CudaAttention(context, cache, shape, plan, scale, sparseThreshold);
     }
