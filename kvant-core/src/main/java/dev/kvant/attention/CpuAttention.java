@@ -199,9 +199,9 @@ public final class CpuAttention {
             throw new IllegalArgumentException(heads + " query heads cannot share " + kvHeads
                     + " kv heads: the query head count must be a multiple of the kv head count");
         }
-        if (start + n > seq.length()) {
+        if (start + n > seq.layerLength(layer)) {   // a layer's own rows: another layer may be written further
             throw new IllegalArgumentException("attention for positions " + start + ".." + (start + n - 1)
-                    + " but the sequence holds keys and values for " + seq.length() + " positions");
+                    + " but layer " + layer + " holds keys and values for " + seq.layerLength(layer) + " positions");
         }
         int dK = cache.geometry().headDimK();
         int dV = cache.geometry().headDimV();

@@ -46,7 +46,7 @@ public final class KvSequence implements AutoCloseable {
     }
 
     /** How far a layer has been written (its rows [0, this) hold data). */
-    int layerLength(int layer) {
+    public int layerLength(int layer) {
         return layerLength[layer];
     }
 

@@ -61,9 +61,9 @@ public final class PageTopK {
                     + config.coarseTokens() + ") needs the sequence's key summaries for that size: call"
                     + " enableKeySummaries(" + b + ", " + config.coarseTokens() + ") first");
         }
-        if (start + n > seq.length()) {
+        if (start + n > seq.layerLength(layer)) {
             throw new IllegalArgumentException("selection for positions " + start + ".." + (start + n - 1)
-                    + " but the sequence holds " + seq.length() + " positions");
+                    + " but layer " + layer + " holds " + seq.layerLength(layer) + " positions");
         }
         int kvHeads = ks.kvHeads();
         out.reset(b, kvHeads, start, n);

@@ -162,6 +162,28 @@ class CpuAttentionTest {
         return formatsAndCentered().stream().map(KvFormat::name);
     }
 
+    /**
+     * A layer is read only as far as it is written: another layer being written further (the model writes and reads
+     * layer by layer) does not make this one's unwritten rows (an earlier sequence's bytes) readable.
+     */
+    @Test
+    void aLayerIsReadOnlyAsFarAsItIsWritten() {
+        try (dev.kvant.kv.KvCache cache = dev.kvant.kv.KvCache.forTokens(new dev.kvant.kv.KvGeometry(2, 1, 64, 64),
+                KvFormat.parse("f16"), KvFormat.parse("f16"), 16, 64)) {
+            dev.kvant.kv.KvSequence seq = cache.newSequence();
+            float[] rows = new float[10 * 64];
+            seq.writeRows(0, 0, 10, rows, 0, rows, 0);
+            seq.writeRows(1, 0, 5, rows, 0, rows, 0);
+            float[] q = new float[2 * 64];
+            float[] out = new float[2 * 64];
+            CpuAttention.attend(seq, 0, q, 1, 9, 2, 0.125f, out, POOL);
+            CpuAttention.attend(seq, 1, q, 1, 4, 2, 0.125f, out, POOL);
+            IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                    () -> CpuAttention.attend(seq, 1, q, 1, 9, 2, 0.125f, out, POOL));
+            assertTrue(e.getMessage().contains("layer 1 holds keys and values for 5 positions"), e.getMessage());
+        }
+    }
+
     @Test
     void mixedFormatsAndHeadSizesMatchReference() {
         String[][] cases = {{"q8_0", "turbo3", "128", "128"}, {"turbo4", "f16", "128", "64"}, {"turbo2", "q4_0h", "80", "96"},
