@@ -49,6 +49,9 @@ final class PartitionWorker {
     private static final int DT = CpuAttention.DENSE_TILE;
 
     private float[] kt = new float[0];
+    /** The row layout the key tile was last decoded in (its padding columns, dimK .. dpK, are zero for it). */
+    private int ktPadded = -1;
+    private int ktDim = -1;
     private float[] vt = new float[0];
     /** Blocked scores, then weights: one region of P·slots floats per kv head of the task. */
     private float[] scores = new float[0];
@@ -102,7 +105,13 @@ final class PartitionWorker {
     private void ensure(AttentionCall c, int slots, int heads) {
         if (kt.length < DT * heads * c.dpK) {
             kt = new float[DT * heads * c.dpK];
+        } else if (c.dpK != c.dimK && (c.dpK != ktPadded || c.dimK != ktDim)) {
+            // the decoders leave a row's padding columns alone and the scores multiply over them (by a zero query):
+            // what a call of another layout left there (a NaN, say) must not reach this one's scores
+            Arrays.fill(kt, 0f);
         }
+        ktPadded = c.dpK;
+        ktDim = c.dimK;
         if (offs.length < P * heads) {
             offs = new int[P * heads];
             tileOffs = new int[DT * heads];
