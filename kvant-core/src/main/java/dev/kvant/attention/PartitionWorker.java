@@ -67,6 +67,7 @@ final class PartitionWorker {
     private final float[] red = new float[16 * L];
     private final float[] sums = new float[L];
     private final float[] capScratch = new float[Softmax.SOFT_CAP_CHUNK];
+    private final float[] capSums = new float[Lanes.L];
     /** Per kv head of a task, the partition's tiles its selection list holds: bit t = rows [t·T, t·T + T). */
     private long[] masks = new long[0];
     private float[] pMax = new float[0];
@@ -315,7 +316,8 @@ final class PartitionWorker {
         int rows4 = (maxRows + 3) & ~3;
         for (int j = 0; j < heads; j++) {
             if (c.softCap > 0) {
-                Softmax.softCapInPlace(scores, j * region, j * region + rows4 * slots, c.softCap, capScratch);
+                Softmax.softCapInPlace(scores, j * region, j * region + rows4 * slots, c.softCap, capScratch,
+                        capSums);
             }
             softmax(slots, rows4, c.sparseV, j * region, max, sum, base + j * headStride);
         }
@@ -443,7 +445,7 @@ final class PartitionWorker {
                     int ts = Long.numberOfTrailingZeros(m) * T;
                     int to = Math.min(ts + T, rows4);
                     Softmax.softCapInPlace(scores, j * region + ts * slots, j * region + to * slots, c.softCap,
-                            capScratch);
+                            capScratch, capSums);
                 }
             }
             softmaxSelected(slots, rows4, masks[j], c.sparseV, j * region, max, sum, base + j * headStride);

@@ -32,12 +32,22 @@ final class Softmax {
     private Softmax() {
     }
 
-    /** a[at] = exp(a[at]) for L floats at each of count places from {@code from}, stride apart. */
-    static void expInPlace(float[] a, int from, int stride, int count) {
-        float[] zero = new float[Lanes.L];
-        int[] open = new int[Lanes.L];
-        java.util.Arrays.fill(open, Integer.MAX_VALUE);
-        weights(a, from, stride, count, zero, open, 0, new float[Lanes.L]);
+    /** No shift, and no lane masked: {@link #expInPlace}'s arguments to {@link #weights} (read only). */
+    private static final float[] NO_SHIFT = new float[Lanes.L];
+    private static final int[] NO_LIMIT = filled(Integer.MAX_VALUE);
+
+    private static int[] filled(int v) {
+        int[] a = new int[Lanes.L];
+        java.util.Arrays.fill(a, v);
+        return a;
+    }
+
+    /**
+     * a[at] = exp(a[at]) for L floats at each of count places from {@code from}, stride apart; {@code sums}, L floats,
+     * takes the lane sums (scratch: a call allocates nothing).
+     */
+    static void expInPlace(float[] a, int from, int stride, int count, float[] sums) {
+        weights(a, from, stride, count, NO_SHIFT, NO_LIMIT, 0, sums);
     }
 
     /**
@@ -112,16 +122,16 @@ final class Softmax {
     /**
      * a[i] = cap·tanh(a[i]/cap) for i in [from, to) (a multiple of L long), through {@code tanh|x| = (1 - e)/(1 + e)}
      * with {@code e = exp(-2|x|)}, which cannot overflow. Near 0 the subtraction loses relative precision (about
-     * 1e-7/|x|), far below a score's own rounding. tmp: scratch of {@link #SOFT_CAP_CHUNK} floats.
+     * 1e-7/|x|), far below a score's own rounding. tmp: scratch of {@link #SOFT_CAP_CHUNK} floats; sums: of L.
      */
-    static void softCapInPlace(float[] a, int from, int to, float cap, float[] tmp) {
+    static void softCapInPlace(float[] a, int from, int to, float cap, float[] tmp, float[] sums) {
         float inv = 1f / cap;
         for (int c = from; c < to; c += SOFT_CAP_CHUNK) {
             int n = Math.min(SOFT_CAP_CHUNK, to - c);
             for (int i = 0; i < n; i += Lanes.L) {
                 FloatVector.fromArray(F, a, c + i).mul(inv).abs().mul(-2f).intoArray(tmp, i);
             }
-            expInPlace(tmp, 0, Lanes.L, n / Lanes.L);
+            expInPlace(tmp, 0, Lanes.L, n / Lanes.L, sums);
             for (int i = 0; i < n; i += Lanes.L) {
                 FloatVector e = FloatVector.fromArray(F, tmp, i);
                 FloatVector t = FloatVector.broadcast(F, 1f).sub(e).div(e.add(1f));

@@ -19,7 +19,7 @@ class SoftmaxTest {
                 x[j] = (float) (-90 + rnd.nextDouble() * 100);
             }
             System.arraycopy(x, 0, v, 0, x.length);
-            Softmax.expInPlace(v, 0, Lanes.L, 1);
+            Softmax.expInPlace(v, 0, Lanes.L, 1, new float[Lanes.L]);
             for (int j = 0; j < x.length; j++) {
                 float s = Softmax.exp(x[j]);
                 assertEquals(Float.floatToRawIntBits(s), Float.floatToRawIntBits(v[j]), "exp(" + x[j] + ") seed " + SEED);
@@ -45,7 +45,7 @@ class SoftmaxTest {
                 x[j] = (float) (rnd.nextGaussian() * 40);
             }
             System.arraycopy(x, 0, y, 0, x.length);
-            Softmax.softCapInPlace(y, 0, y.length, 30f, new float[Softmax.SOFT_CAP_CHUNK]);
+            Softmax.softCapInPlace(y, 0, y.length, 30f, new float[Softmax.SOFT_CAP_CHUNK], new float[Lanes.L]);
             for (int j = 0; j < x.length; j++) {
                 double want = 30 * Math.tanh(x[j] / 30.0);
                 assertEquals(want, y[j], 1e-5 * 30, "softcap(" + x[j] + ") seed " + SEED);
