@@ -56,6 +56,31 @@ public final class KernelCache {
         this.directory = directory;
         this.compiler = compiler;
         this.driverVersion = driverVersion;
+        removeStaleTemporaries(directory);
+    }
+
+    /** How old a writer's temporary file must be to count as left behind by a process that died writing it. */
+    static final java.time.Duration STALE_TEMPORARY = java.time.Duration.ofHours(1);
+
+    /** Deletes the temporary files writers that died left in the directory (best effort; younger ones may be live). */
+    private static void removeStaleTemporaries(Path directory) {
+        if (!Files.isDirectory(directory)) {
+            return;
+        }
+        long before = System.currentTimeMillis() - STALE_TEMPORARY.toMillis();
+        try (var files = Files.newDirectoryStream(directory, "*.tmp")) {
+            for (Path f : files) {
+                try {
+                    if (Files.getLastModifiedTime(f).toMillis() < before) {
+                        Files.deleteIfExists(f);
+                    }
+                } catch (IOException e) {
+                    // another process's file, or gone already: not this cache's business
+                }
+            }
+        } catch (IOException e) {
+            LOG.log(System.Logger.Level.DEBUG, "kernel cache directory " + directory + " not listed: " + e);
+        }
     }
 
     /** The cache in {@link #defaultDirectory()}, compiling with NVRTC, for {@code context}'s driver. */

@@ -18,6 +18,7 @@ import java.util.stream.Stream;
 
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNotEquals;
 import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
@@ -81,6 +82,30 @@ class KernelCacheTest {
         KernelCache afterRestart = new KernelCache(dir, compiler, 13000);
         assertArrayEquals(first, afterRestart.cubin(SOURCE, "sm_90"), "seed " + seed);
         assertEquals(1, compiler.calls, "a new process reuses the file; seed " + seed);
+    }
+
+    /**
+     * Cache files are readable by the directory's other users (a shared cache), and temporary files a writer that
+     * died left behind are removed when a cache opens, younger ones (a live writer's) kept.
+     */
+    @Test
+    void filesAreReadableByOthersAndStaleTemporariesAreRemoved(@TempDir Path dir) throws IOException {
+        FakeCompiler compiler = new FakeCompiler("fake 1.0", 1);
+        KernelCache cache = new KernelCache(dir, compiler, 13000);
+        cache.cubin(SOURCE, "sm_90");
+        Path file = dir.resolve(cache.key(SOURCE, "sm_90", KernelCache.options("sm_90", Map.of())).fileName());
+        org.junit.jupiter.api.Assumptions.assumeTrue(dir.getFileSystem().supportedFileAttributeViews().contains("posix"),
+                "not a POSIX file system");
+        assertEquals("rw-r--r--", java.nio.file.attribute.PosixFilePermissions.toString(
+                Files.getPosixFilePermissions(file)));
+        Path stale = Files.writeString(dir.resolve("x.cubin123.tmp"), "half");
+        Files.setLastModifiedTime(stale, java.nio.file.attribute.FileTime.fromMillis(
+                System.currentTimeMillis() - KernelCache.STALE_TEMPORARY.toMillis() - 60_000));
+        Path live = Files.writeString(dir.resolve("y.cubin456.tmp"), "being written");
+        new KernelCache(dir, compiler, 13000);
+        assertFalse(Files.exists(stale), "a temporary older than an hour is removed");
+        assertTrue(Files.exists(live), "a young one may be another process's, still writing");
+        assertTrue(Files.exists(file));
     }
 
     @Test
