@@ -1,5 +1,7 @@
 package dev.kvant.sample;
 
+import dev.kvant.tensor.Exp;
+
 import java.util.Arrays;
 import java.util.SplittableRandom;
 
@@ -12,7 +14,7 @@ public final class Sampler {
     private int recentCount;
     private int recentHead;
     /** The weights of a draw over the whole vocabulary, reused. */
-    private double[] weights = new double[0];
+    private float[] weights = new float[0];
 
     public Sampler(SamplerConfig config) {
         this.config = config;
@@ -64,9 +66,15 @@ public final class Sampler {
         // that much (every one below it is smaller than every one above).
         double sum = 0;   // the probability mass of the whole vocabulary, in id order
         if (config.topP() < 1f) {
+            if (weights.length < vocab) {
+                weights = new float[vocab];
+            }
+            Exp.expScaled(logits, max, 1f, weights, vocab);
             for (int i = 0; i < vocab; i++) {
-                float l = logits[i];
-                sum += Float.isNaN(l) ? 0 : Math.exp(l - max);
+                float w = weights[i];
+                if (w > 0) {
+                    sum += w;
+                }
             }
         }
         double minCut = config.minP() > 0f ? max + Math.log(config.minP()) : Double.NEGATIVE_INFINITY;
@@ -116,29 +124,32 @@ public final class Sampler {
         return ids;
     }
 
-    /** Temperature alone: the weights of the ids in one pass (kept for the draw), then a walk to the draw. */
+    /**
+     * Temperature alone: the weights of all ids in one vector pass (the kernels' float exponential, kept for the
+     * draw), their total in id order (in double), then a walk to the draw.
+     */
     private int drawInIdOrder(float[] logits, int vocab, float max) {
         if (weights.length < vocab) {
-            weights = new double[vocab];
+            weights = new float[vocab];
         }
-        double invT = 1.0 / config.temperature();
+        Exp.expScaled(logits, max, (float) (1.0 / config.temperature()), weights, vocab);
         double total = 0;
         for (int i = 0; i < vocab; i++) {
-            float l = logits[i];
-            double w = Float.isNaN(l) ? 0 : Math.exp((l - max) * invT);
-            weights[i] = w;
-            total += w;
+            float w = weights[i];
+            if (w > 0) {   // a NaN logit's NaN weight is no weight
+                total += w;
+            }
         }
         double r = random.nextDouble() * total;
         int last = 0;
         for (int i = 0; i < vocab; i++) {
-            double w = weights[i];
+            float w = weights[i];
             if (w > 0) {
                 last = i;
-            }
-            r -= w;
-            if (r < 0) {
-                return i;
+                r -= w;
+                if (r < 0) {
+                    return i;
+                }
             }
         }
         return last;

@@ -96,4 +96,42 @@ public final class Exp {
             gate[i] = g / (1f + exp(-g)) * up[i];
         }
     }
+
+    /**
+     * {@code dst[i] = exp((src[i] - shift) * scale)} for i in [0, n): {@link #exp}'s operations in lanes, so every
+     * element gets the scalar's bits (a NaN source gives NaN). The sampler's weights over a whole vocabulary.
+     */
+    public static void expScaled(float[] src, float shift, float scale, float[] dst, int n) {
+        FloatVector one = FloatVector.broadcast(F, 1f);
+        FloatVector hi = FloatVector.broadcast(F, -LN2_HI);
+        FloatVector lo = FloatVector.broadcast(F, -LN2_LO);
+        FloatVector c7 = FloatVector.broadcast(F, C7);
+        FloatVector c6 = FloatVector.broadcast(F, C6);
+        FloatVector c5 = FloatVector.broadcast(F, C5);
+        FloatVector c4 = FloatVector.broadcast(F, C4);
+        FloatVector c3 = FloatVector.broadcast(F, C3);
+        FloatVector c2 = FloatVector.broadcast(F, C2);
+        int i = 0;
+        for (; i + L <= n; i += L) {
+            FloatVector x = FloatVector.fromArray(F, src, i).sub(shift).mul(scale);
+            FloatVector xc = x.min(OVERFLOW);
+            FloatVector k = xc.mul(LOG2E).add(RINT).sub(RINT);
+            FloatVector r = k.fma(hi, xc);
+            r = k.fma(lo, r);
+            FloatVector p = r.fma(c7, c6);
+            p = p.fma(r, c5);
+            p = p.fma(r, c4);
+            p = p.fma(r, c3);
+            p = p.fma(r, c2);
+            p = p.fma(r, one);
+            p = p.fma(r, one);
+            IntVector e = (IntVector) k.convert(VectorOperators.F2I, 0);
+            VectorMask<Float> under = x.compare(VectorOperators.LT, UNDERFLOW);
+            p.reinterpretAsInts().add(e.lanewise(VectorOperators.LSHL, 23)).reinterpretAsFloats().blend(0f, under)
+                    .intoArray(dst, i);
+        }
+        for (; i < n; i++) {
+            dst[i] = exp((src[i] - shift) * scale);
+        }
+    }
 }

@@ -48,4 +48,30 @@ class ExpTest {
         }
         assertEquals(95f * up[2], vector[2]);
     }
+
+    /** The sampler's weights: every lane gives the scalar's bits, a NaN stays NaN, -inf and far below give 0. */
+    @Test
+    void expScaledLanesGiveTheScalarsBits() {
+        SplittableRandom rnd = new SplittableRandom(SEED);
+        int n = 9 * Lanes.L + 3;
+        float[] src = new float[n];
+        for (int i = 0; i < n; i++) {
+            src[i] = (float) (rnd.nextGaussian() * 40);
+        }
+        src[1] = Float.NaN;
+        src[2] = Float.NEGATIVE_INFINITY;
+        src[3] = -1e30f;
+        src[4] = 1e30f;
+        src[n - 1] = Float.NaN;
+        float shift = 12.5f;
+        float scale = 0.7f;
+        float[] dst = new float[n];
+        Exp.expScaled(src, shift, scale, dst, n);
+        for (int i = 0; i < n; i++) {
+            float want = Exp.exp((src[i] - shift) * scale);
+            assertEquals(Float.floatToIntBits(want), Float.floatToIntBits(dst[i]), "element " + i + ": " + src[i]);
+        }
+        assertEquals(0f, dst[2]);
+        assertEquals(0f, dst[3]);
+    }
 }
