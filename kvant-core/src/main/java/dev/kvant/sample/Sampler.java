@@ -3,6 +3,10 @@ package dev.kvant.sample;
 import dev.kvant.tensor.Exp;
 
 import java.util.Arrays;
+import jdk.incubator.vector.FloatVector;
+import jdk.incubator.vector.VectorMask;
+import jdk.incubator.vector.VectorOperators;
+import jdk.incubator.vector.VectorSpecies;
 import java.util.SplittableRandom;
 
 /** Picks the next token from logits under a {@link SamplerConfig}; deterministic for a given seed. */
@@ -225,12 +229,34 @@ public final class Sampler {
         if (keep * 8L < vocab) {
             long[] heap = new long[keep];
             int size = 0;
-            for (int i = 0; i < vocab; i++) {
+            int i = 0;
+            for (; i < vocab && size < keep; i++) {
+                heap[size] = key(logits[i], i);
+                siftUp(heap, size++);
+            }
+            // Past the first keep ids, only a logit above the heap's least can enter (an equal one comes with a
+            // higher id, which ranks below it; a NaN ranks below every number): whole vectors of smaller logits are
+            // passed over with one comparison, and the keys decide for the lanes that pass.
+            int least = leastId(heap);
+            for (; i + LANES <= vocab; i += LANES) {
+                FloatVector v = FloatVector.fromArray(SPECIES, logits, i);
+                float thr = logits[least];
+                VectorMask<Float> pass = Float.isNaN(thr) ? v.compare(VectorOperators.EQ, v)
+                        : v.compare(VectorOperators.GT, thr);
+                if (pass.anyTrue()) {
+                    for (int j = i; j < i + LANES; j++) {
+                        long key = key(logits[j], j);
+                        if (key > heap[0]) {
+                            heap[0] = key;
+                            siftDown(heap, keep);
+                            least = leastId(heap);
+                        }
+                    }
+                }
+            }
+            for (; i < vocab; i++) {
                 long key = key(logits[i], i);
-                if (size < keep) {
-                    heap[size] = key;
-                    siftUp(heap, size++);
-                } else if (key > heap[0]) {
+                if (key > heap[0]) {
                     heap[0] = key;
                     siftDown(heap, keep);
                 }
@@ -248,6 +274,14 @@ public final class Sampler {
             ids[i] = (int) (0xFFFFFFFFL - (top[top.length - 1 - i] & 0xFFFFFFFFL));
         }
         return ids;
+    }
+
+    private static final VectorSpecies<Float> SPECIES = FloatVector.SPECIES_PREFERRED;
+    private static final int LANES = SPECIES.length();
+
+    /** The id of the least of a heap of keys ({@link #key}). */
+    private static int leastId(long[] heap) {
+        return (int) (0xFFFFFFFFL - (heap[0] & 0xFFFFFFFFL));
     }
 
     /**

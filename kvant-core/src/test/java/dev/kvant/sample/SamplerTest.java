@@ -18,7 +18,15 @@ class SamplerTest {
         for (int i = 0; i < vocab; i++) {
             order[i] = i;
         }
-        Arrays.sort(order, (a, b) -> logits[a] != logits[b] ? Float.compare(logits[b], logits[a]) : a - b);
+        // larger first, -0 equal to +0, a NaN below every number, then the lower id
+        Arrays.sort(order, (a, b) -> {
+            float x = logits[a];
+            float y = logits[b];
+            if (Float.isNaN(x) || Float.isNaN(y)) {
+                return Float.isNaN(x) == Float.isNaN(y) ? a - b : Float.isNaN(x) ? 1 : -1;
+            }
+            return x != y ? Float.compare(y, x) : a - b;
+        });
         int[] r = new int[keep];
         for (int i = 0; i < keep; i++) {
             r[i] = order[i];
@@ -61,13 +69,16 @@ class SamplerTest {
     void candidatesAreTheLargestLogitsInOrderWithTiesToTheLowerId() {
         long seed = new SplittableRandom().nextLong();
         SplittableRandom r = new SplittableRandom(seed);
-        for (int vocab : new int[] {1, 7, 300, 5000}) {
+        for (int vocab : new int[] {1, 7, 300, 5000, 100_003}) {
             float[] logits = new float[vocab];
             for (int i = 0; i < vocab; i++) {
-                // few distinct values (many ties), both signs, and both zeros
-                logits[i] = switch (r.nextInt(8)) {
-                    case 0 -> 0f;
-                    case 1 -> -0f;
+                // few distinct values (many ties), both signs, both zeros, now and then a NaN or an infinity
+                logits[i] = switch (r.nextInt(40)) {
+                    case 0, 1, 2, 3, 4 -> 0f;
+                    case 5, 6, 7, 8, 9 -> -0f;
+                    case 10 -> Float.NaN;
+                    case 11 -> Float.NEGATIVE_INFINITY;
+                    case 12 -> r.nextInt(20) == 0 ? Float.POSITIVE_INFINITY : 1f;
                     default -> (float) Math.round(r.nextGaussian() * 4) / 2;
                 };
             }
