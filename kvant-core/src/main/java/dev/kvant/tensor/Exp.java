@@ -99,7 +99,9 @@ public final class Exp {
 
     /**
      * {@code dst[i] = exp((src[i] - shift) * scale)} for i in [0, n): {@link #exp}'s operations in lanes, so every
-     * element gets the scalar's bits (a NaN source gives NaN). The sampler's weights over a whole vocabulary.
+     * element gets the scalar's bits (a NaN source gives NaN). The sampler's weights over a whole vocabulary. The
+     * polynomial is written out again, as in {@link #swiglu}, for the reason given there (a shared vector helper
+     * was left un-inlined by C2 in some callers, boxing every vector).
      */
     public static void expScaled(float[] src, float shift, float scale, float[] dst, int n) {
         FloatVector one = FloatVector.broadcast(F, 1f);
