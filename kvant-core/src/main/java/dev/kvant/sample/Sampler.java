@@ -3,11 +3,11 @@ package dev.kvant.sample;
 import dev.kvant.tensor.Exp;
 
 import java.util.Arrays;
+import java.util.SplittableRandom;
 import jdk.incubator.vector.FloatVector;
 import jdk.incubator.vector.VectorMask;
 import jdk.incubator.vector.VectorOperators;
 import jdk.incubator.vector.VectorSpecies;
-import java.util.SplittableRandom;
 
 /** Picks the next token from logits under a {@link SamplerConfig}; deterministic for a given seed. */
 public final class Sampler {
@@ -87,7 +87,7 @@ public final class Sampler {
             double floor = Math.max(max - gap, minCut);
             order = above(logits, vocab, floor);
             if (floor == minCut || config.topP() >= 1f || floor == Double.NEGATIVE_INFINITY
-                    || order.length == vocab || reaches(logits, order, max, config.topP() * sum)) {
+                    || order.length == vocab || reaches(order, weights, config.topP() * sum)) {
                 break;
             }
             if (gap > 1e6) {
@@ -98,11 +98,14 @@ public final class Sampler {
         return draw(logits, order, sum);
     }
 
-    /** Whether the probability mass of {@code order} (largest first) reaches {@code target}. */
-    private static boolean reaches(float[] logits, int[] order, float max, double target) {
+    /**
+     * Whether the probability mass of {@code order} reaches {@code target}: its weights (exp(l - max), as the
+     * vocabulary's total was summed) added up.
+     */
+    private static boolean reaches(int[] order, float[] weights, double target) {
         double mass = 0;
         for (int id : order) {
-            mass += Math.exp(logits[id] - max);
+            mass += weights[id];
         }
         return mass >= target;
     }
