@@ -46,14 +46,7 @@ public record LlamaWeights(WeightMatrix tokenEmbedding, float[] outputNorm, Weig
                     + f.tensors().size() + " tensors");
         }
         f.requireTensor("blk." + (c.layers() - 1) + ".attn_norm.weight");
-        // biases the architecture does not add would be dropped, and the logits silently wrong
-        for (String bias : new String[] {"attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias"}) {
-            boolean expected = c.qkvBias() && !bias.equals("attn_output.bias");
-            if (!expected && f.tensor("blk.0." + bias).isPresent()) {
-                throw new GgufException("GGUF " + f.name() + ": blk.0." + bias + " is present but a " + c.architecture()
-                        + " model adds no such bias here (a converted file of another family?); not supported");
-            }
-        }
+        checkNothingElse(f, c);
         if (embedding.cols() != c.dim()) {
             throw new GgufException("GGUF " + f.name() + ": token_embd.weight has rows of " + embedding.cols()
                     + " values, but embedding_length is " + c.dim());
@@ -77,16 +70,15 @@ public record LlamaWeights(WeightMatrix tokenEmbedding, float[] outputNorm, Weig
                     matrix(f, p + "ffn_up.weight", c.ffnDim(), c.dim()),
                     matrix(f, p + "ffn_down.weight", c.dim(), c.ffnDim()));
         }
-        checkNothingElse(f, c);
         Optional<GgufTensorInfo> out = f.tensor("output.weight");
         WeightMatrix output = out.isPresent() ? matrix(f, "output.weight", c.vocabSize(), c.dim()) : embedding;
         return new LlamaWeights(embedding, vector(f, "output_norm.weight", c.dim()), output, layers, ropeFreqFactors);
     }
 
     /**
-     * Refuses a tensor the model would not use (a bias of the feed-forward or output layer, say, which llama.cpp adds
-     * where a file has it): dropped, it would leave the logits silently wrong. llama.cpp refuses a file whose tensor
-     * count differs from what it loads, too.
+     * Refuses a tensor the model would not use (a bias the architecture does not add, in any block, which llama.cpp
+     * adds where a file has it): dropped, it would leave the logits silently wrong. llama.cpp refuses a file whose
+     * tensor count differs from what it loads, too. Checked before anything is sized by the file.
      */
     private static void checkNothingElse(GgufFile f, ModelConfig c) {
         java.util.Set<String> used = new java.util.HashSet<>(List.of("token_embd.weight", "output_norm.weight",
@@ -106,9 +98,10 @@ public record LlamaWeights(WeightMatrix tokenEmbedding, float[] outputNorm, Weig
         }
         for (GgufTensorInfo t : f.tensors()) {
             if (!used.contains(t.name())) {
-                throw new GgufException("GGUF " + f.name() + ": tensor '" + t.name() + "' is not part of a "
-                        + c.architecture() + " model of " + c.layers() + " blocks as kvant computes it (it would be"
-                        + " dropped and the logits wrong); not supported");
+                throw new GgufException("GGUF " + f.name() + ": " + t.name() + " is present but a "
+                        + c.architecture() + " model of " + c.layers() + " blocks as kvant computes it has no such"
+                        + " tensor (a converted file of another family? dropped, it would leave the logits wrong);"
+                        + " not supported");
             }
         }
     }
