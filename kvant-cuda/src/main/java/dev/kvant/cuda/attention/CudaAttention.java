@@ -621,7 +621,7 @@ public final class CudaAttention implements AutoCloseable {
         final int decodeShared;
         final int decodeThreads;
         final Scratch decodeScratch;
-        private Scratch prefillScratch;
+        final Scratch prefillScratch;
 
         Selector(SelectionConfig config, int split) {
             this.config = config;
@@ -678,6 +678,19 @@ public final class CudaAttention implements AutoCloseable {
                 }
                 throw e;
             }
+            // selected prefill's scratch made now, not at the first chunk, so that the KV cache's fit check (which
+            // comes after) counts it; splits of 256 list tokens keep its partials small
+            int qb = dev.kvant.select.Selection.QUERY_BLOCK;
+            try {
+                this.prefillScratch = plan.maxPrefill() == 0 ? null
+                        : new Scratch(this, PREFILL_GROUP, qb, 256, (plan.maxPrefill() + qb - 1) / qb);
+            } catch (RuntimeException e) {
+                decodeScratch.close();
+                if (own != null) {
+                    own.close();
+                }
+                throw e;
+            }
         }
 
         /**
@@ -700,11 +713,10 @@ public final class CudaAttention implements AutoCloseable {
             return true;
         }
 
-        /** The scratch of selected prefill, made on first use: splits of 256 list tokens keep its partials small. */
+        /** The scratch of selected prefill (made with the selection when the plan has prefill chunks). */
         Scratch prefillScratch() {
             if (prefillScratch == null) {
-                int qb = dev.kvant.select.Selection.QUERY_BLOCK;
-                prefillScratch = new Scratch(this, PREFILL_GROUP, qb, 256, (plan.maxPrefill() + qb - 1) / qb);
+                throw new IllegalStateException("selected prefill in an attention planned without prefill chunks");
             }
             return prefillScratch;
         }

@@ -8,6 +8,7 @@ import dev.kvant.cuda.CublasLt;
 import dev.kvant.cuda.CudaContext;
 import dev.kvant.cuda.CudaDataType;
 import dev.kvant.cuda.CudaEvent;
+import dev.kvant.cuda.CudaGraph;
 import dev.kvant.cuda.CudaStream;
 import dev.kvant.cuda.DeviceBuffer;
 import dev.kvant.cuda.DeviceCopy;
@@ -474,6 +475,7 @@ public final class CudaBackend implements Backend {
         if (out != null && out.length < (long) n * vocab) {
             throw new IllegalArgumentException("a logits array of " + out.length + " floats for " + n + " rows");
         }
+        decodeGraphs(s[0].pool, n);
         takePages(s);
         int[] ids = new int[n];
         for (int from = 0; from < n; from += options.maxBatch()) {
@@ -544,6 +546,26 @@ public final class CudaBackend implements Backend {
         }
     }
 
+    /**
+     * Every decode graph a batch of n sequences takes (groups of maxBatch and the rest, each stage), captured now if
+     * not yet: a batch run as several groups cannot fail on a graph after its first groups were queued and counted in
+     * (which a retry of the step would write a second time).
+     */
+    private void decodeGraphs(KvPool pool, int n) {
+        for (int from = 0; from < n; from += options.maxBatch()) {
+            int m = Math.min(options.maxBatch(), n - from);
+            for (KvPool.Part part : pool.parts()) {
+                decodeGraph(part, m);
+            }
+        }
+    }
+
+    /** The decode graph of a stage's part for batches of m sequences (captured at first use). */
+    private static CudaGraph decodeGraph(KvPool.Part part, int m) {
+        Stage st = part.stage();
+        return KvPool.graph(part, m, () -> st.decodeLaunches(part, m));
+    }
+
     /** As many decode steps as there are stages: while one stage runs a batch's layers, the next runs another's. */
     @Override
     public int pipelineDepth() {
@@ -577,6 +599,7 @@ public final class CudaBackend implements Backend {
                     + "depth); await one before starting another");
         }
         landing.reserve(n, logits != null);   // before any work is queued: a failure here changes nothing
+        decodeGraphs(s[0].pool, n);            // nor here (a graph that cannot be made fails the step before any of it)
         takePages(s);                           // nor here: no page is taken unless all are
         Stage last = stages[stages.length - 1];
         for (int from = 0; from < n; from += options.maxBatch()) {
@@ -844,7 +867,7 @@ public final class CudaBackend implements Backend {
         for (int i = 0; i < parts.size(); i++) {
             KvPool.Part part = parts.get(i);
             Stage st = part.stage();
-            KvPool.graph(part, n, () -> st.decodeLaunches(part, n)).launch(st.stream);
+            decodeGraph(part, n).launch(st.stream);
             if (!st.last) {
                 st.sendHidden(parts.get(i + 1).stage(), n);
             }

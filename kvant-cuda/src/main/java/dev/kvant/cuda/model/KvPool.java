@@ -85,18 +85,11 @@ final class KvPool implements AutoCloseable {
                             + (selection == null ? 0 : CudaKvCache.summaryPageBytes(geometry, pageTokens,
                             selection.blockTokens(), selection.coarseTokens()));
                 }
-                long free = s.context.memoryInfo().free() - headroom;
-                if (pages * pageBytes > free) {
-                    throw new IllegalArgumentException(String.format(Locale.ROOT,
-                            "a %s KV cache of %d tokens needs %.2f GiB on %s (layers %d..%d); %.2f GiB are free "
-                                    + "after the weights (%d tokens fit; lower -c or --kv-mem, or split the layers "
-                                    + "over more GPUs)", formats.name(), pages * pageTokens,
-                            pages * pageBytes / 1073741824.0, s.context.deviceName(), s.from, s.to - 1,
-                            free / 1073741824.0, Math.max(0, free / pageBytes) * pageTokens));
-                }
-                CudaKvCache cache = CudaKvCache.allocate(s.context, geometry, local, pageTokens, (int) pages);
+                // the attention modules and their scratch (selection's included) first, so that the cache is
+                // sized by what they leave: a selected prefill's scratch is not allocated on first use
                 CudaAttention[] attentions = new CudaAttention[layers];
                 Map<AttentionShape, CudaAttention> byShape = new HashMap<>();
+                CudaKvCache cache = null;
                 DeviceBatch batch = null;
                 try {
                     for (int l = 0; l < layers; l++) {
@@ -114,6 +107,16 @@ final class KvPool implements AutoCloseable {
                     }
                     batch = DeviceBatch.allocate(s.context, Math.max(1, maxBatch),
                             (int) (((long) maxContext + pageTokens - 1) / pageTokens));
+                    long free = s.context.memoryInfo().free() - headroom;
+                    if (pages * pageBytes > free) {
+                        throw new IllegalArgumentException(String.format(Locale.ROOT,
+                                "a %s KV cache of %d tokens needs %.2f GiB on %s (layers %d..%d); %.2f GiB are free "
+                                        + "after the weights and the attention's scratch (%d tokens fit; lower -c or "
+                                        + "--kv-mem, or split the layers over more GPUs)", formats.name(),
+                                pages * pageTokens, pages * pageBytes / 1073741824.0, s.context.deviceName(), s.from,
+                                s.to - 1, free / 1073741824.0, Math.max(0, free / pageBytes) * pageTokens));
+                    }
+                    cache = CudaKvCache.allocate(s.context, geometry, local, pageTokens, (int) pages);
                     if (selection != null) {
                         cache.enableKeySummaries(selection.blockTokens(), selection.coarseTokens());
                     }
@@ -124,7 +127,9 @@ final class KvPool implements AutoCloseable {
                     for (CudaAttention a : byShape.values()) {
                         a.close();
                     }
-                    cache.close();
+                    if (cache != null) {
+                        cache.close();
+                    }
                     throw e;
                 }
                 parts.add(new Part(s, cache, attentions, batch, new CudaGraph[maxBatch + 1]));
