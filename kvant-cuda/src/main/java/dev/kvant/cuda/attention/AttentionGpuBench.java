@@ -9,6 +9,7 @@ import dev.kvant.cuda.DeviceCopy;
 import dev.kvant.cuda.KernelCache;
 import dev.kvant.kv.KvFormat;
 import dev.kvant.kv.KvGeometry;
+import dev.kvant.kv.PageMeanFormat;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;
@@ -32,7 +33,9 @@ import java.util.SplittableRandom;
  * of scripts/gpu-sdpa-baseline.py;</li>
  * <li>quantize-on-write: K+V rows per second per format.</li>
  * </ul>
- * The cache is filled on the device (normal data through the quantize kernel), pages shuffled over the pool.
+ * The cache is filled on the device (normal data through the quantize kernel), pages shuffled over the pool. A
+ * format with keys centered on their page's mean ({@code turbo3+mean}) has the same values without them (turbo3),
+ * and its prefill rows run where its base format's do.
  *
  * <pre>java --add-modules jdk.incubator.vector --enable-native-access=ALL-UNNAMED \
  *   -cp kvant-cuda.jar:kvant-core.jar dev.kvant.cuda.attention.AttentionGpuBench [format,...] [prefill=L,L,...]</pre>
@@ -126,7 +129,7 @@ public final class AttentionGpuBench {
     }
 
     static AttentionShape shape(KvFormat f) {
-        return new AttentionShape(new KvGeometry(1, KV_HEADS, D, D), HEADS, f, f, PAGE_TOKENS);
+        return new AttentionShape(new KvGeometry(1, KV_HEADS, D, D), HEADS, f, PageMeanFormat.rows(f), PAGE_TOKENS);
     }
 
     private static void run(CudaContext context, KernelCache cache, CudaStream stream, KvFormat f, double copy,
@@ -135,17 +138,20 @@ public final class AttentionGpuBench {
         int pagesPerSeq = sizes.tokens() / PAGE_TOKENS;
         int pages = sizes.batch() * pagesPerSeq;
         int[] perm = shuffled(pages, 42);
-        boolean prefill = List.of("f16", "turbo3", "turbo2", "q8_0", "turbo4", "q4_0h").contains(f.name());
+        boolean prefill = List.of("f16", "turbo3", "turbo2", "q8_0", "turbo4", "q4_0h")
+                .contains(PageMeanFormat.rows(f).name());
         int maxPrefill = prefill ? sizes.prefill()[sizes.prefill().length - 1] : 0;
-        try (CudaKvCache kv = CudaKvCache.allocate(context, shape.geometry(), f, f, PAGE_TOKENS, pages);
+        try (CudaKvCache kv = CudaKvCache.allocate(context, shape.geometry(), f, shape.vFormat(), PAGE_TOKENS, pages);
              CudaAttention writer = CudaAttention.create(context, cache, shape,
                      AttentionPlan.of(sizes.batch(), 1, sizes.tokens(), maxPrefill));
              DeviceBatch batch = DeviceBatch.allocate(context, sizes.batch(), pagesPerSeq);
              DeviceBuffer k = context.allocate(4L * CHUNK * KV_HEADS * D);
              DeviceBuffer v = context.allocate(4L * CHUNK * KV_HEADS * D);
              DeviceBuffer slots = context.allocate(4L * CHUNK);
+             DeviceBuffer prevPages = context.allocate(4L * CHUNK);
              Arena arena = Arena.ofConfined()) {
             MemorySegment hostSlots = arena.allocate(4L * CHUNK, 16);
+            MemorySegment hostPrev = arena.allocate(4L * CHUNK, 16);
             // ---- fill the cache (and time the quantize kernel on the first chunk)
             long n = (long) CHUNK * KV_HEADS * D;
             double[] writeTimes = null;
@@ -157,15 +163,19 @@ public final class AttentionGpuBench {
                         int pos = t0 + t;
                         hostSlots.setAtIndex(ValueLayout.JAVA_INT, t,
                                 table[pos / PAGE_TOKENS] * PAGE_TOKENS + pos % PAGE_TOKENS);
+                        // centered keys: the page before a write's first token (-1: none), -2 for the others
+                        hostPrev.setAtIndex(ValueLayout.JAVA_INT, t,
+                                t > 0 ? -2 : t0 == 0 ? -1 : table[(t0 - 1) / PAGE_TOKENS]);
                     }
                     slots.copyFromHost(hostSlots);
+                    prevPages.copyFromHost(hostPrev);
                     writer.fillNormal(k, n, 2 * (s * 64 + t0 / CHUNK), 1f, stream);
                     writer.fillNormal(v, n, 2 * (s * 64 + t0 / CHUNK) + 1, 1f, stream);
                     if (writeTimes == null) {
                         writeTimes = time(context, stream, 3, 10,
-                                () -> writer.quantizeRows(kv, 0, k, v, slots, CHUNK, stream));
+                                () -> writer.quantizeRows(kv, 0, k, v, slots, prevPages, CHUNK, stream));
                     } else {
-                        writer.quantizeRows(kv, 0, k, v, slots, CHUNK, stream);
+                        writer.quantizeRows(kv, 0, k, v, slots, prevPages, CHUNK, stream);
                     }
                 }
             }
