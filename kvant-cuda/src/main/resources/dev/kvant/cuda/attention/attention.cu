@@ -443,8 +443,8 @@ __device__ __forceinline__ void dequant_tile(u8* tile, const u8* raw, const u8* 
 // KMEAN: the score of a key is q·(k - μ) + q·μ, μ its page's mean, so the tile (centered rows) goes through the
 // tensor cores as is and each score gets the bias q·μ of its page: computed once per page by the tensor cores, from
 // the f16 query fragments the mma reads (tile column order) and the fp16 mean, which a warp first stages in shared
-// memory in that order (stage_mean). Decode reads the mean from the page when a tile enters a new page; prefill gets
-// it with the stage's rows (Layout MU).
+// memory in that order (stage_mean). Decode reads the mean from the page when a tile enters a new page; the mma.sync
+// prefill gets it with the stage's rows (Layout MU). (prefill_wg adds the mean to its dequantized K tile instead.)
 
 // A page mean staged by one warp in its tile column order (muT[col] = μ of head dimension perm_col(col)), so that the
 // f16 pairs a lane reads are the fragment of a matrix whose every row (decode: A) or column (prefill: B) is μ.
@@ -1549,7 +1549,8 @@ __device__ __forceinline__ void store_rows_staged(const float (&o)[DV / 8][4], f
 // ---- prefill on Hopper's warpgroup tensor cores (wgmma, sm_90a: the module is compiled for sm_90a on a 9.0 device)
 //
 // Compiled where NVRTC targets sm_90a (__CUDA_ARCH_FEAT_SM90_ALL) for K and V rows of 64 or 128 values (one size),
-// uncentered keys, both f16/bf16 or both turbo3/turbo2: kvant_attn_prefill then runs prefill_wg below instead of
+// both f16/bf16 (keys not centered) or both turbo3/turbo2 (keys centered on their page's mean too: the K producer
+// adds the means as it dequantizes, see wgq_dequant): kvant_attn_prefill then runs prefill_wg below instead of
 // its mma.sync tile loop; the other formats, shapes and architectures keep that loop. Same grid, block (8 warps =
 // 2 warpgroups of 64 query rows, plus two producer warpgroups for turbo rows) and row order as it: warp w owns rows 16w..16w+15 of the block's 128, lane (g, c)
 // rows g and g + 8 of those, so the softmax and output code is the same. The products give mma.sync's sums (with
@@ -1582,8 +1583,8 @@ __device__ __forceinline__ void store_rows_staged(const float (&o)[DV / 8][4], f
 // moves them (4 x 128 at entry = 2 x 56 + 2 x 200; a request the register file cannot meet hangs the kernel, so the
 // sum is checked below).
 // (1: F_BF16, 7: F_TURBO3, 8: F_TURBO2, which the preprocessor cannot read)
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && !KMEAN && DK == DV && (DK == 64 || DK == 128) \
-    && ((KF <= 1 && VF <= 1) || ((KF == 7 || KF == 8) && (VF == 7 || VF == 8)))
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && DK == DV && (DK == 64 || DK == 128) \
+    && ((KF <= 1 && VF <= 1 && !KMEAN) || ((KF == 7 || KF == 8) && (VF == 7 || VF == 8)))
 #define KVANT_WGMMA 1
 #else
 #define KVANT_WGMMA 0
@@ -1810,6 +1811,38 @@ __device__ __forceinline__ void sts128(u32 a, uint4 v) {
                  : "memory");
 }
 
+// The page mean of page (kv head kh) in the tile columns of group grp, as dq_turbo_pairs' words: column 8gl + e of a
+// rotation block holds dimension 2gl + (e >> 2) + (e & 3)·N/4 (perm_col of turbo3 and turbo2), so four 32-bit loads
+// (dimensions 2gl + jN/4 and the one after) give the eight values. page < 0: zeros.
+template <int D>
+__device__ __forceinline__ uint4 wg_mean_cols(const u8* __restrict__ kpool, int page, i64 kPageBytes, int pageTokens,
+                                              int kvHeads, int kh, int grp) {
+    if (page < 0) return make_uint4(0u, 0u, 0u, 0u);
+    constexpr int N = rot_block(D), GPB = N / 8;
+    const u16* mu = key_mean(kpool, page, kPageBytes, pageTokens, kvHeads, kh) + (grp / GPB) * N + 2 * (grp % GPB);
+    u32 w[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) w[j] = __ldg((const unsigned int*) (mu + j * (N / 4)));
+    return make_uint4(__byte_perm(w[0], w[1], 0x5410), __byte_perm(w[2], w[3], 0x5410),
+                      __byte_perm(w[0], w[1], 0x7632), __byte_perm(w[2], w[3], 0x7632));
+}
+
+// Centered keys (KMEAN): a K producer thread's page mean, for the 8 tile columns of its group — the page's index in
+// the sequence's table (-1: none yet, or past the range: zeros) and the f16 pairs of those columns.
+struct WgMean {
+    int index;
+    uint4 mu;
+};
+// Where a K producer finds the page means.
+struct WgMeanSource {
+    const u8* pool;
+    const int* table;
+    i64 pageBytes;
+    int pageTokens, kvHeads, kh, t1;
+
+    __device__ __forceinline__ int index(int tok) const { return tok < t1 ? page_div(tok, pageTokens) : -1; }
+};
+
 // Dequantizes the WG_TT tokens of a raw stage (slots of SLOT bytes from raw) into the swizzled f16 tile at dst, by
 // a producer warpgroup's 128 threads (t128): thread t128 takes group t128 % G of tokens t0, t0 + TSTEP, ...
 // (16-byte stores: 8 lanes fill the 8 chunks of one 128-byte row, conflict-free). A row starts (wg_slot) at
@@ -1818,8 +1851,14 @@ __device__ __forceinline__ void sts128(u32 a, uint4 v) {
 // tokens, TSTEP is a multiple of 8): one offset a thread, and every address a base plus a constant. The loads of
 // BATCH rows go first, then their lookups, then the stores (ptxas keeps a load after any earlier shared store).
 // lut: the lane's copy of the pair table.
-template <int FMT, int D, int SLOT>
-__device__ __forceinline__ void wgq_dequant(u32 dst, u32 raw, u32 lut, int t128, int kvHeads, int kh) {
+// MEAN (centered keys): each row gets its page's mean added (value·norm + μ, one fma: the tile holds the key, so the
+// products need no bias; the mma.sync loop adds q·μ to the scores instead, and the two differ within the tile's f16
+// rounding), read (wg_mean_cols) when a row's page is not the one before. A token's page is the same for the threads
+// of a warp (pages of a multiple of 8 tokens, t0 < 8 where D is 128), so the branch is uniform. (Read a tile ahead
+// into L1, prefetch.global.L1, the means measured the same.)
+template <int FMT, int D, int SLOT, bool MEAN = false>
+__device__ __forceinline__ void wgq_dequant(u32 dst, u32 raw, u32 lut, int t128, int kvHeads, int kh, int tok0 = 0,
+                                            const WgMeanSource* ms = nullptr, WgMean* cur = nullptr) {
     constexpr int RB = fmt_row_bytes(FMT, D);
     constexpr int G = D / 8, TSTEP = 128 / G, ROWS = WG_TT / TSTEP, BATCH = imin(4, ROWS);
     static_assert(TSTEP % 8 == 0 && ROWS % BATCH == 0, "a thread's tokens share their place mod 8");
@@ -1833,7 +1872,19 @@ __device__ __forceinline__ void wgq_dequant(u32 dst, u32 raw, u32 lut, int t128,
         for (int k = 0; k < BATCH; k++) w[k] = dq_turbo_words<FMT, D, true>(src + (k0 + k) * TSTEP * SLOT, grp);
         uint4 v[BATCH];
 #pragma unroll
-        for (int k = 0; k < BATCH; k++) v[k] = dq_turbo_pairs<FMT, D, true>(w[k], grp, lut);
+        for (int k = 0; k < BATCH; k++) {
+            if constexpr (MEAN) {
+                const int index = ms->index(tok0 + t0 + (k0 + k) * TSTEP);
+                if (index != cur->index) {
+                    cur->index = index;
+                    cur->mu = wg_mean_cols<D>(ms->pool, index < 0 ? -1 : ms->table[index], ms->pageBytes,
+                                              ms->pageTokens, ms->kvHeads, ms->kh, grp);
+                }
+                v[k] = dq_turbo_pairs<FMT, D, true, true>(w[k], grp, lut, cur->mu);
+            } else {
+                v[k] = dq_turbo_pairs<FMT, D, true>(w[k], grp, lut);
+            }
+        }
 #pragma unroll
         for (int k = 0; k < BATCH; k++) sts128(d0 + (k0 + k) * (TSTEP / 8) * 1024, v[k]);
     }
@@ -1870,6 +1921,9 @@ __device__ __forceinline__ void wgq_producer(u8* aligned, u32 base, const u8* __
     };
     for (int x = 0; x < NST - 1 && x < ntiles; x++) copy(x, page_of(x));
     int page = NST - 1 < ntiles ? page_of(NST - 1) : -1;
+    constexpr bool MEAN = KMEAN && !V;   // centered keys: the K producer adds the page means
+    const WgMeanSource ms{pool, table, pageBytes, pageTokens, kvHeads, kh, t1};
+    WgMean cur{-1, make_uint4(0u, 0u, 0u, 0u)};
     build_pair_lut<KF, DK>((u32*) (aligned + WG_OFF_LUT), t256, 256);
     if constexpr (!WG_SHARED_LUT) build_pair_lut<VF, DV>((u32*) (aligned + WG_OFF_LUT + lut_bytes(KF, false)), t256,
                                                          256);
@@ -1886,7 +1940,8 @@ __device__ __forceinline__ void wgq_producer(u8* aligned, u32 base, const u8* __
         const int b = x & 1;
         mbar_wait(full(x % NST), (x / NST) & 1);
         if (x >= 2) mbar_wait(freed0 + 8 * b, ((x >> 1) - 1) & 1);
-        wgq_dequant<F, D, SLOT>(tile0 + b * TILE, sa + (x % NST) * WG_STAGE, lut, t128, kvHeads, kh);
+        wgq_dequant<F, D, SLOT, MEAN>(tile0 + b * TILE, sa + (x % NST) * WG_STAGE, lut, t128, kvHeads, kh, x * TT,
+                                      &ms, &cur);
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         mbar_arrive(ready0 + 8 * b);
     }
@@ -2113,7 +2168,7 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
 // exact:  as decode. Writes out = O / l in head order, a rotated V's rows rotated back in the epilogue
 //         (store_rows_staged); where that cannot be (!PRE_STAGED: a rotated V of head 256, or of head 128 beside a K of
 //         head 64), kvant_attn_unrotate follows (kvant_attn_info out[9]).
-// sm_90a: f16/bf16 and turbo3/turbo2 rows of one head size of 64 or 128, keys not centered, take prefill_wg above
+// sm_90a: f16/bf16 (keys not centered) and turbo3/turbo2 rows of one head size of 64 or 128 take prefill_wg above
 //         (same grid and rows; turbo: 16 warps, warps 8..15 copying and dequantizing).
 // ================================================================================================================
 

@@ -86,6 +86,11 @@ __device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
     asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
     return r;
 }
+__device__ __forceinline__ u32 hfma2(u32 a, u32 b, u32 c) {
+    u32 r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
 __device__ __forceinline__ u32 hsub2(u32 a, u32 b) {
     u32 r;
     asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
@@ -318,34 +323,37 @@ __device__ __forceinline__ TurboWords dq_turbo_words(u32 row, int grp) {
     }
     return w;
 }
-template <int FMT, int D, bool NORM>
-__device__ __forceinline__ uint4 dq_turbo_pairs(const TurboWords& w, int grp, u32 lut) {
+// ADD (with NORM): each pair is value·norm + the caller's f16 pair of that word (one fma, one rounding), which a
+// centered key's page mean takes (prefill_wg's producers).
+template <int FMT, int D, bool NORM, bool ADD = false>
+__device__ __forceinline__ uint4 dq_turbo_pairs(const TurboWords& w, int grp, u32 lut, uint4 add = {}) {
+    static_assert(NORM || !ADD, "a sum needs the norm's product");
     constexpr int N = rot_block(D);
     const u32 g2 = w.g | (w.g << 16);
-    auto pair = [&](u32 e) -> u32 {
+    auto pair = [&](u32 e, u32 a) -> u32 {
         const u32 v = lds_table(lut + (e << 7));
-        return NORM ? hmul2(v, g2) : v;
+        return ADD ? hfma2(v, g2, a) : NORM ? hmul2(v, g2) : v;
     };
     uint4 r;
     if constexpr (FMT == F_TURBO4) {
-        r.x = pair(w.lo & 255u);
-        r.y = pair((w.lo >> 8) & 255u);
-        r.z = pair((w.lo >> 16) & 255u);
-        r.w = pair(w.lo >> 24);
+        r.x = pair(w.lo & 255u, add.x);
+        r.y = pair((w.lo >> 8) & 255u, add.y);
+        r.z = pair((w.lo >> 16) & 255u, add.z);
+        r.w = pair(w.lo >> 24, add.w);
     } else if constexpr (FMT == F_TURBO2) {
-        r.x = pair(w.lo & 15u);
-        r.y = pair((w.lo >> 4) & 15u);
-        r.z = pair((w.lo >> 8) & 15u);
-        r.w = pair((w.lo >> 12) & 15u);
+        r.x = pair(w.lo & 15u, add.x);
+        r.y = pair((w.lo >> 4) & 15u, add.y);
+        r.z = pair((w.lo >> 8) & 15u, add.z);
+        r.w = pair((w.lo >> 12) & 15u, add.w);
     } else {
         const int s = (2 * (grp % (N / 8))) / (N / 8);
         const u32 x0 = (w.hi >> s) & 0x55u;
         const u32 x1 = (w.hi >> (8 + s)) & 0x55u;
         const u32 lo0 = w.lo & 255u, lo1 = w.lo >> 8;
-        r.x = pair((lo0 & 15u) | ((x0 & 5u) << 4));
-        r.y = pair((lo0 >> 4) | (x0 & 0x50u));
-        r.z = pair((lo1 & 15u) | ((x1 & 5u) << 4));
-        r.w = pair((lo1 >> 4) | (x1 & 0x50u));
+        r.x = pair((lo0 & 15u) | ((x0 & 5u) << 4), add.x);
+        r.y = pair((lo0 >> 4) | (x0 & 0x50u), add.y);
+        r.z = pair((lo1 & 15u) | ((x1 & 5u) << 4), add.z);
+        r.w = pair((lo1 >> 4) | (x1 & 0x50u), add.w);
     }
     return r;
 }
