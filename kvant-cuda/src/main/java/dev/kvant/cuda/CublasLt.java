@@ -203,22 +203,29 @@ public final class CublasLt implements AutoCloseable {
                         MemorySegment output, MemorySegment heuristic) {
     }
 
+    /**
+     * The descriptors and algorithm of key; what it created is destroyed again when a later step fails (a shape
+     * with no algorithm, say), so a failed plan leaks nothing into the handle's lifetime.
+     */
     private Plan plan(PlanKey key) {
         String what = key.describe();
+        MemorySegment operation = null;
+        MemorySegment[] layouts = new MemorySegment[3];   // weights, activations, output
         try (Arena a = Arena.ofConfined()) {
             MemorySegment box = a.allocate(ADDRESS);
             lib.check((int) lib.descCreate.invokeExact(box, CUBLAS_COMPUTE_32F, CudaDataType.F32.value),
                     "cublasLtMatmulDescCreate(" + what + ")");
-            MemorySegment operation = box.get(ADDRESS, 0);
+            operation = box.get(ADDRESS, 0);
             setInt(lib.descSetAttribute, operation, MATMUL_DESC_TRANSA, CUBLAS_OP_T, a, "TRANSA");
             setInt(lib.descSetAttribute, operation, MATMUL_DESC_TRANSB, CUBLAS_OP_N, a, "TRANSB");
-            MemorySegment weights = layout(box, key.input, key.k, key.n, key.k, what);
-            MemorySegment activations = layout(box, key.input, key.k, key.m, key.k, what);
-            MemorySegment output = layout(box, key.output, key.n, key.m, key.n, what);
+            layouts[0] = layout(box, key.input, key.k, key.n, key.k, what);
+            layouts[1] = layout(box, key.input, key.k, key.m, key.k, what);
+            layouts[2] = layout(box, key.output, key.n, key.m, key.n, what);
+            MemorySegment weights = layouts[0], activations = layouts[1], output = layouts[2];
 
             lib.check((int) lib.prefCreate.invokeExact(box), "cublasLtMatmulPreferenceCreate()");
             MemorySegment preference = box.get(ADDRESS, 0);
-            MemorySegment heuristic = arena.allocate(HEURISTIC_RESULT_BYTES, 8);
+            MemorySegment heuristic = a.allocate(HEURISTIC_RESULT_BYTES, 8);
             try {
                 MemorySegment workspaceBytes = a.allocateFrom(JAVA_LONG, workspace.byteSize());
                 lib.check((int) lib.prefSetAttribute.invokeExact(preference, PREF_MAX_WORKSPACE_BYTES,
@@ -241,8 +248,22 @@ public final class CublasLt implements AutoCloseable {
             } finally {
                 int ignored = (int) lib.prefDestroy.invokeExact(preference);
             }
-            return new Plan(operation, weights, activations, output, heuristic);
+            // the chosen algorithm outlives this call: copied into the handle's arena only once it is good
+            MemorySegment kept = arena.allocate(HEURISTIC_RESULT_BYTES, 8).copyFrom(heuristic);
+            return new Plan(operation, weights, activations, output, kept);
         } catch (Throwable t) {
+            try {
+                for (MemorySegment l : layouts) {
+                    if (l != null) {
+                        int ignored = (int) lib.layoutDestroy.invokeExact(l);
+                    }
+                }
+                if (operation != null) {
+                    int ignored = (int) lib.descDestroy.invokeExact(operation);
+                }
+            } catch (Throwable cleanup) {
+                t.addSuppressed(cleanup);
+            }
             throw CudaDriver.rethrow(t);
         }
     }
