@@ -51,7 +51,7 @@ final class RunCommand implements Runnable {
              Backend backend = opts.openBackend(model, pool);
              Session session = new Session(backend, opts.contextLength(model, ctx, 4096), opts.kvFormats(),
                      opts.prefillChunk(backend))) {
-            int[] tokens = model.tokenizer().encode(prompt, true, special);
+            int[] tokens = special ? model.tokenizer().encodePrompt(prompt) : model.tokenizer().encode(prompt, true, false);
             Generator.Stats st = Generator.generate(session, model.tokenizer(), tokens, nPredict,
                     new Sampler(sampling.config(session.contextLength())), piece -> {
                         out.print(piece);

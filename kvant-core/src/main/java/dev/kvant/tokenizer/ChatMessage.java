@@ -5,7 +5,7 @@ import java.util.Objects;
 /**
  * One turn of a conversation.
  *
- * @param role    {@code "system"}, {@code "user"} or {@code "assistant"} (chatml and llama3 pass other roles through)
+ * @param role    {@code "system"}, {@code "user"} or {@code "assistant"} (the chatml, qwen and llama3 formats pass other roles through)
  * @param content the text of the turn
  */
 public record ChatMessage(String role, String content) {

@@ -20,23 +20,51 @@ import java.util.stream.Collectors;
  */
 public enum ChatTemplate {
     /**
-     * Llama 3 / 3.1 / 3.2: {@code <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|>}, content trimmed.
-     * No default system prompt (3.1's "Cutting Knowledge Date" header) is added.
+     * Llama 3: {@code <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|>}, content trimmed; no system turn
+     * of its own.
      */
     LLAMA3("llama3"),
+    /**
+     * Llama 3.1 / 3.3 (templates that write "Cutting Knowledge Date"): as {@link #LLAMA3}, but the conversation always
+     * opens with a system turn "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n" followed by the
+     * first message's text when that is a system message (trimmed); later system messages are turns of their own.
+     */
+    LLAMA31("llama3.1"),
+    /**
+     * Llama 3.2 (a 3.1 template that asks for {@code strftime_now}): as {@link #LLAMA31} with today's date (UTC,
+     * "01 Dec 2026") where 3.1 writes 26 Jul 2024.
+     */
+    LLAMA32("llama3.2"),
     /**
      * Llama 2 chat (Meta's HF template): {@code [INST] <<SYS>>\nsystem\n<</SYS>>\n\nuser [/INST] answer </s><s>[INST] ...},
      * user and answer trimmed; the system prompt goes inside the first user turn.
      */
     LLAMA2("llama2"),
-    /** ChatML (Qwen, Yi, many fine-tunes): {@code <|im_start|>role\ncontent<|im_end|>\n}; no default system prompt. */
+    /** ChatML (Yi, many fine-tunes): {@code <|im_start|>role\ncontent<|im_end|>\n}; no default system prompt. */
     CHATML("chatml"),
+    /** Qwen2: ChatML, opened by the system prompt "You are a helpful assistant." when the first message is no system. */
+    QWEN2("qwen2", "You are a helpful assistant."),
+    /** Qwen2.5: as {@link #QWEN2}, its default system prompt naming Qwen. */
+    QWEN25("qwen2.5", "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."),
+    /**
+     * Qwen3: ChatML without a default system prompt; an answer given before the last user message keeps only its
+     * text after {@code </think>} (its reasoning is not sent back), an answer after it has its reasoning written as
+     * {@code <think>\nreasoning\n</think>\n\n} before its text (Qwen3's template with thinking on).
+     */
+    QWEN3("qwen3"),
     /**
      * Mistral 7B Instruct v0.1 / Mixtral 8x7B: {@code [INST] user [/INST]answer</s>[INST] ...}; a system prompt, which
      * those templates lack, is put before the first user message with a blank line between (as later Mistral
      * templates and llama.cpp do).
      */
     MISTRAL("mistral"),
+    /**
+     * The current template of Mistral 7B Instruct v0.1 / v0.2 and Mixtral 8x7B: as {@link #MISTRAL}, the answer
+     * written after a space ({@code [/INST] answer</s>}) and the system message (the first message only) put before
+     * the first user message. (Its {@code " [INST]"} is written without the leading space: the tokenizer gives the
+     * word-start mark after BOS and {@code </s>} by itself, and the space would make it two.)
+     */
+    MISTRAL_V1("mistral-v1"),
     /**
      * Mistral's v3 template (Mistral 7B Instruct v0.3, Mixtral 8x22B): {@code [INST] user[/INST] answer</s>}, the
      * answer trimmed; a system prompt goes before the last user message with a blank line between.
@@ -63,9 +91,16 @@ public enum ChatTemplate {
     RAW("raw");
 
     private final String templateName;
+    /** The system prompt a conversation without one gets, or null. */
+    private final String defaultSystem;
 
     ChatTemplate(String templateName) {
+        this(templateName, null);
+    }
+
+    ChatTemplate(String templateName, String defaultSystem) {
         this.templateName = templateName;
+        this.defaultSystem = defaultSystem;
     }
 
     /** The name users select the format by. */
@@ -88,9 +123,21 @@ public enum ChatTemplate {
             return RAW;
         }
         if (t.contains("<|start_header_id|>")) {
+            if (t.contains("Cutting Knowledge Date")) {
+                return t.contains("strftime_now") ? LLAMA32 : LLAMA31;
+            }
             return LLAMA3;
         }
         if (t.contains("<|im_start|>")) {
+            if (t.contains("</think>")) {
+                return QWEN3;
+            }
+            if (t.contains(QWEN25.defaultSystem)) {
+                return QWEN25;
+            }
+            if (t.contains("<|im_start|>system\\n" + QWEN2.defaultSystem + "<|im_end|>")) {
+                return QWEN2;
+            }
             return CHATML;
         }
         if (t.contains("<start_of_turn>")) {
@@ -106,7 +153,7 @@ public enum ChatTemplate {
             // Mistral's own templates (as llama.cpp tells them apart): tools or a system message put into a turn
             if (t.contains("[AVAILABLE_TOOLS]") || t.contains("' [INST] ' + system_message")) {
                 if (t.contains(" [INST]")) {
-                    return MISTRAL;
+                    return MISTRAL_V1;
                 }
                 return t.contains("\"[INST]\"") || t.contains("'[INST]'") ? MISTRAL_V3_TEKKEN : MISTRAL_V3;
             }
@@ -158,18 +205,44 @@ public enum ChatTemplate {
     public Rendered renderMarked(List<ChatMessage> messages, boolean addGenerationPrompt) {
         Out o = new Out();
         switch (this) {
-            case LLAMA3 -> {
-                for (ChatMessage m : messages) {
-                    o.t("<|start_header_id|>").c(m.role()).t("<|end_header_id|>\n\n").c(m.content().strip())
+            case LLAMA3, LLAMA31, LLAMA32 -> {
+                List<ChatMessage> rest = messages;
+                if (this != LLAMA3) {
+                    String system = "";
+                    if (!messages.isEmpty() && messages.get(0).role().equals("system")) {
+                        system = strip(messages.get(0).content());
+                        rest = messages.subList(1, messages.size());
+                    }
+                    o.t("<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: ")
+                            .t(this == LLAMA32 ? today() : "26 Jul 2024").t("\n\n").c(system).t("<|eot_id|>");
+                }
+                for (ChatMessage m : rest) {
+                    o.t("<|start_header_id|>").c(m.role()).t("<|end_header_id|>\n\n").c(strip(m.content()))
                             .t("<|eot_id|>");
                 }
                 if (addGenerationPrompt) {
                     o.t("<|start_header_id|>assistant<|end_header_id|>\n\n");
                 }
             }
-            case CHATML -> {
-                for (ChatMessage m : messages) {
-                    o.t("<|im_start|>").c(m.role()).t("\n").c(m.content()).t("<|im_end|>\n");
+            case CHATML, QWEN2, QWEN25, QWEN3 -> {
+                if (defaultSystem != null && (messages.isEmpty() || !messages.get(0).role().equals("system"))) {
+                    o.t("<|im_start|>system\n").t(defaultSystem).t("<|im_end|>\n");
+                }
+                int lastUser = -1;
+                for (int i = 0; i < messages.size(); i++) {
+                    if (messages.get(i).role().equals("user")) {
+                        lastUser = i;
+                    }
+                }
+                for (int i = 0; i < messages.size(); i++) {
+                    ChatMessage m = messages.get(i);
+                    o.t("<|im_start|>").c(m.role()).t("\n");
+                    if (this == QWEN3 && m.role().equals("assistant")) {
+                        qwen3Answer(o, m.content(), i > lastUser, i == messages.size() - 1);
+                    } else {
+                        o.c(m.content());
+                    }
+                    o.t("<|im_end|>\n");
                 }
                 if (addGenerationPrompt) {
                     o.t("<|im_start|>assistant\n");
@@ -177,12 +250,12 @@ public enum ChatTemplate {
             }
             case LLAMA2 -> {
                 String system = null;
-                boolean firstUser = true;
+                boolean afterAnswer = false;   // a turn after an answer's </s> opens with <s> (the first has BOS)
                 for (ChatMessage m : messages) {
                     switch (role(m)) {
                         case "system" -> system = joinSystem(system, m.content());
                         case "user" -> {
-                            o.t(firstUser ? "" : "<s>").t("[INST] ");
+                            o.t(afterAnswer ? "<s>" : "").t("[INST] ");
                             if (system != null) {
                                 // "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content, stripped as one string (it
                                 // starts with "<<SYS>>": only its end can be blank)
@@ -190,17 +263,20 @@ public enum ChatTemplate {
                                 o.t("<<SYS>>\n").c(system).t("\n<</SYS>>\n\n").c(m.content()).stripTrailing(from);
                                 system = null;
                             } else {
-                                o.c(m.content().strip());
+                                o.c(strip(m.content()));
                             }
                             o.t(" [/INST]");
-                            firstUser = false;
+                            afterAnswer = false;
                         }
-                        default -> o.t(" ").c(m.content().strip()).t(" </s>");
+                        default -> {
+                            o.t(" ").c(strip(m.content())).t(" </s>");
+                            afterAnswer = true;
+                        }
                     }
                 }
                 checkSystemUsed(system != null);
             }
-            case MISTRAL -> {
+            case MISTRAL, MISTRAL_V1 -> {
                 String system = null;
                 for (ChatMessage m : messages) {
                     switch (role(m)) {
@@ -213,7 +289,7 @@ public enum ChatTemplate {
                             o.c(m.content()).t(" [/INST]");
                             system = null;
                         }
-                        default -> o.c(m.content()).t("</s>");
+                        default -> o.t(this == MISTRAL_V1 ? " " : "").c(m.content()).t("</s>");
                     }
                 }
                 checkSystemUsed(system != null);
@@ -248,7 +324,7 @@ public enum ChatTemplate {
                             if (tekken) {
                                 o.c(m.content());
                             } else {
-                                o.t(" ").c(m.content().strip());
+                                o.t(" ").c(strip(m.content()));
                             }
                             o.t("</s>");
                         }
@@ -270,7 +346,8 @@ public enum ChatTemplate {
                 for (ChatMessage m : messages) {
                     String role = role(m);
                     if (role.equals("system")) {
-                        system = joinSystem(system, m.content().strip());
+                        // Gemma 3 writes the system text as given (Gemma 2's template refuses a system message)
+                        system = joinSystem(system, m.content());
                         continue;
                     }
                     o.t("<start_of_turn>").t(role.equals("assistant") ? "model" : "user").t("\n");
@@ -278,7 +355,7 @@ public enum ChatTemplate {
                         o.c(system).t("\n\n");
                         system = null;
                     }
-                    o.c(m.content().strip()).t("<end_of_turn>\n");
+                    o.c(strip(m.content())).t("<end_of_turn>\n");
                 }
                 checkSystemUsed(system != null);
                 if (addGenerationPrompt) {
@@ -292,6 +369,67 @@ public enum ChatTemplate {
             }
         }
         return o.done();
+    }
+
+    /**
+     * Qwen3's answer: before the last user message only the text after its reasoning ({@code </think>}); after it,
+     * the reasoning (the text between {@code <think>} and {@code </think>}, or none) in a think block before the text,
+     * when there is reasoning or the answer is the conversation's last message.
+     */
+    private static void qwen3Answer(Out o, String content, boolean afterLastUser, boolean last) {
+        String reasoning = "";
+        String text = content;
+        int end = content.lastIndexOf("</think>");
+        if (end >= 0) {
+            text = stripLeading(content.substring(end + "</think>".length()), "\n");
+            String before = stripTrailing(content.substring(0, content.indexOf("</think>")), "\n");
+            int open = before.lastIndexOf("<think>");
+            reasoning = stripLeading(open >= 0 ? before.substring(open + "<think>".length()) : before, "\n");
+        }
+        if (afterLastUser && (last || !reasoning.isEmpty())) {
+            o.t("<think>\n").c(stripTrailing(stripLeading(reasoning, "\n"), "\n")).t("\n</think>\n\n")
+                    .c(stripLeading(text, "\n"));
+        } else {
+            o.c(text);
+        }
+    }
+
+    private static String stripLeading(String s, String chars) {
+        int i = 0;
+        while (i < s.length() && chars.indexOf(s.charAt(i)) >= 0) {
+            i++;
+        }
+        return s.substring(i);
+    }
+
+    private static String stripTrailing(String s, String chars) {
+        int e = s.length();
+        while (e > 0 && chars.indexOf(s.charAt(e - 1)) >= 0) {
+            e--;
+        }
+        return s.substring(0, e);
+    }
+
+    /** Python's str.strip() (the templates' {@code trim}): Java's blanks and also U+0085, U+00A0, U+2007, U+202F. */
+    static String strip(String s) {
+        int b = 0, e = s.length();
+        while (b < e && isPythonSpace(s.charAt(b))) {
+            b++;
+        }
+        while (e > b && isPythonSpace(s.charAt(e - 1))) {
+            e--;
+        }
+        return s.substring(b, e);
+    }
+
+    private static boolean isPythonSpace(char c) {
+        return Character.isWhitespace(c) || c == '\u0085' || c == '\u00a0' || c == '\u2007' || c == '\u202f';
+    }
+
+    /** Today's date as Llama 3.2's template writes it (strftime "%d %b %Y"), in UTC. */
+    private static String today() {
+        return java.time.LocalDate.now(java.time.ZoneOffset.UTC)
+                .format(java.time.format.DateTimeFormatter.ofPattern("dd MMM yyyy", java.util.Locale.ENGLISH));
     }
 
     /**
@@ -332,10 +470,10 @@ public enum ChatTemplate {
             return sb.length();
         }
 
-        /** Drops the blanks (Character.isWhitespace) at the end of the text from {@code from} on, as strip does. */
+        /** Drops the blanks (Python's) at the end of the text from {@code from} on, as strip does. */
         Out stripTrailing(int from) {
             int end = sb.length();
-            while (end > from && Character.isWhitespace(sb.charAt(end - 1))) {
+            while (end > from && isPythonSpace(sb.charAt(end - 1))) {
                 end--;
             }
             sb.setLength(end);

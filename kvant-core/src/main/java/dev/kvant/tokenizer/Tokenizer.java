@@ -55,6 +55,19 @@ public sealed interface Tokenizer permits VocabularyTokenizer {
      */
     int[] encode(String text, boolean addSpecial, boolean parseSpecial, int[] plainRanges);
 
+    /**
+     * A prompt given as text with control tokens ({@code encode(text, true, true)}), with one BOS where the text
+     * already starts with the BOS token's text (a prompt rendered by another tool's chat template, which writes
+     * it): the model would otherwise see two.
+     */
+    default int[] encodePrompt(String text) {
+        int[] ids = encode(text, true, true);
+        if (addBos() && ids.length >= 2 && ids[0] == bos() && ids[1] == bos()) {
+            return java.util.Arrays.copyOfRange(ids, 1, ids.length);
+        }
+        return ids;
+    }
+
     /** The text of a whole id sequence; see the class comment for what is rendered. Malformed UTF-8 becomes U+FFFD. */
     String decode(int[] ids);
 

@@ -16,8 +16,8 @@ class ChatTemplateTest {
             ChatMessage.user("What is 2+2?"),
             ChatMessage.assistant("4"));
     private static final List<ChatMessage> QUESTION = CONVERSATION.subList(0, 2);
-    private static final String NAMES = "llama3, llama2, chatml, mistral, mistral-v3, mistral-v3-tekken, mistral-v7,"
-            + " mistral-v7-tekken, gemma, raw";
+    private static final String NAMES = "llama3, llama3.1, llama3.2, llama2, chatml, qwen2, qwen2.5, qwen3, mistral,"
+            + " mistral-v1, mistral-v3, mistral-v3-tekken, mistral-v7, mistral-v7-tekken, gemma, raw";
 
     @Test
     void aSystemMessageNoUserMessageFollowsIsRefusedWhereTheFormatFoldsItIn() {
@@ -168,7 +168,7 @@ class ChatTemplateTest {
         assertEquals(ChatTemplate.MISTRAL, ChatTemplate.detect("{{ bos_token }}{% for message in messages %}"
                 + "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% endfor %}", null));
         // Mistral's own templates (shortened): v1 has " [INST] ", v3 "[INST] ", v3 Tekken "[INST]", v7 a system block
-        assertEquals(ChatTemplate.MISTRAL, ChatTemplate.detect("{%- if tools %}[AVAILABLE_TOOLS]{%- endif %}"
+        assertEquals(ChatTemplate.MISTRAL_V1, ChatTemplate.detect("{%- if tools %}[AVAILABLE_TOOLS]{%- endif %}"
                 + "{{- ' [INST] ' + message['content'] + ' [/INST]' }}", null));
         assertEquals(ChatTemplate.MISTRAL_V3, ChatTemplate.detect("{%- if tools %}[AVAILABLE_TOOLS]{%- endif %}"
                 + "{{- '[INST] ' + message['content'] + '[/INST]' }}", null));
@@ -179,6 +179,67 @@ class ChatTemplateTest {
         assertEquals(ChatTemplate.MISTRAL_V7, ChatTemplate.detect("{{- '[SYSTEM_PROMPT] ' + message['content']"
                 + " + '[/SYSTEM_PROMPT]' }}{{- '[INST] ' + message['content'] + '[/INST]' }}", null));
         assertEquals(ChatTemplate.RAW, ChatTemplate.detect(null, null));
+    }
+
+    /**
+     * Against Hugging Face's apply_chat_template of the real templates (rendered with jinja2 as transformers sets it
+     * up): the Qwen2/2.5 default system prompt, Llama 3.1's system block, Qwen3's reasoning, Mistral v1's answer
+     * spacing, Python's blanks in trim, Gemma 3's system text as given.
+     */
+    @Test
+    void familiesRenderAsTheirPublishedTemplates() {
+        List<ChatMessage> hello = List.of(ChatMessage.user("Hello"));
+        assertEquals(ChatTemplate.QWEN25, ChatTemplate.detect("{%- else %}{{- '<|im_start|>system\\nYou are Qwen, "
+                + "created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}{%- endif %}", null));
+        assertEquals("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+                + "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n", ChatTemplate.QWEN25.render(hello, true));
+        assertEquals(ChatTemplate.QWEN2, ChatTemplate.detect("{% if loop.first and messages[0]['role'] != 'system' %}"
+                + "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}", null));
+        assertEquals("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n",
+                ChatTemplate.QWEN2.render(hello, false));
+        // a system message of its own replaces the default
+        assertEquals("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n",
+                ChatTemplate.QWEN25.render(List.of(ChatMessage.system("Be brief."), hello.get(0)), false));
+
+        assertEquals(ChatTemplate.LLAMA31, ChatTemplate.detect("{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}"
+                + "{{- \"Cutting Knowledge Date: December 2023\\n\" }}", null));
+        assertEquals(ChatTemplate.LLAMA32, ChatTemplate.detect("{%- if strftime_now is defined %}{{- '<|start_header_id|>"
+                + "system<|end_header_id|>' }}{{- \"Cutting Knowledge Date: December 2023\\n\" }}", null));
+        String block = "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+                + "Today Date: 26 Jul 2024\n\n";
+        assertEquals(block + "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>"
+                + "<|start_header_id|>assistant<|end_header_id|>\n\n", ChatTemplate.LLAMA31.render(hello, true));
+        assertEquals(block + "You are terse.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>",
+                ChatTemplate.LLAMA31.render(QUESTION, false));
+        assertTrue(ChatTemplate.LLAMA32.render(hello, false).matches("(?s).*Today Date: \\d\\d [A-Z][a-z]{2} \\d{4}\n\n.*"),
+                ChatTemplate.LLAMA32.render(hello, false));
+
+        assertEquals(ChatTemplate.QWEN3, ChatTemplate.detect("{{- '<|im_start|>' + message.role + '\\n<think>\\n' + "
+                + "reasoning_content.strip('\\n') + '\\n</think>\\n\\n' }}", null));
+        assertEquals("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
+                        + "<|im_start|>user\nAnd?<|im_end|>\n<|im_start|>assistant\n",
+                ChatTemplate.QWEN3.render(List.of(ChatMessage.user("Hi"),
+                        ChatMessage.assistant("<think>\nhmm\n</think>\n\nHello!"), ChatMessage.user("And?")), true));
+        // an answer after the last user message keeps its reasoning in a think block (an empty one when last)
+        assertEquals("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\nhmm\n</think>\n\nHello!<|im_end|>\n",
+                ChatTemplate.QWEN3.render(List.of(ChatMessage.user("Hi"),
+                        ChatMessage.assistant("<think>\n\nhmm\n</think>\n\nHello!")), false));
+        assertEquals("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nHello!<|im_end|>\n",
+                ChatTemplate.QWEN3.render(List.of(ChatMessage.user("Hi"), ChatMessage.assistant("Hello!")), false));
+
+        assertEquals("[INST] Be brief.\n\nHi [/INST] Hello!</s>[INST] Bye [/INST]",
+                ChatTemplate.MISTRAL_V1.render(List.of(ChatMessage.system("Be brief."), ChatMessage.user("Hi"),
+                        ChatMessage.assistant("Hello!"), ChatMessage.user("Bye")), true));
+
+        assertEquals("<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>",
+                ChatTemplate.LLAMA3.render(List.of(ChatMessage.user("\u00a0Hi\u202f")), false));
+        assertEquals("<start_of_turn>user\n  Be brief. \n\n\nHi<end_of_turn>\n<start_of_turn>model\n",
+                ChatTemplate.GEMMA.render(List.of(ChatMessage.system("  Be brief. \n"), ChatMessage.user("Hi")), true));
+        // Llama 2: a conversation opening with an answer still opens the next turn with <s>
+        assertEquals("[INST] a [/INST] b </s><s>[INST] c [/INST]", ChatTemplate.LLAMA2.render(List.of(
+                ChatMessage.user("a"), ChatMessage.assistant("b"), ChatMessage.user("c")), true));
+        assertEquals(" b </s><s>[INST] c [/INST]", ChatTemplate.LLAMA2.render(List.of(
+                ChatMessage.assistant("b"), ChatMessage.user("c")), true));
     }
 
     @Test

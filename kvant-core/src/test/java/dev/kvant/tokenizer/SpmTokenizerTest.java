@@ -94,4 +94,18 @@ class SpmTokenizerTest {
         assertArrayEquals(new byte[] {0x41}, tok.tokenBytes(BYTE0 + 0x41));
         assertArrayEquals(" world".getBytes(java.nio.charset.StandardCharsets.UTF_8), tok.tokenBytes(piece("▁world")));
     }
+
+    /** A prompt rendered by another tool's template starts with the BOS text: it gets one BOS, not two. */
+    @Test
+    void aPromptThatStartsWithTheBosTextGetsOneBos() {
+        Tokenizer tok = Tokenizer.create(SyntheticVocab.spm(true));
+        assertTrue(tok.addBos());
+        int[] twice = tok.encode("<s>hello", true, true);
+        assertEquals(tok.bos(), twice[1], "encode keeps what it was asked for");
+        int[] ids = tok.encodePrompt("<s>hello");
+        assertEquals(1, java.util.Arrays.stream(ids).filter(id -> id == tok.bos()).count(), java.util.Arrays.toString(ids));
+        assertEquals(tok.bos(), ids[0]);
+        assertArrayEquals(java.util.Arrays.copyOfRange(twice, 1, twice.length), ids);
+        assertArrayEquals(tok.encode("hello", true, true), tok.encodePrompt("hello"));
+    }
 }

@@ -108,7 +108,7 @@ public sealed interface TextCodec {
 
         @Override
         public int[] text(String prompt) {
-            return tokenizer.encode(prompt, true, true);
+            return tokenizer.encodePrompt(prompt);
         }
 
         @Override
