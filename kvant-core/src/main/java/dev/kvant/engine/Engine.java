@@ -47,7 +47,9 @@ import java.util.stream.IntStream;
  * and computes only the rest. When a prompt has been read, its whole pages are also kept, at no cost in pages, so
  * requests running at the same time share a system prompt. Not with keys centered on their page's mean ({@code +mean}): a
  * page's mean comes from the write that opens it, so a reused prefix would give other bits than the same prompt
- * computed afresh ({@link SequencePool#forksKeepBits}); such pools compute every prompt whole.
+ * computed afresh ({@link SequencePool#forksKeepBits}); such pools compute every prompt whole. Nor with a model that
+ * selects KV pages ({@code --select}): the selection is made per block of queries, so a prefix written by decode
+ * steps, or a prompt's rest whose blocks start after the prefix, gives other rows than one whole prefill.
  *
  * <p><b>Threads.</b> One engine thread runs every step and owns every sequence; {@link #submit} and {@link
  * Generation#cancel} may be called from any thread. A failing step fails the requests it ran, not the engine.
@@ -56,6 +58,10 @@ public final class Engine implements AutoCloseable {
 
     /** How long an idle engine thread sleeps between looks at the clock (the inbox wakes it at once). */
     private static final long IDLE_POLL_MILLIS = 500;
+    /** How often an engine with nothing running looks again whether the queue's head can start. */
+    private static final long STALLED_POLL_MILLIS = 20;
+    /** Nothing runs and the queue's head could not start (engine thread only). */
+    private boolean stalled;
     /** The prefix cache's bound on entries, apart from pages. */
     private static final int MAX_PREFIX_ENTRIES = 256;
 
@@ -188,7 +194,9 @@ public final class Engine implements AutoCloseable {
         this.config = Objects.requireNonNull(config, "config");
         this.vocab = backend.model().config().vocabSize();
         this.pageTokens = pool.pageTokens();
-        this.reusePrefixes = config.prefixCache() && pool.forksKeepBits();
+        // a model that selects KV pages per block of queries writes other rows after a cached prefix (its decode
+        // steps selected per token, and the rest of the prompt's query blocks start elsewhere): computed whole
+        this.reusePrefixes = config.prefixCache() && pool.forksKeepBits() && backend.model().selection() == null;
         if (pool.totalPages() < pages(config.contextLength())) {
             throw new IllegalArgumentException("the KV pool holds " + (long) pool.totalPages() * pageTokens
                     + " tokens, less than one context of " + config.contextLength() + " (raise the KV memory or lower -c)");
@@ -228,6 +236,9 @@ public final class Engine implements AutoCloseable {
      */
     public Generation submit(GenerationRequest request, Consumer<GenerationEvent> listener) {
         Objects.requireNonNull(listener, "listener");
+        // the engine's own copy: the caller keeps the request's prompt array (prompt()) and could change it after
+        // the checks below, under a cached prefix's rows
+        request = request.copy();
         int[] prompt = request.prompt();
         if (prompt.length >= config.contextLength()) {
             throw new ContextFullException("the prompt has " + prompt.length + " tokens but the context holds "
@@ -276,16 +287,30 @@ public final class Engine implements AutoCloseable {
 
     /** Closes every cached prefix (on the engine's thread) and returns when done; pages of running requests stay. */
     public void clearPrefixCache() {
+        if (Thread.currentThread() == thread) {   // a listener: the engine's thread itself
+            cache.clear();
+            return;
+        }
+        if (finished) {   // the engine thread cleared the cache as it ended, and reads no more commands
+            return;
+        }
         CompletableFuture<Void> done = new CompletableFuture<>();
         inbox.add((Runnable) () -> {
             cache.clear();
             done.complete(null);
         });
         try {
-            done.get(60, TimeUnit.SECONDS);
+            // an engine that ends meanwhile answers nothing more from its inbox, but clears the cache as it ends
+            while (!done.isDone() && !finished) {
+                try {
+                    done.get(100, TimeUnit.MILLISECONDS);
+                } catch (TimeoutException e) {
+                    // look at finished again
+                }
+            }
         } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
-        } catch (ExecutionException | TimeoutException e) {
+        } catch (ExecutionException e) {
             throw new IllegalStateException("the engine did not clear its prefix cache", e);
         }
     }
@@ -356,8 +381,12 @@ public final class Engine implements AutoCloseable {
                     if (stopping && waiting.isEmpty()) {
                         break;
                     }
+                    // the queue's head waits for pages that others hold (a sequence of the pool outside the
+                    // engine): look again after a while, not at once
+                    stalled = !waiting.isEmpty();
                     continue;
                 }
+                stalled = false;
                 step();
             }
         } catch (Throwable t) {
@@ -386,8 +415,8 @@ public final class Engine implements AutoCloseable {
     private void receive(boolean idle) {
         try {
             Object first = null;
-            if (idle && waiting.isEmpty()) {
-                long wait = IDLE_POLL_MILLIS;
+            if (idle && (waiting.isEmpty() || stalled)) {
+                long wait = waiting.isEmpty() ? IDLE_POLL_MILLIS : STALLED_POLL_MILLIS;
                 if (stopping) {
                     wait = Math.max(0, Math.min(wait, TimeUnit.NANOSECONDS.toMillis(deadlineNanos - System.nanoTime())));
                 }
@@ -471,7 +500,17 @@ public final class Engine implements AutoCloseable {
             leave(p.handle);
             return true;
         }
-        Active a = new Active(p, seq, m.tokens());
+        Active a;
+        try {
+            a = new Active(p, seq, m.tokens());   // runs the request's own ban predicate over the vocabulary
+        } catch (VirtualMachineError e) {
+            throw e;
+        } catch (RuntimeException | Error e) {   // the request's code failed: it alone fails, its pages go back
+            seq.close();
+            deliver(p, new GenerationEvent.Failed("the request's banned-token predicate failed: " + e, false));
+            leave(p.handle);
+            return true;
+        }
         running.add(a);
         runningCount = running.size();
         promptTokens += prompt.length;
@@ -710,7 +749,16 @@ public final class Engine implements AutoCloseable {
 
     /** The sequence's next token is t: stop, or deliver it and go on. */
     private void take(Active a, int t) {
-        if (a.p.request.stopsAt(t)) {
+        boolean stop;
+        try {
+            stop = a.p.request.stopsAt(t);
+        } catch (VirtualMachineError e) {
+            throw e;
+        } catch (RuntimeException | Error e) {   // the request's own predicate: it alone fails
+            fail(a, "the request's stop predicate failed: " + e);
+            return;
+        }
+        if (stop) {
             finish(a, FinishReason.STOP);
             return;
         }

@@ -32,6 +32,11 @@ public record GenerationRequest(int[] prompt, int maxTokens, SamplerConfig sampl
         prompt = prompt.clone();
     }
 
+    /** The same request with a prompt array of its own. */
+    GenerationRequest copy() {
+        return new GenerationRequest(prompt, maxTokens, sampling, stopToken, bannedToken);
+    }
+
     boolean stopsAt(int token) {
         return stopToken != null && stopToken.test(token);
     }
