@@ -4,6 +4,7 @@ import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import dev.kvant.attention.AttentionOptions;
 import dev.kvant.cuda.CudaContext;
 import dev.kvant.cuda.CudaGraph;
 import dev.kvant.cuda.CudaStream;
@@ -13,6 +14,7 @@ import dev.kvant.kv.KvCache;
 import dev.kvant.kv.KvFormat;
 import dev.kvant.kv.KvGeometry;
 import dev.kvant.kv.KvSequence;
+import dev.kvant.kv.PageMeanFormat;
 import dev.kvant.kv.TurboFormat;
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -314,6 +316,71 @@ class AttentionGpuTest {
                     assertArrayEquals(alone, Arrays.copyOfRange(all, s * seqFloats, (s + 1) * seqFloats),
                             kName + "/" + vName + " x" + queries + ": sequence " + s + " (" + lens[s]
                                     + " tokens) has other bits in the batch than alone; seed " + seed);
+                }
+            }
+        }
+    }
+
+    /**
+     * Keys centered on their page's mean (the warpgroup prefill adds each row's page mean as its producer dequantizes;
+     * the page changes within a 128-token tile) against the float64 reference over pages of 8, 24 and 64 tokens,
+     * heads of 64 and 128, three kv heads, keys with a large common part (which the means take) and without, a chunk
+     * after earlier ones; every output element is written (NaN poison first).
+     */
+    @ParameterizedTest(name = "{0} head {1}")
+    @CsvSource({"turbo3+mean,128", "turbo3+mean,64", "turbo2+mean,128", "turbo2+mean,64"})
+    void centeredKeysPrefillMatchesTheReferenceOverAnyPageSize(String kName, int d) {
+        CudaContext context = AttentionGpuFixture.context();
+        KernelCache cache = AttentionGpuFixture.cache();
+        long seed = AttentionGpuFixture.seed("centered prefill " + kName + " " + d);
+        int kvHeads = 3, heads = 2 * kvHeads, total = 700, start = 350, n = total - start;
+        KvFormat kf = KvFormat.parse(kName), vf = PageMeanFormat.rows(kf);
+        KvGeometry g = new KvGeometry(1, kvHeads, d, d);
+        float scale = (float) (1 / Math.sqrt(d));
+        for (int pageTokens : new int[] {8, 24, 64}) {
+            for (double common : new double[] {0, 4}) {
+                SplittableRandom r = new SplittableRandom(seed);
+                int pages = (total + pageTokens - 1) / pageTokens;
+                try (KvCache host = new KvCache(g, kf, vf, pageTokens, 2 * pages)) {
+                    KvSequence other = host.newSequence();   // every other page: the table is not the identity
+                    KvSequence seq = host.newSequence();
+                    for (int p = 1; p <= pages; p++) {
+                        other.reserve(p * pageTokens);
+                        seq.reserve(Math.min(total, p * pageTokens));
+                    }
+                    float[] k = new float[total * kvHeads * d], v = new float[k.length], q = new float[n * heads * d];
+                    for (int i = 0; i < k.length; i++) {
+                        k[i] = (float) (r.nextGaussian() + common * Math.sin(1.7 * (i % (kvHeads * d)) + 0.3));
+                        v[i] = (float) r.nextGaussian();
+                    }
+                    for (int i = 0; i < q.length; i++) {
+                        q[i] = (float) r.nextGaussian();
+                    }
+                    // two writes: the pages the second opens take its rows' means, the one it continues keeps its own
+                    seq.writeRows(0, 0, start, k, 0, v, 0);
+                    seq.writeRows(0, start, n, k, start * kvHeads * d, v, start * kvHeads * d);
+                    double[] ref = dev.kvant.attention.AttentionReference.attend(seq, 0, q, n, start, heads, scale,
+                            new AttentionOptions(0f, 0f));
+                    AttentionShape shape = AttentionShape.of(host, heads);
+                    try (CudaKvCache device = CudaKvCache.mirror(context, host);
+                         CudaAttention attention = CudaAttention.create(context, cache, shape,
+                                 AttentionPlan.of(1, 1, total, n));
+                         DeviceBatch batch = DeviceBatch.allocate(context, 1, 2 * pages);
+                         DeviceBuffer qd = AttentionGpuFixture.upload(context, q);
+                         DeviceBuffer od = context.allocate(4L * n * heads * d)) {
+                        batch.set(0, pagesOf(seq), seq.pageCount(), total);
+                        batch.upload();
+                        od.fillFloats(Float.NaN);
+                        attention.prefill(device, 0, qd, batch, 0, start, n, od, context.defaultStream());
+                        context.synchronize();
+                        float[] out = AttentionGpuFixture.download(od, n * heads * d);
+                        String what = kName + " head " + d + " pages of " + pageTokens + " common " + common
+                                + "; seed " + seed;
+                        assertTrue(allFinite(out), what + ": output has NaN/inf (unwritten or broken)");
+                        double nmse = AttentionReference.nmse(out, ref);
+                        System.out.printf(java.util.Locale.ROOT, "centered prefill %s: NMSE %.3e%n", what, nmse);
+                        assertTrue(nmse < 2e-5, what + ": NMSE " + nmse + " against the float64 reference");
+                    }
                 }
             }
         }
