@@ -33,7 +33,8 @@ final class BenchCommand implements Runnable {
     String synthetic;
 
     @Option(names = "--weights", paramLabel = "TYPE", defaultValue = "f16",
-            description = "weight format of a synthetic model: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k")
+            description = "weight format of a synthetic model: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k (its output"
+                    + " head in q6_k with q4_0, q4_k and q5_k, as llama.cpp quantizes a model file)")
     String weights;
 
     @Option(names = {"-p", "--n-prompt"}, paramLabel = "N", split = ",", defaultValue = "512",
@@ -80,26 +81,39 @@ final class BenchCommand implements Runnable {
 
     /**
      * Each row as a fraction of what the device allows, both measured in this run: generation against copy bandwidth
-     * / (weight bytes + cache bytes at that depth) per token, prompt processing against the bf16 GEMM rate / the
-     * weights' 2 flops per element per token.
+     * / the bytes a step reads (the weights once per launch of up to maxBatch sequences, and each sequence's cache at
+     * that depth); prompt processing against the bf16 GEMM rate / its flops per token (2 per weight element, the
+     * output head once per prefill chunk, and the causal attention over the depth and the prompt before it). With a
+     * page selection or sparse V the cache is not read whole, so there is no such limit: none is printed.
      */
     static String limitsTable(CudaBackend cuda, CudaBackend.Limits limits, List<Benchmark.Row> rows,
                               Benchmark.Settings s) {
         StringBuilder sb = new StringBuilder();
-        long kvPerToken = Session.kvBytesPerToken(cuda.model().config(), s.kv());
+        dev.kvant.model.ModelConfig c = cuda.model().config();
+        long kvPerToken = Session.kvBytesPerToken(c, s.kv());
         sb.append(String.format(Locale.ROOT, "%ndevice %s: copy %.0f GB/s (read + written), bf16 GEMM %.0f TFLOP/s; "
                         + "weights %.3f GB read per token, KV %s %d bytes per cached token%n%n", cuda.deviceName(),
                 limits.copyGBps(), limits.bf16Tflops(), cuda.weightBytesPerToken() / 1e9, s.kv().name(),
                 kvPerToken));
+        if (cuda.model().selection() != null || cuda.model().attentionOptions().sparseV() > 0) {
+            return sb.append("(no limits: a page selection or sparse V reads less than the whole cache)\n").toString();
+        }
         sb.append("| kv | test | depth | t/s | limit t/s | of limit |\n| --- | --- | ---: | ---: | ---: | ---: |\n");
+        int launches = (s.sequences() + cuda.maxBatch() - 1) / cuda.maxBatch();
+        long head = (long) c.vocabSize() * c.dim();
         for (Benchmark.Row r : rows) {
             double limit;
             if (r.test().startsWith("tg")) {
-                // a step of S sequences reads the weights once and each sequence's cache
                 limit = s.sequences() * limits.copyGBps() * 1e9
-                        / (cuda.weightBytesPerToken() + (double) s.sequences() * kvPerToken * r.depth());
+                        / ((double) launches * cuda.weightBytesPerToken() + (double) s.sequences() * kvPerToken * r.depth());
             } else {
-                limit = limits.bf16Tflops() * 1e12 / (2.0 * cuda.weightElementsPerToken());
+                int n = Integer.parseInt(r.test().substring(2).replaceAll("\\D.*", ""));
+                int chunks = (n + s.prefillChunk() - 1) / s.prefillChunk();
+                double weights = 2.0 * (cuda.weightElementsPerToken() - head + (double) head * chunks / n);
+                // QK^T and PV, 2 flops a multiply-add, over the depth and on average half the prompt
+                double attention = 2.0 * c.layers() * c.heads() * (c.headDimK() + c.headDimV())
+                        * (r.depth() + (n + 1) / 2.0);
+                limit = limits.bf16Tflops() * 1e12 / (weights + attention);
             }
             sb.append(String.format(Locale.ROOT, "| %s | %s | %d | %.1f | %.1f | %.0f%% |%n", r.kv(), r.test(),
                     r.depth(), r.tpsMean(), limit, 100 * r.tpsMean() / limit));
@@ -166,6 +180,7 @@ final class BenchCommand implements Runnable {
         String deepest = "-d " + Arrays.stream(depth).max().orElse(0) + " plus -p/-n " + longest
                 + (sequences > 1 ? " for -np " + sequences + " sequences" : "");
         progress.update("loading model");
+        opts.checkOptions();
         try (LlamaModel model = synthetic != null ? ModelOptions.synthetic(synthetic, weights) : opts.load();
              Parallel pool = new Parallel(opts.threads);
              var dump = selectOpts.apply(model, opts.model);

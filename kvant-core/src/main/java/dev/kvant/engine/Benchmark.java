@@ -11,8 +11,11 @@ import dev.kvant.tensor.Parallel;
 
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.Collections;
+import java.util.IdentityHashMap;
 import java.util.List;
 import java.util.Locale;
+import java.util.Set;
 import java.util.SplittableRandom;
 import java.util.function.Consumer;
 import java.util.function.LongSupplier;
@@ -109,22 +112,34 @@ public final class Benchmark {
 
     /** Relative difference between two consecutive warm-up runs under which the JIT counts as settled. */
     static final double SETTLED = 0.05;
-    static final int MAX_WARMUP_RUNS = 8;
+    /**
+     * Warm-up time before two runs that agree count as settled: a short test (pp32) agrees with itself long before
+     * the JIT is done with the code it runs (a first test measured 5x slower than the same test after others).
+     */
+    static final long MIN_WARMUP_NANOS = 1_500_000_000L;
+    static final int MAX_WARMUP_RUNS = 10_000;
     static final long MAX_WARMUP_NANOS = 30_000_000_000L;
 
     private Benchmark() {
     }
 
     /**
-     * Runs {@code once} (which returns the nanoseconds it timed) untimed until two consecutive runs agree within
-     * {@link #SETTLED}, or the run or time cap is reached.
+     * Runs {@code once} (which returns the nanoseconds it timed) untimed until, after {@link #MIN_WARMUP_NANOS} of
+     * warm-up past the first run, two consecutive runs agree within {@link #SETTLED}, or the run or time cap is
+     * reached.
      */
     static void warmUp(LongSupplier once) {
-        long start = System.nanoTime();
+        warmUp(once, System::nanoTime);
+    }
+
+    /** {@link #warmUp(LongSupplier)} against the clock {@code now} (nanoseconds). */
+    static void warmUp(LongSupplier once, LongSupplier now) {
         long previous = once.getAsLong();
-        for (int run = 1; run < MAX_WARMUP_RUNS && System.nanoTime() - start < MAX_WARMUP_NANOS; run++) {
+        // from the end of the first run, which also compiles, captures and fills (seconds that warm nothing up)
+        long start = now.getAsLong();
+        for (int run = 1; run < MAX_WARMUP_RUNS && now.getAsLong() - start < MAX_WARMUP_NANOS; run++) {
             long t = once.getAsLong();
-            if (Math.abs(t - previous) <= SETTLED * previous) {
+            if (Math.abs(t - previous) <= SETTLED * previous && now.getAsLong() - start >= MIN_WARMUP_NANOS) {
                 return;
             }
             previous = t;
@@ -188,6 +203,9 @@ public final class Benchmark {
         int vocab = backend.model().config().vocabSize();
         for (int depth : s.depths()) {
             int[] fill = randomTokens(random, depth, vocab);
+            // the sessions that hold this depth's fill: the rows a test leaves below a later, deeper depth are its
+            // own tokens, not that depth's fill
+            Set<Session> filled = Collections.newSetFromMap(new IdentityHashMap<>());
             for (int p : s.promptSizes()) {
                 if (p <= 0) {
                     continue;
@@ -196,7 +214,7 @@ public final class Benchmark {
                 progress.accept(test + " @ d" + depth);
                 int[] prompt = randomTokens(random, p, vocab);
                 LongSupplier once = () -> {
-                    resetTo(session, fill, depth, s.randomDepth());
+                    resetTo(session, fill, depth, s.randomDepth(), filled);
                     long t0 = System.nanoTime();
                     session.prefillGreedy(prompt);
                     return System.nanoTime() - t0;
@@ -215,7 +233,7 @@ public final class Benchmark {
                 String test = "tg" + g + (others.length > 0 ? " x" + s.sequences() : "");
                 progress.accept(test + " @ d" + depth);
                 LongSupplier once = others.length == 0 ? () -> {
-                    resetTo(session, fill, depth, s.randomDepth());
+                    resetTo(session, fill, depth, s.randomDepth(), filled);
                     int token = random.nextInt(vocab);
                     long t0 = System.nanoTime();
                     for (int i = 0; i < g; i++) {
@@ -225,9 +243,9 @@ public final class Benchmark {
                 } : () -> {
                     BackendSequence[] seqs = new BackendSequence[s.sequences()];
                     seqs[0] = session.backendSequence();
-                    resetTo(session, fill, depth, s.randomDepth());
+                    resetTo(session, fill, depth, s.randomDepth(), filled);
                     for (int i = 0; i < others.length; i++) {
-                        resetTo(others[i], fill, depth, s.randomDepth());
+                        resetTo(others[i], fill, depth, s.randomDepth(), filled);
                         seqs[i + 1] = others[i].backendSequence();
                     }
                     int[] tokens = randomTokens(random, seqs.length, vocab);
@@ -248,11 +266,11 @@ public final class Benchmark {
     }
 
     /**
-     * Brings the cache to exactly the depth: filled once (a prefill of the fill tokens, or random rows), then
-     * truncated back before each repetition.
+     * Brings the cache to exactly the depth: filled once per depth (a prefill of the fill tokens, or random rows),
+     * then truncated back before each repetition.
      */
-    private static void resetTo(Session session, int[] fill, int depth, boolean random) {
-        if (session.position() < depth) {
+    private static void resetTo(Session session, int[] fill, int depth, boolean random, Set<Session> filled) {
+        if (depth > 0 && (filled.add(session) || session.position() < depth)) {
             session.truncate(0);
             if (random) {
                 session.fillRandom(depth, 1234);

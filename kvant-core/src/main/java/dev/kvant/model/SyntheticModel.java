@@ -75,14 +75,23 @@ public final class SyntheticModel {
     private SyntheticModel() {
     }
 
-    /** Builds a model of the shape with every 2-D weight in the given format (norms and biases in f32). */
+    /**
+     * Builds a model of the shape with every 2-D weight in the given format (norms and biases in f32), but the output
+     * head, which is Q6_K where the format is Q4_0, Q4_K or Q5_K (and the rows are whole Q6_K blocks), as llama.cpp's
+     * quantizer leaves a model file of those types — and so the bytes a token reads are those of a real file (a tied
+     * embedding is the output head too).
+     */
     public static LlamaModel build(Shape shape, GgmlType weightType, long seed) {
         WeightFormat format = WeightFormat.of(weightType);
         ModelConfig c = shape.config();
+        GgmlType headType = headType(weightType, c.dim());
+        boolean q6Head = headType != weightType;
         Arena arena = Arena.ofShared();
         try {
             Filler fill = new Filler(format, seed, arena);
-            WeightMatrix embedding = fill.matrix("token_embd.weight", c.vocabSize(), c.dim());
+            Filler headFill = q6Head ? new Filler(WeightFormat.of(headType), seed + 1, arena) : fill;
+            boolean tied = shape == Shape.LLAMA3_2_1B;   // Llama 3.2 1B ties its output to the embedding
+            WeightMatrix embedding = (tied ? headFill : fill).matrix("token_embd.weight", c.vocabSize(), c.dim());
             LlamaWeights.Layer[] layers = new LlamaWeights.Layer[c.layers()];
             for (int i = 0; i < c.layers(); i++) {
                 String p = "blk." + i + ".";
@@ -102,15 +111,19 @@ public final class SyntheticModel {
                         fill.matrix(p + "ffn_up.weight", c.ffnDim(), c.dim()),
                         fill.matrix(p + "ffn_down.weight", c.dim(), c.ffnDim()));
             }
-            // Llama 3.2 1B ties its output to the embedding; the others have their own.
-            WeightMatrix output = shape == Shape.LLAMA3_2_1B ? embedding
-                    : fill.matrix("output.weight", c.vocabSize(), c.dim());
+            WeightMatrix output = tied ? embedding : headFill.matrix("output.weight", c.vocabSize(), c.dim());
             LlamaWeights w = new LlamaWeights(embedding, fill.norm(c.dim()), output, layers, null);
             return new LlamaModel("synthetic " + shape.id + " " + weightType, c, w, null, arena);
         } catch (RuntimeException | OutOfMemoryError e) {
             arena.close();
             throw e;
         }
+    }
+
+    /** The output head's type in a model file of weightType with rows of dim values (llama.cpp's quantizer's choice). */
+    static GgmlType headType(GgmlType weightType, int dim) {
+        boolean q6 = weightType == GgmlType.Q4_0 || weightType == GgmlType.Q4_K || weightType == GgmlType.Q5_K;
+        return q6 && dim % GgmlType.Q6_K.blockSize == 0 ? GgmlType.Q6_K : weightType;
     }
 
     /** Fills tensors from a pool of valid random blocks, copying whole blocks to random places: fast and valid. */

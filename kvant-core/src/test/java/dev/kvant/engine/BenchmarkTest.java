@@ -21,45 +21,57 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 class BenchmarkTest {
 
-    /** Hands out the given run times in turn and counts the calls. */
+    /** Hands out the given run times (milliseconds) in turn as nanoseconds, counts the calls, and is the clock. */
     private static final class Runs implements LongSupplier {
-        private final long[] times;
+        private final long[] millis;
         final AtomicInteger calls = new AtomicInteger();
+        long clock;
 
-        Runs(long... times) {
-            this.times = times;
+        Runs(long... millis) {
+            this.millis = millis;
         }
 
         @Override
         public long getAsLong() {
             int i = calls.getAndIncrement();
-            return times[Math.min(i, times.length - 1)];
+            long nanos = millis[Math.min(i, millis.length - 1)] * 1_000_000L;
+            clock += nanos;
+            return nanos;
+        }
+
+        void warmUp() {
+            Benchmark.warmUp(this, () -> clock);
         }
     }
 
     @Test
     void warmUpStopsOnceTwoConsecutiveRunsAgree() {
         Runs runs = new Runs(1000, 800, 600, 590, 100);
-        Benchmark.warmUp(runs);
-        assertEquals(4, runs.calls.get(), "600 and 590 agree within 5%");
+        runs.warmUp();
+        assertEquals(4, runs.calls.get(), "600 and 590 agree within 5%, 2 s after the first run");
     }
 
+    /** Runs that agree at once still warm up for the minimum time (a short test agrees before the JIT is done). */
     @Test
-    void warmUpRunsTwiceWhenTheFirstRunsAlreadyAgree() {
+    void warmUpLastsItsMinimumTimeEvenWhenTheFirstRunsAgree() {
         Runs runs = new Runs(500, 510);
-        Benchmark.warmUp(runs);
-        assertEquals(2, runs.calls.get());
+        runs.warmUp();
+        assertEquals(4, runs.calls.get(), "the first run, then 1.5 s of warm-up: three runs of half a second");
+        Runs quick = new Runs(10);
+        quick.warmUp();
+        assertEquals(1 + Benchmark.MIN_WARMUP_NANOS / 10_000_000, quick.calls.get());
     }
 
     @Test
-    void warmUpGivesUpAfterItsRunCap() {
-        long[] alternating = new long[20];
+    void warmUpGivesUpAfterItsTimeCap() {
+        long[] alternating = new long[1000];
         for (int i = 0; i < alternating.length; i++) {
             alternating[i] = i % 2 == 0 ? 100 : 200;
         }
         Runs runs = new Runs(alternating);
-        Benchmark.warmUp(runs);
-        assertEquals(Benchmark.MAX_WARMUP_RUNS, runs.calls.get());
+        runs.warmUp();
+        assertTrue(runs.clock >= Benchmark.MAX_WARMUP_NANOS && runs.clock < Benchmark.MAX_WARMUP_NANOS + 400_000_000L,
+                "stopped at " + runs.clock + " ns of runs");
     }
 
     /** Records the batches a backend is asked to decode: their size and each sequence's length before the step. */

@@ -337,6 +337,11 @@ public final class CudaBackend implements Backend {
         return split;
     }
 
+    /** Sequences one decode launch takes: a step of more runs as several launches, each reading the weights. */
+    public int maxBatch() {
+        return options.maxBatch();
+    }
+
     /** Device bytes of the weights one decode step reads (every matrix but the embedding table). */
     public long weightBytesPerToken() {
         long b = 0;
