@@ -102,6 +102,17 @@ final class AttentionBenchCommand implements Runnable {
         if (heads % kvHeads != 0) {
             throw new UsageException("--heads " + heads + " must be a multiple of --kv-heads " + kvHeads);
         }
+        if (headDim < 1) {
+            throw new UsageException("--head-dim must be at least 1, got " + headDim);
+        }
+        if (copyMb < 1) {
+            throw new UsageException("--copy-mb must be at least 1, got " + copyMb);
+        }
+        if (prefill < 0 || selectBudget < 0 || selectCoarse < 0) {
+            throw new UsageException("--prefill, --select-budget and --select-coarse take a number of tokens, 0 for"
+                    + " off; got " + prefill + ", " + selectBudget + ", " + selectCoarse);
+        }
+        UsageException.parsing(() -> dev.kvant.attention.AttentionOptions.defaults().withSparseV(sparseV));
         List<KvFormat> fs = UsageException.parsing(() -> formats.stream().map(KvFormat::parse).toList());
         Progress progress = new Progress(json);
         String machine = AttentionBench.machine();

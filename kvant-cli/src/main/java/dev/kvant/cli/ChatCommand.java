@@ -60,6 +60,11 @@ final class ChatCommand implements Runnable {
         if (nPredict < 0) {
             throw new UsageException("-n must not be negative");
         }
+        sampling.check();
+        opts.checkOptions();
+        if (template != null) {
+            UsageException.parsing(() -> ChatTemplate.named(template));
+        }
         PrintStream out = new PrintStream(System.out, true, StandardCharsets.UTF_8);
         BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
         try (LlamaModel model = opts.load();

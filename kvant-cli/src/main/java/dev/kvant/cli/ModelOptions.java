@@ -25,7 +25,7 @@ final class ModelOptions {
     Path model;
 
     @Option(names = {"-t", "--threads"}, paramLabel = "N",
-            description = "worker threads (default: available processors, ${DEFAULT-VALUE} if unset)")
+            description = "worker threads (default: the available processors, ${DEFAULT-VALUE} here)")
     int threads = Runtime.getRuntime().availableProcessors();
 
     @Option(names = {"--ctk"}, paramLabel = "FORMAT", defaultValue = "f16",
@@ -85,7 +85,8 @@ final class ModelOptions {
     String layerSplit;
 
     @Option(names = "--kv-mem", paramLabel = "SIZE",
-            description = "KV cache memory budget (e.g. 8G, 512M); the context becomes what fits, capped by -c if given")
+            description = "KV cache memory budget (e.g. 8G, 512M): run, chat and serve make the context what fits "
+                    + "(capped by -c); perplexity, needle and the benchmarks refuse a run that does not fit")
     String kvMem;
 
     /**
@@ -95,6 +96,11 @@ final class ModelOptions {
     int contextLength(LlamaModel model, Integer ctxOption, int dflt) {
         if (ctxOption != null && ctxOption < 1) {
             throw new UsageException("-c must be at least 1, got " + ctxOption);
+        }
+        int trained = model.config().contextLength();
+        if (ctxOption != null && trained > 0 && ctxOption > trained) {   // as llama.cpp warns
+            System.err.printf(java.util.Locale.ROOT, "warning: -c %d is more than the %d tokens the model was trained"
+                    + " on; it may not attend well that far%n", ctxOption, trained);
         }
         if (kvMem == null) {
             return ctxOption != null ? ctxOption : dflt;
@@ -335,10 +341,34 @@ final class ModelOptions {
         if (model == null) {
             throw new UsageException("no model given: pass -m path/to/model.gguf");
         }
+        checkOptions();
+        if (Files.isDirectory(model)) {
+            throw new IllegalArgumentException("model " + model + " is a directory, not a GGUF file");
+        }
         if (!Files.isRegularFile(model)) {
             throw new IllegalArgumentException("model file not found: " + model);
         }
         return LlamaModel.load(model);
+    }
+
+    /**
+     * The options that need no model, checked before one is loaded (a typo should not cost a model upload first) and
+     * refused as usage errors: the K/V formats (values are never centered), the sparse-V threshold, --kv-mem.
+     */
+    void checkOptions() {
+        KvLayerFormats f = kvFormats();
+        java.util.List<KvFormat> values = new java.util.ArrayList<>(f.vLayers().values());
+        values.add(f.v());
+        for (KvFormat v : values) {
+            if (v instanceof dev.kvant.kv.PageMeanFormat) {
+                throw new UsageException("V cache format " + v.name() + ": only keys are centered on their page's"
+                        + " mean; use " + dev.kvant.kv.PageMeanFormat.rows(v).name());
+            }
+        }
+        UsageException.parsing(() -> AttentionOptions.defaults().withSparseV(sparseV));
+        if (kvMem != null) {
+            parseSize(kvMem);
+        }
     }
 
     static LlamaModel synthetic(String shape, String weightType) {
@@ -346,9 +376,16 @@ final class ModelOptions {
         try {
             type = GgmlType.valueOf(weightType.toUpperCase(java.util.Locale.ROOT));
         } catch (IllegalArgumentException e) {
-            throw new UsageException("unknown weight type '" + weightType + "'");
+            throw new UsageException("unknown weight type '" + weightType + "' (supported: "
+                    + dev.kvant.tensor.UnsupportedTensorTypeException.SUPPORTED + ")");
         }
-        return SyntheticModel.build(UsageException.parsing(() -> SyntheticModel.Shape.parse(shape)), type, 42);
+        SyntheticModel.Shape s = UsageException.parsing(() -> SyntheticModel.Shape.parse(shape));
+        // a type kvant computes no weights of, or a shape whose rows are no whole blocks of it: the options' fault
+        try {
+            return UsageException.parsing(() -> SyntheticModel.build(s, type, 42));
+        } catch (dev.kvant.tensor.UnsupportedTensorTypeException e) {
+            throw new UsageException("--weights " + weightType + ": " + e.getMessage());
+        }
     }
 
     static void checkThreads(int threads) {

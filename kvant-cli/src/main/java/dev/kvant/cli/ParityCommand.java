@@ -73,6 +73,9 @@ final class ParityCommand implements Callable<Integer> {
     @Override
     public Integer call() {
         ModelOptions.checkThreads(threads);
+        if (headDim < 1 || headDimV != null && headDimV < 1) {
+            throw new UsageException("--head-dim and --head-dim-v must be at least 1");
+        }
         long s = seed != null ? seed : new SplittableRandom().nextLong();
         AttentionParity.Settings settings = UsageException.parsing(() -> new AttentionParity.Settings(
                 KvFormat.parse(ctk), KvFormat.parse(ctv), ctx, queries, kvHeads, heads, headDim,

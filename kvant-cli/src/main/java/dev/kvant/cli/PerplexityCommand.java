@@ -56,6 +56,7 @@ final class PerplexityCommand implements Runnable {
         if (ctx < 4) {   // Perplexity's own rule, checked before the model loads
             throw new UsageException("-c must be at least 4 (the second half of a chunk is scored), got " + ctx);
         }
+        opts.checkOptions();
         String text = TextFiles.read(file);
         Progress progress = new Progress(json);
         try (LlamaModel model = opts.load();
@@ -90,7 +91,8 @@ final class PerplexityCommand implements Runnable {
                         "model %s, kv %s, %s, %d tokens, ctx %d, %d chunks, %d tokens scored, %.1f s%n",
                         model.name(), opts.kvFormats().name(), selectOpts.describe(), tokens.length, r.ctx(),
                         r.chunks(), r.tokensScored(), r.seconds());
-                System.out.printf(Locale.ROOT, "PPL = %.4f +/- %.5f%n", r.ppl(), r.pplError());
+                // llama.cpp's line, which scripts look for
+                System.out.printf(Locale.ROOT, "Final estimate: PPL = %.4f +/- %.5f%n", r.ppl(), r.pplError());
                 if (chunkNll) {
                     for (int c = 0; c < r.chunks(); c++) {
                         System.out.printf(Locale.ROOT, "chunk %d nll %.9f%n", c, r.chunkNll()[c]);

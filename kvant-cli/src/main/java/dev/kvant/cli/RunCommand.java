@@ -45,6 +45,8 @@ final class RunCommand implements Runnable {
         if (nPredict < 0) {
             throw new UsageException("-n must not be negative");
         }
+        sampling.check();
+        opts.checkOptions();
         PrintStream out = new PrintStream(System.out, true, StandardCharsets.UTF_8);
         try (LlamaModel model = opts.load();
              Parallel pool = new Parallel(opts.threads);

@@ -9,6 +9,7 @@ import dev.kvant.model.LlamaModel;
 import dev.kvant.server.KvantServer;
 import dev.kvant.server.ServerConfig;
 import dev.kvant.server.TextCodec;
+import dev.kvant.tokenizer.ChatTemplate;
 import dev.kvant.tensor.Parallel;
 import picocli.CommandLine.Command;
 import picocli.CommandLine.Mixin;
@@ -127,6 +128,16 @@ final class ServeCommand implements Runnable {
         if (selectOpts.dump != null) {
             throw new UsageException("--dump-selection records the selections of one run (perplexity,"
                     + " needle, bench on the CPU), not of a server");
+        }
+        opts.checkOptions();
+        if (port < 0 || port > 65535) {
+            throw new UsageException("--port must be between 0 and 65535, got " + port);
+        }
+        if (apiKey != null && apiKey.isBlank()) {
+            throw new UsageException("--api-key must not be blank");
+        }
+        if (template != null) {
+            UsageException.parsing(() -> ChatTemplate.named(template));
         }
         try (LlamaModel model = synthetic != null ? ModelOptions.synthetic(synthetic, weights) : opts.load();
              Parallel threads = new Parallel(opts.threads);

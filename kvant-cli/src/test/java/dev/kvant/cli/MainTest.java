@@ -9,6 +9,7 @@ import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 class MainTest {
@@ -171,6 +172,35 @@ class MainTest {
                 "--select-coarse", "100");
         assertEquals(2, bad.code());
         assertTrue(bad.err().contains("--select-coarse"), bad.err());
+    }
+
+    /**
+     * Options out of range are usage errors (exit 2), found before any model is read: the model path here does not
+     * exist, so a check after loading would say that instead.
+     */
+    @Test
+    void optionsOutOfRangeAreUsageErrorsBeforeTheModelIsRead() {
+        String[][] cases = {
+                {"run", "--top-k", "-3"}, {"run", "--top-p", "2"}, {"run", "--min-p", "-1"},
+                {"run", "--repeat-last-n", "-5"}, {"run", "--sparse-v", "2"}, {"run", "--ctv", "turbo3+mean"},
+                {"run", "--ctv-layer", "-1=turbo3+mean"}, {"chat", "--chat-template", "bogus"},
+                {"serve", "--port", "70000"}, {"perplexity", "--sparse-v", "-1", "-f", "x.txt"}};
+        for (String[] c : cases) {
+            String[] args = new String[c.length + 4];
+            System.arraycopy(c, 0, args, 0, c.length);
+            System.arraycopy(new String[] {"-m", "/nonexistent/model.gguf", "-p", "hi"}, 0, args, c.length, 4);
+            if (!c[0].equals("run")) {   // only run takes -p
+                args = java.util.Arrays.copyOf(args, args.length - 2);
+            }
+            Run r = run(args);
+            assertEquals(2, r.code(), String.join(" ", c) + ": " + r.err());
+            assertFalse(r.err().contains("not found"), String.join(" ", c) + ": " + r.err());
+        }
+        Run weights = run("bench", "--synthetic", "tiny", "--weights", "q2_k", "-p", "8", "-n", "0", "-r", "1");
+        assertEquals(2, weights.code(), weights.err());
+        Run directory = run("run", "-m", System.getProperty("java.io.tmpdir"), "-p", "hi");
+        assertEquals(1, directory.code());
+        assertTrue(directory.err().contains("is a directory"), directory.err());
     }
 
     @Test

@@ -38,10 +38,15 @@ public final class AttentionParity {
             return nmse <= bound;
         }
 
+        /** As JSON; an NMSE or error that is not finite (a kernel that wrote NaN) is null, not a bare Infinity. */
         public String toJson() {
-            return String.format(Locale.ROOT, "{\"kernel\":\"%s\",\"nmse\":%.3e,\"max_abs_err\":%.3e,"
-                    + "\"checksum\":\"%016x\",\"bound\":%.1e,\"ms\":%.2f,\"ok\":%b}", kernel, nmse, maxAbsError,
-                    checksum, bound, millis, ok());
+            return String.format(Locale.ROOT, "{\"kernel\":\"%s\",\"nmse\":%s,\"max_abs_err\":%s,"
+                    + "\"checksum\":\"%016x\",\"bound\":%.1e,\"ms\":%.2f,\"ok\":%b}", kernel, scientific(nmse),
+                    scientific(maxAbsError), checksum, bound, millis, ok());
+        }
+
+        private static String scientific(double v) {
+            return Double.isFinite(v) ? String.format(Locale.ROOT, "%.3e", v) : "null";
         }
     }
 

@@ -273,7 +273,8 @@ public final class CpuBackend implements Backend {
         void checkRoom(int n) {
             if (n > capacity - kv.length()) {   // (no sum: n may be near Integer.MAX_VALUE)
                 throw new ContextFullException("the sequence would need " + ((long) kv.length() + n)
-                        + " tokens but the context holds " + capacity + " (raise -c)");
+                        + " tokens but the context holds " + capacity
+                        + " (raise -c, or --kv-mem where it set the context)");
             }
         }
 

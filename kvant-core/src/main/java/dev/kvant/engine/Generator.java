@@ -39,7 +39,8 @@ public final class Generator {
         }
         if (session.position() + prompt.length > session.contextLength()) {
             throw new ContextFullException("the prompt has " + prompt.length + " tokens but the context holds "
-                    + (session.contextLength() - session.position()) + " more (raise -c)");
+                    + (session.contextLength() - session.position()) + " more"
+                    + " (raise -c, or --kv-mem where it set the context)");
         }
         for (int t : prompt) {
             sampler.accept(t);

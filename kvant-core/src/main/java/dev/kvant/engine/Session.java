@@ -236,7 +236,8 @@ public final class Session implements AutoCloseable {
     private void checkRoom(int n) {
         if (seq.length() + n > contextLength) {
             throw new ContextFullException("the sequence would need " + (seq.length() + n)
-                    + " tokens but the context holds " + contextLength + " (raise -c)");
+                    + " tokens but the context holds " + contextLength
+                    + " (raise -c, or --kv-mem where it set the context)");
         }
     }
 

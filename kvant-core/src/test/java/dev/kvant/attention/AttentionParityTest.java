@@ -89,4 +89,15 @@ class AttentionParityTest {
         x[1] = Math.nextUp(2f);
         assertTrue(a != AttentionParity.checksum(x));
     }
+
+    /** A kernel that wrote NaN: its NMSE and error are JSON nulls (a bare Infinity is no JSON), and it is not ok. */
+    @Test
+    void aNonFiniteErrorIsNullInJson() {
+        AttentionParity.Result r = new AttentionParity.Result("broken", Double.POSITIVE_INFINITY, Double.NaN, 7L,
+                1e-5, 1.0);
+        assertTrue(r.toJson().contains("\"nmse\":null,\"max_abs_err\":null,"), r.toJson());
+        assertTrue(r.toJson().endsWith("\"ok\":false}"), r.toJson());
+        AttentionParity.Result fine = new AttentionParity.Result("fine", 1.5e-7, 2e-3, 7L, 1e-5, 1.0);
+        assertTrue(fine.toJson().contains("\"nmse\":1.500e-07,\"max_abs_err\":2.000e-03,"), fine.toJson());
+    }
 }
