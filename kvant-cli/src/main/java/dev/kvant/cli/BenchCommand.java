@@ -104,8 +104,9 @@ final class BenchCommand implements Runnable {
         for (Benchmark.Row r : rows) {
             double limit;
             if (r.test().startsWith("tg")) {
-                limit = s.sequences() * limits.copyGBps() * 1e9
-                        / ((double) launches * cuda.weightBytesPerToken() + (double) s.sequences() * kvPerToken * r.depth());
+                double bytes = (double) launches * cuda.weightBytesPerToken()
+                        + (double) s.sequences() * kvPerToken * r.depth();
+                limit = s.sequences() * limits.copyGBps() * 1e9 / bytes;
             } else {
                 int n = Integer.parseInt(r.test().substring(2).replaceAll("\\D.*", ""));
                 int chunks = (n + s.prefillChunk() - 1) / s.prefillChunk();

@@ -49,6 +49,9 @@ final class KvEvalCommand implements Runnable {
     @Option(names = {"-t", "--threads"}, paramLabel = "N", description = "worker threads")
     int threads = Runtime.getRuntime().availableProcessors();
 
+    /** Tokens of the text the model read (at most --tokens). */
+    private int tokensRead;
+
     @Option(names = "--json", description = "print a JSON array")
     boolean json;
 
@@ -64,11 +67,11 @@ final class KvEvalCommand implements Runnable {
         if (rows < 1 || headDim < 1 || tokens < 2) {
             throw new UsageException("--rows, --head-dim must be positive and --tokens at least 2");
         }
+        ModelOptions.checkThreads(threads);
         List<KvFormat> formats = KvFormat.all();
         List<Line> lines = new ArrayList<>();
         ModelConfig geometry = null;
         if (model != null) {
-            ModelOptions.checkThreads(threads);
             try (LlamaModel m = LlamaModel.load(model)) {
                 geometry = m.config();
                 float[][][] kv = modelRows(m);
@@ -103,6 +106,10 @@ final class KvEvalCommand implements Runnable {
         String text = TextFiles.read(file);
         int[] ids = m.tokenizer().encode(text, true, false);
         int n = Math.min(tokens, Math.min(ids.length, m.config().contextLength()));
+        if (n < 2) {
+            throw new IllegalArgumentException(file + " has " + ids.length + " token(s): kv-eval needs at least 2");
+        }
+        tokensRead = n;
         ModelConfig c = m.config();
         KvFormat f16 = KvFormat.parse("f16");
         try (Parallel pool = new Parallel(threads); Session s = new Session(m, n, f16, f16, 512, pool)) {
@@ -137,17 +144,18 @@ final class KvEvalCommand implements Runnable {
                 Line l = lines.get(i);
                 KvEval.Row r = l.row();
                 sb.append(i == 0 ? "\n  " : ",\n  ").append(String.format(Locale.ROOT,
-                        "{\"format\":\"%s\",\"bits_per_value\":%.4f,\"bytes_per_token\":%d,\"mse_rel\":%.6e,"
+                        "{\"format\":\"%s\",\"bits_per_value\":%.4f,\"bytes_per_token\":%s,\"mse_rel\":%.6e,"
                                 + "\"ip_err_rel\":%.6e,\"ip_err_rel_outlier_q\":%.6e,\"source\":\"%s\","
                                 + "\"tensor\":\"%s\"}",
-                        r.format(), r.bitsPerValue(), l.bytesPerToken(), r.mseRel(), r.ipErrRel(),
-                        r.ipErrRelOutlierQ(), l.source(), l.tensor()));
+                        r.format(), r.bitsPerValue(),
+                        l.bytesPerToken() < 0 ? "null" : Long.toString(l.bytesPerToken()),   // no model: none
+                        r.mseRel(), r.ipErrRel(), r.ipErrRelOutlierQ(), l.source(), l.tensor()));
             }
             System.out.println(sb.append("\n]"));
             return;
         }
         System.out.printf(Locale.ROOT, "kv-format v%d; random rows: %d x head_dim %d, seed %d%s%n", KvFormat.VERSION,
-                rows, headDim, seed, geometry != null ? "; model rows: " + model + ", " + tokens + " tokens of "
+                rows, headDim, seed, geometry != null ? "; model rows: " + model + ", " + tokensRead + " tokens of "
                         + file : "");
         System.out.println();
         System.out.println("| format | source | tensor | bits/value | bytes/token | rel. MSE | rel. IP error "
