@@ -180,8 +180,8 @@ final class BenchCommand implements Runnable {
         }
         String deepest = "-d " + Arrays.stream(depth).max().orElse(0) + " plus -p/-n " + longest
                 + (sequences > 1 ? " for -np " + sequences + " sequences" : "");
-        progress.update("loading model");
         opts.checkOptions();
+        progress.update("loading model");
         try (LlamaModel model = synthetic != null ? ModelOptions.synthetic(synthetic, weights) : opts.load();
              Parallel pool = new Parallel(opts.threads);
              var dump = selectOpts.apply(model, opts.model);

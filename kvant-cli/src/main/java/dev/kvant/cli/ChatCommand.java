@@ -67,11 +67,14 @@ final class ChatCommand implements Runnable {
         }
         PrintStream out = new PrintStream(System.out, true, StandardCharsets.UTF_8);
         BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+        Progress loading = new Progress(false);
+        loading.update("loading " + opts.model);
         try (LlamaModel model = opts.load();
              Parallel pool = new Parallel(opts.threads);
              Backend backend = opts.openBackend(model, pool);
              Session session = new Session(backend, opts.contextLength(model, ctx, 4096), opts.kvFormats(),
                      opts.prefillChunk(backend))) {
+            loading.done();
             Tokenizer tok = model.tokenizer();
             ChatTemplate tpl = ChatTemplate.detect(model.chatTemplate(), template);
             Sampler sampler = new Sampler(sampling.config(session.contextLength()));

@@ -59,6 +59,7 @@ final class PerplexityCommand implements Runnable {
         opts.checkOptions();
         String text = TextFiles.read(file);
         Progress progress = new Progress(json);
+        progress.update("loading " + opts.model);
         try (LlamaModel model = opts.load();
              Parallel pool = new Parallel(opts.threads);
              var dump = selectOpts.apply(model, opts.model, file);

@@ -48,12 +48,16 @@ final class RunCommand implements Runnable {
         sampling.check();
         opts.checkOptions();
         PrintStream out = new PrintStream(System.out, true, StandardCharsets.UTF_8);
+        Progress loading = new Progress(false);
+        loading.update("loading " + opts.model);
         try (LlamaModel model = opts.load();
              Parallel pool = new Parallel(opts.threads);
              Backend backend = opts.openBackend(model, pool);
              Session session = new Session(backend, opts.contextLength(model, ctx, 4096), opts.kvFormats(),
                      opts.prefillChunk(backend))) {
-            int[] tokens = special ? model.tokenizer().encodePrompt(prompt) : model.tokenizer().encode(prompt, true, false);
+            loading.done();
+            int[] tokens = special ? model.tokenizer().encodePrompt(prompt)
+                    : model.tokenizer().encode(prompt, true, false);
             Generator.Stats st = Generator.generate(session, model.tokenizer(), tokens, nPredict,
                     new Sampler(sampling.config(session.contextLength())), piece -> {
                         out.print(piece);

@@ -7,7 +7,6 @@ import picocli.CommandLine.Command;
 import picocli.CommandLine.Option;
 
 import java.io.PrintStream;
-import java.nio.charset.StandardCharsets;
 import java.nio.file.Path;
 
 /** Prints the token ids of a text. */
@@ -43,8 +42,7 @@ final class TokenizeCommand implements Runnable {
             Tokenizer tok = Tokenizer.create(TokenizerSpec.fromGguf(f.metadata()));
             ids = tok.encode(text, !noBos, special);
         }
-        PrintStream out = new PrintStream(new java.io.FileOutputStream(java.io.FileDescriptor.out), false,
-                StandardCharsets.UTF_8);
+        PrintStream out = System.out;   // digits and punctuation only; one write for the lot
         StringBuilder sb = new StringBuilder(ids.length * 6);
         sb.append(json ? "{\"tokens\":[" : "[");
         for (int i = 0; i < ids.length; i++) {

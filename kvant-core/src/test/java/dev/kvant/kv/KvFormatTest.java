@@ -89,6 +89,7 @@ class KvFormatTest {
     @Test
     void decodeMatchesFloat64ReferenceDecoderOfTheLayout() {
         long seed = System.nanoTime();
+        System.out.println("seed " + seed);   // printed: a failure replays with it
         SplittableRandom rnd = new SplittableRandom(seed);
         try (Arena arena = Arena.ofConfined()) {
             for (KvFormat f : KvFormat.all()) {
@@ -176,6 +177,7 @@ class KvFormatTest {
     @Test
     void turboEncoderPicksTheBestGainsNearestCentroidsAndCorrectsTheNorm() {
         long seed = System.nanoTime();
+        System.out.println("seed " + seed);   // printed: a failure replays with it
         SplittableRandom rnd = new SplittableRandom(seed);
         float[] gains = TurboFormat.gains();
         assertEquals(1f, gains[0], "gain 1 first: a tie keeps the plain codes");
@@ -244,6 +246,7 @@ class KvFormatTest {
     @Test
     void int8ErrorIsWithinHalfAScaleStep() {
         long seed = System.nanoTime();
+        System.out.println("seed " + seed);   // printed: a failure replays with it
         SplittableRandom rnd = new SplittableRandom(seed);
         try (Arena arena = Arena.ofConfined()) {
             for (Int8Format f : List.of(Int8Format.Q8_0, Int8Format.INT8)) {
@@ -285,6 +288,7 @@ class KvFormatTest {
     @Test
     void q4ErrorIsWithinHalfAScaleStep() {
         long seed = System.nanoTime();
+        System.out.println("seed " + seed);   // printed: a failure replays with it
         SplittableRandom rnd = new SplittableRandom(seed);
         try (Arena arena = Arena.ofConfined()) {
             for (Q4Format f : List.of(Q4Format.Q4_0, Q4Format.Q4_0H)) {
@@ -340,6 +344,7 @@ class KvFormatTest {
     @Test
     void halfFormatsRoundToNearest() {
         long seed = System.nanoTime();
+        System.out.println("seed " + seed);   // printed: a failure replays with it
         SplittableRandom rnd = new SplittableRandom(seed);
         try (Arena arena = Arena.ofConfined()) {
             for (int headDim : new int[] {128, 40, 7}) {
@@ -377,6 +382,7 @@ class KvFormatTest {
     @Test
     void turboRoundTripErrorIsLloydMaxsOrLess() {
         long seed = System.nanoTime();
+        System.out.println("seed " + seed);   // printed: a failure replays with it
         SplittableRandom rnd = new SplittableRandom(seed);
         int rows = 2048;
         try (Arena arena = Arena.ofConfined()) {
@@ -450,6 +456,7 @@ class KvFormatTest {
     @Test
     void encodeRowsIsBitIdenticalToRowByRowEncode() {
         long seed = System.nanoTime();
+        System.out.println("seed " + seed);   // printed: a failure replays with it
         SplittableRandom rnd = new SplittableRandom(seed);
         try (Arena arena = Arena.ofConfined()) {
             for (KvFormat f : KvFormat.all()) {
@@ -477,6 +484,7 @@ class KvFormatTest {
     @Test
     void rotateAndUnrotateGoBetweenDomains() {
         long seed = System.nanoTime();
+        System.out.println("seed " + seed);   // printed: a failure replays with it
         SplittableRandom rnd = new SplittableRandom(seed);
         for (KvFormat f : KvFormat.all()) {
             for (int headDim : HEAD_DIMS) {

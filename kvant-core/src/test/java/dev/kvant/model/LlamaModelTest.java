@@ -74,6 +74,61 @@ class LlamaModelTest {
         }
     }
 
+    /**
+     * RoPE scaling against the float64 forward pass: Llama 3's per-pair frequency factors (rope_freqs.weight, NORM
+     * pairs) and linear position scaling (NORM and NEOX pairs), through prefill and decode.
+     */
+    @ParameterizedTest(name = "{0} {1}")
+    @org.junit.jupiter.params.provider.CsvSource({"llama,llama3", "llama,linear", "qwen2,linear"})
+    void scaledRopeMatchesFloat64ReferenceForward(String arch, String scaling) {
+        long seed = new Random().nextLong();
+        int pairs = TinyModels.HEAD_DIM / 2;
+        float[] factors = new float[pairs];
+        for (int i = 0; i < pairs; i++) {
+            factors[i] = 1f + (i * 7 % pairs) * 0.5f;   // 1 .. 16.5, not monotone: each pair its own
+        }
+        float linear = arch.equals("qwen2") ? 2f : 4f;
+        try (Arena arena = Arena.ofShared()) {
+            TinyModels.Built built = TinyModels.build(arch, GgmlType.F32, seed, arena, w -> {
+                w.putString(arch + ".rope.scaling.type", scaling);
+                if (scaling.equals("llama3")) {
+                    byte[] bytes = new byte[4 * pairs];
+                    java.nio.ByteBuffer.wrap(bytes).order(java.nio.ByteOrder.LITTLE_ENDIAN).asFloatBuffer().put(factors);
+                    w.addTensor("rope_freqs.weight", GgmlType.F32, new long[] {pairs}, bytes);
+                } else {
+                    w.putF32(arch + ".rope.scaling.factor", linear);
+                }
+            });
+            LlamaModel model = LlamaModel.fromGguf(built.file());
+            ReferenceForward ref = scaling.equals("llama3") ? new ReferenceForward(built, 1, factors)
+                    : new ReferenceForward(built, linear, null);
+            ReferenceForward plain = new ReferenceForward(built);
+            int[] prompt = randomTokens(seed, 40);
+            int vocab = TinyModels.VOCAB;
+            double[][] expected = new double[prompt.length + 1][];
+            double[] unscaled = null;
+            for (int i = 0; i < prompt.length; i++) {
+                expected[i] = ref.step(prompt[i]);
+                unscaled = plain.step(prompt[i]);
+            }
+            expected[prompt.length] = ref.step(prompt[0]);
+            try (Parallel pool = new Parallel(2);
+                 Session s = new Session(model, 64, KvFormat.parse("f16"), KvFormat.parse("f16"), 16, pool)) {
+                float[] all = new float[prompt.length * vocab];
+                s.prefillAllLogits(prompt, 0, prompt.length, all);
+                for (int i = 0; i < prompt.length; i++) {
+                    double e = nmse(expected[i], all, i * vocab);
+                    assertTrue(e < 1e-6, arch + " " + scaling + " token " + i + ": NMSE " + e + " (seed " + seed + ")");
+                }
+                // the scaling matters at these positions: the unscaled forward is far from it
+                double apart = nmse(unscaled, all, (prompt.length - 1) * vocab);
+                assertTrue(apart > 1e-4, "unscaled RoPE gives nearly the same logits (NMSE " + apart + ")");
+                double e = nmse(expected[prompt.length], s.decode(prompt[0]), 0);
+                assertTrue(e < 1e-6, "decode NMSE " + e + " (seed " + seed + ")");
+            }
+        }
+    }
+
     @Test
     void logitsAreBitIdenticalAtOneTwoAndThreeThreads() {
         long seed = new Random().nextLong();

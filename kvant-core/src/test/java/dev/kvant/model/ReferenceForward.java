@@ -14,9 +14,18 @@ final class ReferenceForward {
     private final List<double[][]> keys = new ArrayList<>();   // per layer: [pos][kvHeads*headDim]
     private final List<double[][]> values = new ArrayList<>();
     private int pos;
+    /** RoPE scaling: positions divided by linearScale, pair i's frequency divided by freqFactors[i] (or 1). */
+    private final double linearScale;
+    private final float[] freqFactors;
 
     ReferenceForward(TinyModels.Built m) {
+        this(m, 1, null);
+    }
+
+    ReferenceForward(TinyModels.Built m, double linearScale, float[] freqFactors) {
         this.m = m;
+        this.linearScale = linearScale;
+        this.freqFactors = freqFactors;
         this.neox = !m.arch().equals("llama");
         for (int l = 0; l < TinyModels.LAYERS; l++) {
             keys.add(new double[256][]);
@@ -97,7 +106,8 @@ final class ReferenceForward {
         int hd = TinyModels.HEAD_DIM;
         for (int h = 0; h < heads; h++) {
             for (int i = 0; i < hd / 2; i++) {
-                double theta = pos * Math.pow(10000.0, -2.0 * i / hd);
+                double theta = pos / linearScale * Math.pow(10000.0, -2.0 * i / hd)
+                        / (freqFactors == null ? 1 : freqFactors[i]);
                 int a = neox ? h * hd + i : h * hd + 2 * i;
                 int b = neox ? a + hd / 2 : a + 1;
                 double x0 = x[a];
