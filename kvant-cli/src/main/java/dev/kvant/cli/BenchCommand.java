@@ -87,7 +87,7 @@ final class BenchCommand implements Runnable {
      * page selection or sparse V the cache is not read whole, so there is no such limit: none is printed.
      */
     static String limitsTable(CudaBackend cuda, CudaBackend.Limits limits, List<Benchmark.Row> rows,
-                              Benchmark.Settings s) {
+                              Benchmark.Settings s, boolean median) {
         StringBuilder sb = new StringBuilder();
         dev.kvant.model.ModelConfig c = cuda.model().config();
         long kvPerToken = Session.kvBytesPerToken(c, s.kv());
@@ -116,8 +116,9 @@ final class BenchCommand implements Runnable {
                         * (r.depth() + (n + 1) / 2.0);
                 limit = limits.bf16Tflops() * 1e12 / (weights + attention);
             }
+            double tps = median ? r.quantile(0.5) : r.tpsMean();   // the figure the main table shows
             sb.append(String.format(Locale.ROOT, "| %s | %s | %d | %.1f | %.1f | %.0f%% |%n", r.kv(), r.test(),
-                    r.depth(), r.tpsMean(), limit, 100 * r.tpsMean() / limit));
+                    r.depth(), tps, limit, 100 * tps / limit));
         }
         return sb.toString();
     }
@@ -216,7 +217,7 @@ final class BenchCommand implements Runnable {
                 List<Benchmark.Row> some = Benchmark.run(backend, s, progress::update);
                 rows.addAll(some);
                 if (limits != null) {
-                    ratios.append(limitsTable((CudaBackend) backend, limits, some, s));
+                    ratios.append(limitsTable((CudaBackend) backend, limits, some, s, median));
                 }
             }
             progress.done();
@@ -224,8 +225,9 @@ final class BenchCommand implements Runnable {
                 System.out.println("attention through a block selection: " + selectOpts.describe() + "\n");
             }
             System.out.println(json ? Benchmark.json(rows, median) : Benchmark.markdown(rows, median));
-            if (limits != null && !json) {
-                System.out.println(ratios);
+            if (limits != null) {
+                // with --json the limits go to stderr: stdout stays one JSON array
+                (json ? System.err : System.out).println(ratios);
             }
             if (dump != null) {
                 dump.commit();
