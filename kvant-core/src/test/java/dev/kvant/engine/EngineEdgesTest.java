@@ -14,7 +14,6 @@ import org.junit.jupiter.api.Test;
 import java.lang.foreign.Arena;
 import java.util.Random;
 
-import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertInstanceOf;
 import static org.junit.jupiter.api.Assertions.assertNull;
@@ -37,37 +36,10 @@ class EngineEdgesTest {
      */
     @Test
     void withPageSelectionNoPrefixIsReusedAndTheAnswerIsTheFreshOne() throws Exception {
-        long seed = 7;
         try (Arena arena = Arena.ofShared(); Parallel threads = new Parallel(2)) {
-            LlamaModel model = LlamaModel.fromGguf(TinyModels.build("llama", GgmlType.F16, seed, arena).file());
-            model.setSelection(new SelectionConfig(64, 16, 16, 16, 1));
-            CpuBackend backend = new CpuBackend(model, threads);
-            Random r = new Random(seed);
-            int[] turn1 = r.ints(150, 0, TinyModels.VOCAB).toArray();
-            int[] question = r.ints(40, 0, TinyModels.VOCAB).toArray();
-            int[] turn2;
-            EngineTest.Events b = new EngineTest.Events();
-            try (SequencePool pool = backend.newSequencePool(2 * CTX, F16, F16);
-                 Engine engine = new Engine(backend, pool, new EngineConfig(2, CTX, 32, 8, true))) {
-                EngineTest.Events a = new EngineTest.Events();
-                engine.submit(new GenerationRequest(turn1, 20, SamplerConfig.greedy(), null), a.queue::add);
-                assertInstanceOf(GenerationEvent.Finished.class, a.end());
-                int[] reply = a.ids();
-                turn2 = new int[turn1.length + reply.length + question.length];
-                System.arraycopy(turn1, 0, turn2, 0, turn1.length);
-                System.arraycopy(reply, 0, turn2, turn1.length, reply.length);
-                System.arraycopy(question, 0, turn2, turn1.length + reply.length, question.length);
-                engine.submit(new GenerationRequest(turn2, 12, SamplerConfig.greedy(), null), b.queue::add);
-                assertInstanceOf(GenerationEvent.Finished.class, b.end());
-                assertEquals(0, b.started.cachedTokens(), "no prefix reused under selection");
-            }
-            EngineTest.Events c = new EngineTest.Events();
-            try (SequencePool pool = backend.newSequencePool(2 * CTX, F16, F16);
-                 Engine fresh = new Engine(backend, pool, new EngineConfig(2, CTX, 32, 8, false))) {
-                fresh.submit(new GenerationRequest(turn2, 12, SamplerConfig.greedy(), null), c.queue::add);
-                assertInstanceOf(GenerationEvent.Finished.class, c.end());
-            }
-            assertArrayEquals(c.ids(), b.ids(), "a cache hit must not change the answer");
+            CpuBackend backend = backend(7, arena, threads);
+            backend.model().setSelection(new SelectionConfig(64, 16, 16, 16, 1));
+            EngineTest.secondTurnReusesNothingAndAnswersAsAFreshEngine(backend, F16, F16, 7);
         }
     }
 
@@ -76,8 +48,7 @@ class EngineEdgesTest {
     void aThrowingStopPredicateFailsItsRequestAlone() throws Exception {
         long seed = 3;
         try (Arena arena = Arena.ofShared(); Parallel threads = new Parallel(2)) {
-            LlamaModel model = LlamaModel.fromGguf(TinyModels.build("llama", GgmlType.F16, seed, arena).file());
-            CpuBackend backend = new CpuBackend(model, threads);
+            CpuBackend backend = backend(seed, arena, threads);
             try (SequencePool pool = backend.newSequencePool(2 * CTX, F16, F16);
                  Engine engine = new Engine(backend, pool, new EngineConfig(2, CTX, 32, 8, true))) {
                 EngineTest.Events bystander = new EngineTest.Events();
@@ -104,8 +75,7 @@ class EngineEdgesTest {
     void aRequestWaitingForPagesHeldOutsideTheEngineDoesNotKeepItsThreadBusy() throws Exception {
         long seed = 5;
         try (Arena arena = Arena.ofShared(); Parallel threads = new Parallel(2)) {
-            LlamaModel model = LlamaModel.fromGguf(TinyModels.build("llama", GgmlType.F16, seed, arena).file());
-            CpuBackend backend = new CpuBackend(model, threads);
+            CpuBackend backend = backend(seed, arena, threads);
             try (SequencePool pool = backend.newSequencePool(CTX, F16, F16);
                  Engine engine = new Engine(backend, pool, new EngineConfig(1, CTX, 32, 8, false))) {
                 // another user of the pool holds one page
@@ -133,8 +103,7 @@ class EngineEdgesTest {
     @Test
     void clearingThePrefixCacheAfterCloseReturnsAtOnce() throws Exception {
         try (Arena arena = Arena.ofShared(); Parallel threads = new Parallel(2)) {
-            LlamaModel model = LlamaModel.fromGguf(TinyModels.build("llama", GgmlType.F16, 9, arena).file());
-            CpuBackend backend = new CpuBackend(model, threads);
+            CpuBackend backend = backend(9, arena, threads);
             try (SequencePool pool = backend.newSequencePool(CTX, F16, F16)) {
                 Engine engine = new Engine(backend, pool, new EngineConfig(1, CTX, 32, 8, true));
                 engine.close();
@@ -147,8 +116,7 @@ class EngineEdgesTest {
     @Test
     void aThrowingBanPredicateFailsItsRequestAlone() throws Exception {
         try (Arena arena = Arena.ofShared(); Parallel threads = new Parallel(2)) {
-            LlamaModel model = LlamaModel.fromGguf(TinyModels.build("llama", GgmlType.F16, 9, arena).file());
-            CpuBackend backend = new CpuBackend(model, threads);
+            CpuBackend backend = backend(9, arena, threads);
             try (SequencePool pool = backend.newSequencePool(2 * CTX, F16, F16);
                  Engine engine = new Engine(backend, pool, new EngineConfig(2, CTX, 32, 8, true))) {
                 EngineTest.Events bad = new EngineTest.Events();
@@ -160,5 +128,10 @@ class EngineEdgesTest {
                 assertEquals(pool.totalPages(), pool.freePages(), "the sequence's pages came back");
             }
         }
+    }
+
+    /** The CPU backend of a tiny llama model built from seed (F16 weights). */
+    private static CpuBackend backend(long seed, Arena arena, Parallel threads) {
+        return new CpuBackend(LlamaModel.fromGguf(TinyModels.build("llama", GgmlType.F16, seed, arena).file()), threads);
     }
 }

@@ -423,14 +423,22 @@ class EngineTest {
      */
     @Test
     void keysCenteredOnPageMeansReuseNoPrefixAndGiveAFreshEnginesTokens() throws Exception {
-        Random r = new Random(SEED + 7);
-        KvFormat centered = KvFormat.parse("turbo3+mean");
-        KvFormat turbo3 = KvFormat.parse("turbo3");
+        secondTurnReusesNothingAndAnswersAsAFreshEngine(backend, KvFormat.parse("turbo3+mean"),
+                KvFormat.parse("turbo3"), SEED);
+    }
+
+    /**
+     * A first turn, then a second that starts with it, on an engine with its prefix cache on: the second reuses no
+     * prefix, frees every page, and generates what a fresh engine (no cache) generates for it.
+     */
+    static void secondTurnReusesNothingAndAnswersAsAFreshEngine(Backend backend, KvFormat k, KvFormat v, long seed)
+            throws Exception {
+        Random r = new Random(seed + 7);
         int[] turn1 = r.ints(150, 0, TinyModels.VOCAB).toArray();
         int[] question = r.ints(40, 0, TinyModels.VOCAB).toArray();
         int[] turn2;
         Events b = new Events();
-        try (SequencePool pool = backend.newSequencePool(2 * CTX, centered, turbo3);
+        try (SequencePool pool = backend.newSequencePool(2 * CTX, k, v);
              Engine engine = new Engine(backend, pool, new EngineConfig(2, CTX, CHUNK, 8, true))) {
             Events a = new Events();
             engine.submit(greedy(turn1, 20), a.queue::add);
@@ -442,16 +450,16 @@ class EngineTest {
             System.arraycopy(question, 0, turn2, turn1.length + reply.length, question.length);
             engine.submit(greedy(turn2, 12), b.queue::add);
             assertInstanceOf(GenerationEvent.Finished.class, b.end());
-            assertEquals(0, b.started.cachedTokens(), "seed " + SEED);
-            assertEquals(0, engine.stats().prefixHits(), "seed " + SEED);
+            assertEquals(0, b.started.cachedTokens(), "seed " + seed);
+            assertEquals(0, engine.stats().prefixHits(), "seed " + seed);
             assertEquals(pool.totalPages(), engine.stats().freePages(), "nothing kept, nothing leaked");
         }
-        try (SequencePool pool = backend.newSequencePool(2 * CTX, centered, turbo3);
+        try (SequencePool pool = backend.newSequencePool(2 * CTX, k, v);
              Engine fresh = new Engine(backend, pool, new EngineConfig(2, CTX, CHUNK, 8, false))) {
             Events c = new Events();
             fresh.submit(greedy(turn2, 12), c.queue::add);
             assertInstanceOf(GenerationEvent.Finished.class, c.end());
-            assertArrayEquals(c.ids(), b.ids(), "seed " + SEED);
+            assertArrayEquals(c.ids(), b.ids(), "seed " + seed);
         }
     }
 

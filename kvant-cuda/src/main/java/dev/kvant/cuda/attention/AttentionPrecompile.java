@@ -22,26 +22,41 @@ import java.util.concurrent.Future;
  * the cubins of {@link #standardShapes()} compiled by scripts/gpu-suite, keyed by the driver version it will report).
  *
  * <pre>java -cp kvant-cuda.jar:kvant-core.jar dev.kvant.cuda.attention.AttentionPrecompile DIR sm_90 13000 [threads]</pre>
+ * ({@code DIR auto [threads]} on the GPU machine: its own architecture and driver, as scripts/gpu-remote runs it
+ * before the tests when no cubins came staged).
  */
 public final class AttentionPrecompile {
     private AttentionPrecompile() {
     }
 
     public static void main(String[] args) throws Exception {
-        if (args.length < 3) {
-            System.err.println("usage: AttentionPrecompile CACHE_DIR ARCH DRIVER_VERSION [THREADS]  "
-                    + "(e.g. /tmp/cubin sm_90 13000)");
+        boolean auto = args.length >= 2 && args[1].equals("auto");
+        if (args.length < (auto ? 2 : 3)) {
+            System.err.println("usage: AttentionPrecompile CACHE_DIR (ARCH DRIVER_VERSION | auto) [THREADS]  "
+                    + "(e.g. /tmp/cubin sm_90 13000; auto: this machine's GPU and driver, on the GPU machine itself)");
             System.exit(2);
         }
-        int threads = args.length > 3 ? Integer.parseInt(args[3]) : Runtime.getRuntime().availableProcessors();
-        KernelCache cache = new KernelCache(Path.of(args[0]), Nvrtc.load(), Integer.parseInt(args[2]));
+        String arch;
+        int driver;
+        if (auto) {   // what a CudaContext here keys its modules by
+            try (dev.kvant.cuda.CudaContext context = dev.kvant.cuda.CudaContext.open()) {
+                arch = context.computeCapability().arch();
+                driver = context.driverVersion();
+            }
+        } else {
+            arch = args[1];
+            driver = Integer.parseInt(args[2]);
+        }
+        int at = auto ? 2 : 3;
+        int threads = args.length > at ? Integer.parseInt(args[at]) : Runtime.getRuntime().availableProcessors();
+        KernelCache cache = new KernelCache(Path.of(args[0]), Nvrtc.load(), driver);
         long t0 = System.nanoTime();
-        cache.cubin(dev.kvant.cuda.model.CudaBackend.kernelSource(), args[1], Map.of());
-        compile(cache, args[1], standardShapes(), threads);
-        compile(cache, args[1], centeredWriteShapes(), threads);
-        compile(cache, args[1], selectionShapes(), threads, true);
+        cache.cubin(dev.kvant.cuda.model.CudaBackend.kernelSource(), arch, Map.of());
+        compile(cache, arch, standardShapes(), threads);
+        compile(cache, arch, centeredWriteShapes(), threads);
+        compile(cache, arch, selectionShapes(), threads, true);
         System.out.printf("compiled the model module and the attention modules of %d shapes (with selection: %d) for"
-                + " %s into %s in %.1f s (%s)%n", standardShapes().size(), selectionShapes().size(), args[1], args[0],
+                + " %s into %s in %.1f s (%s)%n", standardShapes().size(), selectionShapes().size(), arch, args[0],
                 (System.nanoTime() - t0) / 1e9, cache.stats());
     }
 
