@@ -15,7 +15,16 @@ public final class Main implements Runnable {
     @CommandLine.Spec
     CommandLine.Model.CommandSpec spec;
 
+    /** Helidon's loggers, kept referenced so that the level set on them holds (JUL keeps loggers weakly). */
+    private static final java.util.logging.Logger HELIDON = java.util.logging.Logger.getLogger("io.helidon");
+
     public static void main(String[] args) {
+        // a log record (a tokenizer's warning, say) as one line on stderr, as kvant's own messages, not JUL's two with
+        // a timestamp; the web server's INFO lines (its start and routing) left out: kvant serve prints its own
+        if (System.getProperty("java.util.logging.SimpleFormatter.format") == null) {
+            System.setProperty("java.util.logging.SimpleFormatter.format", "kvant: %4$s: %5$s%6$s%n");
+        }
+        HELIDON.setLevel(java.util.logging.Level.WARNING);
         System.exit(execute(args));
     }
 

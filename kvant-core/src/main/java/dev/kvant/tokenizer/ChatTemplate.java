@@ -14,6 +14,10 @@ import java.util.stream.Collectors;
  * Each format follows the model family's published template (model card / HF {@code tokenizer_config.json}); where
  * a family has several revisions the one followed is named below.
  *
+ * <p>Conversations some published templates refuse (Llama 2's, Mistral's and Gemma's raise on roles that do not
+ * alternate user/assistant) are rendered anyway, turn by turn, as llama.cpp's built-in templates render them; only a
+ * system message no user message follows is refused where the format folds it into that message.
+ *
  * <p>The rendered text never starts with BOS: the tokenizer adds it ({@code encode(prompt, true, true)}), and a BOS
  * in the text as well would give two. Markers inside the conversation ({@code <|eot_id|>}, {@code </s>}, ...) are
  * written as text and become control tokens only when the prompt is encoded with {@code parseSpecial = true}.
