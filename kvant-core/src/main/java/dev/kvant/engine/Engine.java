@@ -104,6 +104,7 @@ public final class Engine implements AutoCloseable {
     private volatile long prefixHits;
     private volatile long prefixMisses;
     private volatile long steps;
+    private volatile long decodeSteps;
     private volatile long decodeRows;
 
     /** A request waiting for a slot. */
@@ -282,7 +283,7 @@ public final class Engine implements AutoCloseable {
         int inflight = inFlight.get();
         int run = runningCount;
         return new EngineStats(Math.max(0, inflight - run), run, pool.totalPages(), pool.freePages(), cache.size(),
-                promptTokens, cachedTokens, generatedTokens, prefixHits, prefixMisses, steps, decodeRows);
+                promptTokens, cachedTokens, generatedTokens, prefixHits, prefixMisses, steps, decodeSteps, decodeRows);
     }
 
     /** Closes every cached prefix (on the engine's thread) and returns when done; pages of running requests stay. */
@@ -535,7 +536,11 @@ public final class Engine implements AutoCloseable {
 
     private void step() {
         steps++;
+        long rows = decodeRows;
         decodeStep();
+        if (decodeRows > rows) {
+            decodeSteps++;
+        }
         prefillStep();
         removeDone();
     }

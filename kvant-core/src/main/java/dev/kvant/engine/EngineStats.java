@@ -13,12 +13,13 @@ package dev.kvant.engine;
  * @param generatedTokens  tokens generated
  * @param prefixHits       requests that reused a cached prefix
  * @param prefixMisses     requests that found none
- * @param steps            engine steps run
- * @param decodeRows       sequences decoded, summed over steps (decodeRows / steps is the mean batch)
+ * @param steps            engine steps run (a step decodes, reads a prompt chunk, or both)
+ * @param decodeSteps      steps that decoded at least one sequence
+ * @param decodeRows       sequences decoded, summed over steps (decodeRows / decodeSteps is the mean batch)
  */
 public record EngineStats(int waiting, int running, int totalPages, int freePages, int cachedPrefixes,
                           long promptTokens, long cachedTokens, long generatedTokens, long prefixHits,
-                          long prefixMisses, long steps, long decodeRows) {
+                          long prefixMisses, long steps, long decodeSteps, long decodeRows) {
 
     public int usedPages() {
         return totalPages - freePages;

@@ -129,7 +129,34 @@ class EngineTest {
             }
             EngineStats s = engine.stats();
             assertTrue(s.decodeRows() > s.steps() - prompts.length * 4, "decode steps were batched: " + s);
+            assertTrue(s.decodeRows() > s.decodeSteps() && s.decodeSteps() <= s.steps(), "mean batch above 1: " + s);
             assertEquals(s.totalPages(), s.freePages(), "pages returned: " + s);
+        }
+    }
+
+    /** One slot: every decode step decodes one sequence, so the mean batch is exactly 1 (prompt-only steps aside). */
+    @Test
+    void theMeanBatchOfOneSlotIsOne() throws Exception {
+        Random r = new Random(SEED + 11);
+        try (SequencePool pool = backend.newSequencePool(2 * CTX, F16, F16);
+             Engine engine = new Engine(backend, pool, new EngineConfig(1, CTX, CHUNK, 8, false))) {
+            Events[] ev = new Events[3];
+            for (int i = 0; i < ev.length; i++) {
+                ev[i] = new Events();
+                engine.submit(greedy(r.ints(100, 0, TinyModels.VOCAB).toArray(), 5), ev[i].queue::add);
+            }
+            for (Events e : ev) {
+                assertInstanceOf(GenerationEvent.Finished.class, e.end());
+            }
+            // the last answer arrives within its step: the counters are final once the step has let it go
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+            while (engine.stats().running() > 0 && System.nanoTime() < deadline) {
+                Thread.sleep(1);
+            }
+            EngineStats s = engine.stats();
+            assertEquals(0, s.running(), "the engine went idle: " + s);
+            assertEquals(s.decodeRows(), s.decodeSteps(), "seed " + SEED + ": " + s);
+            assertTrue(s.steps() > s.decodeSteps(), "the prompts' chunks took steps of their own: " + s);
         }
     }
 

@@ -149,7 +149,7 @@ public final class ServeBench {
             }
             EngineStats after = in.engine.stats();
             double meanBatch = (double) (after.decodeRows() - before.decodeRows())
-                    / Math.max(1, after.steps() - before.steps());
+                    / Math.max(1, after.decodeSteps() - before.decodeSteps());
             return new Throughput(parallel, requests, tokens.get(), seconds, meanBatch);
         }
     }
@@ -236,7 +236,7 @@ public final class ServeBench {
         }
     }
 
-    /** The load test on a running instance (whose engine is idle at the start). */
+    /** The load test on a running instance (whose engine is idle at the start), after a warm-up of four requests. */
     public static LoadReport load(Instance in, Setup s, LoadPlan plan) {
         SplittableRandom r = new SplittableRandom(plan.seed());
         int vocab = s.backend().model().config().vocabSize();
@@ -259,6 +259,17 @@ public final class ServeBench {
             bodies[i] = body;
             cancelAfter[i] = r.nextDouble() < plan.cancelFraction() ? r.nextInt(5) : -1;
         }
+        // Warm-up before the clock and the counters (the batching and prefix modes have theirs): a cold JVM's first
+        // requests put seconds of compilation into the latency tails. Prompts from the shortest length to the
+        // longest, from a stream of their own (the plan's draws stay the same); the cache they leave is dropped.
+        SplittableRandom w = new SplittableRandom(plan.seed() + 1);
+        for (int k = 0; k < 4; k++) {
+            int len = (int) Math.round(plan.minPrompt() * Math.pow((double) maxPrompt / plan.minPrompt(), k / 3.0));
+            check(in.client.stream("v1/completions", textRequest(randomIds(w, Math.max(1, len), vocab),
+                    plan.maxTokens(), true), -1, Duration.ofMinutes(5)));
+        }
+        waitIdle(in.engine, Duration.ofSeconds(30));
+        in.engine.clearPrefixCache();
         EngineStats start = in.engine.stats();
         AtomicInteger next = new AtomicInteger();
         AtomicInteger completed = new AtomicInteger();

@@ -221,6 +221,6 @@ class ServerErrorsTest {
         assertEquals(3, ok.json().path("usage").path("completion_tokens").asInt());
         String metrics = send("GET", "/metrics", null, KEY).raw().body();
         assertTrue(metrics.contains("kvant_requests_total{endpoint=\"/v1/completions\",code=\"503\"} "), metrics);
-        assertTrue(metrics.contains("kvant_kv_pages_total " + pool.totalPages()), metrics);
+        assertTrue(metrics.contains("kvant_kv_pages_capacity " + pool.totalPages()), metrics);
     }
 }
