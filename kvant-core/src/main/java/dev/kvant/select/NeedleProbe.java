@@ -5,6 +5,7 @@ import dev.kvant.tokenizer.ChatTemplate;
 import dev.kvant.tokenizer.Tokenizer;
 
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Locale;
@@ -100,18 +101,34 @@ public record NeedleProbe(String id, int length, double depth, String prompt, St
                 }
             }
         }
-        hay.append(tok.decode(ids.stream().mapToInt(Integer::intValue).toArray()));
-        int at = (int) (hay.length() * depth);
-        int boundary = hay.indexOf(". ", at);
-        int newline = hay.indexOf("\n", at);
-        if (newline >= 0 && (boundary < 0 || newline < boundary)) {
-            boundary = newline;
+        int[] hayIds = ids.stream().mapToInt(Integer::intValue).toArray();
+        hay.append(tok.decode(hayIds));
+        // the needle goes at depth by tokens (the text of the first depth·want tokens), moved to the nearest sentence
+        // or line boundary within 2% of the haystack either way, else left between those tokens: never far from the
+        // depth the probe is labelled with (it used to go to the next boundary however far, or to the end)
+        int at = Math.min(hay.length(), tok.decode(Arrays.copyOf(hayIds, (int) Math.round(want * depth))).length());
+        int window = Math.max(16, hay.length() / 50);
+        int best = -1;
+        for (int d = 0; d <= window && best < 0; d++) {
+            for (int c : new int[] {at - d, at + d}) {
+                if (c > 0 && c <= hay.length() && (hay.charAt(c - 1) == '\n'
+                        || c >= 2 && hay.charAt(c - 2) == '.' && hay.charAt(c - 1) == ' ')) {
+                    best = c;
+                    break;
+                }
+            }
         }
-        at = boundary < 0 ? hay.length() : boundary + 1;
-        hay.insert(at, needle);
+        hay.insert(best >= 0 ? best : at, needle);
         // the message (haystack text included) is plain text: a control-token text in the haystack stays text
         ChatTemplate.Rendered r = template.renderMarked(List.of(ChatMessage.user(intro + hay + question)), true);
-        String prompt = r.text() + answerStart;
+        // the answer starts as the format starts an answer: after a space behind Llama 2's and Mistral's [/INST],
+        // on a line of its own after a raw prompt's question, right after the other formats' assistant header
+        String separator = switch (template) {
+            case RAW -> "\n";
+            case LLAMA2, MISTRAL_V1, MISTRAL_V3, MISTRAL_V7 -> " ";
+            default -> "";
+        };
+        String prompt = r.text() + separator + answerStart;
         String id = String.format(Locale.ROOT, "passkey-L%d-d%d-%02d", length, Math.round(depth * 100), index);
         return new NeedleProbe(id, length, depth, prompt, key, true, r.contentRanges());
     }

@@ -72,6 +72,14 @@ class NeedleProbeTest {
             assertTrue(r != null && r.length >= 2, "the message's ranges");
             int marker = marked.prompt().indexOf("<|im_end|> ");
             assertTrue(marker > r[0] && marker < r[r.length - 1], "the haystack's marker inside the message's range");
+            // a haystack with no sentence or line boundary: the needle stays at its depth (it used to go to the end)
+            String flat = filler.replace('.', ' ').replace('\n', ' ');
+            for (double depth : new double[] {0.1, 0.9}) {
+                NeedleProbe q = NeedleProbe.passKey(tok, ChatTemplate.RAW, flat, 1024, depth, new SplittableRandom(7),
+                        0);
+                double where = (double) q.prompt().indexOf("The pass key is " + q.expected()) / q.prompt().length();
+                assertTrue(Math.abs(where - depth) < 0.06, "depth " + depth + ": the needle at " + where);
+            }
         }
     }
 }
