@@ -155,8 +155,8 @@ public final class ServeBench {
     }
 
     /** Time to first token of a conversation's first turn (computed whole) and second turn (prefix reused). */
-    public record PrefixReuse(int firstPromptTokens, double firstSeconds, int secondPromptTokens, int secondCachedTokens,
-                              double secondSeconds) {
+    public record PrefixReuse(int firstPromptTokens, int firstCachedTokens, double firstSeconds, int secondPromptTokens,
+                              int secondCachedTokens, double secondSeconds) {
         public double speedup() {
             return firstSeconds / secondSeconds;
         }
@@ -184,8 +184,9 @@ public final class ServeBench {
             turn2.add(ChatMessage.user("Which function above is the longest?"));
             SseClient.Trace second = check(in.client.stream("v1/chat/completions", chatRequest(turn2, 16), -1,
                     Duration.ofMinutes(30)));
-            return new PrefixReuse(first.usage().path("prompt_tokens").asInt(), first.ttftSeconds(),
-                    second.usage().path("prompt_tokens").asInt(), second.cachedTokens(), second.ttftSeconds());
+            return new PrefixReuse(first.usage().path("prompt_tokens").asInt(), first.cachedTokens(),
+                    first.ttftSeconds(), second.usage().path("prompt_tokens").asInt(), second.cachedTokens(),
+                    second.ttftSeconds());
         }
     }
 
