@@ -181,7 +181,9 @@ final class BenchCommand implements Runnable {
         }
         String deepest = "-d " + Arrays.stream(depth).max().orElse(0) + " plus -p/-n " + longest
                 + (sequences > 1 ? " for -np " + sequences + " sequences" : "");
-        opts.checkOptions();
+        if (synthetic != null) {   // a model file's load checks them itself
+            opts.checkOptions();
+        }
         progress.update("loading model");
         try (LlamaModel model = synthetic != null ? ModelOptions.synthetic(synthetic, weights) : opts.load();
              Parallel pool = new Parallel(opts.threads);

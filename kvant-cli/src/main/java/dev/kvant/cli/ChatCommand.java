@@ -60,8 +60,7 @@ final class ChatCommand implements Runnable {
         if (nPredict < 0) {
             throw new UsageException("-n must not be negative");
         }
-        sampling.check();
-        opts.checkOptions();
+        sampling.check();   // the model's own options are checked by opts.load(), before it reads the file
         if (template != null) {
             UsageException.parsing(() -> ChatTemplate.named(template));
         }

@@ -45,8 +45,7 @@ final class RunCommand implements Runnable {
         if (nPredict < 0) {
             throw new UsageException("-n must not be negative");
         }
-        sampling.check();
-        opts.checkOptions();
+        sampling.check();   // the model's own options are checked by opts.load(), before it reads the file
         PrintStream out = new PrintStream(System.out, true, StandardCharsets.UTF_8);
         Progress loading = new Progress(false);
         loading.update("loading " + opts.model);

@@ -121,7 +121,9 @@ final class ServeBenchCommand implements Runnable {
             throw new UsageException("--dump-selection records the selections of one run (perplexity,"
                     + " needle, bench on the CPU), not of a server");
         }
-        opts.checkOptions();
+        if (synthetic != null) {   // a model file's load checks them itself
+            opts.checkOptions();
+        }
         try (LlamaModel model = synthetic != null ? ModelOptions.synthetic(synthetic, weights) : opts.load();
              Parallel threads = new Parallel(opts.threads);
              var dump = selectOpts.apply(model);

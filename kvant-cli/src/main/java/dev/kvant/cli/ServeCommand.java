@@ -129,13 +129,11 @@ final class ServeCommand implements Runnable {
             throw new UsageException("--dump-selection records the selections of one run (perplexity,"
                     + " needle, bench on the CPU), not of a server");
         }
-        opts.checkOptions();
-        if (port < 0 || port > 65535) {
-            throw new UsageException("--port must be between 0 and 65535, got " + port);
+        if (synthetic != null) {   // a model file's load checks them itself
+            opts.checkOptions();
         }
-        if (apiKey != null && apiKey.isBlank()) {
-            throw new UsageException("--api-key must not be blank");
-        }
+        // the server's own checks of its options (port, key, timeouts), as usage errors before the model loads
+        UsageException.parsing(() -> serverConfig("check"));
         if (template != null) {
             UsageException.parsing(() -> ChatTemplate.named(template));
         }
@@ -155,8 +153,7 @@ final class ServeCommand implements Runnable {
             }
             String name = alias != null ? alias : synthetic != null ? "synthetic-" + synthetic
                     : stripGguf(opts.model.getFileName());
-            ServerConfig config = new ServerConfig(host, port, apiKey, name, 32L << 20, Duration.ofSeconds(1),
-                    Duration.ofSeconds(writeTimeout));
+            ServerConfig config = serverConfig(name);
             try (SequencePool pool = backend.newSequencePool(poolTokens, opts.kvFormats());
                  Engine engine = new Engine(backend, pool,
                          new EngineConfig(parallel, context, opts.prefillChunk(backend), maxQueue, !noPrefixCache,
@@ -207,5 +204,10 @@ final class ServeCommand implements Runnable {
     private static String stripGguf(Path file) {
         String n = file.toString();
         return n.toLowerCase(Locale.ROOT).endsWith(".gguf") ? n.substring(0, n.length() - 5) : n;
+    }
+
+    private ServerConfig serverConfig(String modelName) {
+        return new ServerConfig(host, port, apiKey, modelName, 32L << 20, Duration.ofSeconds(1),
+                Duration.ofSeconds(writeTimeout));
     }
 }

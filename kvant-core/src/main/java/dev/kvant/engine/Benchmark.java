@@ -203,8 +203,8 @@ public final class Benchmark {
         int vocab = backend.model().config().vocabSize();
         for (int depth : s.depths()) {
             int[] fill = randomTokens(random, depth, vocab);
-            // the sessions that hold this depth's fill: the rows a test leaves below a later, deeper depth are its
-            // own tokens, not that depth's fill
+            // the sessions that hold this depth's fill: a shallower depth after a deeper one would otherwise keep,
+            // below it, the rows the deeper depth's fill and tests wrote
             Set<Session> filled = Collections.newSetFromMap(new IdentityHashMap<>());
             for (int p : s.promptSizes()) {
                 if (p <= 0) {

@@ -60,8 +60,6 @@ public final class Engine implements AutoCloseable {
     private static final long IDLE_POLL_MILLIS = 500;
     /** How often an engine with nothing running looks again whether the queue's head can start. */
     private static final long STALLED_POLL_MILLIS = 20;
-    /** Nothing runs and the queue's head could not start (engine thread only). */
-    private boolean stalled;
     /** The prefix cache's bound on entries, apart from pages. */
     private static final int MAX_PREFIX_ENTRIES = 256;
 
@@ -103,6 +101,8 @@ public final class Engine implements AutoCloseable {
     private volatile long generatedTokens;
     private volatile long prefixHits;
     private volatile long prefixMisses;
+    /** Nothing runs and the queue's head could not start (engine thread only). */
+    private boolean stalled;
     private volatile long steps;
     private volatile long decodeSteps;
     private volatile long decodeRows;
