@@ -2550,7 +2550,7 @@ extern "C" __global__ void __launch_bounds__(MERGE_THREADS) kvant_attn_merge(con
         const float v = row[tid];
         float a = fabsf(v);
 #pragma unroll
-        for (int h = 16; h >= 1; h >>= 1) a = fmaxf(a, __shfl_xor_sync(FULL_MASK, a, h));
+        for (int h = 16; h >= 1; h >>= 1) a = fmax_nan(a, __shfl_xor_sync(FULL_MASK, a, h));
         const float dq = a / 127.f;
         const int c = dq > 0.f ? __float2int_rn(v / dq) : 0;
         int sum = c;

@@ -55,9 +55,11 @@ __host__ __device__ constexpr int round16(int x) { return (x + 15) & ~15; }
 
 // ---- scalar conversions
 
+// f16 conversions saturate (.satfinite): a value past the f16 range becomes ±65504, not ±inf, so an operand of a
+// tensor-core product or GEMM never carries an infinity that would turn its zero products into NaN; NaN stays NaN.
 __device__ __forceinline__ u16 f2h(float x) {
     u16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    asm("cvt.rn.satfinite.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
     return h;
 }
 __device__ __forceinline__ float h2f(u16 h) {
@@ -68,7 +70,7 @@ __device__ __forceinline__ float h2f(u16 h) {
 // Two floats as f16x2: lo in bits 0..15, hi in bits 16..31 (cvt.rn.f16x2.f32 puts its first source high).
 __device__ __forceinline__ u32 pack_h2(float lo, float hi) {
     u32 r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
 __device__ __forceinline__ u32 pack_bf2(float lo, float hi) {
@@ -104,6 +106,13 @@ __device__ __forceinline__ u32 hsub2(u32 a, u32 b) {
 __device__ __forceinline__ u16 nan_to_half(float x) {
     const u32 b = __float_as_uint(x);
     return (u16) (((b >> 16) & 0x8000u) | 0x7e00u | ((b & 0x7fffffu) >> 13));
+}
+// The larger of a and b, NaN if either is (max.NaN; model.cu's fmax_nan): the merge's 8-bit operand of the o product
+// keeps a NaN output row NaN.
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
 }
 // KvLanes.toHalf: the magnitude clamped to the largest finite fp16, then rounded to nearest even; NaN stays NaN
 // (fminf would make it the largest fp16).

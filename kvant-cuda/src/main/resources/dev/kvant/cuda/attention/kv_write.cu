@@ -52,11 +52,6 @@ __device__ __forceinline__ float lane_order_sum_sq(const float* v, int lane) {
     return lane_order_sum_prod<N>(v, v, lane);
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int h = 16; h >= 1; h >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, h));
-    return v;
-}
 __device__ __forceinline__ float warp_java_max(float v) {
 #pragma unroll
     for (int h = 16; h >= 1; h >>= 1) v = java_max(v, __shfl_xor_sync(FULL_MASK, v, h));
@@ -192,10 +187,12 @@ __device__ void encode_regs(float (&x)[D / 32], u8* dst, u8* codes, int lane, co
         const float MAGIC = 12582912.f;   // 1.5 * 2^23, Int8Format.RINT_MAGIC
 #pragma unroll
         for (int b = 0; b < D / B; b++) {
+            // Int8Format's block maximum: Java's max, so a NaN in the block makes the scale NaN (the block decodes
+            // to NaN, as on the CPU) instead of being dropped by fmaxf into a finite scale and codes of -127
             float amax = 0.f;
 #pragma unroll
-            for (int r = 0; r < RPB; r++) amax = fmaxf(amax, fabsf(x[b * RPB + r]));
-            amax = warp_max(amax);
+            for (int r = 0; r < RPB; r++) amax = java_max(amax, fabsf(x[b * RPB + r]));
+            amax = warp_java_max(amax);
             const u16 dh = to_half_clamped(__fdiv_rn(amax, 127.f));
             const float d = h2f(dh);
             const float id = d != 0.f ? __fdiv_rn(1.f, d) : 0.f;
@@ -204,7 +201,7 @@ __device__ void encode_regs(float (&x)[D / 32], u8* dst, u8* codes, int lane, co
 #pragma unroll
             for (int r = 0; r < RPB; r++) {
                 float q = __fsub_rn(__fadd_rn(__fmul_rn(x[b * RPB + r], id), MAGIC), MAGIC);
-                q = fminf(fmaxf(q, -127.f), 127.f);
+                q = q != q ? 0.f : fminf(fmaxf(q, -127.f), 127.f);   // Java's (byte) of NaN is 0
                 blk[2 + 32 * r + lane] = (u8) (signed char) (int) q;
             }
         }

@@ -36,24 +36,35 @@ __device__ __forceinline__ float h2f(u16 h) {
     asm("cvt.f32.f16 %0, %1;" : "=f"(x) : "h"(h));
     return x;
 }
+// f16 conversions saturate (.satfinite): a value past the f16 range becomes ±65504, not ±inf, so an operand of a
+// tensor-core product or GEMM never carries an infinity that would turn its zero products into NaN; NaN stays NaN.
 __device__ __forceinline__ u16 f2h(float x) {
     u16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    asm("cvt.rn.satfinite.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
     return h;
 }
 __device__ __forceinline__ u32 pack_h2(float lo, float hi) {
     u32 r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+// The larger of a and b, NaN if either is (max.NaN): the 8-bit vectors' block maxima, so a NaN activation makes its
+// block's scale NaN and reaches the products' outputs, as Math.max makes it on the CPU, instead of being dropped by
+// fmaxf and coded as 0.
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
     return r;
 }
 __device__ __forceinline__ float bf2f(u16 b) {
     return __uint_as_float(((u32) b) << 16);
 }
 // Greedy choice folded into the output product: a 64-bit key that orders by logit, then by the lower index, so an
-// atomicMax over every row gives the argmax (lowest index among equal logits) whatever the order of the rows.
+// atomicMax over every row gives the argmax (lowest index among equal logits) whatever the order of the rows. A NaN
+// logit ranks below every number (0 in the high half), as Sampler.argmax ranks it; all NaN gives index 0.
 __device__ __forceinline__ unsigned long long argmax_key(float v, int index) {
     u32 b = __float_as_uint(v);
-    u32 ordered = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    u32 ordered = v != v ? 0u : (b & 0x80000000u) ? ~b : (b | 0x80000000u);
     return ((unsigned long long) ordered << 32) | (u32) (0xFFFFFFFFu - (u32) index);
 }
 
@@ -1284,7 +1295,7 @@ __device__ __forceinline__ void quantize_block(float v, i8* q, float2* ds) {
     float a = fabsf(v);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-        a = fmaxf(a, __shfl_xor_sync(FULL_MASK, a, o));
+        a = fmax_nan(a, __shfl_xor_sync(FULL_MASK, a, o));
     }
     float d = a / 127.f;
     int c = d > 0.f ? __float2int_rn(v / d) : 0;
@@ -1442,10 +1453,10 @@ extern "C" __global__ void __launch_bounds__(NORM_SLICE) kvant_rmsnorm(
             ((uint2*) (yh + row))[c] = make_uint2(pack_h2(o[0], o[1]), pack_h2(o[2], o[3]));
         }
         if (yq != nullptr) {
-            float a = fmaxf(fmaxf(fabsf(o[0]), fabsf(o[1])), fmaxf(fabsf(o[2]), fabsf(o[3])));
+            float a = fmax_nan(fmax_nan(fabsf(o[0]), fabsf(o[1])), fmax_nan(fabsf(o[2]), fabsf(o[3])));
 #pragma unroll
             for (int m = 1; m < 8; m <<= 1) {
-                a = fmaxf(a, __shfl_xor_sync(FULL_MASK, a, m));
+                a = fmax_nan(a, __shfl_xor_sync(FULL_MASK, a, m));
             }
             float d = a / 127.f;
             int q[4];

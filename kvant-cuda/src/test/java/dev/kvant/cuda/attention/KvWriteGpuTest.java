@@ -12,6 +12,7 @@ import dev.kvant.kv.KvCache;
 import dev.kvant.kv.KvFormat;
 import dev.kvant.kv.KvGeometry;
 import dev.kvant.kv.KvSequence;
+import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -167,6 +168,104 @@ class KvWriteGpuTest {
                 want = host.vPool(0).toArray(ValueLayout.JAVA_BYTE);
                 got = AttentionGpuFixture.downloadBytes(dev.vPool(0));
                 assertArrayEquals(Arrays.copyOfRange(want, at, at + n), Arrays.copyOfRange(got, at, at + n), "V");
+            }
+        }
+    }
+
+    static Stream<String> formatNames() {
+        return KvFormat.all().stream().map(KvFormat::name);
+    }
+
+    /**
+     * Rows holding NaN (quiet and with a payload), ±inf, a value past the f16 range, all zeros, with ordinary rows
+     * between: the device's rows decode (by the CPU decoder) to the CPU's values, NaN where the CPU's are NaN, for
+     * one write of every row (a warp a row) and for token-at-a-time writes (a block a row). A NaN in a q8_0 or int8
+     * block made a finite scale and codes of -127 on the device (fmaxf drops NaN; Java's max keeps it), so the block
+     * decoded to numbers. A NaN computed from other values may carry other payload bits on the two, so values, not
+     * bytes, are compared.
+     */
+    @ParameterizedTest(name = "{0}")
+    @MethodSource("formatNames")
+    void nonFiniteValuesDecodeToTheCpusValues(String formatName) {
+        CudaContext context = AttentionGpuFixture.context();
+        KernelCache cache = AttentionGpuFixture.cache();
+        KvFormat f = KvFormat.parse(formatName);
+        int d = 128;
+        long seed = AttentionGpuFixture.seed("nonFiniteValuesDecodeToTheCpusValues " + formatName);
+        SplittableRandom r = new SplittableRandom(seed);
+        KvGeometry g = new KvGeometry(1, KV_HEADS, d, d);
+        int tokens = CudaAttention.GAIN_WRITER_ROWS / KV_HEADS + 1;   // one write takes the warp-a-row writer
+        float[] k = rows(r, tokens, d);
+        float[] v = rows(r, tokens, d);
+        float[] special = {Float.NaN, Float.POSITIVE_INFINITY, Float.NEGATIVE_INFINITY, 1e30f,
+                Float.intBitsToFloat(0xff812345), 0f};
+        for (int t = 0; t < 4; t++) {   // the first four tokens: one special value a head, at a different place
+            for (int h = 0; h < special.length; h++) {
+                int row = (t * KV_HEADS + h) * d;
+                int at = (37 * (h + t) + 5) % d;
+                if (special[h] == 0f) {
+                    Arrays.fill(k, row, row + d, 0f);
+                    Arrays.fill(v, row, row + d, -0f);
+                } else {
+                    k[row + at] = special[(h + t) % special.length];
+                    v[row + (at + 64) % d] = special[h];
+                }
+            }
+        }
+        int pages = (tokens + PAGE_TOKENS - 1) / PAGE_TOKENS + 1;
+        try (KvCache host = new KvCache(g, f, f, PAGE_TOKENS, pages)) {
+            KvSequence a = host.newSequence();
+            a.reserve(tokens);
+            a.writeRows(0, 0, tokens, k, 0, v, 0);
+            int[] slots = new int[tokens];
+            for (int t = 0; t < tokens; t++) {
+                slots[t] = a.page(t / PAGE_TOKENS) * PAGE_TOKENS + t % PAGE_TOKENS;
+            }
+            AttentionShape shape = AttentionShape.of(host, 4 * KV_HEADS);
+            byte[] wantK = host.kPool(0).toArray(ValueLayout.JAVA_BYTE);
+            byte[] wantV = host.vPool(0).toArray(ValueLayout.JAVA_BYTE);
+            for (int run = 0; run < 2; run++) {
+                try (CudaKvCache dev = CudaKvCache.allocate(context, g, f, f, PAGE_TOKENS, pages);
+                     CudaAttention attention = CudaAttention.create(context, cache, shape, AttentionPlan.of(1, 1, 64, 0));
+                     DeviceBuffer kd = AttentionGpuFixture.upload(context, k);
+                     DeviceBuffer vd = AttentionGpuFixture.upload(context, v);
+                     DeviceBuffer sd = AttentionGpuFixture.upload(context, slots)) {
+                    if (run == 0) {
+                        attention.quantizeRows(dev, 0, kd, vd, sd, tokens, context.defaultStream());
+                    } else {
+                        for (int t = 0; t < 4; t++) {   // the special tokens one a write
+                            long off = 4L * t * KV_HEADS * d;
+                            attention.quantizeRows(dev, 0, kd.slice(off, 4L * KV_HEADS * d),
+                                    vd.slice(off, 4L * KV_HEADS * d), sd.slice(4L * t, 4), 1, context.defaultStream());
+                        }
+                    }
+                    context.synchronize();
+                    String what = formatName + (run == 0 ? ", one write" : ", a token a write") + ", seed " + seed;
+                    int checked = run == 0 ? tokens : 4;
+                    compareDecoded("K", f, wantK, AttentionGpuFixture.downloadBytes(dev.kPool(0)), host.kRowBytes(),
+                            host.kPageBytes(), a, checked, d, what);
+                    compareDecoded("V", f, wantV, AttentionGpuFixture.downloadBytes(dev.vPool(0)), host.vRowBytes(),
+                            host.vPageBytes(), a, checked, d, what);
+                }
+            }
+        }
+    }
+
+    /** The first tokens rows of sequence s decoded from want and from got: equal values, NaN for NaN. */
+    private static void compareDecoded(String side, KvFormat f, byte[] want, byte[] got, long rowBytes, long pageBytes,
+                                       KvSequence s, int tokens, int d, String what) {
+        float[] w = new float[d], o = new float[d];
+        for (int t = 0; t < tokens; t++) {
+            for (int h = 0; h < KV_HEADS; h++) {
+                long off = s.page(t / PAGE_TOKENS) * pageBytes + ((long) (t % PAGE_TOKENS) * KV_HEADS + h) * rowBytes;
+                f.decode(MemorySegment.ofArray(want), off, d, w, 0);
+                f.decode(MemorySegment.ofArray(got), off, d, o, 0);
+                for (int i = 0; i < d; i++) {
+                    if (Float.floatToIntBits(w[i]) != Float.floatToIntBits(o[i])) {
+                        fail(side + " token " + t + " head " + h + " value " + i + " (" + what + "): the device's row "
+                                + "decodes to " + o[i] + ", the CPU's to " + w[i]);
+                    }
+                }
             }
         }
     }

@@ -2,6 +2,7 @@ package dev.kvant.cuda.model;
 
 import dev.kvant.cuda.DeviceBuffer;
 import dev.kvant.cuda.TestSeed;
+import dev.kvant.sample.Sampler;
 import dev.kvant.tensor.WeightFormat;
 import dev.kvant.tensor.WeightMatrix;
 import org.junit.jupiter.api.Tag;
@@ -11,10 +12,13 @@ import org.junit.jupiter.params.provider.EnumSource;
 
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
+import java.util.Arrays;
 import java.util.List;
 import java.util.SplittableRandom;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 import static org.junit.jupiter.api.Assertions.fail;
 
@@ -207,7 +211,7 @@ class ModelKernelsGpuTest extends ModelKernelsGpuFixture {
 
     /** The value every lane holds after butterflies 16, 8, 4, 2, 1 over a[from .. from + 31] (lane 0's). */
     private static float butterfly(float[] a, int from) {
-        float[] v = java.util.Arrays.copyOfRange(a, from, from + 32);
+        float[] v = Arrays.copyOfRange(a, from, from + 32);
         for (int o = 16; o > 0; o >>= 1) {
             float[] next = new float[32];
             for (int l = 0; l < 32; l++) {
@@ -229,6 +233,121 @@ class ModelKernelsGpuTest extends ModelKernelsGpuFixture {
             }
         }
         return h;
+    }
+
+    /**
+     * A NaN stays visible through the 8-bit vectors and the greedy choice, as on the CPU: a NaN activation makes its
+     * block's scale NaN (quantize, and rmsnorm's 8-bit output under a NaN weight; fmaxf used to drop it and code the
+     * value as 0, so the products came out finite), and the output product's argmax key ranks a NaN logit below every number, as
+     * Sampler.argmax does (its bits used to rank it above +inf). Output heads in Q8_0 (8-bit vectors) and F16 (float
+     * vectors) with NaN rows; of three vectors the last holds a NaN, so all its logits are NaN and its token is 0.
+     */
+    @ParameterizedTest
+    @EnumSource(value = WeightLayout.class, names = {"Q8_0", "F16"})
+    void aNaNStaysVisibleThroughTheVectorsAndRanksLowestInTheGreedyKey(WeightLayout layout) {
+        long seed = TestSeed.next();
+        SplittableRandom random = new SplittableRandom(seed);
+        int vocab = 300, cols = 256, nvec = 3, nb = cols / 32;
+        int[] nanRows = {0, 5, 123, 299};
+        float[] x = new float[nvec * cols];
+        for (int i = 0; i < x.length; i++) {
+            x[i] = (float) random.nextGaussian();
+        }
+        x[2 * cols + 77] = Float.NaN;
+        try (Arena arena = Arena.ofConfined()) {
+            WeightMatrix w = randomMatrix(layout, vocab, cols, random, arena);
+            MemorySegment data = w.data();
+            long rowBytes = data.byteSize() / vocab;
+            for (int r : nanRows) {   // an f16 NaN: the first block's scale (Q8_0) or the first weight (F16)
+                data.set(ValueLayout.JAVA_SHORT_UNALIGNED, r * rowBytes, (short) 0x7E00);
+            }
+            try (DeviceMatrix m = DeviceMatrix.upload(context, w);
+                 DeviceBuffer xd = upload(MemorySegment.ofArray(x));
+                 DeviceBuffer xq = context.allocate((long) nvec * cols);
+                 DeviceBuffer xs = context.allocate(8L * nvec * nb);
+                 DeviceBuffer normWeights = upload(MemorySegment.ofArray(normWeights(cols, 77)));
+                 DeviceBuffer normed = context.allocate(4L * nvec * cols);
+                 DeviceBuffer nq = context.allocate((long) nvec * cols);
+                 DeviceBuffer ns = context.allocate(8L * nvec * nb);
+                 DeviceBuffer logits = context.allocate(4L * nvec * vocab);
+                 DeviceBuffer best = context.allocate(8L * nvec)) {
+                ModelKernels.Vectors v = new ModelKernels.Vectors(xd, xq, xs, cols);
+                kernels.quantize(v, nvec, stream);
+                kernels.rmsnorm(xd, normWeights, new ModelKernels.Vectors(normed, nq, ns, cols), nvec, cols, 1e-5f, stream);
+                logits.fillFloats(0f);
+                best.fillBytes((byte) 0);
+                kernels.logits(m, vocab, v, nvec, logits, best, stream);
+                stream.synchronize();
+                String what = layout + " (seed " + seed + ")";
+                float[] scales = floats(xs, 2 * nvec * nb);
+                float[] normScales = floats(ns, 2 * nvec * nb);
+                for (int k = 0; k < nvec; k++) {
+                    for (int b = 0; b < nb; b++) {
+                        boolean nan = k == 2 && b == 77 / 32;
+                        assertEquals(nan, Float.isNaN(scales[2 * (k * nb + b)]), what + ": quantize, vector " + k
+                                + " block " + b);
+                        // rmsnorm: weight 77 is NaN, so that block of every vector; vector 2's norm, so all of it
+                        assertEquals(k == 2 || b == 77 / 32, Float.isNaN(normScales[2 * (k * nb + b)]),
+                                what + ": rmsnorm, vector " + k + " block " + b);
+                    }
+                }
+                float[] got = floats(logits, nvec * vocab);
+                MemorySegment keys = download(best);
+                for (int k = 0; k < nvec; k++) {
+                    float[] row = Arrays.copyOfRange(got, k * vocab, (k + 1) * vocab);
+                    for (int r = 0; r < vocab; r++) {
+                        boolean nan = k == 2 || Arrays.binarySearch(nanRows, r) >= 0;
+                        assertEquals(nan, Float.isNaN(row[r]), what + ": logit " + r + " of vector " + k);
+                    }
+                    int token = ModelKernels.argmaxIndex(keys.getAtIndex(ValueLayout.JAVA_LONG, k));
+                    assertEquals(Sampler.argmax(row, vocab), token, what + ": greedy token of vector " + k);
+                    assertFalse(k < 2 && Float.isNaN(row[token]), what + ": vector " + k + " chose a NaN logit");
+                }
+            }
+        }
+    }
+
+    /**
+     * The f16 operands of the prompt's GEMMs saturate: a value past the f16 range becomes ±65504, not ±inf (an
+     * infinity in a GEMM operand makes NaN of its zero products); NaN stays NaN; values in range round to nearest
+     * even as Float.floatToFloat16 does.
+     */
+    @Test
+    void halfOperandsSaturateInsteadOfOverflowing() {
+        float[] x = {1e6f, -1e6f, 65519f, 65520f, -65520f, Float.POSITIVE_INFINITY, Float.NEGATIVE_INFINITY,
+                Float.NaN, 1.5f, -3e-8f, 65504f, 0f};
+        short max = Float.floatToFloat16(65504f);
+        short[] want = {max, (short) (max | 0x8000), max, max, (short) (max | 0x8000), max, (short) (max | 0x8000),
+                0, Float.floatToFloat16(1.5f), Float.floatToFloat16(-3e-8f), max, 0};
+        try (DeviceBuffer xd = upload(MemorySegment.ofArray(x));
+             DeviceBuffer out = context.allocate(2L * x.length)) {
+            out.fillBytes((byte) 0x55);
+            kernels.toHalf(xd, out, x.length, stream);
+            stream.synchronize();
+            short[] got = new short[x.length];
+            out.copyToHost(MemorySegment.ofArray(got));
+            for (int i = 0; i < x.length; i++) {
+                if (Float.isNaN(x[i])) {
+                    assertTrue(Float.isNaN(Float.float16ToFloat(got[i])), "NaN became " + got[i]);
+                } else {
+                    assertEquals(want[i], got[i], "f16 of " + x[i]);
+                }
+            }
+        }
+    }
+
+    /** n RMSNorm weights of 1, weight nan NaN. */
+    private static float[] normWeights(int n, int nan) {
+        float[] a = new float[n];
+        Arrays.fill(a, 1f);
+        a[nan] = Float.NaN;
+        return a;
+    }
+
+    private static float[] floats(DeviceBuffer b, int n) {
+        float[] a = new float[n];
+        b.slice(0, 4L * n).copyToHost(MemorySegment.ofArray(a));
+        return a;
     }
 
     /** K-quant layouts: rows in 256-value super-blocks, so widths are multiples of 256. */
