@@ -594,16 +594,67 @@ __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
     warp_outputs<R, NV>(acc, r0, valid, nvec, out, outStride, bias, mode, best);
 }
 
+// Bytes of each weight range (a row's quants, its scales) that the one-vector products ask L2 for before their wait:
+// the first two rounds of a warp's loads (32 lanes x 16 bytes x 2 for Q4_0). Measured on the H200 (tg128 of
+// llama3-8b Q4_0, docs/BENCHMARKS.md): +4% with 1 KB; the whole rows, by lanes or by cp.async.bulk.prefetch, -3 to -4%.
+#define MV_PREFETCH_BYTES 1024
+
+// Each lane asks L2 for the 128-byte lines at its offsets lane·128 + k·4096 of [p, p + min(bytes,
+// MV_PREFETCH_BYTES)): prefetch.global.L2, a hint that holds no register and is never waited for.
+__device__ __forceinline__ void prefetch_lines(const u8* p, i64 bytes, int lane) {
+    const i64 n = bytes < MV_PREFETCH_BYTES ? bytes : MV_PREFETCH_BYTES;
+    for (i64 off = (i64) lane * 128; off < n; off += 32 * 128) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
+    }
+}
+
+// The lanes of each warp of a one-vector 8-bit product ask L2 for the start of its rows (quants and scales) before
+// the kernel's griddepcontrol.wait. Weights never change under a decode step, so this may come before the wait
+// (KernelSource.GRID_ENTER); a product launched as a programmatic dependent has its blocks placed while the kernel
+// before it (an RMSNorm, the attention merge, the quantization of the down product's input) still runs, so its
+// first loads find their lines in L2 instead of waiting a DRAM round trip after that kernel ends.
+template <int F, int R>
+__device__ __forceinline__ void prefetch_warp_rows(const u8* W, i64 nb64, i64 scales, int outputs, int cols,
+                                                   int mode, int ffn) {
+    const int lane = threadIdx.x & 31;
+    int r0;
+    int rows[R];
+    bool valid[R];
+    if (!warp_rows<R>(blockIdx.x * MV_WARPS + (threadIdx.x >> 5), outputs, mode, ffn, r0, rows, valid)) {
+        return;
+    }
+    const i64 nb = cols / 32;
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        if (!valid[i]) {
+            continue;
+        }
+        const i64 r = rows[i];
+        if constexpr (F == W_Q4_0 || F == W_Q8_0) {   // planar: the quant plane, then the scale plane
+            const i64 qb = F == W_Q4_0 ? 16 : 32;
+            prefetch_lines(W + r * nb * qb, nb * qb, lane);
+            prefetch_lines(W + scales + r * nb * 2, nb * 2, lane);
+        } else if constexpr (F == W_Q6_K) {           // super-blocks of 208 bytes, then the d plane
+            prefetch_lines(W + r * (nb >> 3) * 208, (nb >> 3) * 208, lane);
+            prefetch_lines(W + scales + r * (nb >> 3) * 2, (nb >> 3) * 2, lane);
+        } else {                                      // Q4_K, Q5_K: GGUF rows of nb64 bytes
+            prefetch_lines(W + r * nb64, nb64, lane);
+        }
+    }
+}
+
 #define KVANT_Q8_KERNELS(NAME, F)                                                                                 \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32) kvant_mq1r2_##NAME(                               \
             const u8* W, i64 nb, i64 scales, int outputs, int cols, const i8* xq, const float2* xds, int nvec,    \
             float* out, int outStride, const float* bias, int mode, int ffn, unsigned long long* best) {          \
+        prefetch_warp_rows<F, 2>(W, nb, scales, outputs, cols, mode, ffn);                                        \
         KVANT_GRID_ENTER();                                                                                       \
         matvec_q8<F, 1, 2>(W, nb, scales, outputs, cols, xq, xds, nvec, out, outStride, bias, mode, ffn, best);  \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32) kvant_mq1r1_##NAME(                               \
             const u8* W, i64 nb, i64 scales, int outputs, int cols, const i8* xq, const float2* xds, int nvec,    \
             float* out, int outStride, const float* bias, int mode, int ffn, unsigned long long* best) {          \
+        prefetch_warp_rows<F, 1>(W, nb, scales, outputs, cols, mode, ffn);                                        \
         KVANT_GRID_ENTER();                                                                                       \
         matvec_q8<F, 1, 1>(W, nb, scales, outputs, cols, xq, xds, nvec, out, outStride, bias, mode, ffn, best);  \
     }
