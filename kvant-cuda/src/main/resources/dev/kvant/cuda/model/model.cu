@@ -596,7 +596,8 @@ __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
 
 // Bytes of each weight range (a row's quants, its scales) that the one-vector products ask L2 for before their wait:
 // the first two rounds of a warp's loads (32 lanes x 16 bytes x 2 for Q4_0). Measured on the H200 (tg128 of
-// llama3-8b Q4_0, docs/BENCHMARKS.md): +4% with 1 KB; the whole rows, by lanes or by cp.async.bulk.prefetch, -3 to -4%.
+// llama3-8b Q4_0, docs/BENCHMARKS.md): +4% with 1 KB, the same with 512 bytes; 2 KB and 4 KB (a 4,096-column Q4_0
+// row's quants whole) -7%, the whole rows by cp.async.bulk.prefetch -3%.
 #define MV_PREFETCH_BYTES 1024
 
 // Each lane asks L2 for the 128-byte lines at its offsets lane·128 + k·4096 of [p, p + min(bytes,
