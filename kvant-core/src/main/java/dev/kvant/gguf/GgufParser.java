@@ -58,6 +58,13 @@ final class GgufParser {
     static final long MAX_STRING_BYTES = 1L << 26;
     /** The longest key or tensor name (ggml keeps tensor names in 64 bytes). */
     static final long MAX_NAME_BYTES = 1L << 16;
+    /**
+     * The most bytes of file that metadata strings and arrays of numbers may hold, all together: each array and string
+     * is bounded above, but a hostile header of many of them is bounded only by the file (gigabytes), and decoding
+     * them costs one to three times their bytes in heap. Real metadata holds a few tens of MB at most (a 256K
+     * vocabulary with its scores and merges, an embedded tokenizer.json).
+     */
+    static final long MAX_METADATA_BYTES = 1L << 28;
     /** Smallest tensor info: name length, n_dims, one dimension, type, offset. */
     private static final int MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8;
     /** Smallest key/value: key length, value type, a one-byte value. */
@@ -83,25 +90,29 @@ final class GgufParser {
             .onUnmappableCharacter(CodingErrorAction.REPORT);
     private long pos;
     private long objects;
+    /** Bytes of strings and number arrays decoded so far, see {@link #MAX_METADATA_BYTES}. */
+    private long metadataBytes;
     /** Where in the file we are, for messages: "metadata entry #3", "key 'x'", "tensor 'y'". */
     private String context = "the header";
 
     private final long maxObjects;
+    private final long maxMetadataBytes;
 
-    private GgufParser(String name, MemorySegment bytes, long maxObjects) {
+    private GgufParser(String name, MemorySegment bytes, long maxObjects, long maxMetadataBytes) {
         this.name = name;
         this.bytes = bytes;
         this.size = bytes.byteSize();
         this.maxObjects = maxObjects;
+        this.maxMetadataBytes = maxMetadataBytes;
     }
 
     static Header parse(String name, MemorySegment bytes) {
-        return parse(name, bytes, MAX_HEADER_OBJECTS);
+        return parse(name, bytes, MAX_HEADER_OBJECTS, MAX_METADATA_BYTES);
     }
 
-    /** With another budget of keys, strings, arrays and tensor infos (tests). */
-    static Header parse(String name, MemorySegment bytes, long maxObjects) {
-        return new GgufParser(name, bytes, maxObjects).header();
+    /** With other budgets of keys, strings, arrays and tensor infos, and of their bytes (tests). */
+    static Header parse(String name, MemorySegment bytes, long maxObjects, long maxMetadataBytes) {
+        return new GgufParser(name, bytes, maxObjects, maxMetadataBytes).header();
     }
 
     private Header header() {
@@ -327,6 +338,9 @@ final class GgufParser {
         }
         int n = (int) count;
         long at = pos;
+        if (type != GgufValueType.STRING && type != GgufValueType.ARRAY) {
+            decoded(count * type.minBytes, start);
+        }
         Object store = switch (type) {
             case UINT8, INT8 -> {
                 byte[] a = new byte[n];
@@ -388,6 +402,15 @@ final class GgufParser {
         return new GgufArray(type, store);
     }
 
+    /** n more bytes of strings or numbers to decode (at byte start): refused past the budget, {@link #MAX_METADATA_BYTES}. */
+    private void decoded(long n, long start) {
+        metadataBytes += n;
+        if (metadataBytes > maxMetadataBytes) {
+            throw fail("the header's strings and arrays hold more than %,d bytes (%s, at byte %,d): not a model's"
+                    + " metadata", maxMetadataBytes, context, start);
+        }
+    }
+
     /** One more key, string, nested array or tensor info: refused past {@link #MAX_HEADER_OBJECTS}. */
     private void counted() {
         if (++objects > maxObjects) {
@@ -444,6 +467,7 @@ final class GgufParser {
             throw fail("%s of %s at byte %,d has length %,d, more than the limit of %,d", what, context, start,
                     length, limit);
         }
+        decoded(length, start);
         byte[] b = bytes.asSlice(pos, length).toArray(ValueLayout.JAVA_BYTE);
         pos += length;
         boolean ascii = true;

@@ -64,15 +64,17 @@ public final class GgufWriter {
         if (key == null || value == null) {
             throw new GgufException("GGUF writer: null key or value (key " + key + ")");
         }
-        encode(key, "key"); // rejects keys that are not valid Unicode
+        if (encode(key, "key").length > GgufParser.MAX_NAME_BYTES) { // encode rejects keys that are not valid Unicode
+            throw new GgufException("GGUF writer: a key is longer than " + GgufParser.MAX_NAME_BYTES + " bytes");
+        }
         check(key, value.value(), 0);
         if (key.equals(GgufParser.ALIGNMENT_KEY)) {
             if (value.type() != GgufValueType.UINT32) {
                 throw error(key, "is " + value.type().withArticle() + ", expected a uint32");
             }
             long a = (Long) value.value();
-            if (a == 0 || Long.bitCount(a) != 1) {
-                throw error(key, "is " + a + ", which is not a nonzero power of two");
+            if (a == 0 || Long.bitCount(a) != 1 || a > GgufParser.MAX_ALIGNMENT) {
+                throw error(key, "is " + a + ", which is not a nonzero power of two up to " + GgufParser.MAX_ALIGNMENT);
             }
         }
         metadata.put(key, value);
@@ -210,6 +212,9 @@ public final class GgufWriter {
         }
         try {
             byte[] encodedName = encode(name, "tensor name");
+            if (encodedName.length > GgufParser.MAX_NAME_BYTES) {
+                throw new GgufException(what + ": the name is longer than " + GgufParser.MAX_NAME_BYTES + " bytes");
+            }
             if (shape.length < 1 || shape.length > GgufParser.MAX_DIMS) {
                 throw new GgufException(what + ": needs 1 to " + GgufParser.MAX_DIMS + " dimensions");
             }

@@ -110,6 +110,12 @@ public record ModelConfig(String architecture, int dim, int layers, int heads, i
         int headDimK = md.getInt(arch + ".attention.key_length", dim / heads);
         int headDimV = md.getInt(arch + ".attention.value_length", headDimK);
         int ropeDim = md.getInt(arch + ".rope.dimension_count", headDimK);
+        if (ropeDim <= 0 || ropeDim % 2 != 0) {
+            String from = md.contains(arch + ".rope.dimension_count") ? arch + ".rope.dimension_count"
+                    : arch + ".attention.key_length (the rope dimension when " + arch + ".rope.dimension_count is absent)";
+            throw new GgufException("GGUF " + fileName + ": " + from + " is " + ropeDim + "; the rope dimension must be"
+                    + " positive and even");
+        }
         float base = md.getFloat(arch + ".rope.freq_base", 10000f);
         if (!(base > 0f) || Float.isInfinite(base)) {
             throw new GgufException("GGUF " + fileName + ": " + arch + ".rope.freq_base is " + base

@@ -26,7 +26,8 @@ import jdk.incubator.vector.IntVector;
  * 32 qh bytes and 8 scales; within a half, value {@code 32*g + l} (quarter g = 0..3, l = 0..31) takes its low bits
  * from ql[l + 32*(g&1)] (low nibble for g < 2, high for g >= 2) and its high bits from bits 2g..2g+1 of qh[l].
  * Value = d * scale * (q - 32): exact in float (11 + 7 + 6 significant bits at most), so the kernels'
- * {@code fma(q, d*scale, -32*d*scale)} is the same value.
+ * {@code fma(q, d*scale, -32*d*scale)} is the same value — but for its sign at q = 32 under a negative d·scale: +0
+ * here, -0 in ggml's {@code d*sc*(q-32)} (no sum or product changes: -0 and +0 add alike to any sum begun at +0).
  *
  * <p>Kernels read a half in byte order: for each chunk position l, the four quarters' chunks at l, which share
  * their qh bytes and pairwise their ql bytes ({@link #chunkOrder}).

@@ -55,9 +55,31 @@ class GgufValidationTest {
         for (int i = 0; i < 12; i++) {
             b.str("");
         }
-        GgufException e = assertThrows(GgufException.class, () -> GgufParser.parse(FILE, b.segment(), 12));
+        GgufException e = assertThrows(GgufException.class, () -> GgufParser.parse(FILE, b.segment(), 12,
+                GgufParser.MAX_METADATA_BYTES));
         assertContains(e.getMessage(), "more than 12 keys, strings, arrays and tensor infos");
-        assertTrue(GgufParser.parse(FILE, b.segment(), 13).metadata().containsKey("tokens"), "within the budget");
+        assertTrue(GgufParser.parse(FILE, b.segment(), 13, GgufParser.MAX_METADATA_BYTES).metadata()
+                .containsKey("tokens"), "within the budget");
+    }
+
+    /**
+     * Strings and arrays of numbers count their bytes against one budget for the whole header: each is bounded, but
+     * many of them were bounded only by the file, and a hostile header of 48 arrays of 16M longs (a sparse 6.4 GB
+     * file) ran the heap out (here three arrays of 1,000 longs against 20,000 bytes).
+     */
+    @Test
+    void theHeadersStringsAndArraysAreCountedAgainstOneByteBudget() {
+        GgufBytes b = GgufBytes.header(3, 0, 3);
+        for (int k = 0; k < 3; k++) {
+            b.str("a" + k).u32(9).u32(11).u64(1000);   // an array of 1,000 int64
+            for (int i = 0; i < 1000; i++) {
+                b.u64(i);
+            }
+        }
+        GgufException e = assertThrows(GgufException.class, () -> GgufParser.parse(FILE, b.segment(),
+                GgufParser.MAX_HEADER_OBJECTS, 20_000));
+        assertContains(e.getMessage(), "GGUF " + FILE + ": ", "more than 20,000 bytes", "key 'a2'");
+        assertEquals(3, GgufParser.parse(FILE, b.segment(), GgufParser.MAX_HEADER_OBJECTS, 30_000).metadata().size());
     }
 
     @Test
@@ -324,6 +346,16 @@ class GgufValidationTest {
                 () -> new GgufWriter().putU32("general.alignment", 24)).getMessage(), "not a nonzero power of two");
         assertContains(assertThrows(GgufException.class,
                 () -> new GgufWriter().putI32("general.alignment", 32)).getMessage(), "expected a uint32");
+        // what the reader would refuse: an alignment past 2^30, a key or tensor name past 64 KiB
+        assertContains(assertThrows(GgufException.class,
+                () -> new GgufWriter().putU32("general.alignment", 1L << 31)).getMessage(), "up to 1073741824");
+        String longName = "k".repeat((int) GgufParser.MAX_NAME_BYTES + 1);
+        assertContains(assertThrows(GgufException.class, () -> new GgufWriter().putU32(longName, 1)).getMessage(),
+                "a key is longer than 65536 bytes");
+        GgufWriter w = new GgufWriter();
+        assertContains(assertThrows(GgufException.class, () -> w.addTensor(longName, GgmlType.F32, new long[] {1},
+                new byte[4])).getMessage(), "the name is longer than 65536 bytes");
+        w.addTensor(longName.substring(1), GgmlType.F32, new long[] {1}, new byte[4]);   // 64 KiB exactly: taken
     }
 
     @Test

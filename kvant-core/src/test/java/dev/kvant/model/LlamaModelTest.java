@@ -176,6 +176,11 @@ class LlamaModelTest {
                 Arguments.of("a RoPE wider than the head",
                         (Consumer<GgufWriter>) w -> w.putU32("llama.rope.dimension_count", 128),
                         "rope dimension (128) exceeds the key head size (64)"),
+                Arguments.of("an odd RoPE dimension", (Consumer<GgufWriter>) w ->
+                        w.putU32("llama.rope.dimension_count", 33), "llama.rope.dimension_count is 33; the rope"
+                        + " dimension must be positive and even"),
+                Arguments.of("a RoPE dimension of 0", (Consumer<GgufWriter>) w ->
+                        w.putU32("llama.rope.dimension_count", 0), "llama.rope.dimension_count is 0"),
                 Arguments.of("two billion blocks", (Consumer<GgufWriter>) w -> w.putU32("llama.block_count", 2_000_000_000L),
                         "block_count 2000000000 is more than the file's"),
                 Arguments.of("two billion blocks, the last one's norm there", (Consumer<GgufWriter>) w -> {
