@@ -66,6 +66,23 @@ public final class Nvrtc implements KernelCompiler {
         } catch (Throwable t) {
             throw CudaDriver.rethrow(t);
         }
+        requireSupported(major, minor, library.loadedFrom());
+    }
+
+    /** The oldest NVRTC whose PTX kvant's kernels assemble with: 12.1 (PTX ISA 8.1, cvt.rn.satfinite.f16.f32). */
+    static final int MIN_MAJOR = 12, MIN_MINOR = 1;
+
+    /**
+     * @throws CudaUnavailableException naming the library and what kvant needs, for an NVRTC older than
+     *                                  {@link #MIN_MAJOR}.{@link #MIN_MINOR}, which would fail every kernel compile
+     *                                  with a ptxas message instead
+     */
+    static void requireSupported(int major, int minor, String where) {
+        if (major < MIN_MAJOR || major == MIN_MAJOR && minor < MIN_MINOR) {
+            throw new CudaUnavailableException("libnvrtc at " + where + " is NVRTC " + major + "." + minor
+                    + "; kvant's kernels need NVRTC " + MIN_MAJOR + "." + MIN_MINOR + " or later (PTX ISA 8.1);"
+                    + " point " + ENV + " at a newer one");
+        }
     }
 
     private MethodHandle bind(String symbol, MemoryLayout... args) {

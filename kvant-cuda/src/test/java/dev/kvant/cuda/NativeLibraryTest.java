@@ -66,4 +66,16 @@ class NativeLibraryTest {
                 () -> libc.function("cuInit", java.lang.foreign.FunctionDescriptor.of(java.lang.foreign.ValueLayout.JAVA_INT)));
         assertEquals("libc (libc.so.6) has no function cuInit: the library is older than kvant needs", e.getMessage());
     }
+
+    /** NVRTC 12.0 cannot assemble the kernels' PTX 8.1 (cvt.rn.satfinite.f16): refused when loaded, by name. */
+    @Test
+    void anNvrtcOlderThanTheKernelsNeedIsRefusedNamingWhatItNeeds() {
+        CudaUnavailableException e = assertThrows(CudaUnavailableException.class,
+                () -> Nvrtc.requireSupported(12, 0, "/opt/cuda-12.0/lib64/libnvrtc.so.12"));
+        assertEquals("libnvrtc at /opt/cuda-12.0/lib64/libnvrtc.so.12 is NVRTC 12.0; kvant's kernels need NVRTC 12.1"
+                + " or later (PTX ISA 8.1); point KVANT_NVRTC at a newer one", e.getMessage());
+        assertThrows(CudaUnavailableException.class, () -> Nvrtc.requireSupported(11, 8, "x"));
+        Nvrtc.requireSupported(12, 1, "x");
+        Nvrtc.requireSupported(13, 0, "x");
+    }
 }

@@ -55,8 +55,9 @@ __host__ __device__ constexpr int round16(int x) { return (x + 15) & ~15; }
 
 // ---- scalar conversions
 
-// f16 conversions saturate (.satfinite): a value past the f16 range becomes ±65504, not ±inf, so an operand of a
-// tensor-core product or GEMM never carries an infinity that would turn its zero products into NaN; NaN stays NaN.
+// f16 conversions saturate (.satfinite, PTX ISA 8.1): a value past the f16 range, an infinity too, becomes ±65504,
+// so an f16 operand of a tensor-core product or GEMM never carries an infinity that would turn its zero products
+// into NaN; NaN stays NaN. (bf16's range is float's: its conversions do not saturate.)
 __device__ __forceinline__ u16 f2h(float x) {
     u16 h;
     asm("cvt.rn.satfinite.f16.f32 %0, %1;" : "=h"(h) : "f"(x));

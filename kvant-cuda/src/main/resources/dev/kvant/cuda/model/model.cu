@@ -36,8 +36,9 @@ __device__ __forceinline__ float h2f(u16 h) {
     asm("cvt.f32.f16 %0, %1;" : "=f"(x) : "h"(h));
     return x;
 }
-// f16 conversions saturate (.satfinite): a value past the f16 range becomes ±65504, not ±inf, so an operand of a
-// tensor-core product or GEMM never carries an infinity that would turn its zero products into NaN; NaN stays NaN.
+// f16 conversions saturate (.satfinite, PTX ISA 8.1): a value past the f16 range, an infinity too, becomes ±65504,
+// so an f16 operand of a tensor-core product or GEMM never carries an infinity that would turn its zero products
+// into NaN; NaN stays NaN. (bf16's range is float's: its conversions do not saturate.)
 __device__ __forceinline__ u16 f2h(float x) {
     u16 h;
     asm("cvt.rn.satfinite.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
@@ -61,7 +62,8 @@ __device__ __forceinline__ float bf2f(u16 b) {
 }
 // Greedy choice folded into the output product: a 64-bit key that orders by logit, then by the lower index, so an
 // atomicMax over every row gives the argmax (lowest index among equal logits) whatever the order of the rows. A NaN
-// logit ranks below every number (0 in the high half), as Sampler.argmax ranks it; all NaN gives index 0.
+// logit ranks below every number (0 in the high half), as Sampler.argmax ranks it; all NaN gives index 0. (-0 ranks
+// below +0 here, where Sampler.argmax takes them as equal.)
 __device__ __forceinline__ unsigned long long argmax_key(float v, int index) {
     u32 b = __float_as_uint(v);
     u32 ordered = v != v ? 0u : (b & 0x80000000u) ? ~b : (b | 0x80000000u);
@@ -596,8 +598,8 @@ __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
 
 // Bytes of each weight range (a row's quants, its scales) that the one-vector products ask L2 for before their wait:
 // the first two rounds of a warp's loads (32 lanes x 16 bytes x 2 for Q4_0). Measured on the H200 (tg128 of
-// llama3-8b Q4_0, docs/BENCHMARKS.md): +4% with 1 KB, the same with 512 bytes; 2 KB and 4 KB (a 4,096-column Q4_0
-// row's quants whole) -7%, the whole rows by cp.async.bulk.prefetch -3%.
+// llama3-8b Q4_0, docs/BENCHMARKS.md): +4% with 1 KB, the same with 512 bytes; 2 KB (a 4,096-column Q4_0 row's
+// quants whole) and 4 KB -7%, the whole rows by cp.async.bulk.prefetch -3%.
 #define MV_PREFETCH_BYTES 1024
 
 // Each lane asks L2 for the 128-byte lines at its offsets lane·128 + k·4096 of [p, p + min(bytes,

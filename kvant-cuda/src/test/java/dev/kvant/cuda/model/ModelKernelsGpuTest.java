@@ -240,7 +240,8 @@ class ModelKernelsGpuTest extends ModelKernelsGpuFixture {
      * block's scale NaN (quantize, and rmsnorm's 8-bit output under a NaN weight; fmaxf used to drop it and code the
      * value as 0, so the products came out finite), and the output product's argmax key ranks a NaN logit below every number, as
      * Sampler.argmax does (its bits used to rank it above +inf). Output heads in Q8_0 (8-bit vectors) and F16 (float
-     * vectors) with NaN rows; of three vectors the last holds a NaN, so all its logits are NaN and its token is 0.
+     * vectors) with NaN rows; of three vectors the last holds a NaN, so all its logits are NaN and its token is 0;
+     * each vector again alone, through the one-vector kernels of a decode step.
      */
     @ParameterizedTest
     @EnumSource(value = WeightLayout.class, names = {"Q8_0", "F16"})
@@ -302,6 +303,18 @@ class ModelKernelsGpuTest extends ModelKernelsGpuFixture {
                     int token = ModelKernels.argmaxIndex(keys.getAtIndex(ValueLayout.JAVA_LONG, k));
                     assertEquals(Sampler.argmax(row, vocab), token, what + ": greedy token of vector " + k);
                     assertFalse(k < 2 && Float.isNaN(row[token]), what + ": vector " + k + " chose a NaN logit");
+                    // the one-vector product (a decode step's kernel) alone: the same logits and the same token
+                    logits.fillFloats(0f);
+                    best.fillBytes((byte) 0);
+                    kernels.logits(m, vocab, v.from(k), 1, logits, best, stream);
+                    stream.synchronize();
+                    float[] alone = floats(logits, vocab);
+                    for (int r = 0; r < vocab; r++) {
+                        assertEquals(Float.isNaN(row[r]), Float.isNaN(alone[r]), what + ": logit " + r + " of vector "
+                                + k + " alone");
+                    }
+                    assertEquals(token, ModelKernels.argmaxIndex(download(best).getAtIndex(ValueLayout.JAVA_LONG, 0)),
+                            what + ": greedy token of vector " + k + " alone");
                 }
             }
         }
