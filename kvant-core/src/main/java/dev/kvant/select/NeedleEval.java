@@ -1,6 +1,7 @@
 package dev.kvant.select;
 
 import dev.kvant.engine.Session;
+import dev.kvant.tokenizer.StreamDecoder;
 import dev.kvant.tokenizer.Tokenizer;
 
 import java.util.ArrayList;
@@ -87,12 +88,14 @@ public final class NeedleEval {
             }
             session.truncate(0);
             int next = session.prefillGreedy(prompt);
-            List<Integer> generated = new ArrayList<>();
+            // the continuation as the model wrote it, every space kept: Tokenizer.decode renders a sequence from its
+            // start and drops a SentencePiece first token's leading space, which would score a wrong " key" right
+            StreamDecoder stream = tok.streamDecoder();
+            StringBuilder generated = new StringBuilder();
             boolean correct = false;
             String text = "";
             for (int step = 0; step < maxNew; step++) {
-                generated.add(next);
-                text = tok.decode(generated.stream().mapToInt(Integer::intValue).toArray());
+                text = generated.append(stream.feed(next)).toString();
                 String t = p.chat() ? text.stripLeading() : text;
                 Boolean verdict = verdict(t, p.expected(), step == maxNew - 1);
                 if (verdict != null) {
