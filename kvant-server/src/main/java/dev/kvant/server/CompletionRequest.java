@@ -27,11 +27,13 @@ record CompletionRequest(Kind kind, List<ChatMessage> messages, String prompt, i
     enum Kind { CHAT, TEXT }
 
     private static final Set<String> COMMON = Set.of("model", "max_tokens", "temperature", "top_p", "n", "stream",
-            "stream_options", "stop", "seed", "user", "frequency_penalty", "presence_penalty", "logit_bias",
-            "logprobs", "top_k", "min_p", "repeat_penalty", "ignore_eos");
+            "stream_options", "stop", "seed", "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
+            "frequency_penalty", "presence_penalty", "logit_bias", "logprobs", "top_k", "min_p", "repeat_penalty",
+            "ignore_eos");
     private static final Set<String> CHAT_ONLY = Set.of("messages", "max_completion_tokens", "top_logprobs",
             "response_format", "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", "metadata",
-            "store", "service_tier", "modalities", "reasoning_effort");
+            "store", "service_tier", "modalities", "reasoning_effort", "verbosity", "prediction", "audio",
+            "web_search_options");
     private static final Set<String> TEXT_ONLY = Set.of("prompt", "echo", "suffix", "best_of");
     private static final Set<String> ROLES = Set.of("system", "developer", "user", "assistant");
     /** A message's fields: what kvant reads (role, content), what it refuses when set (tool_calls), the rest ignored. */
@@ -48,7 +50,11 @@ record CompletionRequest(Kind kind, List<ChatMessage> messages, String prompt, i
         }
         Fields b = new Fields(body);
         b.string("model");
+        // hints about the caller and OpenAI's own prompt cache: checked, then ignored (kvant's prefix cache needs none)
         b.string("user");
+        b.string("safety_identifier");
+        b.string("prompt_cache_key");
+        b.string("prompt_cache_retention");
         b.number("frequency_penalty", -2, 2);
         b.number("presence_penalty", -2, 2);
         Integer n = b.integer("n", 1, 128);
@@ -97,6 +103,13 @@ record CompletionRequest(Kind kind, List<ChatMessage> messages, String prompt, i
             b.bool("store");
             b.string("service_tier");
             b.string("reasoning_effort");
+            b.string("verbosity");
+            for (String f : new String[] {"prediction", "audio", "web_search_options"}) {
+                JsonNode v = body.get(f);
+                if (v != null && !v.isNull()) {
+                    throw ApiException.unsupported(f, f + " is not supported");
+                }
+            }
             JsonNode modalities = b.array("modalities");
             if (modalities != null) {
                 for (JsonNode m : modalities) {
@@ -200,16 +213,20 @@ record CompletionRequest(Kind kind, List<ChatMessage> messages, String prompt, i
             if (!m.isObject()) {
                 throw ApiException.invalid(where, "'" + where + "' must be an object with a role and content");
             }
-            known(m, MESSAGE_FIELDS, where + ".");
             JsonNode roleNode = m.get("role");
             if (roleNode == null || !roleNode.isTextual()) {
                 throw ApiException.invalid(where + ".role", "'" + where + ".role' must be a string");
             }
             String role = roleNode.asText();
+            if (role.equals("tool") || role.equals("function")) {
+                throw ApiException.unsupported(where + ".role", "'" + where + ".role' is '" + role + "': tool and"
+                        + " function results are not supported (kvant does no function calling)");
+            }
             if (!ROLES.contains(role)) {
                 throw ApiException.invalid(where + ".role", "'" + where + ".role' is '" + role + "'; kvant takes "
                         + "system, developer, user and assistant messages (no tools)");
             }
+            known(m, MESSAGE_FIELDS, where + ".");
             JsonNode calls = m.get("tool_calls");
             if (calls != null && !calls.isNull()) {
                 if (!calls.isArray()) {
@@ -249,7 +266,7 @@ record CompletionRequest(Kind kind, List<ChatMessage> messages, String prompt, i
                 if (text == null || !text.isTextual()) {
                     throw ApiException.invalid(pw + ".text", "'" + pw + ".text' must be a string");
                 }
-                sb.append(text.asText());
+                sb.append(j == 0 ? "" : "\n").append(text.asText());   // one part a line, as vLLM and llama.cpp
             }
             return sb.toString();
         }

@@ -22,13 +22,16 @@ import java.util.concurrent.atomic.AtomicInteger;
 
 /**
  * The OpenAI-compatible HTTP server over an {@link Engine}: {@code POST /v1/chat/completions},
- * {@code POST /v1/completions}, {@code GET /v1/models}, {@code GET /health}, {@code GET /metrics}. Every request runs on
+ * {@code POST /v1/completions}, {@code GET /v1/models}, {@code GET /v1/models/{model}}, {@code GET /health},
+ * {@code GET /metrics}. Every request runs on
  * a virtual thread of Helidon SE's web server. Errors are OpenAI-style JSON with the status that fits (400 for a bad
  * request, 401 without the API key, 404 for an unknown path, 503 with Retry-After when the queue is full).
  */
 public final class KvantServer implements AutoCloseable {
 
-    /** The endpoints, as metrics label them. */
+    /** Where GET /v1/models/{model} starts. */
+    private static final String MODEL_PREFIX = "/v1/models/";
+    /** The endpoints, as metrics label them (and /v1/models/{model}). */
     private static final Map<String, Method> ROUTES = Map.of("/v1/chat/completions", Method.POST,
             "/v1/completions", Method.POST, "/v1/models", Method.GET, "/health", Method.GET, "/metrics", Method.GET);
 
@@ -65,7 +68,9 @@ public final class KvantServer implements AutoCloseable {
                         }
                         chain.proceed();
                     } finally {
-                        metrics.request(ROUTES.containsKey(path) ? path : "other", res.status().code());
+                        metrics.request(ROUTES.containsKey(path) ? path
+                                : path.startsWith(MODEL_PREFIX) ? MODEL_PREFIX + "{model}" : "other",
+                                res.status().code());
                         metrics.requestDuration.observe((System.nanoTime() - t0) / 1e9);
                         handling.decrementAndGet();
                     }
@@ -75,6 +80,7 @@ public final class KvantServer implements AutoCloseable {
                 .post("/v1/completions", (req, res) ->
                         completions.handle(req, res, CompletionRequest.Kind.TEXT, arrival(req)))
                 .get("/v1/models", (req, res) -> json(res, 200, models()))
+                .get(MODEL_PREFIX + "*", (req, res) -> model(res, req.path().path().substring(MODEL_PREFIX.length())))
                 .get("/health", this::health)
                 .get("/metrics", (req, res) -> {
                     res.header(HeaderNames.CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8");
@@ -236,12 +242,27 @@ public final class KvantServer implements AutoCloseable {
     private ObjectNode models() {
         ObjectNode root = Json.MAPPER.createObjectNode();
         root.put("object", "list");
-        ObjectNode m = root.putArray("data").addObject();
+        root.putArray("data").add(modelObject());
+        return root;
+    }
+
+    private ObjectNode modelObject() {
+        ObjectNode m = Json.MAPPER.createObjectNode();
         m.put("id", config.modelId());
         m.put("object", "model");
         m.put("created", started);
         m.put("owned_by", "kvant");
-        return root;
+        return m;
+    }
+
+    /** GET /v1/models/{model} (the SDKs' models.retrieve): the served model, or OpenAI's 404 for another name. */
+    private void model(ServerResponse res, String id) {
+        if (id.equals(config.modelId())) {
+            json(res, 200, modelObject());
+        } else {
+            error(res, new ApiException(404, "invalid_request_error", "model", "model_not_found", "The model '" + id
+                    + "' does not exist: this server serves '" + config.modelId() + "'", 0));
+        }
     }
 
     private static void json(ServerResponse res, int status, ObjectNode body) {

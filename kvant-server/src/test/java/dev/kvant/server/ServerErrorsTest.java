@@ -119,9 +119,37 @@ class ServerErrorsTest {
                 "messages[0].role", "'robot'");
         assertError(post("/v1/completions", "{\"prompt\": [1, 2, 300]}"), 400, "prompt", "outside the vocabulary");
         assertError(post("/v1/completions", "{\"prompt\": {\"a\": 1}}"), 400, "prompt", "must be a string");
+        // OpenAI's hints about the caller and its prompt cache are taken (and ignored); its features kvant lacks and
+        // tool results are refused by name
+        Reply hints = post("/v1/chat/completions", "{" + msgs + ", \"max_tokens\": 1, \"safety_identifier\": \"u1\","
+                + " \"prompt_cache_key\": \"k\", \"prompt_cache_retention\": \"in-memory\", \"verbosity\": \"low\"}");
+        assertEquals(200, hints.status(), hints.raw().body());
+        assertError(post("/v1/chat/completions", "{" + msgs + ", \"safety_identifier\": 5}"), 400, "safety_identifier",
+                "must be a string");
+        assertError(post("/v1/chat/completions", "{" + msgs + ", \"prediction\": {\"type\": \"content\","
+                + " \"content\": \"x\"}}"), 400, "prediction", "prediction is not supported");
+        assertError(post("/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"},"
+                + " {\"role\": \"tool\", \"content\": \"y\", \"tool_call_id\": \"1\"}]}"), 400, "messages[1].role",
+                "tool and function results are not supported");
         // above 0 as a double, 0 as the float the sampler takes: it used to be a 500 from the sampler's settings
         assertError(post("/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 2, \"repeat_penalty\": 1e-50}"),
                 400, "repeat_penalty", "must be above 0");
+    }
+
+    /** A message's text parts are one text, a line each (as vLLM and llama.cpp join them), not run together. */
+    @Test
+    void textPartsAreJoinedALineEach() throws Exception {
+        Reply parts = post("/v1/chat/completions", "{\"max_tokens\": 1, \"messages\": [{\"role\": \"user\", "
+                + "\"content\": [{\"type\": \"text\", \"text\": \"def\"}, {\"type\": \"text\", \"text\": \"fib\"}]}]}");
+        Reply lines = post("/v1/chat/completions", "{\"max_tokens\": 1, \"messages\": [{\"role\": \"user\", "
+                + "\"content\": \"def\\nfib\"}]}");
+        assertEquals(200, parts.status(), parts.raw().body());
+        assertEquals(200, lines.status(), lines.raw().body());
+        assertEquals(lines.json().path("usage").path("prompt_tokens").asInt(),
+                parts.json().path("usage").path("prompt_tokens").asInt(), parts.raw().body());
+        assertEquals("a\nb", CompletionRequest.parse(CompletionRequest.Kind.CHAT, Json.MAPPER.readTree("{\"messages\":"
+                + " [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"a\"}, {\"type\": \"text\","
+                + " \"text\": \"b\"}]}]}")).messages().get(0).content());
     }
 
     @Test
@@ -160,6 +188,12 @@ class ServerErrorsTest {
         assertEquals(200, send("GET", "/health", null, null).status());
         Reply models = send("GET", "/v1/models", null, KEY);
         assertEquals("tiny", models.json().path("data").path(0).path("id").asText());
+        // the SDKs' models.retrieve: the model by its name, OpenAI's 404 for another
+        Reply one = send("GET", "/v1/models/tiny", null, KEY);
+        assertEquals(200, one.status(), one.raw().body());
+        assertEquals(models.json().path("data").path(0), one.json());
+        assertError(send("GET", "/v1/models/gpt-4o", null, KEY), 404, "model", "'gpt-4o' does not exist");
+        assertError(send("GET", "/v1/models/tiny", null, "wrong"), 401, null, "API key");
     }
 
     @Test
