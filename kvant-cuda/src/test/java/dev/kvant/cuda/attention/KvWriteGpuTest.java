@@ -51,8 +51,6 @@ class KvWriteGpuTest {
     @ParameterizedTest(name = "{0} head {1}")
     @MethodSource("formatsAndHeadSizes")
     void deviceEncoderWritesTheCpuEncodersBytes(String formatName, int d) {
-        CudaContext context = AttentionGpuFixture.context();
-        KernelCache cache = AttentionGpuFixture.cache();
         KvFormat f = KvFormat.parse(formatName);
         long seed = AttentionGpuFixture.seed("deviceEncoderWritesTheCpuEncodersBytes " + formatName + " " + d);
         SplittableRandom r = new SplittableRandom(seed);
@@ -81,45 +79,53 @@ class KvWriteGpuTest {
             slots[tokens] = -1;
             AttentionShape shape = AttentionShape.of(host, 4 * KV_HEADS);
             byte[][] first = null;
-            for (int run = 0; run < 2; run++) {
-                try (CudaKvCache dev = CudaKvCache.allocate(context, g, f, f, PAGE_TOKENS, PAGES);
-                     CudaAttention attention = CudaAttention.create(context, cache, shape, AttentionPlan.of(1, 1, 64, 0));
-                     DeviceBuffer kd = AttentionGpuFixture.upload(context, k);
-                     DeviceBuffer vd = AttentionGpuFixture.upload(context, v);
-                     DeviceBuffer sd = AttentionGpuFixture.upload(context, slots)) {
-                    dev.kPool(0).fillBytes((byte) 0xA5);
-                    dev.vPool(0).fillBytes((byte) 0xA5);
-                    if (run == 0) {   // one write of all rows: one warp a row
-                        attention.quantizeRows(dev, 0, kd, vd, sd, tokens + 1, context.defaultStream());
-                    } else {          // writes of up to 5 tokens, as decode steps make them: one block a row
-                        for (int t = 0; t <= tokens; t += 5) {
-                            int n = Math.min(5, tokens + 1 - t);
-                            long kOff = 4L * t * KV_HEADS * d;
-                            attention.quantizeRows(dev, 0, kd.slice(kOff, 4L * n * KV_HEADS * d),
-                                    vd.slice(kOff, 4L * n * KV_HEADS * d), sd.slice(4L * t, 4L * n), n,
-                                    context.defaultStream());
-                        }
-                    }
-                    context.synchronize();
-                    byte[] kBytes = AttentionGpuFixture.downloadBytes(dev.kPool(0));
-                    byte[] vBytes = AttentionGpuFixture.downloadBytes(dev.vPool(0));
-                    compare("K", host.kPool(0).toArray(ValueLayout.JAVA_BYTE), kBytes, host, a, b, lens,
-                            host.kRowBytes(), host.kPageBytes(), seed);
-                    compare("V", host.vPool(0).toArray(ValueLayout.JAVA_BYTE), vBytes, host, a, b, lens,
-                            host.vRowBytes(), host.vPageBytes(), seed);
-                    int unused = PAGES - 1;
-                    assertEquals((byte) 0xA5, kBytes[(int) (unused * host.kPageBytes())],
-                            "page " + unused + " was written though no slot points there; seed " + seed);
-                    if (first == null) {
-                        first = new byte[][] {kBytes, vBytes};
-                    } else {
-                        assertArrayEquals(first[0], kBytes, "K bytes differ between one write and short writes; seed "
-                                + seed);
-                        assertArrayEquals(first[1], vBytes, "V bytes differ between one write and short writes; seed "
-                                + seed);
-                    }
+            // one write of all rows (one warp a row), then writes of up to 5 tokens as decode steps make them (one
+            // block a row)
+            for (int perWrite : new int[] {tokens + 1, 5}) {
+                byte[][] got = deviceWrite(g, f, PAGES, shape, k, v, slots, tokens + 1, perWrite);
+                compare("K", host.kPool(0).toArray(ValueLayout.JAVA_BYTE), got[0], host, a, b, lens,
+                        host.kRowBytes(), host.kPageBytes(), seed);
+                compare("V", host.vPool(0).toArray(ValueLayout.JAVA_BYTE), got[1], host, a, b, lens,
+                        host.vRowBytes(), host.vPageBytes(), seed);
+                int unused = PAGES - 1;
+                assertEquals((byte) 0xA5, got[0][(int) (unused * host.kPageBytes())],
+                        "page " + unused + " was written though no slot points there; seed " + seed);
+                if (first == null) {
+                    first = got;
+                } else {
+                    assertArrayEquals(first[0], got[0], "K bytes differ between one write and short writes; seed "
+                            + seed);
+                    assertArrayEquals(first[1], got[1], "V bytes differ between one write and short writes; seed "
+                            + seed);
                 }
             }
+        }
+    }
+
+    /**
+     * The K and V pools (layer 0) of a device cache poisoned with 0xA5 after the device wrote the rows of tokens [0,
+     * n) into their slots, perWrite tokens a write.
+     */
+    private static byte[][] deviceWrite(KvGeometry g, KvFormat f, int pages, AttentionShape shape, float[] k,
+                                        float[] v, int[] slots, int n, int perWrite) {
+        CudaContext context = AttentionGpuFixture.context();
+        int kRow = KV_HEADS * g.headDimK(), vRow = KV_HEADS * g.headDimV();
+        try (CudaKvCache dev = CudaKvCache.allocate(context, g, f, f, PAGE_TOKENS, pages);
+             CudaAttention attention = CudaAttention.create(context, AttentionGpuFixture.cache(), shape,
+                     AttentionPlan.of(1, 1, 64, 0));
+             DeviceBuffer kd = AttentionGpuFixture.upload(context, k);
+             DeviceBuffer vd = AttentionGpuFixture.upload(context, v);
+             DeviceBuffer sd = AttentionGpuFixture.upload(context, slots)) {
+            dev.kPool(0).fillBytes((byte) 0xA5);
+            dev.vPool(0).fillBytes((byte) 0xA5);
+            for (int t = 0; t < n; t += perWrite) {
+                int m = Math.min(perWrite, n - t);
+                attention.quantizeRows(dev, 0, kd.slice(4L * t * kRow, 4L * m * kRow),
+                        vd.slice(4L * t * vRow, 4L * m * vRow), sd.slice(4L * t, 4L * m), m, context.defaultStream());
+            }
+            context.synchronize();
+            return new byte[][] {AttentionGpuFixture.downloadBytes(dev.kPool(0)),
+                    AttentionGpuFixture.downloadBytes(dev.vPool(0))};
         }
     }
 
@@ -187,8 +193,6 @@ class KvWriteGpuTest {
     @ParameterizedTest(name = "{0}")
     @MethodSource("formatNames")
     void nonFiniteValuesDecodeToTheCpusValues(String formatName) {
-        CudaContext context = AttentionGpuFixture.context();
-        KernelCache cache = AttentionGpuFixture.cache();
         KvFormat f = KvFormat.parse(formatName);
         int d = 128;
         long seed = AttentionGpuFixture.seed("nonFiniteValuesDecodeToTheCpusValues " + formatName);
@@ -224,29 +228,12 @@ class KvWriteGpuTest {
             AttentionShape shape = AttentionShape.of(host, 4 * KV_HEADS);
             byte[] wantK = host.kPool(0).toArray(ValueLayout.JAVA_BYTE);
             byte[] wantV = host.vPool(0).toArray(ValueLayout.JAVA_BYTE);
-            for (int run = 0; run < 2; run++) {
-                try (CudaKvCache dev = CudaKvCache.allocate(context, g, f, f, PAGE_TOKENS, pages);
-                     CudaAttention attention = CudaAttention.create(context, cache, shape, AttentionPlan.of(1, 1, 64, 0));
-                     DeviceBuffer kd = AttentionGpuFixture.upload(context, k);
-                     DeviceBuffer vd = AttentionGpuFixture.upload(context, v);
-                     DeviceBuffer sd = AttentionGpuFixture.upload(context, slots)) {
-                    if (run == 0) {
-                        attention.quantizeRows(dev, 0, kd, vd, sd, tokens, context.defaultStream());
-                    } else {
-                        for (int t = 0; t < 4; t++) {   // the special tokens one a write
-                            long off = 4L * t * KV_HEADS * d;
-                            attention.quantizeRows(dev, 0, kd.slice(off, 4L * KV_HEADS * d),
-                                    vd.slice(off, 4L * KV_HEADS * d), sd.slice(4L * t, 4), 1, context.defaultStream());
-                        }
-                    }
-                    context.synchronize();
-                    String what = formatName + (run == 0 ? ", one write" : ", a token a write") + ", seed " + seed;
-                    int checked = run == 0 ? tokens : 4;
-                    compareDecoded("K", f, wantK, AttentionGpuFixture.downloadBytes(dev.kPool(0)), host.kRowBytes(),
-                            host.kPageBytes(), a, checked, d, what);
-                    compareDecoded("V", f, wantV, AttentionGpuFixture.downloadBytes(dev.vPool(0)), host.vRowBytes(),
-                            host.vPageBytes(), a, checked, d, what);
-                }
+            // every row in one write, then the four special tokens a token a write
+            for (int[] run : new int[][] {{tokens, tokens}, {4, 1}}) {
+                byte[][] got = deviceWrite(g, f, pages, shape, k, v, slots, run[0], run[1]);
+                String what = formatName + (run[1] > 1 ? ", one write" : ", a token a write") + ", seed " + seed;
+                compareDecoded("K", f, wantK, got[0], host.kRowBytes(), host.kPageBytes(), a, run[0], d, what);
+                compareDecoded("V", f, wantV, got[1], host.vRowBytes(), host.vPageBytes(), a, run[0], d, what);
             }
         }
     }
