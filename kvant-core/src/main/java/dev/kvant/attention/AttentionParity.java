@@ -132,11 +132,13 @@ public final class AttentionParity {
                         p.heads(), p.scale(), o, out, pool)));
     }
 
-    private interface Body {
+    /** What a kernel made by {@link #kernel} runs. */
+    interface Body {
         void run(AttentionProblem p, AttentionOptions o, float[] out);
     }
 
-    private static AttentionKernel kernel(String name, Body body) {
+    /** A kernel of that name that runs body (the CPU kernels; tests' deliberately wrong ones). */
+    static AttentionKernel kernel(String name, Body body) {
         return new AttentionKernel() {
             @Override
             public String name() {

@@ -55,17 +55,7 @@ class AttentionParityTest {
         }
         // a wrong kernel still fails with sparse V on: the bound is the gap, not anything
         List<AttentionKernel> wrong = new ArrayList<>(AttentionParity.cpuKernels(Parallel.serial()));
-        wrong.add(new AttentionKernel() {
-            @Override
-            public String name() {
-                return "zeros";
-            }
-
-            @Override
-            public void run(AttentionProblem p, AttentionOptions o, float[] out) {
-                java.util.Arrays.fill(out, 0f);
-            }
-        });
+        wrong.add(AttentionParity.kernel("zeros", (p, o, out) -> java.util.Arrays.fill(out, 0f)));
         AttentionParity.Report bad = AttentionParity.run(new AttentionParity.Settings(KvFormat.parse("f16"),
                 KvFormat.parse("f16"), 2048, 2, 2, 8, 128, 128, SEED, AttentionOptions.defaults().withSparseV(0.01f)),
                 wrong);
@@ -75,19 +65,9 @@ class AttentionParityTest {
     @Test
     void aWrongKernelFailsTheReport() {
         List<AttentionKernel> kernels = new ArrayList<>(AttentionParity.cpuKernels(Parallel.serial()));
-        kernels.add(new AttentionKernel() {
-            @Override
-            public String name() {
-                return "one-row-short";
-            }
-
-            @Override
-            public void run(AttentionProblem p, AttentionOptions o, float[] out) {
-                // Attends to one position too few: a plausible off-by-one in a causal mask.
-                CpuAttention.decode(p.seq(), 0, p.queries(), 1, p.start() - 1, p.heads(), p.scale(), o, out,
-                        Parallel.serial());
-            }
-        });
+        // attends to one position too few: a plausible off-by-one in a causal mask
+        kernels.add(AttentionParity.kernel("one-row-short", (p, o, out) -> CpuAttention.decode(p.seq(), 0,
+                p.queries(), 1, p.start() - 1, p.heads(), p.scale(), o, out, Parallel.serial())));
         AttentionParity.Report r = AttentionParity.run(settings("f16", "f16"), kernels);
         assertFalse(r.ok(), r.markdown());
         assertTrue(r.markdown().contains("EXCEEDED"), r.markdown());
