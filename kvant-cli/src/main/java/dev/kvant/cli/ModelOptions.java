@@ -301,6 +301,11 @@ final class ModelOptions {
                     // a GPU too old for kvant's kernels: say so, and run on the CPU as auto promises
                     System.err.println("kvant: " + e.getMessage() + " Running on the CPU.");
                     yield new CpuBackend(loaded, pool);
+                } catch (UsageException e) {
+                    throw e;
+                } catch (IllegalArgumentException e) {
+                    // the model or its cache does not fit the GPU auto chose: name the other way too
+                    throw new IllegalArgumentException(e.getMessage() + "; or run on the CPU with --backend cpu", e);
                 }
             }
             default -> throw new UsageException("--backend: unknown backend '" + backend

@@ -2,9 +2,10 @@ package dev.kvant.cuda;
 
 import org.junit.jupiter.api.Test;
 
+import java.lang.foreign.Arena;
+import java.lang.foreign.SymbolLookup;
 import java.nio.file.Files;
 import java.nio.file.Path;
-import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
 
@@ -108,18 +109,23 @@ class CudaAvailabilityTest {
         assertEquals("12.8", Cuda.versionString(12080));
     }
 
-    /** Whether the dynamic loader could find a libcuda.so.1 here (then the "missing driver" tests do not apply). */
+    /**
+     * Whether the dynamic loader finds a libcuda.so.1 here (then the "missing driver" tests do not apply): asked of
+     * the loader itself, which searches folders a fixed list would miss (a container's compat folder, say), where a
+     * driver that loads but finds no GPU gives another reason.
+     */
     static boolean libcudaMayBePresent() {
-        if (System.getenv("KVANT_LIBCUDA") != null) {
-            return true;
+        for (String candidate : Cuda.libcudaCandidates(System::getenv)) {   // the names and paths Cuda tries
+            try {
+                SymbolLookup.libraryLookup(candidate, Arena.ofAuto());
+                return true;
+            } catch (IllegalArgumentException e) {   // not there, or not loadable
+            }
+            if (candidate.startsWith("/") && Files.exists(Path.of(candidate))) {
+                return true;   // there but not loadable: the probe's reason is then another one
+            }
         }
-        List<String> dirs = new ArrayList<>(List.of("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib",
-                "/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib/wsl/lib", "/usr/local/nvidia/lib64"));
-        String ld = System.getenv("LD_LIBRARY_PATH");
-        if (ld != null) {
-            dirs.addAll(List.of(ld.split(":")));
-        }
-        return dirs.stream().filter(d -> !d.isBlank()).anyMatch(d -> Files.exists(Path.of(d, "libcuda.so.1")));
+        return false;
     }
 
     @Test

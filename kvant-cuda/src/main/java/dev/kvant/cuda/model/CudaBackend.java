@@ -127,7 +127,7 @@ public final class CudaBackend implements Backend {
             for (int i = 0; i < landings.length; i++) {
                 landings[i] = new Landing(stages[stages.length - 1].context);
             }
-        } catch (RuntimeException e) {
+        } catch (RuntimeException | Error e) {   // an OutOfMemoryError of a host copy too: nothing held
             for (Landing l : landings) {
                 if (l != null) {
                     l.close();
@@ -437,6 +437,17 @@ public final class CudaBackend implements Backend {
      * A sequence of the pool of these formats (made on first use). Layers of their own get their own attention
      * modules: one per distinct format pair.
      */
+    /**
+     * The tokens a pool for sequences of contextLength holds: maxBatch whole contexts, each a whole number of pages,
+     * capped by the --kv-mem budget (kvTokens, 0 for none) — a budget is a cap, not a size: `run -c 2048 --kv-mem
+     * 60G` took 60 GiB of the device for one 2,048-token sequence (and was refused where -c alone fitted).
+     */
+    static long poolTokens(long kvTokens, int contextLength, int maxBatch) {
+        long perSequence = ((long) contextLength + PAGE_TOKENS - 1) / PAGE_TOKENS * PAGE_TOKENS;
+        long whole = perSequence * maxBatch;
+        return kvTokens > 0 ? Math.min(kvTokens, whole) : whole;
+    }
+
     @Override
     public Sequence newSequence(int contextLength, KvLayerFormats formats) {
         checkOpen();
@@ -447,9 +458,7 @@ public final class CudaBackend implements Backend {
         String key = formats.name();
         KvPool pool = pools.get(key);
         if (pool == null) {
-            // maxBatch whole contexts, each a whole number of pages
-            long perSequence = ((long) contextLength + PAGE_TOKENS - 1) / PAGE_TOKENS * PAGE_TOKENS;
-            long tokens = options.kvTokens() > 0 ? options.kvTokens() : perSequence * options.maxBatch();
+            long tokens = poolTokens(options.kvTokens(), contextLength, options.maxBatch());
             pool = new KvPool(stages, c, formats, PAGE_TOKENS, tokens, contextLength, options.maxBatch(),
                     options.maxPrefill(), HEADROOM, sparseV(), model.selection());
             pools.put(key, pool);

@@ -50,7 +50,7 @@ record DeviceMatrix(WeightLayout layout, DeviceBuffer data, long rowStride, long
                     off += src.byteSize();
                 }
                 return new DeviceMatrix(layout, data, rowBytes, 0, (int) rows, cols);
-            } catch (RuntimeException e) {
+            } catch (RuntimeException | Error e) {
                 data.close();
                 throw e;
             }
@@ -78,7 +78,7 @@ record DeviceMatrix(WeightLayout layout, DeviceBuffer data, long rowStride, long
             DeviceBuffer planes = context.allocate(packed.byteSize());
             try {
                 planes.copyFromHost(packed);
-            } catch (RuntimeException e) {
+            } catch (RuntimeException | Error e) {
                 planes.close();
                 throw e;
             }

@@ -67,7 +67,7 @@ final class DeviceWeights implements AutoCloseable {
             }
             ropeFreqs = own(context.allocate(8L * freqs.length));
             ropeFreqs.copyFromHost(MemorySegment.ofArray(freqs));
-        } catch (RuntimeException e) {
+        } catch (RuntimeException | Error e) {
             close();
             throw e;
         }

@@ -111,8 +111,8 @@ final class KvPool implements AutoCloseable {
                     if (pages * pageBytes > free) {
                         throw new IllegalArgumentException(String.format(Locale.ROOT,
                                 "a %s KV cache of %d tokens needs %.2f GiB on %s (layers %d..%d); %.2f GiB are free "
-                                        + "after the weights and the attention's scratch (%d tokens fit; lower -c or "
-                                        + "--kv-mem, or split the layers over more GPUs)", formats.name(),
+                                        + "after the weights and the attention's scratch (%d tokens fit; lower -c, "
+                                        + "--parallel or --kv-mem, or split the layers over more GPUs)", formats.name(),
                                 pages * pageTokens, pages * pageBytes / 1073741824.0, s.context.deviceName(), s.from,
                                 s.to - 1, free / 1073741824.0, Math.max(0, free / pageBytes) * pageTokens));
                     }
@@ -120,7 +120,7 @@ final class KvPool implements AutoCloseable {
                     if (selection != null) {
                         cache.enableKeySummaries(selection.blockTokens(), selection.coarseTokens());
                     }
-                } catch (RuntimeException e) {
+                } catch (RuntimeException | Error e) {
                     if (batch != null) {
                         batch.close();
                     }
@@ -134,7 +134,7 @@ final class KvPool implements AutoCloseable {
                 }
                 parts.add(new Part(s, cache, attentions, batch, new CudaGraph[maxBatch + 1]));
             }
-        } catch (RuntimeException e) {
+        } catch (RuntimeException | Error e) {
             close();
             throw e;
         }

@@ -47,7 +47,7 @@ final class Projection implements AutoCloseable {
                 parts.add(DeviceMatrix.upload(context, run));
                 i = j;
             }
-        } catch (RuntimeException e) {
+        } catch (RuntimeException | Error e) {
             parts.forEach(DeviceMatrix::close);
             throw e;
         }

@@ -114,7 +114,7 @@ final class Stage implements AutoCloseable {
             this.angles = bytes(8L * rowsMax * Math.max(1, c.rope().ropeDim() / 2));
             this.staging = own(context.allocatePinned(8L * rowsMax));
             this.idsHost = own(context.allocatePinned(8L * logitRows));
-        } catch (RuntimeException e) {
+        } catch (RuntimeException | Error e) {
             close();
             throw e;
         }
