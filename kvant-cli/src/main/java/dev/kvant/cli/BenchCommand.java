@@ -1,6 +1,7 @@
 package dev.kvant.cli;
 
 import dev.kvant.backend.Backend;
+import dev.kvant.cuda.CudaException;
 import dev.kvant.cuda.model.CudaBackend;
 import dev.kvant.engine.Benchmark;
 import dev.kvant.engine.Session;
@@ -211,7 +212,7 @@ final class BenchCommand implements Runnable {
                 progress.update("measuring the device's copy bandwidth and bf16 GEMM rate");
                 try {
                     limits = cuda.measureLimits();
-                } catch (dev.kvant.cuda.CudaException e) {   // its 2 + 0.5 GiB of buffers past what the run planned
+                } catch (CudaException e) {   // its 2 + 0.5 GiB of buffers past what the run planned
                     System.err.println("kvant bench: the device's copy bandwidth and GEMM rate were not measured ("
                             + e.getMessage() + "); the rows come without their fraction of those limits");
                 }

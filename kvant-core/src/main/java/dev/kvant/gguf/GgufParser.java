@@ -402,7 +402,10 @@ final class GgufParser {
         return new GgufArray(type, store);
     }
 
-    /** n more bytes of strings or numbers to decode (at byte start): refused past the budget, {@link #MAX_METADATA_BYTES}. */
+    /**
+     * n more bytes of strings or numbers to decode (at byte start): refused past the budget
+     * ({@link #MAX_METADATA_BYTES}).
+     */
     private void decoded(long n, long start) {
         metadataBytes += n;
         if (metadataBytes > maxMetadataBytes) {

@@ -112,7 +112,8 @@ public record ModelConfig(String architecture, int dim, int layers, int heads, i
         int ropeDim = md.getInt(arch + ".rope.dimension_count", headDimK);
         if (ropeDim <= 0 || ropeDim % 2 != 0) {
             String from = md.contains(arch + ".rope.dimension_count") ? arch + ".rope.dimension_count"
-                    : arch + ".attention.key_length (the rope dimension when " + arch + ".rope.dimension_count is absent)";
+                    : arch + ".attention.key_length (the rope dimension when " + arch
+                    + ".rope.dimension_count is absent)";
             throw new GgufException("GGUF " + fileName + ": " + from + " is " + ropeDim + "; the rope dimension must be"
                     + " positive and even");
         }

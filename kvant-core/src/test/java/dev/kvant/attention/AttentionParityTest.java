@@ -8,6 +8,7 @@ import dev.kvant.kv.KvFormat;
 import dev.kvant.tensor.Parallel;
 
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.List;
 import java.util.SplittableRandom;
 import org.junit.jupiter.api.Test;
@@ -55,7 +56,7 @@ class AttentionParityTest {
         }
         // a wrong kernel still fails with sparse V on: the bound is the gap, not anything
         List<AttentionKernel> wrong = new ArrayList<>(AttentionParity.cpuKernels(Parallel.serial()));
-        wrong.add(AttentionParity.kernel("zeros", (p, o, out) -> java.util.Arrays.fill(out, 0f)));
+        wrong.add(AttentionParity.kernel("zeros", (p, o, out) -> Arrays.fill(out, 0f)));
         AttentionParity.Report bad = AttentionParity.run(new AttentionParity.Settings(KvFormat.parse("f16"),
                 KvFormat.parse("f16"), 2048, 2, 2, 8, 128, 128, SEED, AttentionOptions.defaults().withSparseV(0.01f)),
                 wrong);
