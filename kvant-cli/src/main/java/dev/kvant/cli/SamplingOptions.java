@@ -30,15 +30,15 @@ final class SamplingOptions {
     @Option(names = {"-s", "--seed"}, paramLabel = "S", description = "random seed (default: random)")
     Long seed;
 
-    /**
-     * The settings for a context of {@code contextLength} tokens, read as llama.cpp reads them: a temperature of 0 or
-     * below, or top-p 0, is greedy; a repetition window of -1 is the whole context, and none is longer than it.
-     */
     /** The sampling options checked before a model is loaded: a value out of range is a usage error. */
     void check() {
         UsageException.parsing(() -> config(1 << 20));
     }
 
+    /**
+     * The settings for a context of {@code contextLength} tokens, read as llama.cpp reads them: a temperature of 0 or
+     * below, or top-p 0, is greedy; a repetition window of -1 is the whole context, and none is longer than it.
+     */
     SamplerConfig config(int contextLength) {
         long s = seed != null ? seed : new java.security.SecureRandom().nextLong();
         boolean greedy = temperature <= 0 || topP == 0;

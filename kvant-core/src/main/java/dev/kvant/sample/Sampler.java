@@ -26,7 +26,6 @@ public final class Sampler {
         this.recent = new int[Math.max(1, config.repeatLastN())];
     }
 
-    /** Records a token of the context (prompt or generated) for the repetition penalty. */
     /**
      * Whether this sampler always takes the largest logit (greedy, no repetition penalty): then the choice can be made
      * where the model runs and the logits need not be copied out.
@@ -35,6 +34,7 @@ public final class Sampler {
         return config.isGreedy() && (config.repeatPenalty() == 1f || config.repeatLastN() == 0);
     }
 
+    /** Records a token of the context (prompt or generated) for the repetition penalty. */
     public void accept(int token) {
         recent[recentHead] = token;
         recentHead = (recentHead + 1) % recent.length;
@@ -84,9 +84,11 @@ public final class Sampler {
         double minCut = config.minP() > 0f ? max + Math.log(config.minP()) : Double.NEGATIVE_INFINITY;
         int[] order = null;
         for (double gap = 4; ; gap *= 2) {
-            double floor = Math.max(max - gap, minCut);
+            // without top-p, min-p's cut is the floor at once (a min-p below e^-4 was cut at max - 4: min-p 0.01
+            // kept only the logits within 4 of the largest)
+            double floor = config.topP() >= 1f ? minCut : Math.max(max - gap, minCut);
             order = above(logits, vocab, floor);
-            if (floor == minCut || config.topP() >= 1f || floor == Double.NEGATIVE_INFINITY
+            if (floor == minCut || floor == Double.NEGATIVE_INFINITY
                     || order.length == vocab || reaches(order, weights, config.topP() * sum)) {
                 break;
             }

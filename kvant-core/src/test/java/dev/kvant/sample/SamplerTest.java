@@ -166,6 +166,17 @@ class SamplerTest {
         // min-p 0.3: e^(l - 3) >= 0.3 keeps 4000 and 7 (0.37), not 2500 (0.14)
         c = counts(new SamplerConfig(1f, 0, 1f, 0.3f, 1f, 0, seed), logits, n);
         assertEquals(n, c[4000] + c[7], "min-p keeps two, seed " + seed);
+        // min-p below e^-4 without top-k or top-p: its own cut (was max - 4, which kept the largest alone here)
+        float[] far = new float[3000];
+        Arrays.fill(far, -50f);
+        far[0] = 0f;
+        far[1] = -4.5f;   // 0.011 of the largest: kept by min-p 0.01 (cut at ln 0.01 = -4.6)
+        far[2] = -4.2f;   // 0.015
+        c = counts(new SamplerConfig(1f, 0, 1f, 0.01f, 1f, 0, seed), far, n);
+        double zf = 1 + Math.exp(-4.5) + Math.exp(-4.2);
+        assertEquals(n, c[0] + c[1] + c[2], "min-p 0.01 keeps three, seed " + seed);
+        assertClose(c[2] / (double) n, Math.exp(-4.2) / zf, "min-p 0.01, token 2, seed " + seed);
+        assertTrue(c[1] > 0, "min-p 0.01 keeps token 1 (" + c[1] + " of " + n + "), seed " + seed);
     }
 
     private static int[] counts(SamplerConfig config, float[] logits, int n) {
