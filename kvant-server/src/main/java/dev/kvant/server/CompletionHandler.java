@@ -87,7 +87,9 @@ final class CompletionHandler {
         long seed = r.seed() != null ? r.seed() : new SecureRandom().nextLong();
         SamplerConfig sampling;
         try {
-            sampling = new SamplerConfig(r.temperature(), r.topK(), r.topP(), r.minP(), r.repeatPenalty(), 64, seed);
+            int window = r.repeatLastN() == -1 ? ctx : Math.min(r.repeatLastN(), ctx);
+            sampling = new SamplerConfig(r.temperature(), r.topK(), r.topP(), r.minP(), r.repeatPenalty(), window,
+                    seed);
         } catch (IllegalArgumentException e) {   // CompletionRequest checks each field; this is the last word
             throw ApiException.invalid(null, e.getMessage());
         }

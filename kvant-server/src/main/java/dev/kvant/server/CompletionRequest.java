@@ -18,17 +18,23 @@ import java.util.Set;
  * @param prompt       the prompt text (text completion given as a string), else null
  * @param promptTokens the prompt as token ids (text completion given as ids), else null
  * @param maxTokens    the most tokens to generate, null for "until the context is full"
+ * @param repeatLastN  the tokens the repetition penalty looks back, -1 the whole context
  * @param seed         the sampler's seed, null for a random one
  */
 record CompletionRequest(Kind kind, List<ChatMessage> messages, String prompt, int[] promptTokens, Integer maxTokens,
-                         float temperature, float topP, int topK, float minP, float repeatPenalty, Long seed,
+                         float temperature, float topP, int topK, float minP, float repeatPenalty, int repeatLastN,
+                         Long seed,
                          List<String> stop, boolean stream, boolean includeUsage, boolean ignoreEos) {
 
     enum Kind { CHAT, TEXT }
 
+    /** The tokens the repetition penalty looks back when a request does not say (llama.cpp's default). */
+    static final int DEFAULT_REPEAT_LAST_N = 64;
+
     private static final Set<String> COMMON = Set.of("model", "max_tokens", "temperature", "top_p", "n", "stream",
             "stream_options", "stop", "seed", "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
             "frequency_penalty", "presence_penalty", "logit_bias", "logprobs", "top_k", "min_p", "repeat_penalty",
+            "repeat_last_n",
             "ignore_eos");
     private static final Set<String> CHAT_ONLY = Set.of("messages", "max_completion_tokens", "top_logprobs",
             "response_format", "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", "metadata",
@@ -156,6 +162,7 @@ record CompletionRequest(Kind kind, List<ChatMessage> messages, String prompt, i
         Integer topK = b.integer("top_k", 0, Integer.MAX_VALUE);
         Double minP = b.number("min_p", 0, 1);
         Double repeat = b.number("repeat_penalty", 0, 10);
+        Integer lastN = b.integer("repeat_last_n", -1, Integer.MAX_VALUE);   // llama.cpp's: -1 the whole context
         if (repeat != null && repeat.floatValue() == 0f) {   // 0, or so small that a float holds 0
             throw ApiException.invalid("repeat_penalty", "'repeat_penalty' must be above 0 (1 is off)");
         }
@@ -184,7 +191,8 @@ record CompletionRequest(Kind kind, List<ChatMessage> messages, String prompt, i
             p = 1f;
         }
         return new CompletionRequest(kind, messages, prompt, promptTokens, maxTokens, t, p, topK == null ? 0 : topK,
-                minP == null ? 0f : minP.floatValue(), repeat == null ? 1f : repeat.floatValue(), seed,
+                minP == null ? 0f : minP.floatValue(), repeat == null ? 1f : repeat.floatValue(),
+                lastN == null ? DEFAULT_REPEAT_LAST_N : lastN, seed,
                 stops(body.get("stop")), Boolean.TRUE.equals(stream), includeUsage,
                 Boolean.TRUE.equals(b.bool("ignore_eos")));
     }

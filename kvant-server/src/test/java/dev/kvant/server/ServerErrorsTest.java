@@ -134,6 +134,16 @@ class ServerErrorsTest {
         // above 0 as a double, 0 as the float the sampler takes: it used to be a 500 from the sampler's settings
         assertError(post("/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 2, \"repeat_penalty\": 1e-50}"),
                 400, "repeat_penalty", "must be above 0");
+        // llama.cpp's repetition window: taken (-1 the whole context), refused below -1
+        Reply window = post("/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 2, \"repeat_penalty\": 1.1,"
+                + " \"repeat_last_n\": -1}");
+        assertEquals(200, window.status(), window.raw().body());
+        assertError(post("/v1/completions", "{\"prompt\": \"hi\", \"repeat_last_n\": -2}"), 400, "repeat_last_n",
+                "repeat_last_n");
+        assertEquals(-1, CompletionRequest.parse(CompletionRequest.Kind.TEXT, Json.MAPPER.readTree(
+                "{\"prompt\": \"hi\", \"repeat_last_n\": -1}")).repeatLastN());
+        assertEquals(CompletionRequest.DEFAULT_REPEAT_LAST_N, CompletionRequest.parse(CompletionRequest.Kind.TEXT,
+                Json.MAPPER.readTree("{\"prompt\": \"hi\"}")).repeatLastN());
     }
 
     /** A message's text parts are one text, a line each (as vLLM and llama.cpp join them), not run together. */
