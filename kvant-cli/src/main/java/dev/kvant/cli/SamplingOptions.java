@@ -24,8 +24,17 @@ final class SamplingOptions {
     float repeatPenalty;
 
     @Option(names = "--repeat-last-n", paramLabel = "N", defaultValue = "64",
-            description = "tokens the repetition penalty looks back, -1 = the whole context (default ${DEFAULT-VALUE})")
+            description = "tokens the penalties look back, -1 = the whole context (default ${DEFAULT-VALUE})")
     int repeatLastN;
+
+    @Option(names = "--frequency-penalty", paramLabel = "F", defaultValue = "0.0",
+            description = "subtracted from a recent token's logit for each time it occurs, 0 = off"
+                    + " (default ${DEFAULT-VALUE})")
+    float frequencyPenalty;
+
+    @Option(names = "--presence-penalty", paramLabel = "P", defaultValue = "0.0",
+            description = "subtracted once from the logit of a token in the window, 0 = off (default ${DEFAULT-VALUE})")
+    float presencePenalty;
 
     @Option(names = {"-s", "--seed"}, paramLabel = "S", description = "random seed (default: random)")
     Long seed;
@@ -43,6 +52,7 @@ final class SamplingOptions {
         long s = seed != null ? seed : new java.security.SecureRandom().nextLong();
         boolean greedy = temperature <= 0 || topP == 0;
         int window = repeatLastN == -1 ? contextLength : Math.min(repeatLastN, contextLength);
-        return new SamplerConfig(greedy ? 0f : temperature, topK, greedy ? 1f : topP, minP, repeatPenalty, window, s);
+        return new SamplerConfig(greedy ? 0f : temperature, topK, greedy ? 1f : topP, minP, repeatPenalty, window,
+                frequencyPenalty, presencePenalty, s);
     }
 }

@@ -31,7 +31,7 @@ public final class Sampler {
      * where the model runs and the logits need not be copied out.
      */
     public boolean argmaxSuffices() {
-        return config.isGreedy() && (config.repeatPenalty() == 1f || config.repeatLastN() == 0);
+        return config.isGreedy() && !config.penalizes();
     }
 
     /** Records a token of the context (prompt or generated) for the repetition penalty. */
@@ -48,7 +48,7 @@ public final class Sampler {
      * walks the ids in order (the same distribution; one pass, no ranking).
      */
     public int sample(float[] logits, int vocab) {
-        if (config.repeatPenalty() != 1f && config.repeatLastN() > 0) {
+        if (config.penalizes()) {
             penalize(logits);
         }
         if (config.isGreedy()) {
@@ -333,15 +333,25 @@ public final class Sampler {
         heap[i] = v;
     }
 
+    /**
+     * Each token of the window once, as llama.cpp's penalties sampler: the repeat penalty, then the frequency penalty
+     * times its count and the presence penalty subtracted (the window sorted, so no vocabulary-sized scratch).
+     */
     private void penalize(float[] logits) {
-        boolean[] seen = new boolean[logits.length];
-        for (int i = 0; i < recentCount; i++) {
-            int t = recent[i];
-            if (t >= 0 && t < logits.length && !seen[t]) {
-                seen[t] = true;
-                float v = logits[t];
-                logits[t] = v > 0 ? v / config.repeatPenalty() : v * config.repeatPenalty();
+        int[] window = Arrays.copyOf(recent, recentCount);
+        Arrays.sort(window);
+        for (int i = 0; i < window.length; ) {
+            int t = window[i];
+            int j = i + 1;
+            while (j < window.length && window[j] == t) {
+                j++;
             }
+            if (t >= 0 && t < logits.length) {
+                float v = logits[t];
+                v = v > 0 ? v / config.repeatPenalty() : v * config.repeatPenalty();
+                logits[t] = v - ((j - i) * config.frequencyPenalty() + config.presencePenalty());
+            }
+            i = j;
         }
     }
 

@@ -8,10 +8,19 @@ package dev.kvant.sample;
  * @param topP          keep the smallest set whose probability reaches p (1 = off)
  * @param minP          drop tokens less likely than minP times the most likely one (0 = off)
  * @param repeatPenalty divide positive (multiply negative) logits of recently seen tokens (1 = off)
- * @param repeatLastN   how many recent tokens the penalty looks at
+ * @param repeatLastN   how many recent tokens the penalties look at
+ * @param frequencyPenalty subtracted from a recent token's logit once for each time it occurs (0 = off)
+ * @param presencePenalty  subtracted from a recent token's logit once (0 = off); both after the repeat penalty, as
+ *                         llama.cpp's penalties sampler applies them: {@code l - (count·frequency + presence)}
  */
 public record SamplerConfig(float temperature, int topK, float topP, float minP, float repeatPenalty, int repeatLastN,
-                            long seed) {
+                            float frequencyPenalty, float presencePenalty, long seed) {
+
+    /** No frequency or presence penalty. */
+    public SamplerConfig(float temperature, int topK, float topP, float minP, float repeatPenalty, int repeatLastN,
+                         long seed) {
+        this(temperature, topK, topP, minP, repeatPenalty, repeatLastN, 0f, 0f, seed);
+    }
 
     public SamplerConfig {
         // each test is written so that NaN fails it
@@ -33,6 +42,17 @@ public record SamplerConfig(float temperature, int topK, float topP, float minP,
         if (repeatLastN < 0) {
             throw invalid("repeat-last-n", "at least 0", repeatLastN);
         }
+        if (!Float.isFinite(frequencyPenalty)) {
+            throw invalid("frequency penalty", "a finite number (0 is off)", frequencyPenalty);
+        }
+        if (!Float.isFinite(presencePenalty)) {
+            throw invalid("presence penalty", "a finite number (0 is off)", presencePenalty);
+        }
+    }
+
+    /** Whether any penalty changes the logits of recent tokens. */
+    public boolean penalizes() {
+        return repeatLastN > 0 && (repeatPenalty != 1f || frequencyPenalty != 0f || presencePenalty != 0f);
     }
 
     private static IllegalArgumentException invalid(String setting, String must, Object got) {

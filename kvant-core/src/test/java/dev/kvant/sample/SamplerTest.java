@@ -7,6 +7,7 @@ import java.util.SplittableRandom;
 
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -177,6 +178,32 @@ class SamplerTest {
         assertEquals(n, c[0] + c[1] + c[2], "min-p 0.01 keeps three, seed " + seed);
         assertClose(c[2] / (double) n, Math.exp(-4.2) / zf, "min-p 0.01, token 2, seed " + seed);
         assertTrue(c[1] > 0, "min-p 0.01 keeps token 1 (" + c[1] + " of " + n + "), seed " + seed);
+    }
+
+    /**
+     * The frequency and presence penalties as llama.cpp's penalties sampler applies them, after the repeat penalty,
+     * each token of the window once: l - (count·frequency + presence); zero penalties leave the logits' bits alone.
+     */
+    @Test
+    void frequencyAndPresencePenaltiesFollowTheRepeatPenaltyOverTheWindow() {
+        // greedy, so the penalized logits decide: token 0 (logit 3) seen 3 times, token 1 (2.5) once, token 2 (2) never
+        Sampler s = new Sampler(new SamplerConfig(0f, 0, 1f, 0f, 1.25f, 8, 0.25f, 0.5f, 1));
+        for (int t : new int[] {0, 1, 0, 0}) {
+            s.accept(t);
+        }
+        // token 0: 3 / 1.25 - (3·0.25 + 0.5) = 1.15; token 1: 2.5 / 1.25 - (0.25 + 0.5) = 1.25; token 2: 2
+        assertEquals(2, s.sample(new float[] {3f, 2.5f, 2f}, 3));
+        assertFalse(s.argmaxSuffices(), "penalties need the logits");
+        Sampler none = new Sampler(new SamplerConfig(0f, 0, 1f, 0f, 1f, 8, 0f, 0f, 1));
+        none.accept(0);
+        assertTrue(none.argmaxSuffices());
+        assertEquals(0, none.sample(new float[] {3f, 2.5f, 2f}, 3));
+        // presence alone moves a seen token below an unseen one; the window bounds it
+        Sampler presence = new Sampler(new SamplerConfig(0f, 0, 1f, 0f, 1f, 1, 0f, 1f, 1));
+        presence.accept(0);
+        presence.accept(1);   // the window of 1 holds token 1 only
+        assertEquals(0, presence.sample(new float[] {3f, 3.5f, 2f}, 3));
+        assertThrows(IllegalArgumentException.class, () -> new SamplerConfig(1f, 0, 1f, 0f, 1f, 8, Float.NaN, 0f, 1));
     }
 
     private static int[] counts(SamplerConfig config, float[] logits, int n) {

@@ -89,7 +89,7 @@ final class CompletionHandler {
         try {
             int window = r.repeatLastN() == -1 ? ctx : Math.min(r.repeatLastN(), ctx);
             sampling = new SamplerConfig(r.temperature(), r.topK(), r.topP(), r.minP(), r.repeatPenalty(), window,
-                    seed);
+                    r.frequencyPenalty(), r.presencePenalty(), seed);
         } catch (IllegalArgumentException e) {   // CompletionRequest checks each field; this is the last word
             throw ApiException.invalid(null, e.getMessage());
         }

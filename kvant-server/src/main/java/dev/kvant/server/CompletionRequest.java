@@ -12,18 +12,18 @@ import java.util.Set;
  * A validated {@code /v1/chat/completions} or {@code /v1/completions} request. Every field is checked for its type
  * and range; a field the API does not have is refused (as OpenAI does), and so is a feature kvant does not offer
  * (tools, logprobs, n above 1, ...). A few fields are accepted and ignored because they change nothing here
- * ({@code user}, {@code metadata}, {@code store}, the penalties); docs/SERVER.md lists them.
+ * ({@code user}, {@code metadata}, {@code store}, ...); docs/SERVER.md lists them.
  *
  * @param messages     the conversation (chat), else null
  * @param prompt       the prompt text (text completion given as a string), else null
  * @param promptTokens the prompt as token ids (text completion given as ids), else null
  * @param maxTokens    the most tokens to generate, null for "until the context is full"
- * @param repeatLastN  the tokens the repetition penalty looks back, -1 the whole context
+ * @param repeatLastN  the tokens the penalties look back, -1 the whole context
  * @param seed         the sampler's seed, null for a random one
  */
 record CompletionRequest(Kind kind, List<ChatMessage> messages, String prompt, int[] promptTokens, Integer maxTokens,
                          float temperature, float topP, int topK, float minP, float repeatPenalty, int repeatLastN,
-                         Long seed,
+                         float frequencyPenalty, float presencePenalty, Long seed,
                          List<String> stop, boolean stream, boolean includeUsage, boolean ignoreEos) {
 
     enum Kind { CHAT, TEXT }
@@ -61,8 +61,8 @@ record CompletionRequest(Kind kind, List<ChatMessage> messages, String prompt, i
         b.string("safety_identifier");
         b.string("prompt_cache_key");
         b.string("prompt_cache_retention");
-        b.number("frequency_penalty", -2, 2);
-        b.number("presence_penalty", -2, 2);
+        Double frequency = b.number("frequency_penalty", -2, 2);
+        Double presence = b.number("presence_penalty", -2, 2);
         Integer n = b.integer("n", 1, 128);
         if (n != null && n != 1) {
             throw ApiException.unsupported("n", "n must be 1: kvant generates one choice per request");
@@ -192,7 +192,8 @@ record CompletionRequest(Kind kind, List<ChatMessage> messages, String prompt, i
         }
         return new CompletionRequest(kind, messages, prompt, promptTokens, maxTokens, t, p, topK == null ? 0 : topK,
                 minP == null ? 0f : minP.floatValue(), repeat == null ? 1f : repeat.floatValue(),
-                lastN == null ? DEFAULT_REPEAT_LAST_N : lastN, seed,
+                lastN == null ? DEFAULT_REPEAT_LAST_N : lastN, frequency == null ? 0f : frequency.floatValue(),
+                presence == null ? 0f : presence.floatValue(), seed,
                 stops(body.get("stop")), Boolean.TRUE.equals(stream), includeUsage,
                 Boolean.TRUE.equals(b.bool("ignore_eos")));
     }

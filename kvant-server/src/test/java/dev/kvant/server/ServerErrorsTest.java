@@ -144,6 +144,15 @@ class ServerErrorsTest {
                 "{\"prompt\": \"hi\", \"repeat_last_n\": -1}")).repeatLastN());
         assertEquals(CompletionRequest.DEFAULT_REPEAT_LAST_N, CompletionRequest.parse(CompletionRequest.Kind.TEXT,
                 Json.MAPPER.readTree("{\"prompt\": \"hi\"}")).repeatLastN());
+        // OpenAI's penalties are applied (they were accepted and ignored), in OpenAI's range
+        CompletionRequest penalties = CompletionRequest.parse(CompletionRequest.Kind.TEXT, Json.MAPPER.readTree(
+                "{\"prompt\": \"hi\", \"frequency_penalty\": 0.5, \"presence_penalty\": -1}"));
+        assertEquals(0.5f, penalties.frequencyPenalty());
+        assertEquals(-1f, penalties.presencePenalty());
+        assertError(post("/v1/completions", "{\"prompt\": \"hi\", \"presence_penalty\": 3}"), 400, "presence_penalty",
+                "presence_penalty");
+        Reply penalized = post("/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 2, \"frequency_penalty\": 1}");
+        assertEquals(200, penalized.status(), penalized.raw().body());
     }
 
     /** A message's text parts are one text, a line each (as vLLM and llama.cpp join them), not run together. */
