@@ -23,9 +23,9 @@ import java.util.concurrent.atomic.AtomicInteger;
 /**
  * The OpenAI-compatible HTTP server over an {@link Engine}: {@code POST /v1/chat/completions},
  * {@code POST /v1/completions}, {@code GET /v1/models}, {@code GET /v1/models/{model}}, {@code GET /health},
- * {@code GET /metrics}. Every request runs on
- * a virtual thread of Helidon SE's web server. Errors are OpenAI-style JSON with the status that fits (400 for a bad
- * request, 401 without the API key, 404 for an unknown path, 503 with Retry-After when the queue is full).
+ * {@code GET /metrics}. Every request runs on a virtual thread of Helidon SE's web server. Errors are OpenAI-style
+ * JSON with the status that fits (400 for a bad request, 401 without the API key, 404 for an unknown path or model,
+ * 503 with Retry-After when the queue is full).
  */
 public final class KvantServer implements AutoCloseable {
 
