@@ -266,11 +266,12 @@ public final class PageTopK {
 
     /**
      * A long whose ascending order is descending score, then ascending block: the score's bits made monotone as a
-     * signed int and complemented, above the block index.
+     * signed int and complemented, above the block index. A NaN score (a NaN in the query or in the block's keys)
+     * comes first whatever its sign: the block is kept, as dense attention would show the NaN (select.cu's rule).
      */
     static long key(float score, int block) {
         int bits = Float.floatToRawIntBits(score);
-        int ordered = bits >= 0 ? bits : bits ^ 0x7fffffff;
+        int ordered = score != score ? Integer.MAX_VALUE : bits >= 0 ? bits : bits ^ 0x7fffffff;
         return ((long) ~ordered << 32) | block;
     }
 

@@ -342,6 +342,18 @@ class PageTopKTest {
         assertArrayEquals(new int[] {0, 4, 6, 2, 3, 1, 7, 5}, Arrays.stream(sorted).mapToInt(x -> (int) x).toArray());
     }
 
+    @Test
+    void aNaNScoreOfEitherSignComesFirst() {
+        float negativeNaN = Float.intBitsToFloat(0xffc00000);
+        float[] scores = {Float.POSITIVE_INFINITY, negativeNaN, 1f, Float.NaN, Float.NEGATIVE_INFINITY};
+        long[] keys = new long[scores.length];
+        for (int i = 0; i < scores.length; i++) {
+            keys[i] = PageTopK.key(scores[i], i);
+        }
+        Arrays.sort(keys);
+        assertArrayEquals(new int[] {1, 3, 0, 2, 4}, Arrays.stream(keys).mapToInt(x -> (int) x).toArray());
+    }
+
     /**
      * Windows and budgets near 2^31 tokens ("all of it") count their blocks without overflow, and the default coarse
      * keep stays within the keeps taken: a sink or recent window of Integer.MAX_VALUE made a negative block count and

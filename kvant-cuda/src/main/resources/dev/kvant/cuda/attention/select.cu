@@ -169,8 +169,8 @@ __device__ __forceinline__ void score_body(const float* __restrict__ q, const fl
             if constexpr (fmt_rotated(KF)) wht_row<DK>(x, lane, false);
 #pragma unroll
             for (int j = 0; j < DK / 32; j++) {
-                qpn[r * DK + 32 * j + lane] = fmaxf(x[j], 0.f);
-                qpn[(nr + r) * DK + 32 * j + lane] = fminf(x[j], 0.f);
+                qpn[r * DK + 32 * j + lane] = java_max(x[j], 0.f);   // a NaN stays NaN (fmaxf drops it)
+                qpn[(nr + r) * DK + 32 * j + lane] = java_min(x[j], 0.f);
             }
         }
         __syncthreads();
@@ -201,7 +201,7 @@ __device__ __forceinline__ void score_body(const float* __restrict__ q, const fl
                 }
 #pragma unroll
                 for (int h = 16; h >= 1; h >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(FULL_MASK, acc, h));
-                best[i] = fmaxf(best[i], acc);
+                best[i] = java_max(best[i], acc);
             }
         }
     }
@@ -233,10 +233,12 @@ extern "C" __global__ void __launch_bounds__(SCORE_WARPS * 32) kvant_select_scor
     score_body<ROUND_KEPT>(SCORE_ARGS);
 }
 
-// A float's bits as an unsigned key in the float order (-0 below +0): a higher score is a higher key.
+// A float's bits as an unsigned key in the float order (-0 below +0): a higher score is a higher key. A NaN bound
+// (a NaN in the query or in the block's keys) is the highest key whatever its sign: such a block is kept, as dense
+// attention would show the NaN (PageTopK.key).
 __device__ __forceinline__ u32 score_key(float s) {
     const u32 b = __float_as_uint(s);
-    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return s != s ? 0xffffffffu : (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
 // Exclusive prefix sum of v over the 1024 threads of the block, in thread order; total in *total.

@@ -57,6 +57,11 @@ class SelectionGpuTest {
     }
 
     static Data data(CudaContext context, KvFormat f, int[] lens, SplittableRandom r, boolean sameKeys) {
+        return data(context, f, lens, r, sameKeys, -1);
+    }
+
+    /** nanRow >= 0: sequence 0's K row nanRow (token · KV_HEADS + kv head) gets a NaN in dimension 5. */
+    static Data data(CudaContext context, KvFormat f, int[] lens, SplittableRandom r, boolean sameKeys, int nanRow) {
         int pages = 0;
         for (int len : lens) {
             pages += (len + PAGE_TOKENS - 1) / PAGE_TOKENS;
@@ -77,6 +82,9 @@ class SelectionGpuTest {
                 for (int row = 1; row < lens[s] * KV_HEADS; row++) {
                     System.arraycopy(k, 0, k, row * D, D);
                 }
+            }
+            if (s == 0 && nanRow >= 0) {
+                k[nanRow * D + 5] = Float.NaN;
             }
             float[] v = AttentionGpuFixture.gaussianRows(r, lens[s] * KV_HEADS, D, 1.0, 0);
             seqs[s].writeRows(0, 0, lens[s], k, 0, v, 0);
@@ -165,6 +173,70 @@ class SelectionGpuTest {
                             assertArrayEquals(want, got, name + " block " + b + " of " + bt + " tokens, sequence " + s
                                     + ", kv head " + g + ": device summaries differ from the CPU's; seed " + seed);
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    /**
+     * A block holding a NaN key bounds NaN on both sides (NaN-keeping min, max and maxima) and is kept first, as the
+     * CPU's PageTopK keeps it: dense attention would show the NaN, so selection does not hide it. A NaN query row
+     * makes every bound of its kv head NaN: the lowest blocks are kept on both sides.
+     */
+    @ParameterizedTest(name = "{0}")
+    @ValueSource(strings = {"f16", "q8_0", "turbo3"})
+    void aBlockWithANaNKeyIsKeptAsOnTheCpu(String name) {
+        CudaContext context = AttentionGpuFixture.context();
+        KernelCache cache = AttentionGpuFixture.cache();
+        long seed = AttentionGpuFixture.seed("nan " + name);
+        KvFormat f = KvFormat.parse(name);
+        int[] lens = {2000, 900};
+        int nanToken = 700;
+        int nanHead = 3;
+        int nanBlock = nanToken / 16;
+        SelectionConfig config = new SelectionConfig(320, 16, 32, 64, 0);
+        try (Data d = data(context, f, lens, new SplittableRandom(seed), false, nanToken * KV_HEADS + nanHead);
+             CudaAttention attention = CudaAttention.create(context, cache, shape(f, 32),
+                     AttentionPlan.of(2, 1, 2048, 0));
+             DeviceBatch batch = batch(context, d, lens)) {
+            attention.enableSelection(config, 0);
+            d.device().enableKeySummaries(16);
+            CudaStream stream = context.defaultStream();
+            for (int s = 0; s < lens.length; s++) {
+                attention.summarize(d.device(), 0, batch, s, lens[s], lens[s], stream);
+            }
+            float[] q = AttentionGpuFixture.gaussianRows(new SplittableRandom(seed + 1), 2 * 32, D, 1.0, 0);
+            q[32 * D + 6 * 4 * D + 17] = Float.NaN;   // sequence 1, kv head 6 (its first query head)
+            try (DeviceBuffer qd = AttentionGpuFixture.upload(context, q)) {
+                attention.select(d.device(), 0, qd, batch, 2, 1, stream);
+                context.synchronize();
+            }
+            int[][][] lists = attention.selectionLists(2);
+            PageTopK selector = new PageTopK(config);
+            for (int s = 0; s < 2; s++) {
+                Selection cpu = new Selection();
+                KeySummaries ks = d.seqs()[s].enableKeySummaries(16);
+                float[] qs = Arrays.copyOfRange(q, s * 32 * D, (s + 1) * 32 * D);
+                selector.select(d.seqs()[s], 0, qs, 1, lens[s] - 1, 32, cpu, POOL);
+                for (int g = 0; g < KV_HEADS; g++) {
+                    int[] want = Arrays.copyOfRange(cpu.blocks(), cpu.offset(0, g), cpu.offset(0, g) + cpu.count(0, g));
+                    String what = name + " sequence " + s + " kv head " + g + "; seed " + seed;
+                    if (s == 0 && g == nanHead) {
+                        assertTrue(Arrays.stream(want).anyMatch(b -> b == nanBlock), "CPU keeps the NaN block: " + what);
+                    }
+                    if (s == 1 && g == 6) {   // every bound NaN: sink 2, the 13 lowest candidates, recent and own
+                        int last = (lens[s] - 1) / 16;
+                        int[] lowest = java.util.stream.IntStream.concat(java.util.stream.IntStream.range(0, 15),
+                                java.util.stream.IntStream.rangeClosed(last - 4, last)).toArray();
+                        assertArrayEquals(lowest, want, "CPU, a NaN query: " + what);
+                    }
+                    boolean nan = (s == 0 && g == nanHead) || (s == 1 && g == 6);
+                    if (nan || Arrays.equals(want, lists[s][g])) {
+                        assertArrayEquals(want, lists[s][g], "device list against the CPU's: " + what);
+                    } else {
+                        int recentFrom = Math.max(2, (lens[s] - 1) / 16 - 4);
+                        explainedByNearTies(ks, f, qs, 1, 4, g, 2, recentFrom, want, lists[s][g], what);
                     }
                 }
             }
