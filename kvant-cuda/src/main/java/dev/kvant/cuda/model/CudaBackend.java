@@ -231,17 +231,22 @@ public final class CudaBackend implements Backend {
         }
     }
 
-    /** Host bytes of the weights that layers [from, to) of a stage hold, with the embedding or output at the ends. */
+    /**
+     * Host bytes of the weights that layers [from, to) of a stage hold, with the embedding or output at the ends (a
+     * tied table once where one stage has both, as DeviceWeights uploads it).
+     */
     static long stageWeightBytes(LlamaModel model, int from, int to) {
         long bytes = 0;
         for (int l = from; l < to; l++) {
             bytes += layerBytes(model, l);
         }
-        if (from == 0) {
-            bytes += model.weights().tokenEmbedding().data().byteSize();
+        var w = model.weights();
+        boolean last = to == model.config().layers();
+        if (from == 0 && !(last && w.output() == w.tokenEmbedding())) {
+            bytes += w.tokenEmbedding().data().byteSize();
         }
-        if (to == model.config().layers()) {
-            bytes += model.weights().output().data().byteSize();
+        if (last) {
+            bytes += w.output().data().byteSize();
         }
         return bytes;
     }
@@ -340,6 +345,15 @@ public final class CudaBackend implements Backend {
     /** Sequences one decode launch takes: a step of more runs as several launches, each reading the weights. */
     public int maxBatch() {
         return options.maxBatch();
+    }
+
+    /** Device bytes of the weights, on all devices (a tied embedding table once where one device has both ends). */
+    public long weightBytes() {
+        long b = 0;
+        for (Stage st : stages) {
+            b += st.w.byteSize();
+        }
+        return b;
     }
 
     /** Device bytes of the weights one decode step reads (every matrix but the embedding table). */

@@ -12,7 +12,8 @@ import java.lang.foreign.MemorySegment;
 /**
  * A model's weights on one device, uploaded once: matrices in their compressed formats (q|k|v and gate|up stacked
  * where their formats agree), norms and biases as f32, RoPE frequencies as f64. A device of a layer split holds
- * layers [from, to), the embedding table when it is the first and the output when it is the last.
+ * layers [from, to), the embedding table when it is the first and the output when it is the last; a model whose
+ * output is its embedding table (tied, no output.weight) holds it once where one device has both.
  */
 final class DeviceWeights implements AutoCloseable {
 
@@ -21,11 +22,13 @@ final class DeviceWeights implements AutoCloseable {
                  Projection wo, DeviceBuffer ffnNorm, Projection gateUp, Projection down) {
     }
 
-    /** null unless this device runs the first layers. */
+    /** null unless this device runs the first layers; the output's matrix when {@link #tied}. */
     final DeviceMatrix embedding;
     /** null unless this device runs the last layers. */
     final DeviceBuffer outputNorm;
     final Projection output;
+    /** The embedding table serves as the output too (one upload). */
+    final boolean tied;
     /** layers[i] is model layer from + i. */
     final Layer[] layers;
     final int from;
@@ -38,9 +41,10 @@ final class DeviceWeights implements AutoCloseable {
         try {
             boolean first = from == 0;
             boolean last = to == c.layers();
-            embedding = first ? own(DeviceMatrix.upload(context, w.tokenEmbedding())) : null;
+            tied = first && last && w.output() == w.tokenEmbedding();
             outputNorm = last ? floats(context, w.outputNorm()) : null;
             output = last ? own(Projection.upload(context, w.output())) : null;
+            embedding = tied ? output.only() : first ? own(DeviceMatrix.upload(context, w.tokenEmbedding())) : null;
             layers = new Layer[to - from];
             for (int l = from; l < to; l++) {
                 LlamaWeights.Layer x = w.layers()[l];
@@ -85,16 +89,19 @@ final class DeviceWeights implements AutoCloseable {
 
     /** Device bytes of the weights. */
     long byteSize() {
-        long b = (embedding == null ? 0 : embedding.byteSize()) + (output == null ? 0 : output.byteSize());
+        long b = (embedding == null || tied ? 0 : embedding.byteSize()) + (output == null ? 0 : output.byteSize());
         for (Layer l : layers) {
             b += l.qkv().byteSize() + l.wo().byteSize() + l.gateUp().byteSize() + l.down().byteSize();
         }
         return b;
     }
 
-    /** Bytes a decode step reads: every matrix but the embedding table (of which it reads one row per token). */
+    /**
+     * Bytes a decode step reads: every matrix but the embedding table (of which it reads one row per token), unless
+     * it is the output too.
+     */
     long bytesPerToken() {
-        return byteSize() - (embedding == null ? 0 : embedding.byteSize());
+        return byteSize() - (embedding == null || tied ? 0 : embedding.byteSize());
     }
 
     /** Multiply-adds of the matrices one token goes through here. */

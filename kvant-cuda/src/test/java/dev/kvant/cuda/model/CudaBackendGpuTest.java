@@ -14,6 +14,7 @@ import dev.kvant.kv.KvFormat;
 import dev.kvant.kv.KvLayerFormats;
 import dev.kvant.kv.PageMeanFormat;
 import dev.kvant.model.LlamaModel;
+import dev.kvant.model.LlamaWeights;
 import dev.kvant.model.SyntheticModel;
 import dev.kvant.sample.Sampler;
 import dev.kvant.tensor.Parallel;
@@ -126,6 +127,35 @@ class CudaBackendGpuTest {
             }
         }
         return out;
+    }
+
+    /**
+     * A model whose output is its embedding table (no output.weight, as Llama 3.2 1B) holds the table once on the
+     * device — the weights' bytes those of the model with a separate output, less one table — and gives the CPU's
+     * logits through it, from the embedding lookup to the output product.
+     */
+    @Test
+    void aTiedEmbeddingTableIsUploadedOnceAndServesBothEnds() {
+        long seed = TestSeed.next();
+        try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.parse("tiny"), GgmlType.Q8_0, seed)) {
+            LlamaWeights w = model.weights();
+            LlamaModel tied = new LlamaModel("tied " + model.name(), model.config(), new LlamaWeights(
+                    w.tokenEmbedding(), w.outputNorm(), w.tokenEmbedding(), w.layers(), w.ropeFreqFactors()), null,
+                    () -> { });
+            int layers = model.config().layers();
+            long table = w.tokenEmbedding().data().byteSize();
+            assertEquals(CudaBackend.stageWeightBytes(model, 0, layers) - table,
+                    CudaBackend.stageWeightBytes(tied, 0, layers), "planned bytes");
+            long untiedBytes;
+            try (CudaBackend gpu = CudaBackend.open(model, new CudaBackend.Options(4, 64, 0))) {
+                untiedBytes = gpu.weightBytes();
+            }
+            try (CudaBackend gpu = CudaBackend.open(tied, new CudaBackend.Options(4, 64, 0))) {
+                assertEquals(untiedBytes - table, gpu.weightBytes(), "device bytes");
+                assertEquals(gpu.weightBytes(), gpu.weightBytesPerToken(), "a step reads the table as the output");
+            }
+            matchCpu(tied, "tiny Q8_0 tied", seed, 100, 4, 1e-3);
+        }
     }
 
     /**

@@ -2,6 +2,7 @@ package dev.kvant.cuda.model;
 
 import dev.kvant.gguf.GgmlType;
 import dev.kvant.model.LlamaModel;
+import dev.kvant.model.LlamaWeights;
 import dev.kvant.model.ModelConfig;
 import dev.kvant.model.SyntheticModel;
 import org.junit.jupiter.api.Test;
@@ -42,6 +43,22 @@ class LayerSplitTest {
                         gpus + " GPUs: " + java.util.Arrays.toString(split) + " max " + max + " total " + total);
             }
             assertThrows(IllegalArgumentException.class, () -> CudaBackend.autoSplit(model, layers + 1, 0));
+        }
+    }
+
+    /** A tied embedding table is planned once where one stage holds both ends, and at each end of a split. */
+    @Test
+    void aTiedTableCountsOnceOnOneStageAndAtBothEndsOfASplit() {
+        try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.TINY, GgmlType.Q8_0, 1)) {
+            LlamaWeights w = model.weights();
+            LlamaModel tied = new LlamaModel("tied", model.config(), new LlamaWeights(w.tokenEmbedding(),
+                    w.outputNorm(), w.tokenEmbedding(), w.layers(), w.ropeFreqFactors()), null, () -> { });
+            int layers = model.config().layers();
+            long table = w.tokenEmbedding().data().byteSize();
+            long untied = CudaBackend.stageWeightBytes(model, 0, layers);
+            assertEquals(untied - table, CudaBackend.stageWeightBytes(tied, 0, layers));
+            assertEquals(untied, CudaBackend.stageWeightBytes(tied, 0, 1) + CudaBackend.stageWeightBytes(tied, 1,
+                    layers));
         }
     }
 
