@@ -1548,15 +1548,14 @@ __device__ __forceinline__ void store_rows_staged(const float (&o)[DV / 8][4], f
 
 // ---- prefill on Hopper's warpgroup tensor cores (wgmma, sm_90a: the module is compiled for sm_90a on a 9.0 device)
 //
-// Compiled where NVRTC targets sm_90a (__CUDA_ARCH_FEAT_SM90_ALL) for K and V rows of 64 or 128 values (one size),
-// both f16/bf16 (keys not centered) or both turbo3/turbo2 (keys centered on their page's mean too: the K producer
-// adds the means as it dequantizes, see wgq_dequant): kvant_attn_prefill then runs prefill_wg below instead of
-// its mma.sync tile loop; the other formats, shapes and architectures keep that loop. Same grid, block (8 warps =
-// 2 warpgroups of 64 query rows, plus two producer warpgroups for turbo rows) and row order as it: warp w owns rows 16w..16w+15 of the block's 128, lane (g, c)
+// Compiled where NVRTC targets sm_90a (__CUDA_ARCH_FEAT_SM90_ALL) for K and V rows of 64 or 128 values (one size), of
+// any formats: kvant_attn_prefill then runs prefill_wg below instead of its mma.sync tile loop; other head sizes and
+// architectures keep that loop. Same grid, block (8 warps = 2 warpgroups of 64 query rows, plus two producer warpgroups
+// where the rows are dequantized) and row order as it: warp w owns rows 16w..16w+15 of the block's 128, lane (g, c)
 // rows g and g + 8 of those, so the softmax and output code is the same. The products give mma.sync's sums (with
-// 64-token tiles this kernel gave the loop's bits exactly); its tiles are of 128 tokens, so the running maximum
-// moves every 128 tokens instead of 64 and the bits differ from the loop's within rounding (measured on an H200:
-// 128 tokens +5% at 32K over 64).
+// 64-token tiles this kernel gave the loop's bits exactly); its tiles are of 128 tokens where their stages fit (WG_TT),
+// so the running maximum moves every 128 tokens instead of 64 and the bits differ from the loop's within rounding
+// (measured on an H200: 128 tokens +5% at 32K over 64).
 // Shared-memory operands in wgmma's 128-byte swizzled layout: a tile of R rows (query rows, or tokens) x D values is
 // cut into blocks of 64 values (128 bytes a row, R·128 bytes a block); in a block, row r sits at (r/8)·1024 +
 // (r%8)·128 and its 16-byte chunk u (values 8u..8u+7) at chunk u ^ (r % 8) of that row (the XOR spreads rows over
@@ -1573,46 +1572,53 @@ __device__ __forceinline__ void store_rows_staged(const float (&o)[DV / 8][4], f
 // f16/bf16 rows (WG_DEQ false): the stages are the operand tiles. Each thread issues its share of the copies
 // NST - 2 tiles ahead (a tile, 64 KB, covers the memory latency; the stage it refills was released a tile before),
 // after waiting for that stage to be empty; a stage is empty once both warpgroups' products over it are done.
-// turbo rows (WG_DEQ): two more warpgroups, the producers (wgq_producer: one for K, one for V), copy the raw rows
-// into their parts of the stage ring and dequantize each tile into one of two f16 tile pairs (K, V) in that layout
-// while the two computing warpgroups run their products and softmax on the pair before (with the dequantization on
-// the computing warpgroups' own path, between their products, this kernel ran at 0.74x of f16 at 32K; with one
-// producer for both, 0.86x; with two, 0.93x). Four mbarriers a pair: ready (K, V: its producer's 128 threads wrote
-// it and fenced the async proxy) and freed (K after both computing warpgroups' S, V after their P V), so a pair is
-// rewritten only when both are done with it. The producers need few registers and the others many: setmaxnreg
-// moves them (4 x 128 at entry = 2 x 56 + 2 x 200; a request the register file cannot meet hangs the kernel, so the
-// sum is checked below).
-// (1: F_BF16, 7: F_TURBO3, 8: F_TURBO2, which the preprocessor cannot read)
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && DK == DV && (DK == 64 || DK == 128) \
-    && ((KF <= 1 && VF <= 1 && !KMEAN) || ((KF == 7 || KF == 8) && (VF == 7 || VF == 8)))
+// Quantized rows, K or V (WG_DEQ): two more warpgroups, the producers (wgq_producer: one for K, one for V), copy the
+// raw rows into their parts of the stage ring and dequantize each tile into one of two f16 tile pairs (K, V) in that
+// layout (a row of f16 or bf16 beside a quantized one is copied as it is) while the two computing warpgroups run their
+// products and softmax on the pair before (turbo3 with the dequantization on the computing warpgroups' own path,
+// between their products, ran at 0.74x of f16 at 32K; with one producer for both, 0.86x; with two, 0.93x). The f16 tile
+// pairs take 128 KB at 128 tokens: where the raw stages of 128 tokens then fit fewer than three times (8-bit rows,
+// turbo4 with its 32 KB pair table), the tiles are of 64 tokens. Four mbarriers a pair: ready (K, V: its producer's 128
+// threads wrote it and fenced the async proxy) and freed (K after both computing warpgroups' S, V after their P V), so
+// a pair is rewritten only when both are done with it. The producers need few registers and the others many: setmaxnreg
+// moves them (4 x 128 at entry = 2 x 56 + 2 x 200; a request the register file cannot meet hangs the kernel, so the sum
+// is checked below).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && DK == DV && (DK == 64 || DK == 128)
 #define KVANT_WGMMA 1
 #else
 #define KVANT_WGMMA 0
 #endif
 constexpr bool PRE_WG = KVANT_WGMMA;
-static_assert(F_F16 == 0 && F_BF16 == 1 && F_TURBO3 == 7 && F_TURBO2 == 8, "KVANT_WGMMA's test of the formats");
-constexpr bool WG_DEQ = fmt_turbo(KF);
-// A raw stage's slot of a turbo row: the row from the 16-byte word that holds its first byte. Pages start on 16
+constexpr bool WG_DEQ = !(fmt_direct(KF) && fmt_direct(VF));   // (centered keys are quantized: PageMeanFormat)
+// A raw stage's slot of a quantized row: the row from the 16-byte word that holds its first byte. Pages start on 16
 // bytes (multiples of 8 tokens of even row bytes), so a row starts at a multiple of gcd(rb, 16) past a word.
 __host__ __device__ constexpr int wg_slot(int rb) { return round16(rb + 16 - imin(rb & -rb, 16)); }
-constexpr int WG_TT = 128;
 constexpr int WG_Q_BYTES = 128 * DK * 2;
-constexpr int WG_KT = WG_TT * DK * 2;   // an f16 K tile
-constexpr int WG_VT = WG_TT * DV * 2;
 constexpr int WG_SLOTK = wg_slot(RBK), WG_SLOTV = wg_slot(RBV);
 constexpr bool WG_SHARED_LUT = VF == KF;
 constexpr int WG_LUT_BYTES = WG_DEQ ? lut_bytes(KF, false) + (WG_SHARED_LUT ? 0 : lut_bytes(VF, false)) : 0;
-// Q, then (WG_DEQ) two K tiles, two V tiles and the pair tables, then the stages, then the barriers
+// The layout for tiles of tt tokens: Q, then (WG_DEQ) two K tiles, two V tiles and the pair tables, then the
+// stages, then the barriers (up to 1024 + 128 bytes with the alignment).
+__host__ __device__ constexpr int wg_off_stages(int tt) {
+    return WG_Q_BYTES + (WG_DEQ ? 2 * tt * (DK + DV) * 2 : 0) + round16(WG_LUT_BYTES);
+}
+__host__ __device__ constexpr int wg_stage(int tt) { return WG_DEQ ? tt * (WG_SLOTK + WG_SLOTV) : tt * (DK + DV) * 2; }
+__host__ __device__ constexpr int wg_stages(int tt) {
+    return WG_DEQ ? imin(4, (227 * 1024 - 1024 - 128 - wg_off_stages(tt)) / wg_stage(tt)) : 3;
+}
+constexpr int WG_TT = wg_stages(128) >= 3 ? 128 : 64;
+constexpr int WG_KT = WG_TT * DK * 2;   // an f16 K tile
+constexpr int WG_VT = WG_TT * DV * 2;
 constexpr int WG_OFF_TILES = WG_Q_BYTES;
 constexpr int WG_OFF_LUT = WG_OFF_TILES + (WG_DEQ ? 2 * (WG_KT + WG_VT) : 0);
-constexpr int WG_OFF_STAGES = WG_OFF_LUT + round16(WG_LUT_BYTES);
-constexpr int WG_STAGE = WG_DEQ ? WG_TT * (WG_SLOTK + WG_SLOTV) : WG_KT + WG_VT;
-constexpr int WG_NST = WG_DEQ ? imin(4, (227 * 1024 - 1024 - 128 - WG_OFF_STAGES) / WG_STAGE) : 3;
+constexpr int WG_OFF_STAGES = wg_off_stages(WG_TT);
+constexpr int WG_STAGE = wg_stage(WG_TT);
+constexpr int WG_NST = wg_stages(WG_TT);
 // f16/bf16: full[NST], empty[NST]; turbo: full[K|V][NST], ready[K|V][2], freed[K|V][2]
 constexpr int WG_NBARS = 2 * WG_NST + (WG_DEQ ? 8 : 0);
 constexpr int WG_BARS = WG_OFF_STAGES + WG_NST * WG_STAGE;
 constexpr int WG_TOTAL = WG_BARS + 8 * WG_NBARS + 1024;   // + the alignment of the tiles
-// turbo: two more warpgroups, the producers (K, V), copy and dequantize; they give registers to the two that
+// WG_DEQ: two more warpgroups, the producers (K, V), copy and dequantize; they give registers to the two that
 // compute (setmaxnreg: 4 x 128 at entry = 2 x 56 + 2 x 200)
 constexpr int WG_THREADS = WG_DEQ ? 512 : 256;
 constexpr int WG_PRODUCER_REGS = 56, WG_CONSUMER_REGS = 200;
@@ -1695,6 +1701,11 @@ __device__ __forceinline__ void cp_async_arrive(u32 bar) {
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {" WG_R64 "}, " \
                  "%64, %65, p, 1, 1, 0, 0;\n}\n" \
                  : WG_D64 : "l"(descA), "l"(descB), "r"(scaleD))
+#define WG_SS64(TY) \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {" WG_R32 "}, " \
+                 "%32, %33, p, 1, 1, 0, 0;\n}\n" \
+                 : WG_D32 : "l"(descA), "l"(descB), "r"(scaleD))
 #define WG_RS64(TY) \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" \
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {" WG_R32 "}, " \
@@ -1714,12 +1725,21 @@ __device__ __forceinline__ void wg_rs64(float (&d)[8][4], const u32 (&a)[4], u64
         WG_RS64("f16");
     }
 }
+// S = Q K^T step of a tile of 64 or 128 tokens (n = tokens: s[TT / 8][4]).
 template <bool BF>
-__device__ __forceinline__ void wg_ss128(float (&d)[16][4], u64 descA, u64 descB, int scaleD) {
+__device__ __forceinline__ void wg_ss(float (&d)[16][4], u64 descA, u64 descB, int scaleD) {
     if constexpr (BF) {
         WG_SS128("bf16");
     } else {
         WG_SS128("f16");
+    }
+}
+template <bool BF>
+__device__ __forceinline__ void wg_ss(float (&d)[8][4], u64 descA, u64 descB, int scaleD) {
+    if constexpr (BF) {
+        WG_SS64("bf16");
+    } else {
+        WG_SS64("f16");
     }
 }
 template <bool BF>
@@ -1811,20 +1831,32 @@ __device__ __forceinline__ void sts128(u32 a, uint4 v) {
                  : "memory");
 }
 
-// The page mean of page (kv head kh) in the tile columns of group grp, as dq_turbo_pairs' words: column 8gl + e of a
-// rotation block holds dimension 2gl + (e >> 2) + (e & 3)·N/4 (perm_col of turbo3 and turbo2), so four 32-bit loads
-// (dimensions 2gl + jN/4 and the one after) give the eight values. page < 0: zeros.
+// The page mean of page (kv head kh) in the tile columns 8grp..8grp+7, as the f16 pairs of the dequantized group's
+// words (page < 0: zeros). turbo3 and turbo2: column 8gl + e of a rotation block holds dimension 2gl + (e >> 2) +
+// (e & 3)·N/4 (perm_col), so four 32-bit loads (dimensions 2gl + jN/4 and the one after) give the eight values; the
+// formats in head order, one 16-byte load; turbo4, two 8-byte loads.
 template <int D>
 __device__ __forceinline__ uint4 wg_mean_cols(const u8* __restrict__ kpool, int page, i64 kPageBytes, int pageTokens,
                                               int kvHeads, int kh, int grp) {
     if (page < 0) return make_uint4(0u, 0u, 0u, 0u);
-    constexpr int N = rot_block(D), GPB = N / 8;
-    const u16* mu = key_mean(kpool, page, kPageBytes, pageTokens, kvHeads, kh) + (grp / GPB) * N + 2 * (grp % GPB);
-    u32 w[4];
+    const u16* mu = key_mean(kpool, page, kPageBytes, pageTokens, kvHeads, kh);
+    if constexpr (KF == F_TURBO3 || KF == F_TURBO2) {
+        constexpr int N = rot_block(D), GPB = N / 8;
+        mu += (grp / GPB) * N + 2 * (grp % GPB);
+        u32 w[4];
 #pragma unroll
-    for (int j = 0; j < 4; j++) w[j] = __ldg((const unsigned int*) (mu + j * (N / 4)));
-    return make_uint4(__byte_perm(w[0], w[1], 0x5410), __byte_perm(w[2], w[3], 0x5410),
-                      __byte_perm(w[0], w[1], 0x7632), __byte_perm(w[2], w[3], 0x7632));
+        for (int j = 0; j < 4; j++) w[j] = __ldg((const unsigned int*) (mu + j * (N / 4)));
+        return make_uint4(__byte_perm(w[0], w[1], 0x5410), __byte_perm(w[2], w[3], 0x5410),
+                          __byte_perm(w[0], w[1], 0x7632), __byte_perm(w[2], w[3], 0x7632));
+    } else if constexpr (!fmt_turbo(KF)) {
+        return __ldg((const uint4*) (mu + 8 * grp));   // a head's means start on 16 bytes (key_mean)
+    } else {   // turbo4: column 8gl + e holds dimension 4gl + (e >> 1) + (e & 1)·N/2, pairs from two 8-byte loads
+        constexpr int N = rot_block(D), GPB = N / 8;
+        mu += (grp / GPB) * N + 4 * (grp % GPB);
+        const uint2 a = __ldg((const uint2*) mu), b = __ldg((const uint2*) (mu + N / 2));
+        return make_uint4(__byte_perm(a.x, b.x, 0x5410), __byte_perm(a.x, b.x, 0x7632),
+                          __byte_perm(a.y, b.y, 0x5410), __byte_perm(a.y, b.y, 0x7632));
+    }
 }
 
 // Centered keys (KMEAN): a K producer thread's page mean, for the 8 tile columns of its group — the page's index in
@@ -1843,13 +1875,79 @@ struct WgMeanSource {
     __device__ __forceinline__ int index(int tok) const { return tok < t1 ? page_div(tok, pageTokens) : -1; }
 };
 
+// A producer's group grp (8 values, tile columns 8grp..8grp+7) of the raw row at shared address row, in two steps as
+// dq_turbo_words/dq_turbo_pairs for every format: the loads (wg_words: the scale or norm, and the code words), then
+// the f16 pairs (wg_pairs) — the loop's dequantization (dq_group; an f16 or bf16 value copied), or with ADD each
+// pair value + the caller's pair in one rounding (a centered key's page mean).
+struct WgWords {
+    u32 s;      // turbo: the norm; 8-bit and 4-bit: the scale (fp16 bits)
+    u32 w[4];   // turbo: TurboWords' lo, hi; f16/bf16: the 16 bytes; 8-bit, 4-bit: four 16-bit words of codes
+};
+__device__ __forceinline__ uint4 lds128(u32 a) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+    return v;
+}
+template <int FMT, int D>
+__device__ __forceinline__ WgWords wg_words(u32 row, int grp) {
+    WgWords x;
+    if constexpr (fmt_turbo(FMT)) {
+        const TurboWords t = dq_turbo_words<FMT, D, true>(row, grp);
+        x.s = t.g;
+        x.w[0] = t.lo;
+        x.w[1] = t.hi;
+        x.w[2] = x.w[3] = 0u;
+    } else if constexpr (fmt_direct(FMT)) {
+        const uint4 v = lds128(row + 16 * grp);   // rows of 2·D bytes: a slot's row starts on 16 bytes
+        x.s = 0u;
+        x.w[0] = v.x;
+        x.w[1] = v.y;
+        x.w[2] = v.z;
+        x.w[3] = v.w;
+    } else {
+        // 8-bit: block grp / GPB (scale, B codes), its values 8(grp % GPB)..; 4-bit: block grp / 4 (scale, 16 bytes
+        // of code pairs), the low (grp % 4 < 2) or high nibbles of bytes 8(grp % 2)..
+        constexpr int B = fmt_8bit(FMT) ? fmt_block8(FMT) : 32, GPB = B / 8;
+        constexpr int BB = fmt_8bit(FMT) ? B + 2 : 18;
+        const u32 blk = row + (grp / GPB) * BB;
+        const u32 p = blk + 2 + 8 * (fmt_8bit(FMT) ? grp % GPB : grp & 1);
+        x.s = lds_u16(blk);
+#pragma unroll
+        for (int k = 0; k < 4; k++) x.w[k] = lds_u16(p + 2 * k);
+    }
+    return x;
+}
+template <int FMT, int D, bool ADD>
+__device__ __forceinline__ uint4 wg_pairs(const WgWords& x, int grp, u32 lut, uint4 add) {
+    if constexpr (fmt_turbo(FMT)) {
+        const TurboWords t{x.s, x.w[0], x.w[1]};
+        return dq_turbo_pairs<FMT, D, true, ADD>(t, grp, lut, add);
+    } else {
+        const u32 d2 = x.s | (x.s << 16);
+        const u32 a[4] = {add.x, add.y, add.z, add.w};
+        u32 r[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            if constexpr (fmt_direct(FMT)) {
+                static_assert(!ADD, "f16 and bf16 keys are not centered");
+                r[k] = x.w[k];
+            } else {
+                const u32 v = fmt_8bit(FMT) ? i8pair_ints(x.w[k]) : q4pair_ints((x.w[k] >> ((grp & 2) * 2)) & 0x0F0Fu);
+                r[k] = ADD ? hfma2(v, d2, a[k]) : hmul2(v, d2);
+            }
+        }
+        return make_uint4(r[0], r[1], r[2], r[3]);
+    }
+}
+
 // Dequantizes the WG_TT tokens of a raw stage (slots of SLOT bytes from raw) into the swizzled f16 tile at dst, by
 // a producer warpgroup's 128 threads (t128): thread t128 takes group t128 % G of tokens t0, t0 + TSTEP, ...
 // (16-byte stores: 8 lanes fill the 8 chunks of one 128-byte row, conflict-free). A row starts (wg_slot) at
 // ((page position · kvHeads + kh) · RB) mod 16 into its slot, which depends on the page position mod 8 alone (pages
-// are multiples of 8 tokens, RB is even), and that is t0 mod 8 for all of a thread's tokens (tiles start on 128
-// tokens, TSTEP is a multiple of 8): one offset a thread, and every address a base plus a constant. The loads of
-// BATCH rows go first, then their lookups, then the stores (ptxas keeps a load after any earlier shared store).
+// are multiples of 8 tokens, RB is even), and that is t0 mod 8 for all of a thread's tokens (tiles start on
+// multiples of 64 tokens, TSTEP is a multiple of 8): one offset a thread, and every address a base plus a constant.
+// The loads of BATCH rows go first, then their lookups, then the stores (ptxas keeps a load after any earlier shared
+// store).
 // lut: the lane's copy of the pair table.
 // MEAN (centered keys): each row gets its page's mean added (value·norm + μ, one fma: the tile holds the key, so the
 // products need no bias; the mma.sync loop adds q·μ to the scores instead, and the two differ within the tile's f16
@@ -1867,9 +1965,9 @@ __device__ __forceinline__ void wgq_dequant(u32 dst, u32 raw, u32 lut, int t128,
     const u32 src = raw + t0 * SLOT + off, d0 = dst + wg_chunk<WG_TT>(t0, grp);
 #pragma unroll
     for (int k0 = 0; k0 < ROWS; k0 += BATCH) {
-        TurboWords w[BATCH];
+        WgWords w[BATCH];
 #pragma unroll
-        for (int k = 0; k < BATCH; k++) w[k] = dq_turbo_words<FMT, D, true>(src + (k0 + k) * TSTEP * SLOT, grp);
+        for (int k = 0; k < BATCH; k++) w[k] = wg_words<FMT, D>(src + (k0 + k) * TSTEP * SLOT, grp);
         uint4 v[BATCH];
 #pragma unroll
         for (int k = 0; k < BATCH; k++) {
@@ -1880,9 +1978,9 @@ __device__ __forceinline__ void wgq_dequant(u32 dst, u32 raw, u32 lut, int t128,
                     cur->mu = wg_mean_cols<D>(ms->pool, index < 0 ? -1 : ms->table[index], ms->pageBytes,
                                               ms->pageTokens, ms->kvHeads, ms->kh, grp);
                 }
-                v[k] = dq_turbo_pairs<FMT, D, true, true>(w[k], grp, lut, cur->mu);
+                v[k] = wg_pairs<FMT, D, true>(w[k], grp, lut, cur->mu);
             } else {
-                v[k] = dq_turbo_pairs<FMT, D, true>(w[k], grp, lut);
+                v[k] = wg_pairs<FMT, D, false>(w[k], grp, lut, make_uint4(0u, 0u, 0u, 0u));
             }
         }
 #pragma unroll
@@ -1890,9 +1988,10 @@ __device__ __forceinline__ void wgq_dequant(u32 dst, u32 raw, u32 lut, int t128,
     }
 }
 
-// A producer warpgroup of a turbo prefill: V = 0 (warps 8..11) for the K rows, V = 1 (warps 12..15) for the V rows.
-// Both build the pair tables together (named barrier 6), then each, for each tile, copies its raw rows NST - 1 tiles
-// ahead into its part of the stage ring (one row a thread, its own full[V][stage] barriers) and dequantizes the
+// A producer warpgroup of a dequantizing prefill: V = 0 (warps 8..11) for the K rows, V = 1 (warps 12..15) for the
+// V rows. Both build the pair tables together (named barrier 6), then each, for each tile, copies its raw rows
+// NST - 1 tiles ahead into its part of the stage ring (one row a thread, threads past a 64-token tile's rows none;
+// its own full[V][stage] barriers) and dequantizes the
 // tile's rows into tile pair x % 2 once the computing warpgroups are done with what it held (freed: tile x - 2's
 // products), announcing it (ready) after fence.proxy.async. A stage part is refilled after all the producer's
 // threads dequantized what it held (named barrier 3 + 2V at the top of each tile).
@@ -1912,21 +2011,22 @@ __device__ __forceinline__ void wgq_producer(u8* aligned, u32 base, const u8* __
     // table's latency is not on the producer's path
     auto page_of = [&](int x) {
         const int tok = x * TT + t128;
-        return tok < t1 ? table[page_div(tok, pageTokens)] : -1;
+        return t128 < TT && tok < t1 ? table[page_div(tok, pageTokens)] : -1;
     };
     auto copy = [&](int x, int page) {
-        wgq_copy<RB, SLOT>(sa + (x % NST) * WG_STAGE + t128 * SLOT, pool, page, page_mod(x * TT + t128, pageTokens),
-                           pageBytes, kvHeads, kh);
-        cp_async_arrive(full(x % NST));
+        if (t128 < TT)
+            wgq_copy<RB, SLOT>(sa + (x % NST) * WG_STAGE + t128 * SLOT, pool, page,
+                               page_mod(x * TT + t128, pageTokens), pageBytes, kvHeads, kh);
+        cp_async_arrive(full(x % NST));   // (no copies: an arrival at once)
     };
     for (int x = 0; x < NST - 1 && x < ntiles; x++) copy(x, page_of(x));
     int page = NST - 1 < ntiles ? page_of(NST - 1) : -1;
     constexpr bool MEAN = KMEAN && !V;   // centered keys: the K producer adds the page means
     const WgMeanSource ms{pool, table, pageBytes, pageTokens, kvHeads, kh, t1};
     WgMean cur{-1, make_uint4(0u, 0u, 0u, 0u)};
-    build_pair_lut<KF, DK>((u32*) (aligned + WG_OFF_LUT), t256, 256);
-    if constexpr (!WG_SHARED_LUT) build_pair_lut<VF, DV>((u32*) (aligned + WG_OFF_LUT + lut_bytes(KF, false)), t256,
-                                                         256);
+    if constexpr (fmt_turbo(KF)) build_pair_lut<KF, DK>((u32*) (aligned + WG_OFF_LUT), t256, 256);
+    if constexpr (!WG_SHARED_LUT && fmt_turbo(VF))
+        build_pair_lut<VF, DV>((u32*) (aligned + WG_OFF_LUT + lut_bytes(KF, false)), t256, 256);
     asm volatile("bar.sync 6, 256;" ::: "memory");   // the tables, by both producers
     for (int x = 0; x < ntiles; x++) {
         if (x > 0) {   // every thread of this producer done with tile x - 1's stage
@@ -2104,14 +2204,14 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
         const int tok0 = it * TT;
         const bool next = it + 1 < ntiles;
 
-        // ---- S = Q K^T: m64 n128 (tokens) k16, DK / 16 steps
+        // ---- S = Q K^T: m64 nTT (tokens) k16, DK / 16 steps
         if constexpr (WG_DEQ) mbar_wait(ready(0, it & 1), (it >> 1) & 1);
         turn_wait();
         wg_pin(s);
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < DK / 16; ks++) {
-            wg_ss128<K_BF16>(s, dq + wg_step((ks >> 2) * 64 * 128 + (ks & 3) * 32),
+            wg_ss<K_BF16>(s, dq + wg_step((ks >> 2) * 64 * 128 + (ks & 3) * 32),
                              dk + wg_step((ks >> 2) * TT * 128 + (ks & 3) * 32), ks > 0);
         }
         wg_commit();
@@ -2168,8 +2268,8 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
 // exact:  as decode. Writes out = O / l in head order, a rotated V's rows rotated back in the epilogue
 //         (store_rows_staged); where that cannot be (!PRE_STAGED: a rotated V of head 256, or of head 128 beside a K of
 //         head 64), kvant_attn_unrotate follows (kvant_attn_info out[9]).
-// sm_90a: f16/bf16 (keys not centered) and turbo3/turbo2 rows of one head size of 64 or 128 take prefill_wg above
-//         (same grid and rows; turbo: 16 warps, warps 8..15 copying and dequantizing).
+// sm_90a: rows of one head size of 64 or 128 take prefill_wg above (same grid and rows; quantized rows or centered
+//         keys: 16 warps, warps 8..15 copying and dequantizing).
 // ================================================================================================================
 
 constexpr int PRE_TT = 64;

@@ -265,10 +265,11 @@ __device__ void build_pair_lut(u32* lut, int tid, int nthreads) {
 // int8 pairs to f16: byte b becomes the half 1024 + (b ^ 0x80) by placing it under the exponent byte 0x64; one
 // subtraction of 1152 (= 1024 + 128) leaves the exact integer, one multiplication the scaled value (rounded once).
 // The exponent bytes come with the sign flip (one xor), so the byte_perm needs no constant register.
-__device__ __forceinline__ u32 i8pair_to_h2(u32 w16, u32 d2) {
+__device__ __forceinline__ u32 i8pair_ints(u32 w16) {   // the exact integers, before the scale
     const u32 t = __byte_perm(w16 ^ 0x64648080u, 0u, 0x3120);
-    return hmul2(hsub2(t, 0x64806480u), d2);
+    return hsub2(t, 0x64806480u);
 }
+__device__ __forceinline__ u32 i8pair_to_h2(u32 w16, u32 d2) { return hmul2(i8pair_ints(w16), d2); }
 // The int8 values of byte 0 of a and of b (lo, hi) or of their byte 1 (H = 1) to f16 times their scales d2, as
 // i8pair_to_h2: ax, bx are 16-bit words x-ored with 0x64648080 (the sign flip, and the exponent byte above them).
 template <int H>
@@ -276,11 +277,12 @@ __device__ __forceinline__ u32 i8cross_to_h2(u32 ax, u32 bx, u32 d2) {
     const u32 t = __byte_perm(ax, bx, H ? 0x6521 : 0x6420);
     return hmul2(hsub2(t, 0x64806480u), d2);
 }
-// Two 4-bit codes (bits 0..3 and 8..11 of w) to f16 (code - 8) * d.
-__device__ __forceinline__ u32 q4pair_to_h2(u32 w, u32 d2) {
+// Two 4-bit codes (bits 0..3 and 8..11 of w) to f16 (code - 8) * d: the exact integers code - 8, then the scale.
+__device__ __forceinline__ u32 q4pair_ints(u32 w) {
     const u32 t = __byte_perm(w | 0x64640000u, 0u, 0x3120);
-    return hmul2(hsub2(t, 0x64086408u), d2);
+    return hsub2(t, 0x64086408u);
 }
+__device__ __forceinline__ u32 q4pair_to_h2(u32 w, u32 d2) { return hmul2(q4pair_ints(w), d2); }
 
 // ---- 32-bit shared-memory addresses (smem_u32, with cp.async): rows of the raw stages are read through these so
 // that locating a value costs 32-bit adds. Raw-stage loads are volatile (a stage's address holds new rows every few tiles: they must stay
