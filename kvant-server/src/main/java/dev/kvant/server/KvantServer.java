@@ -89,6 +89,9 @@ public final class KvantServer implements AutoCloseable {
                 .any((req, res) -> {
                     String path = req.path().path();
                     Method expected = ROUTES.get(path);
+                    if (expected == null && path.startsWith(MODEL_PREFIX)) {
+                        expected = Method.GET;   // /v1/models/{model}
+                    }
                     if (expected != null) {
                         res.header(HeaderNames.ALLOW, expected.text());
                         error(res, new ApiException(405, "invalid_request_error", null, "method_not_allowed",

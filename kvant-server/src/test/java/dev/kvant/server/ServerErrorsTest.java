@@ -221,6 +221,11 @@ class ServerErrorsTest {
         Reply wrong = send("GET", "/v1/chat/completions", null, KEY);
         assertError(wrong, 405, null, "takes POST");
         assertEquals("POST", wrong.raw().headers().firstValue("Allow").orElse(""), "405 names the method");
+        // /v1/models/{model} exists for GET: another method is 405 there too, not an unknown URL
+        Reply deleted = send("DELETE", "/v1/models/tiny", null, KEY);
+        assertError(deleted, 405, null, "takes GET");
+        assertEquals("GET", deleted.raw().headers().firstValue("Allow").orElse(""), "405 names the method");
+        assertError(send("POST", "/v1/models/", null, KEY), 405, null, "takes GET");
     }
 
     @Test
