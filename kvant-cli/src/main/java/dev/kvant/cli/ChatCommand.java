@@ -93,8 +93,25 @@ final class ChatCommand implements Runnable {
                     continue;
                 }
                 history.add(new ChatMessage("user", line));
-                var rendered = tpl.renderMarked(history, true);   // messages' text read as plain text
-                int[] all = tok.encode(rendered.text(), true, true, rendered.contentRanges());
+                int[] all = render(tpl, tok, history);
+                // The conversation keeps to the context, with room for a reply (-n, at most a quarter of it): its
+                // oldest turns after the system prompt go first, a user message with the reply that followed it.
+                int reserve = Math.min(Math.max(1, nPredict), Math.max(1, session.contextLength() / 4));
+                int first = system != null ? 1 : 0;
+                int dropped = 0;
+                while (all.length + reserve > session.contextLength() && history.size() - 1 > first) {
+                    history.remove(first);
+                    if (history.size() - 1 > first && history.get(first).role().equals("assistant")) {
+                        history.remove(first);
+                    }
+                    dropped++;
+                    all = render(tpl, tok, history);
+                }
+                if (dropped > 0) {
+                    System.err.println("kvant chat: the conversation outgrew the context (-c "
+                            + session.contextLength() + "): its " + dropped + " oldest exchange"
+                            + (dropped == 1 ? " was" : "s were") + " dropped");
+                }
                 int keep = commonPrefix(cached, all, session.position());
                 session.truncate(keep);
                 int[] fresh = java.util.Arrays.copyOfRange(all, keep, all.length);
@@ -112,8 +129,8 @@ final class ChatCommand implements Runnable {
                     });
                 } catch (dev.kvant.engine.ContextFullException | dev.kvant.kv.KvCacheFullException e) {
                     // the conversation goes on without this message: the cache keeps what it held before it
-                    System.err.println("kvant chat: " + e.getMessage() + "; the message was dropped (a longer"
-                            + " conversation needs a larger -c)");
+                    System.err.println("kvant chat: " + e.getMessage() + "; the message was dropped (it needs a"
+                            + " larger -c)");
                     history.remove(history.size() - 1);
                     int held = Math.min(keep, session.position());
                     session.truncate(held);
@@ -121,8 +138,13 @@ final class ChatCommand implements Runnable {
                     continue;
                 }
                 out.println();
-                System.err.printf(Locale.ROOT, "[%d new prompt tokens, %.1f t/s; %d generated, %.1f t/s]%n",
-                        st.promptTokens(), st.promptRate(), st.generatedTokens(), st.generateRate());
+                if ("context".equals(st.stopReason())) {
+                    System.err.println("kvant chat: (the reply was cut: the context is full; the next message drops"
+                            + " the oldest exchanges)");
+                }
+                System.err.printf(Locale.ROOT, "[%d new prompt tokens, %.1f t/s; %d generated, %s t/s]%n",
+                        st.promptTokens(), st.promptRate(), st.generatedTokens(),
+                        Double.isNaN(st.generateRate()) ? "-" : String.format(Locale.ROOT, "%.1f", st.generateRate()));
                 history.add(new ChatMessage("assistant", reply.toString()));
                 // The cache holds the prompt and the reply tokens that were fed back (all but the last sampled).
                 cached = java.util.Arrays.copyOf(all, session.position());
@@ -131,6 +153,12 @@ final class ChatCommand implements Runnable {
         } catch (IOException e) {
             throw new UncheckedIOException(e);
         }
+    }
+
+    /** The conversation's tokens, the messages' text read as plain text (no special tokens from users). */
+    private static int[] render(ChatTemplate tpl, Tokenizer tok, List<ChatMessage> history) {
+        var rendered = tpl.renderMarked(history, true);
+        return tok.encode(rendered.text(), true, true, rendered.contentRanges());
     }
 
     private static int commonPrefix(int[] a, int[] b, int limit) {

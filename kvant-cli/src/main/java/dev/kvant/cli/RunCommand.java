@@ -64,10 +64,15 @@ final class RunCommand implements Runnable {
                     });
             out.println();
             System.err.printf(Locale.ROOT,
-                    "prompt: %d tokens, %.2f tokens/s | generation: %d tokens, %.2f tokens/s%s | %s%n",
-                    st.promptTokens(), st.promptRate(), st.generatedTokens(), st.generateRate(),
+                    "prompt: %d tokens, %.2f tokens/s | generation: %d tokens, %s tokens/s%s | %s%n",
+                    st.promptTokens(), st.promptRate(), st.generatedTokens(), rate(st.generateRate()),
                     "context".equals(st.stopReason()) ? " (stopped: the context is full, raise -c)" : "",
                     backend.name().equals("cpu") ? "cpu, " + backend.threads() + " threads" : backend.name());
         }
+    }
+
+    /** A rate with two decimals, or "-" where there was nothing to time (NaN). */
+    static String rate(double perSecond) {
+        return Double.isNaN(perSecond) ? "-" : String.format(Locale.ROOT, "%.2f", perSecond);
     }
 }

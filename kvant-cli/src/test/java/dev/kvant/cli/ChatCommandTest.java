@@ -29,4 +29,27 @@ class ChatCommandTest {
             System.setIn(old);
         }
     }
+
+    /**
+     * A conversation longer than the context drops its oldest exchanges (the system prompt stays) and goes on
+     * answering; a reply the context cuts short says so.
+     */
+    @Test
+    void aConversationLongerThanTheContextDropsItsOldestExchanges() {
+        Path model = SparseCommandsTest.tinycode("tinycode-q8_0.gguf");
+        String input = "hello there\nsecond message\nthird\nfourth one\n/exit\n";
+        InputStream old = System.in;
+        try {
+            System.setIn(new ByteArrayInputStream(input.getBytes(StandardCharsets.UTF_8)));
+            MainTest.Run r = MainTest.run("chat", "-m", model.toString(), "-c", "64", "-n", "100", "--temp", "0",
+                    "--system", "be brief", "-t", "2", "--backend", "cpu");
+            assertEquals(0, r.code(), r.err());
+            assertTrue(r.err().contains("the reply was cut"), r.err());
+            assertTrue(r.err().contains("oldest exchange"), r.err());
+            assertTrue(!r.err().contains("the message was dropped"), "every message was answered: " + r.err());
+            assertEquals(4, r.err().split("generated", -1).length - 1, "four replies: " + r.err());
+        } finally {
+            System.setIn(old);
+        }
+    }
 }

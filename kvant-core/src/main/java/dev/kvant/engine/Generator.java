@@ -9,8 +9,12 @@ import java.util.function.Consumer;
 /** Prompt in, streamed text out: prefill, then sample and decode one token at a time until a stop. */
 public final class Generator {
 
-    /** Timings of one generation; rates in tokens per second. */
-    public record Stats(int promptTokens, double promptSeconds, int[] tokens, double generateSeconds,
+    /**
+     * Timings of one generation; rates in tokens per second. The first generated token comes from the prompt's
+     * logits, so the generation's time is that of {@code decodes} forward passes: one fewer than the tokens when it
+     * stopped at the length or the context, as many when an end-of-generation token (not counted) came after them.
+     */
+    public record Stats(int promptTokens, double promptSeconds, int[] tokens, int decodes, double generateSeconds,
                         String stopReason) {
         public int generatedTokens() {
             return tokens.length;
@@ -20,8 +24,9 @@ public final class Generator {
             return promptTokens / Math.max(promptSeconds, 1e-9);
         }
 
+        /** Forward passes a second while generating; NaN when there were none (a reply of one token). */
         public double generateRate() {
-            return tokens.length / Math.max(generateSeconds, 1e-9);
+            return decodes == 0 ? Double.NaN : decodes / Math.max(generateSeconds, 1e-9);
         }
     }
 
@@ -54,6 +59,7 @@ public final class Generator {
         StreamDecoder decoder = tokenizer.streamDecoder();
         int vocab = session.model().config().vocabSize();
         int generated = 0;
+        int decodes = 0;
         int[] ids = new int[Math.max(0, Math.min(maxTokens, session.contextLength()))];
         String stop = "length";
         while (generated < maxTokens) {
@@ -80,13 +86,14 @@ public final class Generator {
             } else {
                 logits = session.decode(next);
             }
+            decodes++;
         }
         String rest = decoder.flush();
         if (!rest.isEmpty()) {
             out.accept(rest);
         }
         long t2 = System.nanoTime();
-        return new Stats(prompt.length, (t1 - t0) / 1e9, java.util.Arrays.copyOf(ids, generated), (t2 - t1) / 1e9,
-                stop);
+        return new Stats(prompt.length, (t1 - t0) / 1e9, java.util.Arrays.copyOf(ids, generated), decodes,
+                (t2 - t1) / 1e9, stop);
     }
 }
