@@ -108,19 +108,31 @@ public final class KeySummaries {
 
     /** Blocks holding written positions: ceil(length / blockTokens). */
     public int blocks() {
-        return (seq.length() + blockTokens - 1) / blockTokens;
+        return (int) (((long) seq.length() + blockTokens - 1) / blockTokens);
     }
 
-    /** Recomputes every layer's blocks over positions [0, length). */
+    /** Recomputes every layer's blocks over the positions it holds, [0, its length). */
     void rebuild() {
         for (int l = 0; l < data.length; l++) {
-            update(l, 0, seq.length());
+            update(l, 0, seq.layerLength(l));
+        }
+    }
+
+    /**
+     * Makes room for the blocks of positions [0, tokens) before a write stores them, so that the write cannot fail
+     * here after its rows went in (a sequence too long for one array is refused before anything changes).
+     */
+    void reserve(int tokens) {
+        ensure((int) (((long) tokens + blockTokens - 1) / blockTokens));
+        if (coarseTokens > 0) {
+            ensureCoarse((int) (((long) tokens + coarseTokens - 1) / coarseTokens));
         }
     }
 
     /**
      * Recomputes the blocks of a layer that positions [from, to) fall in, each from its first row up to the
-     * sequence's length (rows past {@code to} may exist when the write overwrote earlier positions). An append —
+     * layer's length (rows past {@code to} may exist when the write overwrote earlier positions; a layer behind the
+     * others holds none past its own length, whatever its pages held before). An append —
      * the write starts where the last update of the layer left the sequence and ends it — only merges its own rows
      * into the block it continues (the block's summary is already that of its rows before {@code from}).
      */
@@ -128,7 +140,7 @@ public final class KeySummaries {
         if (to <= from) {
             return;
         }
-        int length = seq.length();
+        int length = seq.layerLength(layer);
         int exact = through[layer];
         boolean append = from == exact && to == length;
         int lastBlock = (to - 1) / blockTokens;
@@ -136,7 +148,7 @@ public final class KeySummaries {
         float[] s = data[layer];
         for (int b = from / blockTokens; b <= lastBlock; b++) {
             int p0 = b * blockTokens;
-            int p1 = Math.min(p0 + blockTokens, length);
+            int p1 = (int) Math.min((long) p0 + blockTokens, length);
             int start = append ? Math.max(p0, from) : p0;
             for (int g = 0; g < kvHeads; g++) {
                 int o = offset(b, g);

@@ -118,6 +118,9 @@ public final class KvSequence implements AutoCloseable {
         Objects.checkFromIndexSize(kOff, Math.multiplyExact(n, kRow), k.length);
         Objects.checkFromIndexSize(vOff, Math.multiplyExact(n, vRow), v.length);
         int end = Math.addExact(pos, n);
+        if (summaries != null) {
+            summaries.reserve(end);   // before anything is written: its one failure (too many blocks) changes nothing
+        }
         synchronized (allocator) {
             prepare(end, pos);
         }
@@ -283,7 +286,8 @@ public final class KvSequence implements AutoCloseable {
             throw new KvCacheFullException("KV cache full: the sequence needs pages for " + tokens + " tokens ("
                     + fresh + " new page(s)" + (copies > 0 ? " and " + copies + " copy-on-write page(s)" : "")
                     + " of " + pageTokens + " tokens) but " + allocator.free() + " of " + allocator.total()
-                    + " pages are free, so it fits " + Math.max(fits, 0) + " tokens", tokens, Math.max(fits, 0));
+                    + " pages are free, so it fits " + Math.max(fits, length) + " tokens", tokens,
+                    Math.max(fits, length));
         }
         for (int p = firstWritten; p < Math.min(needed, pageCount); p++) {
             int old = table[p];
@@ -378,7 +382,7 @@ public final class KvSequence implements AutoCloseable {
         if (length < 0 || length > this.length) {
             throw new IllegalArgumentException("cannot truncate a sequence of " + this.length + " tokens to " + length);
         }
-        int keep = (length + pageTokens - 1) / pageTokens;
+        int keep = (int) (((long) length + pageTokens - 1) / pageTokens);
         synchronized (allocator) {
             while (pageCount > keep) {
                 allocator.release(table[--pageCount]);
@@ -433,8 +437,9 @@ public final class KvSequence implements AutoCloseable {
         checkOpen();
         Objects.checkIndex(layer, cache.geometry().layers());
         Objects.checkIndex(head, cache.geometry().kvHeads());
-        if (pos < 0 || pos >= length) {
-            throw new IndexOutOfBoundsException("position " + pos + " is outside the sequence's " + length + " tokens");
+        if (pos < 0 || pos >= layerLength[layer]) {
+            throw new IndexOutOfBoundsException("position " + pos + " is outside the " + layerLength[layer]
+                    + " tokens layer " + layer + " holds (the sequence's " + length + ")");
         }
     }
 

@@ -176,4 +176,39 @@ class KeySummariesTest {
             assertExact(lag, "after layers written to different lengths");
         }
     }
+    /**
+     * A layer behind the others summarizes only the rows it holds, not what its pages held for an earlier owner;
+     * reading a row a layer has not written is refused.
+     */
+    @org.junit.jupiter.api.Test
+    void aLayerBehindTheOthersSummarizesOnlyItsOwnRows() {
+        KvGeometry g = new KvGeometry(2, 1, 64, 64);
+        try (KvCache c = new KvCache(g, Int8Format.Q8_0, Int8Format.Q8_0, 16, 8)) {
+            KvSequence old = c.newSequence();
+            float[] big = new float[64 * 64];
+            java.util.Arrays.fill(big, 100f);
+            for (int l = 0; l < 2; l++) {
+                old.writeRows(l, 0, 64, big, 0, big, 0);
+            }
+            old.close();
+            KvSequence s = c.newSequence();
+            s.enableKeySummaries(16);
+            float[] small = new float[64 * 64];
+            java.util.Arrays.fill(small, 1f);
+            s.writeRows(0, 0, 40, small, 0, small, 0);   // layer 0 ahead
+            s.writeRows(1, 0, 20, small, 0, small, 0);   // layer 1 behind
+            s.writeRows(1, 20, 5, small, 0, small, 0);   // layer 1 holds 25 rows, in pages an old sequence filled
+            float[] sum = s.keySummaries().layer(1);
+            int o = s.keySummaries().offset(1, 0);       // block 1: rows 16..31, of which 16..24 are written
+            float[] row = new float[64];
+            float mx = Float.NEGATIVE_INFINITY;
+            for (int p = 16; p < 25; p++) {
+                s.decodeK(1, p, 0, row, 0);
+                mx = Math.max(mx, row[0]);
+            }
+            assertEquals(mx, sum[o + 64], "block 1's maximum is that of layer 1's rows");
+            assertThrows(IndexOutOfBoundsException.class, () -> s.decodeK(1, 30, 0, row, 0));
+            s.decodeK(0, 30, 0, row, 0);   // layer 0 holds it
+        }
+    }
 }

@@ -200,6 +200,22 @@ class KvCacheTest {
         }
     }
 
+    /** What a full cache says a sequence fits is never less than what the sequence already holds. */
+    @Test
+    void aFullCacheNeverSaysASequenceFitsLessThanItHolds() {
+        SplittableRandom rnd = new SplittableRandom(5);
+        try (KvCache cache = new KvCache(GEOMETRY, TurboFormat.TURBO4, Int8Format.Q8_0, 4, 3)) {
+            KvSequence parent = cache.newSequence();
+            writeAllLayers(parent, 0, 12, tokens(rnd, 12, 2, 128), tokens(rnd, 12, 2, 64));
+            KvSequence child = cache.fork(parent, 12);   // all three pages shared, none free
+            child.truncate(9);
+            // writing at 9 needs a private copy of the third page, and no page is free
+            KvCacheFullException e = assertThrows(KvCacheFullException.class,
+                    () -> child.write(0, 9, tokens(rnd, 1, 2, 128), 0, tokens(rnd, 1, 2, 64), 0));
+            assertEquals(9, e.fittingTokens(), e.getMessage());
+        }
+    }
+
     @Test
     void aWritePastTheEndIsRefusedRatherThanLeavingAGapOfOldRows() {
         SplittableRandom rnd = new SplittableRandom(3);
