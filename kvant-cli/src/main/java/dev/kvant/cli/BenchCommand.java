@@ -185,6 +185,17 @@ final class BenchCommand implements Runnable {
         if (synthetic != null) {   // a model file's load checks them itself
             opts.checkOptions();
         }
+        // each --kv format is K's and V's: parsed and checked before the model is read
+        List<KvFormat> kvFormats = new ArrayList<>();
+        for (String f : kvList != null ? kvList : new String[0]) {
+            KvFormat kf = UsageException.parsing(() -> KvFormat.parse(f));
+            if (kf instanceof dev.kvant.kv.PageMeanFormat) {
+                throw new UsageException("--kv " + kf.name() + ": each --kv format serves K and V, and only keys are"
+                        + " centered on their page's mean; give --ctk " + kf.name() + " --ctv "
+                        + dev.kvant.kv.PageMeanFormat.rows(kf).name() + " instead");
+            }
+            kvFormats.add(kf);
+        }
         progress.update("loading model");
         try (LlamaModel model = synthetic != null ? ModelOptions.synthetic(synthetic, weights) : opts.load();
              Parallel pool = new Parallel(opts.threads);
@@ -200,8 +211,7 @@ final class BenchCommand implements Runnable {
             // each --kv format (or --ctk/--ctv), with the layers --ctk-layer/--ctv-layer give formats of their own
             List<KvLayerFormats> pairs = new ArrayList<>();
             if (kvList != null) {
-                for (String f : kvList) {
-                    KvFormat kf = UsageException.parsing(() -> KvFormat.parse(f));
+                for (KvFormat kf : kvFormats) {
                     pairs.add(opts.withLayers(KvLayerFormats.of(kf, kf)));
                 }
             } else {

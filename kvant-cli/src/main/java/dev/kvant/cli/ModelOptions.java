@@ -98,23 +98,34 @@ final class ModelOptions {
             throw new UsageException("-c must be at least 1, got " + ctxOption);
         }
         int trained = model.config().contextLength();
-        if (ctxOption != null && trained > 0 && ctxOption > trained) {   // as llama.cpp warns
-            System.err.printf(java.util.Locale.ROOT, "warning: -c %d is more than the %d tokens the model was trained"
-                    + " on; it may not attend well that far%n", ctxOption, trained);
+        if (ctxOption != null) {
+            warnPastTraining(model, ctxOption, "-c");
         }
         if (kvMem == null) {
             return ctxOption != null ? ctxOption : dflt;
         }
         long bytes = parseSize(kvMem);
         int fits = budgetTokens(model, kvFormats(), bytes);
-        int ctx = ctxOption != null ? Math.min(ctxOption, fits) : fits;
+        // without -c, a budget makes the context what it holds up to the trained length (llama.cpp's default
+        // context); -c asks for more
+        int ctx = ctxOption != null ? Math.min(ctxOption, fits) : trained > 0 ? Math.min(fits, trained) : fits;
         System.err.printf(java.util.Locale.ROOT, "KV cache %s: %d bytes/token%s, budget %s holds %d tokens;"
-                        + " context %d%n", kvFormats().name(),
+                        + " context %d%s%n", kvFormats().name(),
                 dev.kvant.engine.Session.kvBytesPerToken(model.config(), kvFormats()),
                 model.selection() == null ? "" : " + " + dev.kvant.engine.Session.summaryBytesPerToken(model.config(),
                         kvFormats().keyDomainDim(model.config().headDimK(), model.config().layers()),
-                        model.selection()) + " of key summaries", kvMem, fits, ctx);
+                        model.selection()) + " of key summaries", kvMem, fits, ctx,
+                ctxOption == null && ctx < fits ? " (the model's trained length; -c asks for more)" : "");
         return ctx;
+    }
+
+    /** Warns, as llama.cpp does, when a context is longer than the one the model was trained on. */
+    static void warnPastTraining(LlamaModel model, long ctx, String what) {
+        int trained = model.config().contextLength();
+        if (trained > 0 && ctx > trained) {
+            System.err.printf(java.util.Locale.ROOT, "warning: %s %d is more than the %d tokens the model was trained"
+                    + " on; it may not attend well that far%n", what, ctx, trained);
+        }
     }
 
     /**
@@ -373,6 +384,12 @@ final class ModelOptions {
         UsageException.parsing(() -> AttentionOptions.defaults().withSparseV(sparseV));
         if (kvMem != null) {
             parseSize(kvMem);
+        }
+        if (!java.util.List.of("cpu", "cuda", "auto").contains(backend.toLowerCase(java.util.Locale.ROOT))) {
+            throw new UsageException("--backend: unknown backend '" + backend + "' (cpu, cuda, auto)");
+        }
+        if (prefillChunkOption != null && prefillChunkOption < 1) {
+            throw new UsageException("--prefill-chunk must be positive, got " + prefillChunkOption);
         }
     }
 

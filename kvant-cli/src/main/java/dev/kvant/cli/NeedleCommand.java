@@ -89,6 +89,9 @@ final class NeedleCommand implements Runnable {
         if (maxNew < 1) {
             throw new UsageException("--max-new must be at least 1 (the answer is read from it), got " + maxNew);
         }
+        if (perCell < 0) {
+            throw new UsageException("--per-cell must not be negative (0 = every probe of a cell), got " + perCell);
+        }
         if (probes != null && !java.nio.file.Files.isReadable(probes)) {   // before the model is loaded
             throw new IllegalArgumentException("--probes: cannot read " + probes);
         }

@@ -43,6 +43,7 @@ final class PerplexityCommand implements Runnable {
 
     /** The model, its context checked against --kv-mem before a backend (a GPU's upload) is opened for it. */
     private LlamaModel budgeted(LlamaModel model, int context) {
+        ModelOptions.warnPastTraining(model, context, "-c");
         opts.checkBudget(model, opts.kvFormats(), context, "perplexity at -c " + context);
         return model;
     }

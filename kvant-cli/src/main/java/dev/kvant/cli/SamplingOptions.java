@@ -49,6 +49,13 @@ final class SamplingOptions {
      * below, or top-p 0, is greedy; a repetition window of -1 is the whole context, and none is longer than it.
      */
     SamplerConfig config(int contextLength) {
+        // checked as given, before a greedy run replaces them (a top-p of 5 is a mistake whatever the temperature)
+        if (Float.isNaN(temperature)) {
+            throw new IllegalArgumentException("--temp must be a number, got NaN");
+        }
+        if (!(topP >= 0f && topP <= 1f)) {
+            throw new IllegalArgumentException("--top-p must be in [0, 1], got " + topP);
+        }
         long s = seed != null ? seed : new java.security.SecureRandom().nextLong();
         boolean greedy = temperature <= 0 || topP == 0;
         int window = repeatLastN == -1 ? contextLength : Math.min(repeatLastN, contextLength);

@@ -116,6 +116,7 @@ final class ServeBenchCommand implements Runnable {
         if (!List.of("batching", "prefix", "load").contains(mode)) {
             throw new UsageException("--mode must be batching, prefix or load, got " + mode);
         }
+        checkRun();
         long s = seed != null ? seed : new SplittableRandom().nextLong();
         if (selectOpts.dump != null) {
             throw new UsageException("--dump-selection records the selections of one run (perplexity,"
@@ -144,6 +145,32 @@ final class ServeBenchCommand implements Runnable {
                 case "load" -> load(setup, s);
                 default -> throw new UsageException("--mode must be batching, prefix or load, got " + mode);
             }
+        }
+    }
+
+    /** The run's own options, before a model is read: each mode's requests must be possible in its context. */
+    private void checkRun() {
+        if ((long) parallel * ctx > Integer.MAX_VALUE) {
+            throw new UsageException("--parallel " + parallel + " x -c " + ctx + " is more tokens of KV cache than one"
+                    + " pool holds (" + Integer.MAX_VALUE + ")");
+        }
+        if (clients < 1 || requests < 1) {
+            throw new UsageException("--clients and --requests must be at least 1, got " + clients + " and "
+                    + requests);
+        }
+        if (promptTokens < 1 || genTokens < 1) {
+            throw new UsageException("-p and -n must be at least 1, got " + promptTokens + " and " + genTokens);
+        }
+        if (!(cancel >= 0 && cancel <= 1)) {
+            throw new UsageException("--cancel must be a fraction from 0 to 1, got " + cancel);
+        }
+        if (mode.equals("batching") && (long) promptTokens + genTokens > ctx) {
+            throw new UsageException("-p " + promptTokens + " + -n " + genTokens + " tokens a request do not fit in"
+                    + " -c " + ctx);
+        }
+        if (mode.equals("load") && Math.min(promptTokens, ctx - genTokens - 1) < 8) {
+            throw new UsageException("--mode load's prompts run from 8 tokens to -p (" + promptTokens + "), within"
+                    + " what -c " + ctx + " leaves after -n " + genTokens + ": raise -p or -c, or lower -n");
         }
     }
 

@@ -121,6 +121,12 @@ final class ServeCommand implements Runnable {
         if (writeTimeout < 1) {
             throw new UsageException("--write-timeout must be at least 1 second, got " + writeTimeout);
         }
+        if (grace < 0) {
+            throw new UsageException("--shutdown-grace must not be negative, got " + grace);
+        }
+        if (maxQueue < 0) {
+            throw new UsageException("--max-queue must not be negative, got " + maxQueue);
+        }
         ModelOptions.checkModelChoice(spec, opts.model, synthetic);
         if (opts.model == null && synthetic == null) {
             throw new UsageException("no model given: pass -m path/to/model.gguf (or --synthetic SHAPE)");

@@ -106,6 +106,32 @@ class MainTest {
                 {new String[] {"bench-serve", "--synthetic", "tiny", "--mode", "prefix", "-c", "128", "--kv-mem",
                         "1M"}, "--mode prefix's 2 x -c 128 needs 256 tokens of KV cache", 2},
                 {new String[] {"perplexity", "-m", "none.gguf", "-f", "none.txt", "-c", "0"}, "-c must be at least 4", 2},
+                // bench-serve's and serve's own options, before the model is built
+                {new String[] {"bench-serve", "--synthetic", "tiny", "--clients", "0"},
+                        "--clients and --requests must be at least 1", 2},
+                {new String[] {"bench-serve", "--synthetic", "tiny", "-p", "0"}, "-p and -n must be at least 1", 2},
+                {new String[] {"bench-serve", "--synthetic", "tiny", "--cancel", "5"},
+                        "--cancel must be a fraction from 0 to 1", 2},
+                {new String[] {"bench-serve", "--synthetic", "tiny", "-c", "64", "-p", "60", "-n", "8"},
+                        "-p 60 + -n 8 tokens a request do not fit in -c 64", 2},
+                {new String[] {"bench-serve", "--synthetic", "tiny", "--mode", "load", "-c", "64", "-n", "100"},
+                        "--mode load's prompts run from 8 tokens", 2},
+                {new String[] {"bench-serve", "--synthetic", "tiny", "-np", "2", "-c", "2147483647"},
+                        "more tokens of KV cache than one pool holds", 2},
+                {new String[] {"serve", "--synthetic", "tiny", "--shutdown-grace", "-5"},
+                        "--shutdown-grace must not be negative", 2},
+                {new String[] {"serve", "--synthetic", "tiny", "--max-queue", "-1"},
+                        "--max-queue must not be negative", 2},
+                {new String[] {"run", "-m", "none.gguf", "-p", "x", "--temp", "0", "--top-p", "5"},
+                        "--top-p must be in [0, 1]", 2},
+                {new String[] {"bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--kv",
+                        "turbo3+mean"}, "--kv turbo3+mean: each --kv format serves K and V", 2},
+                {new String[] {"bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--backend", "foo"},
+                        "--backend: unknown backend 'foo'", 2},
+                {new String[] {"bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--prefill-chunk",
+                        "0"}, "--prefill-chunk must be positive", 2},
+                {new String[] {"needle", "-m", "none.gguf", "--haystack", "none.txt", "--per-cell", "-3"},
+                        "--per-cell must not be negative", 2},
                 // picocli's own: the same one line, and where the options are listed
                 {new String[] {"bench", "-np", "x"}, "'x' is not an int (kvant bench --help lists the options)", 2},
                 // a synthetic model's weight format does not silently go with a model file
@@ -237,7 +263,7 @@ class MainTest {
         // through a block selection too: each layer's summaries and queries in its own K domain
         Run selected = run("bench", "--synthetic", "tiny", "-p", "300", "-n", "2", "-r", "1", "--backend", "cpu",
                 "--ctk", "turbo3", "--ctk-layer", "0=q8_0", "--select", "topk", "--select-budget", "128",
-                "--select-dense-layers", "0");
+                "--select-sink", "16", "--select-recent", "32", "--select-dense-layers", "0");
         assertEquals(0, selected.code(), selected.err());
         assertTrue(selected.out().contains("turbo3/f16, layer 0: q8_0/f16"), selected.out());
         Run outside = run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--backend", "cpu",

@@ -24,5 +24,10 @@ class SamplingOptionsTest {
         assertEquals(64, config(4096, "-s", "1").repeatLastN());
         assertEquals(0.8f, config(4096, "-s", "1").temperature());
         assertThrows(IllegalArgumentException.class, () -> config(4096, "--repeat-last-n", "-2", "-s", "1"));
+        // values out of range are refused even where greedy decoding would not use them
+        assertThrows(IllegalArgumentException.class, () -> config(4096, "--temp", "0", "--top-p", "5", "-s", "1"));
+        assertThrows(IllegalArgumentException.class, () -> config(4096, "--temp", "0", "--top-p", "-3", "-s", "1"));
+        assertThrows(IllegalArgumentException.class, () -> config(4096, "--temp", "0", "--top-p", "NaN", "-s", "1"));
+        assertThrows(IllegalArgumentException.class, () -> config(4096, "--temp", "NaN", "--top-p", "0", "-s", "1"));
     }
 }

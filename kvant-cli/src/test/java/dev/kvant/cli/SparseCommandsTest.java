@@ -47,6 +47,16 @@ class SparseCommandsTest {
         assertTrue(r.err().contains("add --select topk"), r.err());
     }
 
+    /** A budget the always-attended windows fill (or exceed) is refused: the selection would choose nothing. */
+    @Test
+    void aBudgetBelowItsWindowsIsRefused() {
+        MainTest.Run r = MainTest.run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1",
+                "--select", "topk", "--select-budget", "128");
+        assertEquals(2, r.code(), r.err());
+        assertTrue(r.err().contains("--select-budget 128 must cover the windows it includes") && r.err().contains(
+                "= 336 tokens"), r.err());
+    }
+
     /**
      * A run that fails leaves the file --dump-selection names as it was (the dump goes into place when the run is
      * over), and a dump onto the run's own input is refused.
@@ -56,14 +66,16 @@ class SparseCommandsTest {
         Path f = dir.resolve("sel.txt");
         java.nio.file.Files.writeString(f, "keep");
         MainTest.Run r = MainTest.run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--kv",
-                "f16,nonsense", "--select", "topk", "--select-budget", "64", "--dump-selection", f.toString());
+                "f16,nonsense", "--select", "topk", "--select-budget", "64", "--select-sink", "16", "--select-recent", "32",
+                "--dump-selection", f.toString());
         assertEquals(2, r.code(), r.err());
         assertEquals("keep", java.nio.file.Files.readString(f), r.err());
         try (var files = java.nio.file.Files.list(dir)) {
             assertEquals(1, files.count(), "no partial file left");
         }
         MainTest.Run ok = MainTest.run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1",
-                "--backend", "cpu", "--select", "topk", "--select-budget", "64", "--dump-selection", f.toString());
+                "--backend", "cpu", "--select", "topk", "--select-budget", "64", "--select-sink", "16", "--select-recent",
+                "32", "--dump-selection", f.toString());
         assertEquals(0, ok.code(), ok.err());
         assertTrue(!java.nio.file.Files.readString(f).equals("keep"), "the dump went into place");
     }
@@ -125,7 +137,7 @@ class SparseCommandsTest {
         Path two = dir.resolve("two.jsonl");
         Files.write(two, Files.readAllLines(all).subList(0, 2));
         MainTest.Run r = MainTest.run("needle", "-m", model.toString(), "--probes", two.toString(), "-t", "2",
-                "--select", "topk", "--select-budget", "256", "--json");
+                "--select", "topk", "--select-budget", "256", "--select-recent", "128", "--json");
         assertEquals(0, r.code(), r.err());
         assertTrue(r.out().contains("\"cells\":[{\"n_ctx\":1024,\"depth\":0.1,\"n\":2,\"correct\":"), r.out());
     }
