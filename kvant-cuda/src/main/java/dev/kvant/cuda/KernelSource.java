@@ -28,9 +28,8 @@ public record KernelSource(String name, String code, boolean overlappable) {
      * before it started only after they had finished and its own wait had returned) — and write its own shared
      * memory. The one-vector 8-bit products ask L2 for the start of their weight rows before it (model.cu's
      * prefetch_warp_rows), so their first loads do not wait a DRAM round trip after the kernel before them ends.
-     * Dense decode loads its query and builds its pair tables before its wait; it is launched plain (see
-     * CudaAttention), which it must stay while the query comes from the launch right before it (a decode step's
-     * kvant_rope_write): launched overlapped, its query loads would have to follow the wait.
+     * Dense decode works out its pages and builds its pair tables before its wait and loads its query after it (the
+     * query comes from the launch right before it, a decode step's kvant_rope_write); it is launched overlapped.
      */
     public static final String GRID_ENTER = """
             #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -100,9 +100,9 @@ public final class CudaAttention implements AutoCloseable {
             this.writeGains = module.function("kvant_kv_write_gains");
             this.pageMeans = module.function("kvant_kv_page_means");
             this.ropeWrite = module.function("kvant_rope_write");
-            // launched plain: overlapped, it ran 14% slower with turbo3 at 32K tokens (plainLaunches); and its prologue
-            // reads the query the launch right before it writes (kvant_rope_write), see attention.cu
-            this.decode = module.function("kvant_attn_decode").plainLaunches();
+            // launched overlapped: its page lookups and pair tables run while the launch before it (the step's
+            // kvant_rope_write) does; its query loads follow its wait (attention.cu, decode_body)
+            this.decode = module.function("kvant_attn_decode");
             this.prefill = module.function("kvant_attn_prefill");
             this.merge = module.function("kvant_attn_merge");
             this.unrotate = module.function("kvant_attn_unrotate");

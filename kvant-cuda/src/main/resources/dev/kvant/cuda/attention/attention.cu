@@ -772,8 +772,6 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
     const u32 lutKs = smem_u32(lutK), lutVs = smem_u32(lutV);
 
     const int ntiles = t1 > t0 ? (t1 - t0 + TT - 1) / TT : 0;
-    float qx[8][DK / 32];
-    load_q<8>(qx, q, seq, nq, heads, G, kh, row0, lane);
     const StageLoader<LY, HBD, TT, HBD * 32, HB_ALL != 0> loader(threadIdx.x);
     // DEC_TIGHT with bulk copies: whether tile s is one run of TT consecutive positions in one page (issue_bulk's run)
     auto runOf = [&](int s) -> bool {
@@ -815,6 +813,13 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
     bool runNext = runOf(NST - 1);
     int pageNext = pageOf(NST - 1, runNext);
     build_luts<LY>(smem, threadIdx.x, blockDim.x);
+    // Dense decode waits for the kernel before it only here: it is launched overlapped (CudaAttention), so the work
+    // above — lens, page tables, the pair tables from constants — runs while that kernel still does; the query comes
+    // from it (a decode step's kvant_rope_write, which also writes the K/V rows), so its loads follow the wait
+    // (KernelSource.GRID_ENTER). (Selected decode waited at its top: its lists come from the kernel before it.)
+    if constexpr (!SEL) KVANT_GRID_WAIT();
+    float qx[8][DK / 32];
+    load_q<8>(qx, q, seq, nq, heads, G, kh, row0, lane);
     store_q<8, K_FRAG>(qs, qx, nRows - row0, qscale, lane);
 
     // Q^T as B fragments: b0/b1 of k-step ks = dims 16ks + 2c.. / +8.., row g.
@@ -828,12 +833,6 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
         qf[ks + 1][0] = r[2];
         qf[ks + 1][1] = r[3];
     }
-    // Dense decode waits for the kernel before it only here. Decode attention is launched plain (CudaAttention), so
-    // the wait returns at once and the order above is only an order: the query comes from the launch right before
-    // (a decode step's kvant_rope_write, which also writes the K/V rows), so launched overlapped, the query's loads
-    // would have to move below this wait (KernelSource.GRID_ENTER); lens, tables and the pair tables' constants may
-    // stay above it. (Selected decode waited at its top: its lists come from the kernel before it.)
-    if constexpr (!SEL) KVANT_GRID_WAIT();
     if constexpr (DEC_BULK) {
         if (threadIdx.x == 0) {
 #pragma unroll
