@@ -59,6 +59,14 @@ public final class GgufWriter {
 
     // ---- metadata. Putting a key again replaces its value and keeps its position.
 
+    /** Leaves a key out (nothing if it is not there): a copy of a file without one of its keys. */
+    public GgufWriter remove(String key) {
+        if (metadata.remove(key) != null) {
+            header = null;
+        }
+        return this;
+    }
+
     /** Puts any value; the generic form behind the typed puts, handy for copying metadata from a {@link GgufFile}. */
     public GgufWriter put(String key, GgufValue value) {
         if (key == null || value == null) {

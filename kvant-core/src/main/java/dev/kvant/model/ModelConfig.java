@@ -15,7 +15,9 @@ import dev.kvant.gguf.GgufMetadata;
  * @param headDimV      size of one value head
  * @param ffnDim        hidden size of the SwiGLU feed-forward network
  * @param vocabSize     rows of the embedding table
- * @param contextLength the context the model was trained for
+ * @param contextLength the context the model was trained for; a model trained with sliding-window attention
+ *                      ({@code <arch>.attention.sliding_window}) gives its window, past which kvant's attention (to
+ *                      every position, as llama.cpp's for these architectures) is not what the model learned
  * @param rmsEps        epsilon of every RMSNorm
  * @param rope          rotary position embedding of q and k
  * @param qkvBias       q, k and v projections carry a bias (qwen2)
@@ -92,8 +94,10 @@ public record ModelConfig(String architecture, int dim, int layers, int heads, i
             throw new GgufException("GGUF " + fileName + ": " + arch + ".expert_count is "
                     + md.getInt(arch + ".expert_count", 0) + ": mixture-of-experts models are not supported");
         }
-        if (!arch.equals("llama")) {
-            ropeFreqFactors = null;   // llama.cpp's qwen2/qwen3 graphs take no frequency factors
+        if (!arch.equals("llama") && ropeFreqFactors != null) {
+            // llama.cpp's qwen2/qwen3 graphs take no frequency factors (it refuses the file: a tensor too many)
+            throw new GgufException("GGUF " + fileName + ": rope_freqs.weight holds RoPE frequency factors, which a "
+                    + arch + " model does not take; not supported");
         }
         int dim = md.getInt(arch + ".embedding_length");
         int heads = md.getInt(arch + ".attention.head_count");
@@ -130,14 +134,13 @@ public record ModelConfig(String architecture, int dim, int layers, int heads, i
         float factor = md.getFloat(factorKey, 1f);
         String scaling = md.getString(arch + ".rope.scaling.type", md.contains(factorKey) ? "linear" : "none");
         if (scaling.equals("linear")) {
-            linearScale = factor;
+            linearScale = factor == 0f ? 1f : factor;   // as llama.cpp: a factor of 0 is no scaling
             if (!(linearScale > 0f) || Float.isInfinite(linearScale)) {
                 throw new GgufException("GGUF " + fileName + ": " + factorKey + " is " + linearScale
                         + ", not a finite positive factor");
             }
-        } else if ((scaling.equals("none") || scaling.isEmpty()) && factor != 1f) {
-            throw new GgufException("GGUF " + fileName + ": " + factorKey + " is " + factor + " but "
-                    + arch + ".rope.scaling.type is '" + scaling + "': which scaling the factor is for is unclear");
+        } else if (scaling.equals("none") || scaling.isEmpty()) {
+            linearScale = 1f;   // as llama.cpp: no scaling type, no scaling, whatever factor is given
         } else if (scaling.equals("llama3") && ropeFreqFactors == null) {
             // the factors are read from rope_freqs.weight, where llama.cpp's conversion writes them; from the scaling
             // keys alone RoPE would run unscaled
@@ -148,6 +151,18 @@ public record ModelConfig(String architecture, int dim, int layers, int heads, i
             throw new GgufException("GGUF " + fileName + ": rope scaling '" + scaling
                     + "' is not supported (supported: none, linear, llama3 frequency factors)");
         }
+        if (!arch.equals("llama") && (ropeDim != headDimK || headDimV != headDimK)) {
+            // llama.cpp's qwen2 and qwen3 graphs assert both (n_rot == n_embd_head_k == n_embd_head_v)
+            throw new GgufException("GGUF " + fileName + ": " + arch + " with rope dimension " + ropeDim + ", key head "
+                    + headDimK + " and value head " + headDimV + ": the three must be equal for this architecture");
+        }
+        // required, as llama.cpp requires them: a default would run a model on values it was not trained with
+        float rmsEps = md.getFloat(arch + ".attention.layer_norm_rms_epsilon");
+        int context = md.getInt(arch + ".context_length");
+        int window = md.getInt(arch + ".attention.sliding_window", 0);
+        if (window > 0 && window < context) {
+            context = window;   // attention to every position matches the model's up to its window (see above)
+        }
         float attnFactor = md.getFloat(arch + ".rope.scaling.attn_factor", 1f);
         if (attnFactor != 1f) {   // llama.cpp scales the rotated part of q and k by it; kvant does not
             throw new GgufException("GGUF " + fileName + ": " + arch + ".rope.scaling.attn_factor is " + attnFactor
@@ -157,9 +172,8 @@ public record ModelConfig(String architecture, int dim, int layers, int heads, i
         try {
             Rope rope = new Rope(mode, ropeDim, base, linearScale, ropeFreqFactors);
             ModelConfig config = new ModelConfig(arch, dim, md.getInt(arch + ".block_count"), heads, kvHeads, headDimK,
-                    headDimV, md.getInt(arch + ".feed_forward_length"), vocabSize,
-                    md.getInt(arch + ".context_length", 4096),
-                    md.getFloat(arch + ".attention.layer_norm_rms_epsilon", 1e-5f), rope, qkvBias, qkNorm);
+                    headDimV, md.getInt(arch + ".feed_forward_length"), vocabSize, context, rmsEps, rope, qkvBias,
+                    qkNorm);
             if (arch.equals("llama") && ropeDim < headDimK) {   // as llama.cpp: partial rotary is not a llama model's
                 throw new GgufException("GGUF " + fileName + ": llama.rope.dimension_count " + ropeDim + " is less"
                         + " than the head size " + headDimK + " (llama.cpp refuses such a llama model: invalid n_rot)");

@@ -10,6 +10,7 @@ import org.junit.jupiter.api.Test;
 import org.junit.jupiter.params.ParameterizedTest;
 import org.junit.jupiter.params.provider.Arguments;
 import org.junit.jupiter.params.provider.MethodSource;
+import org.junit.jupiter.params.provider.ValueSource;
 
 import java.lang.foreign.Arena;
 import java.util.ArrayList;
@@ -202,17 +203,17 @@ class LlamaModelTest {
                         w.putU32("llama.embedding_length", 258), "is not a multiple of llama.attention.head_count 4"),
                 Arguments.of("a RoPE base of 0", (Consumer<GgufWriter>) w -> w.putF32("llama.rope.freq_base", 0f),
                         "llama.rope.freq_base is 0.0"),
-                Arguments.of("a linear RoPE scale of 0", (Consumer<GgufWriter>) w -> {
+                Arguments.of("a negative linear RoPE scale", (Consumer<GgufWriter>) w -> {
                     w.putString("llama.rope.scaling.type", "linear");
-                    w.putF32("llama.rope.scaling.factor", 0f);
-                }, "llama.rope.scaling.factor is 0.0"),
+                    w.putF32("llama.rope.scaling.factor", -2f);
+                }, "llama.rope.scaling.factor is -2.0"),
                 Arguments.of("a RoPE frequency factor of 0", (Consumer<GgufWriter>) w -> w.addTensor("rope_freqs.weight",
                         GgmlType.F32, new long[] {32}, new byte[128]), "rope_freqs factor 0 is 0.0"),
-                Arguments.of("a RoPE factor with no scaling type is linear; with type none it is refused",
-                        (Consumer<GgufWriter>) w -> {
-                            w.putString("llama.rope.scaling.type", "none");
-                            w.putF32("llama.rope.scale_linear", 4f);
-                        }, "llama.rope.scale_linear is 4.0 but llama.rope.scaling.type is 'none'"),
+                // keys llama.cpp requires: a default would run the model on values it was not trained with
+                Arguments.of("no RMSNorm epsilon", (Consumer<GgufWriter>) w ->
+                        w.remove("llama.attention.layer_norm_rms_epsilon"), "llama.attention.layer_norm_rms_epsilon"),
+                Arguments.of("no context length", (Consumer<GgufWriter>) w -> w.remove("llama.context_length"),
+                        "llama.context_length"),
                 Arguments.of("a mixture of experts", (Consumer<GgufWriter>) w -> w.putU32("llama.expert_count", 8),
                         "mixture-of-experts models are not supported"),
                 Arguments.of("attention biases on a llama file", (Consumer<GgufWriter>) w -> w.addTensor(
@@ -261,6 +262,64 @@ class LlamaModelTest {
             assertTrue(e.getMessage().contains(built.file().name()), what + ": the message names the file: "
                     + e.getMessage());
         }
+    }
+
+    /**
+     * What llama.cpp refuses in a qwen2 or qwen3 file is refused here too: RoPE frequency factors (its graphs take
+     * none: they were dropped before, the model running unscaled) and partial rotary or value heads of another size
+     * (its graphs assert all three equal).
+     */
+    @ParameterizedTest
+    @ValueSource(strings = {"qwen2", "qwen3"})
+    void frequencyFactorsAndPartialRotaryAreRefusedOnQwenFiles(String arch) {
+        try (Arena arena = Arena.ofShared()) {
+            TinyModels.Built factors = TinyModels.build(arch, GgmlType.F32, 1, arena, w -> w.addTensor(
+                    "rope_freqs.weight", GgmlType.F32, new long[] {32}, floatBytes(32, 1f)));
+            GgufException e = assertThrows(GgufException.class, () -> LlamaModel.fromGguf(factors.file()));
+            assertTrue(e.getMessage().contains("rope_freqs.weight holds RoPE frequency factors"), e.getMessage());
+            TinyModels.Built partial = TinyModels.build(arch, GgmlType.F32, 1, arena,
+                    w -> w.putU32(arch + ".rope.dimension_count", 32));
+            e = assertThrows(GgufException.class, () -> LlamaModel.fromGguf(partial.file()));
+            assertTrue(e.getMessage().contains("the three must be equal"), e.getMessage());
+        }
+    }
+
+    /**
+     * As llama.cpp reads them: a RoPE factor with scaling type none is no scaling, and a linear factor of 0 is none;
+     * a sliding window shorter than the trained context is the context (attention to every position is the model's
+     * only up to its window).
+     */
+    @Test
+    void ropeFactorsLlamaCppIgnoresAreIgnoredAndASlidingWindowIsTheContext() {
+        try (Arena arena = Arena.ofShared()) {
+            TinyModels.Built none = TinyModels.build("llama", GgmlType.F32, 1, arena, w -> {
+                w.putString("llama.rope.scaling.type", "none");
+                w.putF32("llama.rope.scale_linear", 4f);
+            });
+            try (LlamaModel m = LlamaModel.fromGguf(none.file())) {
+                assertEquals(1f, m.config().rope().linearScale());
+            }
+            TinyModels.Built zero = TinyModels.build("llama", GgmlType.F32, 1, arena, w -> {
+                w.putString("llama.rope.scaling.type", "linear");
+                w.putF32("llama.rope.scaling.factor", 0f);
+            });
+            try (LlamaModel m = LlamaModel.fromGguf(zero.file())) {
+                assertEquals(1f, m.config().rope().linearScale());
+            }
+            TinyModels.Built window = TinyModels.build("llama", GgmlType.F32, 1, arena,
+                    w -> w.putU32("llama.attention.sliding_window", 64));
+            try (LlamaModel m = LlamaModel.fromGguf(window.file())) {
+                assertEquals(64, m.config().contextLength());
+            }
+        }
+    }
+
+    private static byte[] floatBytes(int n, float value) {
+        java.nio.ByteBuffer b = java.nio.ByteBuffer.allocate(4 * n).order(java.nio.ByteOrder.LITTLE_ENDIAN);
+        for (int i = 0; i < n; i++) {
+            b.putFloat(value);
+        }
+        return b.array();
     }
 
     /** Older files name the linear RoPE factor rope.scale_linear and give no scaling type: linear, as llama.cpp. */
