@@ -35,7 +35,8 @@ public interface SequencePool extends AutoCloseable {
      * Whether a sequence forked from a prefix gives the bits the same tokens give computed afresh, so that reusing
      * cached prefixes keeps a request's output independent of the cache (false where K pages are centered on their
      * means: a page's mean comes from the write that opens it, and a cached prefix's pages were opened by its own
-     * writes, decode steps among them).
+     * writes, decode steps among them; and on the GPU, whose rows depend on whether a prompt chunk's products or a
+     * decode step's computed them).
      */
     default boolean forksKeepBits() {
         return true;

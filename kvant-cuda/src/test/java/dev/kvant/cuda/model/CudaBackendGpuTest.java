@@ -130,6 +130,62 @@ class CudaBackendGpuTest {
     }
 
     /**
+     * A server's greedy request gives the same tokens whatever its engine holds cached: the same prompt twice, and a
+     * conversation's next turn, against a fresh engine without a prefix cache. On the GPU a row's bits depend on how
+     * it was computed (a prompt chunk's GEMM or a decode step's product), so the backend reuses no prefix
+     * ({@code forksKeepBits} false); a review saw reuse change greedy outputs with Q8_0 weights and a turbo3 cache.
+     */
+    @Test
+    void greedyRequestsGiveTheSameTokensWhateverTheEngineHasCached() throws Exception {
+        long seed = TestSeed.next();
+        try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.parse("tiny"), GgmlType.Q8_0, seed);
+             CudaBackend gpu = CudaBackend.open(model, new CudaBackend.Options(4, 64, 0))) {
+            int vocab = model.config().vocabSize();
+            SplittableRandom r = new SplittableRandom(seed);
+            int[] turn1 = r.ints(300, 0, vocab).toArray();
+            int[] first;
+            int[] again;
+            int[] turn2;
+            int[] second;
+            try (dev.kvant.backend.SequencePool pool = gpu.newSequencePool(4096, F16, TURBO3);
+                 dev.kvant.engine.Engine engine = new dev.kvant.engine.Engine(gpu, pool,
+                         new dev.kvant.engine.EngineConfig(4, 1024, 64, 8, true))) {
+                first = greedyTokens(engine, turn1, 16);
+                again = greedyTokens(engine, turn1, 16);
+                turn2 = java.util.stream.IntStream.concat(java.util.stream.IntStream.concat(Arrays.stream(turn1),
+                        Arrays.stream(first)), r.ints(40, 0, vocab)).toArray();
+                second = greedyTokens(engine, turn2, 16);
+            }
+            try (dev.kvant.backend.SequencePool pool = gpu.newSequencePool(4096, F16, TURBO3);
+                 dev.kvant.engine.Engine fresh = new dev.kvant.engine.Engine(gpu, pool,
+                         new dev.kvant.engine.EngineConfig(4, 1024, 64, 8, false))) {
+                assertArrayEquals(first, again, "the same prompt twice (seed " + seed + ")");
+                assertArrayEquals(greedyTokens(fresh, turn2, 16), second, "the next turn (seed " + seed + ")");
+            }
+        }
+    }
+
+    /** The tokens of one greedy request, run alone on the engine. */
+    private static int[] greedyTokens(dev.kvant.engine.Engine engine, int[] prompt, int n) throws Exception {
+        var events = new java.util.concurrent.LinkedBlockingQueue<dev.kvant.engine.GenerationEvent>();
+        engine.submit(new dev.kvant.engine.GenerationRequest(prompt, n, dev.kvant.sample.SamplerConfig.greedy(), null),
+                events::add);
+        List<Integer> tokens = new java.util.ArrayList<>();
+        while (true) {
+            var e = events.poll(120, java.util.concurrent.TimeUnit.SECONDS);
+            assertTrue(e != null, "no event within 120 s");
+            switch (e) {
+                case dev.kvant.engine.GenerationEvent.Token t -> tokens.add(t.id());
+                case dev.kvant.engine.GenerationEvent.Finished f -> {
+                    return tokens.stream().mapToInt(Integer::intValue).toArray();
+                }
+                case dev.kvant.engine.GenerationEvent.Failed f -> throw new AssertionError(f.message());
+                default -> { }
+            }
+        }
+    }
+
+    /**
      * A model whose output is its embedding table (no output.weight, as Llama 3.2 1B) holds the table once on the
      * device — the weights' bytes those of the model with a separate output, less one table — and gives the CPU's
      * logits through it, from the embedding lookup to the output product.
