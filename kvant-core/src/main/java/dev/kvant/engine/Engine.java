@@ -438,10 +438,11 @@ public final class Engine implements AutoCloseable {
 
     /** A generation the engine is done with leaves the count of those in flight (and of the cancelled ones). */
     private void leave(Generation g) {
-        if (g.settle()) {
+        boolean counted = g.settle();
+        inFlight.decrementAndGet();   // first: in flight less cancelled never rises between the two
+        if (counted) {
             cancelledInFlight.decrementAndGet();
         }
-        inFlight.decrementAndGet();
     }
 
     private void dropCancelled() {
