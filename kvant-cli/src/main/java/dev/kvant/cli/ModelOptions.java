@@ -85,8 +85,9 @@ final class ModelOptions {
     String layerSplit;
 
     @Option(names = "--kv-mem", paramLabel = "SIZE",
-            description = "KV cache memory budget (e.g. 8G, 512M): run, chat and serve make the context what fits "
-                    + "(capped by -c); perplexity, needle and the benchmarks refuse a run that does not fit")
+            description = "KV cache memory budget (e.g. 8G, 512M): run and chat make the context what fits (up to -c,"
+                    + " else the model's trained length); serve sizes its shared KV pool by it; perplexity, needle and"
+                    + " the benchmarks refuse a run that does not fit")
     String kvMem;
 
     /**
