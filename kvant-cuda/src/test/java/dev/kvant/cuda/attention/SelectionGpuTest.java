@@ -196,23 +196,10 @@ class SelectionGpuTest {
         int nanHead = 3;
         int nanBlock = nanToken / 16;
         SelectionConfig config = new SelectionConfig(320, 16, 32, 64, 0);
-        try (Data d = data(context, f, lens, new SplittableRandom(seed), false, nanToken * KV_HEADS + nanHead);
-             CudaAttention attention = CudaAttention.create(context, cache, shape(f, 32),
-                     AttentionPlan.of(2, 1, 2048, 0));
-             DeviceBatch batch = batch(context, d, lens)) {
-            attention.enableSelection(config, 0);
-            d.device().enableKeySummaries(16);
-            CudaStream stream = context.defaultStream();
-            for (int s = 0; s < lens.length; s++) {
-                attention.summarize(d.device(), 0, batch, s, lens[s], lens[s], stream);
-            }
+        try (Data d = data(context, f, lens, new SplittableRandom(seed), false, nanToken * KV_HEADS + nanHead)) {
             float[] q = AttentionGpuFixture.gaussianRows(new SplittableRandom(seed + 1), 2 * 32, D, 1.0, 0);
             q[32 * D + 6 * 4 * D + 17] = Float.NaN;   // sequence 1, kv head 6 (its first query head)
-            try (DeviceBuffer qd = AttentionGpuFixture.upload(context, q)) {
-                attention.select(d.device(), 0, qd, batch, 2, 1, stream);
-                context.synchronize();
-            }
-            int[][][] lists = attention.selectionLists(2);
+            int[][][] lists = decodeLists(context, cache, f, d, lens, config, q);
             PageTopK selector = new PageTopK(config);
             for (int s = 0; s < 2; s++) {
                 Selection cpu = new Selection();
@@ -240,6 +227,29 @@ class SelectionGpuTest {
                     }
                 }
             }
+        }
+    }
+
+    /**
+     * The device's lists of one decode step (a query per sequence, 32 query heads) over d's sequences, selected by
+     * config from summaries of 16-token blocks.
+     */
+    private static int[][][] decodeLists(CudaContext context, KernelCache cache, KvFormat f, Data d, int[] lens,
+                                         SelectionConfig config, float[] q) {
+        try (CudaAttention attention = CudaAttention.create(context, cache, shape(f, 32),
+                AttentionPlan.of(2, 1, 2048, 0));
+             DeviceBatch batch = batch(context, d, lens)) {
+            attention.enableSelection(config, 0);
+            d.device().enableKeySummaries(16);
+            CudaStream stream = context.defaultStream();
+            for (int s = 0; s < lens.length; s++) {
+                attention.summarize(d.device(), 0, batch, s, lens[s], lens[s], stream);
+            }
+            try (DeviceBuffer qd = AttentionGpuFixture.upload(context, q)) {
+                attention.select(d.device(), 0, qd, batch, lens.length, 1, stream);
+                context.synchronize();
+            }
+            return attention.selectionLists(lens.length);
         }
     }
 
@@ -555,22 +565,9 @@ class SelectionGpuTest {
         KvFormat f = KvFormat.parse("f16");
         int[] lens = {2000, 900};
         SelectionConfig config = new SelectionConfig(320, 16, 32, 64, 0);
-        try (Data d = data(context, f, lens, new SplittableRandom(seed), true);
-             CudaAttention attention = CudaAttention.create(context, cache, shape(f, 32),
-                     AttentionPlan.of(2, 1, 2048, 0));
-             DeviceBatch batch = batch(context, d, lens)) {
-            attention.enableSelection(config, 0);
-            d.device().enableKeySummaries(16);
-            CudaStream stream = context.defaultStream();
-            for (int s = 0; s < lens.length; s++) {
-                attention.summarize(d.device(), 0, batch, s, lens[s], lens[s], stream);
-            }
+        try (Data d = data(context, f, lens, new SplittableRandom(seed), true)) {
             float[] q = AttentionGpuFixture.gaussianRows(new SplittableRandom(seed + 1), 2 * 32, D, 1.0, 0);
-            try (DeviceBuffer qd = AttentionGpuFixture.upload(context, q)) {
-                attention.select(d.device(), 0, qd, batch, 2, 1, stream);
-                context.synchronize();
-            }
-            int[][][] lists = attention.selectionLists(2);
+            int[][][] lists = decodeLists(context, cache, f, d, lens, config, q);
             for (int s = 0; s < 2; s++) {
                 // sink 2 blocks, then the 20 - 2 - 5 best of equal bounds: the lowest, then recent and own blocks
                 int last = (lens[s] - 1) / 16;
