@@ -112,6 +112,9 @@ final class AttentionBenchCommand implements Runnable {
             throw new UsageException("--prefill, --select-budget and --select-coarse take a number of tokens, 0 for"
                     + " off; got " + prefill + ", " + selectBudget + ", " + selectCoarse);
         }
+        if (selectCoarse > 0 && selectBudget == 0) {   // it would be ignored
+            throw new UsageException("--select-coarse shapes a selection: give --select-budget too");
+        }
         UsageException.parsing(() -> dev.kvant.attention.AttentionOptions.defaults().withSparseV(sparseV));
         List<KvFormat> fs = UsageException.parsing(() -> formats.stream().map(KvFormat::parse).toList());
         Progress progress = new Progress(json);

@@ -211,15 +211,20 @@ final class ModelOptions {
             }
         }
         String num = mult == 1 ? t : t.substring(0, t.length() - 1);
+        double v;
         try {
-            double v = Double.parseDouble(num);
-            if (!(v > 0) || v * mult > Long.MAX_VALUE) {
-                throw new NumberFormatException();
-            }
-            return (long) (v * mult);
+            v = Double.parseDouble(num);
         } catch (NumberFormatException e) {
+            v = Double.NaN;
+        }
+        if (!(v > 0) || Double.isInfinite(v)) {
             throw new UsageException("--kv-mem: cannot read '" + s + "' as a size (e.g. 8G, 512M)");
         }
+        if (v * mult > Long.MAX_VALUE) {
+            throw new UsageException("--kv-mem: '" + s + "' is more bytes than a size can hold (" + Long.MAX_VALUE
+                    + ")");
+        }
+        return (long) (v * mult);
     }
 
     KvFormat kFormat() {
