@@ -115,6 +115,7 @@ final class NeedleCommand implements Runnable {
                 longest = Math.max(longest, tok.encode(p.prompt(), true, p.chat(), p.plainRanges()).length);
             }
             int ctx = longest + maxNew;
+            ModelOptions.warnPastTraining(model, ctx, "the longest probe's context");
             opts.checkBudget(model, opts.kvFormats(), ctx, "the longest probe (" + longest + " tokens, + --max-new "
                     + maxNew + ")");
             try (Session session = new Session(backend, ctx, opts.kvFormats(), opts.prefillChunk(backend))) {

@@ -232,8 +232,10 @@ public final class KvEval {
                 }
             }
         }
-        // a centered format's means: 16 bits per value of a 64-token page's row
-        double bits = 8.0 * rb / headDim + (f instanceof PageMeanFormat ? 16.0 / 64 : 0);
+        // a centered format's means: a 64-token page holds one of 16-bit values in the K domain (domainDim, past
+        // headDim where a rotated head is padded), per value of the head
+        double bits = 8.0 * rb / headDim + (f instanceof PageMeanFormat ? 16.0 * f.domainDim(headDim) / (64.0 * headDim)
+                : 0);
         return new Row(f.name(), bits, rb, err / norm, Math.sqrt(ipErr[0] / ipRef[0]), Math.sqrt(ipErr[1] / ipRef[1]),
                 source);
     }

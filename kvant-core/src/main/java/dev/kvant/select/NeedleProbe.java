@@ -18,7 +18,8 @@ import java.util.SplittableRandom;
  *
  * @param id       name of the probe
  * @param length   nominal context length of its cell (tokens)
- * @param depth    where the fact sits, as a fraction of the prompt
+ * @param depth    where the fact sits: a fraction of the prompt (fixture probes), of the filler text (pass-key
+ *                 probes, after the template's few dozen tokens of instructions)
  * @param prompt   the prompt text
  * @param expected what the continuation must start with
  * @param chat     the prompt holds chat-template markers: encode them as control tokens, and ignore leading
@@ -72,7 +73,9 @@ public record NeedleProbe(String id, int length, double depth, String prompt, St
 
     /**
      * A pass-key probe for an instruction-tuned model: filler text cut to about {@code length} tokens with a
-     * sentence naming a random 5-digit number planted at {@code depth} (on a line or sentence boundary), a
+     * sentence naming a random 5-digit number planted at {@code depth} of the filler's tokens (on a line or sentence
+     * boundary; the instructions before the filler put it a little later in the prompt: 10% of 1,024 tokens near
+     * 14%), a
      * question at the end, in the model's chat template, the assistant's answer begun with "The pass key is"; the
      * continuation must give the number.
      */

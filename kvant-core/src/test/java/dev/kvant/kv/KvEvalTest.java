@@ -101,6 +101,22 @@ class KvEvalTest {
         assertTrue(centered.mseRel() < 0.25 * plain.mseRel(), centered.mseRel() + " vs " + plain.mseRel());
     }
 
+    /** A centered format's means are halves of the K domain, padded past a rotated head of 96: as the cache stores. */
+    @Test
+    void aCenteredFormatCountsItsMeansOverThePaddedDomain() {
+        SplittableRandom rnd = new SplittableRandom(3);
+        float[][] rows = new float[64][96];
+        for (float[] row : rows) {
+            for (int i = 0; i < 96; i++) {
+                row[i] = (float) rnd.nextGaussian();
+            }
+        }
+        KvEval.Row centered = KvEval.evaluateCentered(List.of(KvFormat.parse("turbo3+mean")), rows, 1, 1, 96, 1, "t")
+                .get(0);
+        // 50 bytes a row (a padded block of 128) and 128 halves of mean a 64-token page, per value of 96
+        assertEquals((50 * 8.0 + 128 * 16.0 / 64) / 96, centered.bitsPerValue(), 1e-12);
+    }
+
     @Test
     void paperReferenceFiguresAreTheLloydMaxErrors() {
         for (int bits = 1; bits <= 4; bits++) {
