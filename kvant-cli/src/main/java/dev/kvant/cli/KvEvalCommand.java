@@ -75,9 +75,11 @@ final class KvEvalCommand implements Runnable {
             try (LlamaModel m = LlamaModel.load(model)) {
                 geometry = m.config();
                 float[][][] kv = modelRows(m);
+                // the outlier queries weigh the channel pairs this model's RoPE rotates together
+                boolean neox = geometry.rope().mode() == dev.kvant.model.Rope.Mode.NEOX;
                 for (int which = 0; which < 2; which++) {
                     int d = which == 0 ? geometry.headDimK() : geometry.headDimV();
-                    for (KvEval.Row r : KvEval.evaluate(formats, kv[which], d, seed, "model")) {
+                    for (KvEval.Row r : KvEval.evaluate(formats, kv[which], d, seed, "model", neox)) {
                         lines.add(new Line(r, "model", which == 0 ? "k" : "v", bytesPerToken(geometry, r.format())));
                     }
                 }
@@ -89,7 +91,7 @@ final class KvEvalCommand implements Runnable {
                     }
                 }
                 for (KvEval.Row r : KvEval.evaluateCentered(centered, kv[0], geometry.layers(), geometry.kvHeads(),
-                        geometry.headDimK(), seed, "model")) {
+                        geometry.headDimK(), seed, "model", neox)) {
                     lines.add(new Line(r, "model", "k", bytesPerToken(geometry, r.format())));
                 }
             }

@@ -91,30 +91,40 @@ public final class KvEval {
         return s;
     }
 
-    /**
-     * {@value #OUTLIER_SCALE} on the two RoPE channel pairs (i, i + headDim/2) with the most energy over the rows
-     * (the lower i of equal ones), 1 elsewhere.
-     */
+    /** {@link #rowOutlierScales(float[][], int, boolean)} with NEOX pairs (those of {@link #outlierRows}). */
     static float[] rowOutlierScales(float[][] rows, int headDim) {
+        return rowOutlierScales(rows, headDim, true);
+    }
+
+    /**
+     * {@value #OUTLIER_SCALE} on the two RoPE channel pairs with the most energy over the rows (the lower pair of
+     * equal ones), 1 elsewhere: pairs (i, i + headDim/2) where RoPE rotates those together (NEOX: qwen2, qwen3),
+     * else (2i, 2i + 1) (llama).
+     */
+    static float[] rowOutlierScales(float[][] rows, int headDim, boolean neoxPairs) {
         int half = Math.max(1, headDim / 2);
         double[] energy = new double[half];
         for (float[] row : rows) {
             for (int i = 0; i < headDim; i++) {
-                energy[i % half] += (double) row[i] * row[i];
+                energy[neoxPairs ? i % half : Math.min(i / 2, half - 1)] += (double) row[i] * row[i];
             }
         }
         float[] s = new float[headDim];
         java.util.Arrays.fill(s, 1f);
+        boolean[] taken = new boolean[half];
         for (int p = 0; p < Math.min(2, half); p++) {
             int best = -1;
             for (int c = 0; c < half; c++) {
-                if (s[c] == 1f && (best < 0 || energy[c] > energy[best])) {
+                if (!taken[c] && (best < 0 || energy[c] > energy[best])) {
                     best = c;
                 }
             }
-            s[best] = (float) OUTLIER_SCALE;
-            if (best + half < headDim) {
-                s[best + half] = (float) OUTLIER_SCALE;
+            taken[best] = true;
+            int a = neoxPairs ? best : 2 * best;
+            int b = neoxPairs ? best + half : 2 * best + 1;
+            s[a] = (float) OUTLIER_SCALE;
+            if (b < headDim) {
+                s[b] = (float) OUTLIER_SCALE;
             }
         }
         return s;
@@ -122,6 +132,12 @@ public final class KvEval {
 
     /** Each format's figures over rows (all of length headDim), queries drawn from seed. */
     public static List<Row> evaluate(List<KvFormat> formats, float[][] rows, int headDim, long seed, String source) {
+        return evaluate(formats, rows, headDim, seed, source, true);
+    }
+
+    /** As above, the outlier queries on channel pairs as a model's RoPE pairs them (neoxPairs: qwen2, qwen3). */
+    public static List<Row> evaluate(List<KvFormat> formats, float[][] rows, int headDim, long seed, String source,
+                                     boolean neoxPairs) {
         check(rows, headDim, source);
         List<Row> out = new ArrayList<>();
         try (Arena arena = Arena.ofConfined()) {
@@ -136,7 +152,7 @@ public final class KvEval {
                     f.unrotate(dec, 0, headDim);
                     decoded[r] = dec;
                 }
-                out.add(figures(f, rb, rows, decoded, headDim, seed, source));
+                out.add(figures(f, rb, rows, decoded, headDim, seed, source, neoxPairs));
             }
         }
         return out;
@@ -149,6 +165,12 @@ public final class KvEval {
      */
     public static List<Row> evaluateCentered(List<KvFormat> formats, float[][] rows, int layers, int kvHeads,
                                              int headDim, long seed, String source) {
+        return evaluateCentered(formats, rows, layers, kvHeads, headDim, seed, source, true);
+    }
+
+    /** As above, the outlier queries on channel pairs as a model's RoPE pairs them (neoxPairs: qwen2, qwen3). */
+    public static List<Row> evaluateCentered(List<KvFormat> formats, float[][] rows, int layers, int kvHeads,
+                                             int headDim, long seed, String source, boolean neoxPairs) {
         check(rows, headDim, source);
         int n = rows.length / (layers * kvHeads);
         List<Row> out = new ArrayList<>();
@@ -181,7 +203,7 @@ public final class KvEval {
                     }
                 }
             }
-            out.add(figures(f, f.rowBytes(headDim), rows, decoded, headDim, seed, source));
+            out.add(figures(f, f.rowBytes(headDim), rows, decoded, headDim, seed, source, neoxPairs));
         }
         return out;
     }
@@ -196,11 +218,11 @@ public final class KvEval {
 
     /** Relative MSE and inner-product errors of decoded rows against rows, queries drawn from seed. */
     private static Row figures(KvFormat f, long rb, float[][] rows, float[][] decoded, int headDim, long seed,
-                               String source) {
+                               String source, boolean neoxPairs) {
         SplittableRandom rnd = new SplittableRandom(seed);
         double[][] gaussQ = new double[QUERIES][headDim];
         double[][] outlierQ = new double[QUERIES][headDim];
-        float[] scales = rowOutlierScales(rows, headDim);
+        float[] scales = rowOutlierScales(rows, headDim, neoxPairs);
         for (int q = 0; q < QUERIES; q++) {
             for (int i = 0; i < headDim; i++) {
                 gaussQ[q][i] = rnd.nextGaussian();

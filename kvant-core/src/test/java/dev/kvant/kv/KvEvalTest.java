@@ -29,6 +29,19 @@ class KvEvalTest {
             float[] own = KvEval.outlierScales(128, new java.util.SplittableRandom(seed ^ 0x5DEECE66DL));
             assertArrayEquals(own, KvEval.rowOutlierScales(rows, 128), "seed " + seed);
         }
+        // a llama model's RoPE rotates channels 2i and 2i + 1 together: its outlier pairs are those
+        float[][] rows = new float[64][128];
+        java.util.SplittableRandom rnd = new java.util.SplittableRandom(5);
+        for (float[] row : rows) {
+            for (int i = 0; i < 128; i++) {
+                row[i] = (float) rnd.nextGaussian() * (i == 90 || i == 91 ? 20 : i == 93 ? 10 : 1);
+            }
+        }
+        float[] adjacent = KvEval.rowOutlierScales(rows, 128, false);
+        for (int i = 0; i < 128; i++) {
+            boolean outlier = i == 90 || i == 91 || i == 92 || i == 93;
+            assertEquals(outlier ? 10f : 1f, adjacent[i], "channel " + i);
+        }
     }
 
     @Test
