@@ -144,7 +144,7 @@ final class ChatCommand implements Runnable {
                 }
                 System.err.printf(Locale.ROOT, "[%d new prompt tokens, %.1f t/s; %d generated, %s t/s]%n",
                         st.promptTokens(), st.promptRate(), st.generatedTokens(),
-                        Double.isNaN(st.generateRate()) ? "-" : String.format(Locale.ROOT, "%.1f", st.generateRate()));
+                        RunCommand.rate(st.generateRate(), 1));
                 history.add(new ChatMessage("assistant", reply.toString()));
                 // The cache holds the prompt and the reply tokens that were fed back (all but the last sampled).
                 cached = java.util.Arrays.copyOf(all, session.position());

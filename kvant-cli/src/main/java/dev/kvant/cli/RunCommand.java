@@ -73,6 +73,11 @@ final class RunCommand implements Runnable {
 
     /** A rate with two decimals, or "-" where there was nothing to time (NaN). */
     static String rate(double perSecond) {
-        return Double.isNaN(perSecond) ? "-" : String.format(Locale.ROOT, "%.2f", perSecond);
+        return rate(perSecond, 2);
+    }
+
+    /** A rate with the given decimals, or "-" where there was nothing to time (NaN); run's and chat's lines. */
+    static String rate(double perSecond, int decimals) {
+        return Double.isNaN(perSecond) ? "-" : String.format(Locale.ROOT, "%." + decimals + "f", perSecond);
     }
 }
