@@ -438,11 +438,12 @@ public final class Engine implements AutoCloseable {
 
     /** A generation the engine is done with leaves the count of those in flight (and of the cancelled ones). */
     private void leave(Generation g) {
-        boolean counted = g.settle();
-        inFlight.decrementAndGet();   // first: in flight less cancelled never rises between the two
-        if (counted) {
+        // the cancelled count first: a submit reading between the two sees one request too many (refused, at worst,
+        // a moment early), never one too few (the other order let a submit past the limit)
+        if (g.settle()) {
             cancelledInFlight.decrementAndGet();
         }
+        inFlight.decrementAndGet();
     }
 
     private void dropCancelled() {
