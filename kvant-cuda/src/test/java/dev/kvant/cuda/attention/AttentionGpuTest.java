@@ -447,6 +447,61 @@ class AttentionGpuTest {
         }
     }
 
+    /**
+     * A long prefill launch gives every query row the bits of a launch of its 32 queries alone. On sm_90a the long
+     * launch (2,400 queries, G = 4: 75 row blocks x 8 kv heads = 600 items) runs several items a block, a block's
+     * copies and dequantization running on into its next item, while a 32-query launch has 8 items, one a block; the
+     * items' rows, tiles and masks are the same (a row block is 32 queries, t1 the same), so any difference is the
+     * resident run's (a stage, tile pair or barrier phase carried wrongly from one item to the next, a page mean of
+     * the item before). Every output element is written (NaN poison first).
+     */
+    @ParameterizedTest(name = "{0}/{1}")
+    @CsvSource({"turbo3,turbo3", "turbo3+mean,turbo3", "f16,f16", "q8_0,q8_0", "q4_0h,turbo4"})
+    void aLongPrefillGivesEachRowTheBitsOfItsChunkAlone(String kName, String vName) {
+        CudaContext context = AttentionGpuFixture.context();
+        KernelCache cache = AttentionGpuFixture.cache();
+        long seed = AttentionGpuFixture.seed("long prefill " + kName + "/" + vName);
+        SplittableRandom r = new SplittableRandom(seed);
+        int d = 128, heads = KV_HEADS * 4, n = 2400, chunk = 32, pages = n / PAGE_TOKENS;
+        KvFormat kf = KvFormat.parse(kName), vf = KvFormat.parse(vName);
+        try (KvCache host = new KvCache(new KvGeometry(1, KV_HEADS, d, d), kf, vf, PAGE_TOKENS, 2 * pages)) {
+            KvSequence other = host.newSequence();   // every other page: the table is not the identity
+            KvSequence seq = host.newSequence();
+            for (int p = 1; p <= pages; p++) {
+                other.reserve(p * PAGE_TOKENS);
+                seq.reserve(p * PAGE_TOKENS);
+            }
+            seq.writeRows(0, 0, n, AttentionGpuFixture.gaussianRows(r, n * KV_HEADS, d, 1.0, 3), 0,
+                    AttentionGpuFixture.gaussianRows(r, n * KV_HEADS, d, 1.0, 0), 0);
+            long rowBytes = 4L * heads * d;
+            AttentionShape shape = AttentionShape.of(host, heads);
+            try (CudaKvCache device = CudaKvCache.mirror(context, host);
+                 CudaAttention attention = CudaAttention.create(context, cache, shape, AttentionPlan.of(1, 1, n, n));
+                 DeviceBatch batch = DeviceBatch.allocate(context, 1, 2 * pages);
+                 DeviceBuffer qd = AttentionGpuFixture.upload(context,
+                         AttentionGpuFixture.gaussianRows(r, n * heads, d, 1.0, 0));
+                 DeviceBuffer whole = context.allocate(rowBytes * n);
+                 DeviceBuffer chunks = context.allocate(rowBytes * n)) {
+                batch.set(0, pagesOf(seq), seq.pageCount(), n);
+                batch.upload();
+                whole.fillFloats(Float.NaN);
+                chunks.fillFloats(Float.NaN);
+                CudaStream stream = context.defaultStream();
+                attention.prefill(device, 0, qd, batch, 0, 0, n, whole, stream);
+                for (int start = 0; start < n; start += chunk) {
+                    attention.prefill(device, 0, qd.slice(rowBytes * start, rowBytes * chunk), batch, 0, start, chunk,
+                            chunks.slice(rowBytes * start, rowBytes * chunk), stream);
+                }
+                context.synchronize();
+                float[] a = AttentionGpuFixture.download(whole, n * heads * d);
+                float[] b = AttentionGpuFixture.download(chunks, n * heads * d);
+                String what = kName + "/" + vName + " prefill of " + n + "; seed " + seed;
+                assertTrue(allFinite(a), what + ": output has NaN/inf (unwritten or broken)");
+                assertArrayEquals(b, a, what + ": rows differ from the launches of their 32 queries alone");
+            }
+        }
+    }
+
     private static int[] pagesOf(KvSequence seq) {
         int[] pages = new int[seq.pageCount()];
         for (int p = 0; p < pages.length; p++) {
