@@ -70,11 +70,6 @@ public final class CudaAttention implements AutoCloseable {
     /** Whether a prefill's output, in a rotated V format's domain, takes the unrotate kernel after it. */
     private final boolean prefillUnrotates;
     /**
-     * Prefill blocks a multiprocessor holds when they stay resident and each runs a sequence of the launch's work
-     * items (sm_90a's prefill_wg: its producers run on into the next item's tiles); 0 where a block runs one item.
-     */
-    private final int prefillResident;
-    /**
      * The most splits dense decode cuts a sequence into (the plan's for as many decode blocks an SM as the layout
      * allows), and about the blocks one decode launch fills (attention.cu dec_run).
      */
@@ -121,7 +116,6 @@ public final class CudaAttention implements AutoCloseable {
             this.prefillStages = info[5];
             this.decodeSplits = plan.maxSplits(info[8]);
             this.prefillUnrotates = info[9] != 0;
-            this.prefillResident = info[10];
             if (info[6] != shape.kRowBytes() || info[7] != shape.vRowBytes()) {
                 throw new IllegalStateException("module " + source.name() + " computes rows of " + info[6] + "/"
                         + info[7] + " bytes, the formats say " + shape.kRowBytes() + "/" + shape.vRowBytes());
@@ -166,7 +160,7 @@ public final class CudaAttention implements AutoCloseable {
     }
 
     /** Ints kvant_attn_info writes (attention.cu). */
-    private static final int INFO_INTS = 11;
+    private static final int INFO_INTS = 10;
 
     private static int[] info(CudaContext context, CudaModule module) {
         try (DeviceBuffer out = context.allocate(INFO_INTS * 4); Arena arena = Arena.ofConfined()) {
@@ -814,9 +808,7 @@ public final class CudaAttention implements AutoCloseable {
         requireBytes("queries", q, rows * shape.headDimK() * 4);
         requireBytes("output", out, rows * shape.headDimV() * 4);
         int rowBlocks = (n * shape.group() + PREFILL_ROWS - 1) / PREFILL_ROWS;
-        int items = shape.kvHeads() * rowBlocks;
-        int blocks = prefillResident > 0 ? Math.min(items, context.multiprocessors() * prefillResident) : items;
-        prefill.launch(new Dim3(1, blocks, 1), Dim3.of(prefillThreads), prefillShared, stream, q,
+        prefill.launch(new Dim3(1, shape.kvHeads() * rowBlocks, 1), Dim3.of(prefillThreads), prefillShared, stream, q,
                 kv.kPool(layer), kv.vPool(layer), batch.table(seq), start, n, out, shape.kvHeads(), shape.group(),
                 shape.pageTokens(), kv.kPageBytes(layer), kv.vPageBytes(layer), qscale(), sparseThreshold);
         if (prefillUnrotates) {

@@ -1987,57 +1987,17 @@ __device__ __forceinline__ void wgq_dequant(u32 dst, u32 raw, u32 lut, int t128,
     }
 }
 
-// A block's work: items (kh, rb), kv head kh and its 128-row block rb, numbered longest first (item i: kh = i mod
-// kvHeads, rb = rowBlocks - 1 - i div kvHeads). A grid of P blocks (gridDim.y, at most the items) runs them in
-// rounds of P: block b takes item kP + b in even rounds k and kP + P - 1 - b in odd ones (a snake: no block takes the
-// longest item of every round, and the blocks' totals stay within a round's spread of each other, as the hardware's
-// own longest-first placement of one item a block would have them). With one block an item (kvant_attn_info out[10]
-// = 0) that is blockIdx.y's item alone; with resident blocks (P = multiprocessors) a block's producers (or copies)
-// run on into its next item's tiles while its computing warpgroups finish one item and load the next one's queries.
-struct WgItem {
-    int kh, rb, t1, ntiles;   // ntiles 0: no such item
-};
-__device__ __forceinline__ WgItem wg_item(int k, int qstart, int nq, int G, int kvHeads) {
-    const int nRows = nq * G, rowBlocks = (nRows + 127) / 128, P = gridDim.y, b = blockIdx.y;
-    const int i = k * P + ((k & 1) ? P - 1 - b : b);
-    WgItem w{0, 0, 0, 0};
-    if (i < kvHeads * rowBlocks) {
-        w.kh = i % kvHeads;
-        w.rb = rowBlocks - 1 - i / kvHeads;
-        w.t1 = qstart + imin(nRows - 1, w.rb * 128 + 127) / G + 1;
-        w.ntiles = (w.t1 + WG_TT - 1) / WG_TT;
-    }
-    return w;
-}
-// A place in a block's run of tiles (its items' tiles, item after item): tile x of item k, n tiles before it in the
-// run (its stage, buffer and barrier phases).
-struct WgCursor {
-    WgItem w;
-    int k, x, n;
-    __device__ __forceinline__ bool valid() const { return w.ntiles > 0; }
-    __device__ __forceinline__ void advance(int qstart, int nq, int G, int kvHeads) {
-        n++;
-        if (++x == w.ntiles) {
-            x = 0;
-            w = wg_item(++k, qstart, nq, G, kvHeads);
-        }
-    }
-};
-__device__ __forceinline__ WgCursor wg_first(int qstart, int nq, int G, int kvHeads) {
-    return WgCursor{wg_item(0, qstart, nq, G, kvHeads), 0, 0, 0};
-}
-
 // A producer warpgroup of a dequantizing prefill: V = 0 (warps 8..11) for the K rows, V = 1 (warps 12..15) for the
-// V rows. Both build the pair tables together (named barrier 6), then each, for each tile of the block's run (its
-// items' tiles in turn, WgCursor), copies its raw rows NST - 1 tiles ahead into its part of the stage ring (one row a
-// thread, threads past a 64-token tile's rows none; its own full[V][stage] barriers) and dequantizes the tile's rows
-// into tile pair n % 2 once the computing warpgroups are done with what it held (freed: the products of the run's
-// tile n - 2), announcing it (ready) after fence.proxy.async. A stage part is refilled after all the producer's
+// V rows. Both build the pair tables together (named barrier 6), then each, for each tile, copies its raw rows
+// NST - 1 tiles ahead into its part of the stage ring (one row a thread, threads past a 64-token tile's rows none;
+// its own full[V][stage] barriers) and dequantizes the
+// tile's rows into tile pair x % 2 once the computing warpgroups are done with what it held (freed: tile x - 2's
+// products), announcing it (ready) after fence.proxy.async. A stage part is refilled after all the producer's
 // threads dequantized what it held (named barrier 3 + 2V at the top of each tile).
 template <int V>
 __device__ __forceinline__ void wgq_producer(u8* aligned, u32 base, const u8* __restrict__ pool,
-                                             const int* __restrict__ table, int qstart, int nq, int G,
-                                             int pageTokens, i64 pageBytes, int kvHeads, int t128, int t256) {
+                                             const int* __restrict__ table, int t1, int ntiles, int pageTokens,
+                                             i64 pageBytes, int kvHeads, int kh, int t128, int t256) {
     constexpr int TT = WG_TT, NST = WG_NST;
     constexpr int F = V ? VF : KF, D = V ? DV : DK, RB = V ? RBV : RBK, SLOT = V ? WG_SLOTV : WG_SLOTK;
     const u32 sa = base + WG_OFF_STAGES + (V ? TT * WG_SLOTK : 0), bars = base + WG_BARS;
@@ -2046,47 +2006,41 @@ __device__ __forceinline__ void wgq_producer(u8* aligned, u32 base, const u8* __
     const u32 lut = base + WG_OFF_LUT + (V && !WG_SHARED_LUT ? lut_bytes(KF, false) : 0) + (t128 & 31) * 4;
     auto full = [&](int st) { return bars + 8 * (V * NST + st); };
     const u32 ready0 = bars + 8 * (2 * NST + V * 2), freed0 = bars + 8 * (2 * NST + 4 + V * 2);
-    // this thread's token of the tile at c: its page (-1 at or past the item's t1, or past the run), read a tile
-    // before its copy is issued so that the table's latency is not on the producer's path
-    auto page_of = [&](const WgCursor& c) {
-        const int tok = c.x * TT + t128;
-        return t128 < TT && tok < c.w.t1 ? table[page_div(tok, pageTokens)] : -1;
+    // this thread's token of tile x: its page (-1 at or past t1), read a tile before its copy is issued so that the
+    // table's latency is not on the producer's path
+    auto page_of = [&](int x) {
+        const int tok = x * TT + t128;
+        return t128 < TT && tok < t1 ? table[page_div(tok, pageTokens)] : -1;
     };
-    auto copy = [&](const WgCursor& c, int page) {
+    auto copy = [&](int x, int page) {
         if (t128 < TT)
-            wgq_copy<RB, SLOT>(sa + (c.n % NST) * WG_STAGE + t128 * SLOT, pool, page,
-                               page_mod(c.x * TT + t128, pageTokens), pageBytes, kvHeads, c.w.kh);
-        cp_async_arrive(full(c.n % NST));   // (no copies: an arrival at once)
+            wgq_copy<RB, SLOT>(sa + (x % NST) * WG_STAGE + t128 * SLOT, pool, page,
+                               page_mod(x * TT + t128, pageTokens), pageBytes, kvHeads, kh);
+        cp_async_arrive(full(x % NST));   // (no copies: an arrival at once)
     };
-    WgCursor cc = wg_first(qstart, nq, G, kvHeads);   // the next tile to copy
-    for (int x = 0; x < NST - 1 && cc.valid(); x++) {
-        copy(cc, page_of(cc));
-        cc.advance(qstart, nq, G, kvHeads);
-    }
-    int page = page_of(cc);
+    for (int x = 0; x < NST - 1 && x < ntiles; x++) copy(x, page_of(x));
+    int page = NST - 1 < ntiles ? page_of(NST - 1) : -1;
     constexpr bool MEAN = KMEAN && !V;   // centered keys: the K producer adds the page means
+    const WgMeanSource ms{pool, table, pageBytes, pageTokens, kvHeads, kh, t1};
     WgMean cur{-1, make_uint4(0u, 0u, 0u, 0u)};
     if constexpr (fmt_turbo(KF)) build_pair_lut<KF, DK>((u32*) (aligned + WG_OFF_LUT), t256, 256);
     if constexpr (!WG_SHARED_LUT && fmt_turbo(VF))
         build_pair_lut<VF, DV>((u32*) (aligned + WG_OFF_LUT + lut_bytes(KF, false)), t256, 256);
     asm volatile("bar.sync 6, 256;" ::: "memory");   // the tables, by both producers
-    for (WgCursor dc = wg_first(qstart, nq, G, kvHeads); dc.valid(); dc.advance(qstart, nq, G, kvHeads)) {
-        if (dc.n > 0) {   // every thread of this producer done with the stage of the run's tile n - 1
+    for (int x = 0; x < ntiles; x++) {
+        if (x > 0) {   // every thread of this producer done with tile x - 1's stage
             if (V) asm volatile("bar.sync 5, 128;" ::: "memory");
             else asm volatile("bar.sync 3, 128;" ::: "memory");
         }
-        if (cc.valid()) {
-            copy(cc, page);
-            cc.advance(qstart, nq, G, kvHeads);
-            page = page_of(cc);
+        if (x + NST - 1 < ntiles) {
+            copy(x + NST - 1, page);
+            if (x + NST < ntiles) page = page_of(x + NST);
         }
-        const int b = dc.n & 1;
-        mbar_wait(full(dc.n % NST), (dc.n / NST) & 1);
-        if (dc.n >= 2) mbar_wait(freed0 + 8 * b, ((dc.n >> 1) - 1) & 1);
-        if (MEAN && dc.x == 0) cur.index = -1;   // an item's first tile: its kv head's means
-        const WgMeanSource ms{pool, table, pageBytes, pageTokens, kvHeads, dc.w.kh, dc.w.t1};
-        wgq_dequant<F, D, SLOT, MEAN>(tile0 + b * TILE, sa + (dc.n % NST) * WG_STAGE, lut, t128, kvHeads, dc.w.kh,
-                                      dc.x * TT, &ms, &cur);
+        const int b = x & 1;
+        mbar_wait(full(x % NST), (x / NST) & 1);
+        if (x >= 2) mbar_wait(freed0 + 8 * b, ((x >> 1) - 1) & 1);
+        wgq_dequant<F, D, SLOT, MEAN>(tile0 + b * TILE, sa + (x % NST) * WG_STAGE, lut, t128, kvHeads, kh, x * TT,
+                                      &ms, &cur);
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         mbar_arrive(ready0 + 8 * b);
     }
@@ -2101,7 +2055,14 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, c = lane & 3, wg = warp >> 2;
     const int nRows = nq * G;
+    const int rowBlocks = (nRows + 127) / 128;
+    const int kh = blockIdx.y % kvHeads;
+    const int rb = rowBlocks - 1 - blockIdx.y / kvHeads;
     const int heads = kvHeads * G;
+    const int row0 = rb * 128 + warp * 16;
+    const int lastRow = imin(nRows - 1, rb * 128 + 127);
+    const int t1 = qstart + lastRow / G + 1;
+    const int ntiles = (t1 + TT - 1) / TT;
     const u32 base = (smem_u32(smem) + 1023) & ~1023u;   // the swizzle is of address bits: tiles on 1024 bytes
     u8* const aligned = smem + (base - smem_u32(smem));
     u8* qs = aligned + (warp >> 2) * 64 * DK * 2;   // this warpgroup's 64 query rows
@@ -2129,40 +2090,76 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
         if (wg >= 2) {
             asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(WG_PRODUCER_REGS));
             if (wg == 2)
-                wgq_producer<0>(aligned, base, kpool, table, qstart, nq, G, pageTokens, kPageBytes, kvHeads,
+                wgq_producer<0>(aligned, base, kpool, table, t1, ntiles, pageTokens, kPageBytes, kvHeads, kh,
                                 tid - 256, tid - 256);
             else
-                wgq_producer<1>(aligned, base, vpool, table, qstart, nq, G, pageTokens, vPageBytes, kvHeads,
+                wgq_producer<1>(aligned, base, vpool, table, t1, ntiles, pageTokens, vPageBytes, kvHeads, kh,
                                 tid - 384, tid - 256);
             return;
         }
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(WG_CONSUMER_REGS));
     }
 
-    // f16/bf16: every thread issues its share of each tile's copies AHEAD tiles before its products, on through the
-    // block's run of tiles (cc: the next tile to copy; off, in: its sources)
-    WgCursor cc;
     i64 off[WG_CHUNKS];
     u32 in = 0;
     if constexpr (!WG_DEQ) {
         if (kPageBytes != vPageBytes) __trap();   // wg_sources' one offset for both
-        cc = wg_first(qstart, nq, G, kvHeads);
-        auto sources = [&]() {
-            in = wg_sources(off, table, cc.x * TT, cc.w.t1, pageTokens, kPageBytes, kvHeads, cc.w.kh, tid);
-        };
-        for (int x = 0; x < AHEAD && cc.valid(); x++) {
-            sources();
-            wg_copy(sa + (cc.n % NST) * WG_STAGE, kpool, off, in, tid);
-            wg_copy(sa + (cc.n % NST) * WG_STAGE + WG_KT, vpool, off, in, tid);
-            cp_async_arrive(full(cc.n % NST));
-            cc.advance(qstart, nq, G, kvHeads);
+#pragma unroll
+        for (int x = 0; x < AHEAD; x++) {
+            if (x < ntiles) {
+                in = wg_sources(off, table, x * TT, t1, pageTokens, kPageBytes, kvHeads, kh, tid);
+                wg_copy(sa + x * WG_STAGE, kpool, off, in, tid);
+                wg_copy(sa + x * WG_STAGE + WG_KT, vpool, off, in, tid);
+                cp_async_arrive(full(x));
+            }
         }
-        if (cc.valid()) sources();
+        if (AHEAD < ntiles) in = wg_sources(off, table, AHEAD * TT, t1, pageTokens, kPageBytes, kvHeads, kh, tid);
     }
 
+    // the warp's 16 query rows, scaled (and rotated, in the tile column order, for a turbo K), as f16/bf16 in the
+    // operand layout: all 16 loaded first (one memory latency for the lot: the block's products wait on this), then
+    // rotated two at a time (their shuffles overlap)
+    {
+        float x[16][DK / 32];
+        load_q<16>(x, q, 0, nq, heads, G, kh, row0, lane);
+#pragma unroll
+        for (int r0 = 0; r0 < 16; r0 += 2) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                if constexpr (fmt_rotated(KF)) {
+                    if (row0 + r0 + e < nRows) wht_row<DK>(x[r0 + e], lane, false);
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int rr = (warp & 3) * 16 + r0 + e;
+                const bool valid = row0 + r0 + e < nRows;
+#pragma unroll
+                for (int j = 0; j < DK / 32; j++) {
+                    const int col = perm_inv<KF, DK>(32 * j + lane);
+                    const float v = valid ? x[r0 + e][j] * qscale : 0.f;
+                    *(u16*) (qs + wg_chunk<64>(rr, col >> 3) + (col & 7) * 2) = K_BF16 ? f2bf(v) : f2h(v);
+                }
+            }
+        }
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    if constexpr (WG_DEQ) {
+        asm volatile("bar.sync 4, 256;" ::: "memory");   // the two computing warpgroups; the producers run on
+    } else {
+        __syncthreads();
+    }
+
+    int rowPos[2];
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const int row = row0 + g + 8 * e;
+        rowPos[e] = row < nRows ? qstart + row / G : -1;
+    }
+    const int warpFirstPos = row0 < nRows ? qstart + row0 / G : -1;
     // Turns: a warpgroup issues its products between turn_wait (named barrier 1 + wg) and turn_pass (the other's),
     // so the two alternate on the tensor cores — S0, S1, PV0, PV1, ... — and each one's softmax runs while the
-    // other's products do. Warpgroup 0 goes first; warpgroup 1 skips its last pass of the run, which nobody waits for.
+    // other's products do. Warpgroup 0 goes first; warpgroup 1 skips its last pass, which nobody waits for.
     auto turn_wait = [&]() {
         if (wg == 0) asm volatile("bar.sync 1, 256;" ::: "memory");
         else asm volatile("bar.sync 2, 256;" ::: "memory");
@@ -2171,140 +2168,84 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
         if (wg == 0) asm volatile("bar.arrive 2, 256;" ::: "memory");
         else asm volatile("bar.arrive 1, 256;" ::: "memory");
     };
-    // the warpgroup's four warps (named barrier 7 + wg): past their stores before its query tile is rewritten, past
-    // their query rows before its products read them
-    auto wg_sync = [&]() {
-        if (wg == 0) asm volatile("bar.sync 7, 128;" ::: "memory");
-        else asm volatile("bar.sync 8, 128;" ::: "memory");
-    };
     if (wg == 1) turn_pass();
 
-    int n = 0;   // tiles of the run before this one
-    WgItem item = wg_item(0, qstart, nq, G, kvHeads);
-    for (int k = 0; item.ntiles > 0; k++) {
-        const int kh = item.kh, t1 = item.t1, ntiles = item.ntiles;
-        const int row0 = item.rb * 128 + warp * 16;
-        if (k > 0) wg_sync();   // the item before's rows are stored from this query tile
+    float o[DV / 8][4];
+#pragma unroll
+    for (int i = 0; i < DV / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float s[TT / 8][4];
+#pragma unroll
+    for (int j = 0; j < TT / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+    float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
 
-        // the warp's 16 query rows, scaled (and rotated, in the tile column order, for a turbo K), as f16/bf16 in the
-        // operand layout: all 16 loaded first (one memory latency for the lot: the block's products wait on this),
-        // then rotated two at a time (their shuffles overlap)
-        {
-            float x[16][DK / 32];
-            load_q<16>(x, q, 0, nq, heads, G, kh, row0, lane);
-#pragma unroll
-            for (int r0 = 0; r0 < 16; r0 += 2) {
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    if constexpr (fmt_rotated(KF)) {
-                        if (row0 + r0 + e < nRows) wht_row<DK>(x[r0 + e], lane, false);
-                    }
-                }
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int rr = (warp & 3) * 16 + r0 + e;
-                    const bool valid = row0 + r0 + e < nRows;
-#pragma unroll
-                    for (int j = 0; j < DK / 32; j++) {
-                        const int col = perm_inv<KF, DK>(32 * j + lane);
-                        const float v = valid ? x[r0 + e][j] * qscale : 0.f;
-                        *(u16*) (qs + wg_chunk<64>(rr, col >> 3) + (col & 7) * 2) = K_BF16 ? f2bf(v) : f2h(v);
-                    }
-                }
+    for (int it = 0; it < ntiles; it++) {
+        const int st = it % NST;
+        u32 kt, vt;
+        if constexpr (WG_DEQ) {
+            kt = tiles + (it & 1) * WG_KT;
+            vt = tiles + 2 * WG_KT + (it & 1) * WG_VT;
+        } else {
+            const int nx = it + AHEAD, sx = nx % NST;
+            if (nx < ntiles) {
+                if (nx >= NST) mbar_wait(empty(sx), ((nx / NST) - 1) & 1);
+                wg_copy(sa + sx * WG_STAGE, kpool, off, in, tid);
+                wg_copy(sa + sx * WG_STAGE + WG_KT, vpool, off, in, tid);
+                cp_async_arrive(full(sx));
+                if (nx + 1 < ntiles)
+                    in = wg_sources(off, table, (nx + 1) * TT, t1, pageTokens, kPageBytes, kvHeads, kh, tid);
             }
+            mbar_wait(full(st), (it / NST) & 1);
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            kt = sa + st * WG_STAGE;
+            vt = kt + WG_KT;
         }
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        wg_sync();
+        const u64 dk = wg_desc(kt, 16, 1024), dv = wg_desc(vt, TT * 128, 1024);
+        const int tok0 = it * TT;
+        const bool next = it + 1 < ntiles;
 
-        int rowPos[2];
+        // ---- S = Q K^T: m64 nTT (tokens) k16, DK / 16 steps
+        if constexpr (WG_DEQ) mbar_wait(ready(0, it & 1), (it >> 1) & 1);
+        turn_wait();
+        wg_pin(s);
+        wg_fence();
 #pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int row = row0 + g + 8 * e;
-            rowPos[e] = row < nRows ? qstart + row / G : -1;
+        for (int ks = 0; ks < DK / 16; ks++) {
+            wg_ss<K_BF16>(s, dq + wg_step((ks >> 2) * 64 * 128 + (ks & 3) * 32),
+                             dk + wg_step((ks >> 2) * TT * 128 + (ks & 3) * 32), ks > 0);
         }
-        const int warpFirstPos = row0 < nRows ? qstart + row0 / G : -1;
+        wg_commit();
+        turn_pass();
+        wg_wait0();
+        wg_pin(s);
+        if constexpr (WG_DEQ) mbar_arrive(freed(0, it & 1));
 
-        float o[DV / 8][4];
+        // ---- online softmax, as kvant_attn_prefill's loop
+        float corr[2];
+        tile_softmax<TT>(s, tok0 + TT > imin(t1, warpFirstPos + 1), tok0, t1, rowPos, c, mrow, lrow, corr);
+        if (sparseThreshold > 0.f) tile_sparse_v<TT>(s, sparseThreshold);
+        rescale_rows(o, corr);
+        u32 pa[TT / 16][4];
+        pack_probs<TT>(pa, s);
+        // ---- O += P V: TT / 16 steps (k = tokens)
+        if constexpr (WG_DEQ) mbar_wait(ready(1, it & 1), (it >> 1) & 1);
+        turn_wait();
+        wg_pin(o);
+        wg_pin(pa);
+        wg_fence();
 #pragma unroll
-        for (int i = 0; i < DV / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-        float s[TT / 8][4];
-#pragma unroll
-        for (int j = 0; j < TT / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-        float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
-
-        for (int it = 0; it < ntiles; it++, n++) {
-            const int st = n % NST;
-            u32 kt, vt;
-            if constexpr (WG_DEQ) {
-                kt = tiles + (n & 1) * WG_KT;
-                vt = tiles + 2 * WG_KT + (n & 1) * WG_VT;
-            } else {
-                if (cc.valid()) {
-                    const int sx = cc.n % NST;
-                    if (cc.n >= NST) mbar_wait(empty(sx), ((cc.n / NST) - 1) & 1);
-                    wg_copy(sa + sx * WG_STAGE, kpool, off, in, tid);
-                    wg_copy(sa + sx * WG_STAGE + WG_KT, vpool, off, in, tid);
-                    cp_async_arrive(full(sx));
-                    cc.advance(qstart, nq, G, kvHeads);
-                    if (cc.valid())
-                        in = wg_sources(off, table, cc.x * TT, cc.w.t1, pageTokens, kPageBytes, kvHeads, cc.w.kh,
-                                        tid);
-                }
-                mbar_wait(full(st), (n / NST) & 1);
-                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-                kt = sa + st * WG_STAGE;
-                vt = kt + WG_KT;
-            }
-            const u64 dk = wg_desc(kt, 16, 1024), dv = wg_desc(vt, TT * 128, 1024);
-            const int tok0 = it * TT;
-            // the run goes on (the next item looked up at an item's last tile only: kept from the item's start,
-            // its fields cost the computing warpgroups spills)
-            const bool more = it + 1 < ntiles || wg_item(k + 1, qstart, nq, G, kvHeads).ntiles > 0;
-
-            // ---- S = Q K^T: m64 nTT (tokens) k16, DK / 16 steps
-            if constexpr (WG_DEQ) mbar_wait(ready(0, n & 1), (n >> 1) & 1);
-            turn_wait();
-            wg_pin(s);
-            wg_fence();
-#pragma unroll
-            for (int ks = 0; ks < DK / 16; ks++) {
-                wg_ss<K_BF16>(s, dq + wg_step((ks >> 2) * 64 * 128 + (ks & 3) * 32),
-                                 dk + wg_step((ks >> 2) * TT * 128 + (ks & 3) * 32), ks > 0);
-            }
-            wg_commit();
-            turn_pass();
-            wg_wait0();
-            wg_pin(s);
-            if constexpr (WG_DEQ) mbar_arrive(freed(0, n & 1));
-
-            // ---- online softmax, as kvant_attn_prefill's loop
-            float corr[2];
-            tile_softmax<TT>(s, tok0 + TT > imin(t1, warpFirstPos + 1), tok0, t1, rowPos, c, mrow, lrow, corr);
-            if (sparseThreshold > 0.f) tile_sparse_v<TT>(s, sparseThreshold);
-            rescale_rows(o, corr);
-            u32 pa[TT / 16][4];
-            pack_probs<TT>(pa, s);
-            // ---- O += P V: TT / 16 steps (k = tokens)
-            if constexpr (WG_DEQ) mbar_wait(ready(1, n & 1), (n >> 1) & 1);
-            turn_wait();
-            wg_pin(o);
-            wg_pin(pa);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < TT / 16; kk++) wg_pv<V_BF16>(o, pa[kk], dv + wg_step(kk * 2 * 1024));
-            wg_commit();
-            if (wg == 0 || more) turn_pass();
-            wg_wait0();
-            wg_pin(o);
-            if constexpr (WG_DEQ) mbar_arrive(freed(1, n & 1));
-            if constexpr (!WG_DEQ) mbar_arrive(empty(st));
-        }
-
-        // the warpgroup's query tile becomes its warps' output stages once all four are past their last products
-        wg_sync();
-        store_rows_staged(o, lrow, out, (float*) qs + (warp & 3) * 8 * DV, row0, nRows, G, kh, heads, g, c, lane);
-        item = wg_item(k + 1, qstart, nq, G, kvHeads);
+        for (int kk = 0; kk < TT / 16; kk++) wg_pv<V_BF16>(o, pa[kk], dv + wg_step(kk * 2 * 1024));
+        wg_commit();
+        if (wg == 0 || next) turn_pass();
+        wg_wait0();
+        wg_pin(o);
+        if constexpr (WG_DEQ) mbar_arrive(freed(1, it & 1));
+        if constexpr (!WG_DEQ) mbar_arrive(empty(st));
     }
+
+    // the warpgroup's query tile becomes its warps' output stages once all four are past their last products
+    if (wg == 0) asm volatile("bar.sync 7, 128;" ::: "memory");
+    else asm volatile("bar.sync 8, 128;" ::: "memory");
+    store_rows_staged(o, lrow, out, (float*) qs + (warp & 3) * 8 * DV, row0, nRows, G, kh, heads, g, c, lane);
 }
 #endif
 
@@ -2326,10 +2267,8 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
 // exact:  as decode. Writes out = O / l in head order, a rotated V's rows rotated back in the epilogue
 //         (store_rows_staged); where that cannot be (!PRE_STAGED: a rotated V of head 256, or of head 128 beside a K of
 //         head 64), kvant_attn_unrotate follows (kvant_attn_info out[9]).
-// sm_90a: rows of one head size of 64 or 128 take prefill_wg above (the same rows and items, longest first;
-//         quantized rows or centered keys: 16 warps, warps 8..15 copying and dequantizing) on a grid of as many
-//         blocks as the multiprocessors hold (kvant_attn_info out[10]), each running its share of the items in turn
-//         (wg_item) so that its copies of an item's first tiles overlap the item before.
+// sm_90a: rows of one head size of 64 or 128 take prefill_wg above (same grid and rows; quantized rows or centered
+//         keys: 16 warps, warps 8..15 copying and dequantizing).
 // ================================================================================================================
 
 constexpr int PRE_TT = 64;
@@ -2764,5 +2703,4 @@ extern "C" __global__ void kvant_attn_info(int* out) {
     out[7] = RBV;
     out[8] = DEC_BLOCKS;
     out[9] = fmt_rotated(VF) && !PRE_STAGED ? 1 : 0;
-    out[10] = PRE_WG ? 1 : 0;   // prefill blocks an SM of a resident grid (prefill_wg's runs of items); 0: a block an item
 }

@@ -448,12 +448,11 @@ class AttentionGpuTest {
     }
 
     /**
-     * A long prefill launch gives every query row the bits of a launch of its 32 queries alone. On sm_90a the long
-     * launch (2,400 queries, G = 4: 75 row blocks x 8 kv heads = 600 items) runs several items a block, a block's
-     * copies and dequantization running on into its next item, while a 32-query launch has 8 items, one a block; the
-     * items' rows, tiles and masks are the same (a row block is 32 queries, t1 the same), so any difference is the
-     * resident run's (a stage, tile pair or barrier phase carried wrongly from one item to the next, a page mean of
-     * the item before). Every output element is written (NaN poison first).
+     * A long prefill launch gives every query row the bits of a launch of its 32 queries alone: 2,400 queries at G = 4
+     * are 75 row blocks x 8 kv heads = 600 blocks, several waves of an H200, against 8 blocks for 32 queries, and a
+     * row's block — its kv head, its 128 rows, its tiles and causal masks — is the same in both, so any difference
+     * is the launch's (a block mapped to the wrong rows or heads, a tile bound or page read taken from the launch
+     * instead of the rows). Every output element is written (NaN poison first).
      */
     @ParameterizedTest(name = "{0}/{1}")
     @CsvSource({"turbo3,turbo3", "turbo3+mean,turbo3", "f16,f16", "q8_0,q8_0", "q4_0h,turbo4"})
