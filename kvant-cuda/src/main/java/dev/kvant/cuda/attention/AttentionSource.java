@@ -115,8 +115,8 @@ final class AttentionSource {
         int dK = g.headDimK(), dV = g.headDimV();
         KvFormat k = PageMeanFormat.rows(kFormat), v = vFormat;
         boolean kMean = kFormat instanceof PageMeanFormat;
-        boolean kFrag = frag && (k instanceof TurboFormat && dK == 128 || blockFragments(k));
-        boolean vFrag = frag && (v instanceof TurboFormat && dV == 128 || blockFragments(v) && dV <= 256);
+        boolean kFrag = frag && (k instanceof TurboFormat && (dK == 128 || dK == 64) || blockFragments(k));
+        boolean vFrag = frag && (v instanceof TurboFormat && (dV == 128 || dV == 64) || blockFragments(v) && dV <= 256);
         int coverK = hb * (int) k.rowBytes(dK), coverV = hb * (int) v.rowBytes(dV);
         // DEC_TIGHT: a decode block of every kv head reading both sides as fragments, covers of whole words whose
         // stride is no multiple of 64 bytes (attention.cu's tight_cover)

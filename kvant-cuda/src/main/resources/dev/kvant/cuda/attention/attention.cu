@@ -32,7 +32,7 @@ constexpr bool K_BF16 = KF == F_BF16;
 constexpr bool K_FOLD = fmt_turbo(KF) && DK == rot_block(DK);
 constexpr bool V_FOLD = fmt_turbo(VF) && DV == rot_block(DV);
 constexpr bool V_BF16 = VF == F_BF16;
-// Decode over turbo rows of 128, 8-bit rows (q8_0, int8: K_FRAG8, V_FRAG8) and 4-bit rows (q4_0, q4_0h: K_FRAG4,
+// Decode over turbo rows of one rotation block (64 or 128 values), 8-bit rows (q8_0, int8: K_FRAG8, V_FRAG8) and 4-bit rows (q4_0, q4_0h: K_FRAG4,
 // V_FRAG4): no tile (K_FRAG, V_FRAG). Each lane decodes its mma A fragments straight from the raw stage — turbo
 // through the pair table (turbo_pairs, turbo4_pair), 8-bit and 4-bit values under an exponent byte (i8pair_to_h2,
 // i8cross_to_h2, q4pair_to_h2) — in a column order of its own (kfrag_col, vfrag_dim) chosen so that a lane's pairs
@@ -41,8 +41,8 @@ constexpr bool K_FRAG8 = fmt_8bit(KF);
 constexpr bool V_FRAG8 = fmt_8bit(VF) && DV <= 256;
 constexpr bool K_FRAG4 = fmt_q4(KF);
 constexpr bool V_FRAG4 = fmt_q4(VF) && DV <= 256;
-constexpr bool K_FRAG = (fmt_turbo(KF) && DK == 128) || K_FRAG8 || K_FRAG4;
-constexpr bool V_FRAG = (fmt_turbo(VF) && DV == 128) || V_FRAG8 || V_FRAG4;
+constexpr bool K_FRAG = (fmt_turbo(KF) && (DK == 128 || DK == 64)) || K_FRAG8 || K_FRAG4;
+constexpr bool V_FRAG = (fmt_turbo(VF) && (DV == 128 || DV == 64)) || V_FRAG8 || V_FRAG4;
 #define NEG_INF (-__int_as_float(0x7f800000))
 
 // ---- PTX helpers (smem_u32 and the cp.async copies come with every kvant source: KernelSource.CP_ASYNC)
@@ -82,12 +82,14 @@ __device__ __forceinline__ void mma16816(float (&d)[4], u32 a0, u32 a1, u32 a2, 
                      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
     }
 }
-// ---- turbo fragments (K_FRAG, V_FRAG), rows of 128: a norm, then the codes.
-// turbo4: 64 bytes, byte b holds dimensions b (low nibble) and b + 64 (high): one byte is one pair table entry.
-// turbo3: a low plane of 32 bytes (byte b: the low code bits of dimensions b + 32q at bits 2q, q = 0..3) and a high
-// plane of 16 (byte j: the high bit of dimension 16s + j + 32q at bit s + 2q). A nibble of a low byte and its two
-// high bits index the pair table (build_pair_lut): dimensions b + 32(2n), b + 32(2n + 1) for nibble n, as the low
-// and high half. turbo2: the low plane alone, a nibble is the index.
+// ---- turbo fragments (K_FRAG, V_FRAG), rows of one block of N = 128 or 64 values: a norm, then the codes.
+// turbo4: N/2 bytes, byte b holds dimensions b (low nibble) and b + N/2 (high): one byte is one pair table entry.
+// turbo3: a low plane of N/4 bytes (byte b: the low code bits of dimensions b + (N/4)q at bits 2q, q = 0..3) and a
+// high plane of N/8 (byte j: the high bit of dimension (N/8)s + j + (N/4)q at bit s + 2q). A nibble of a low byte and
+// its two high bits index the pair table (build_pair_lut): dimensions b + (N/4)(2n), b + (N/4)(2n + 1) for nibble n,
+// as the low and high half. turbo2: the low plane alone, a nibble is the index. (The figures below are N = 128's;
+// rows of 64 halve every byte count and span: a lane reads half the bytes, and there are half the k-steps and
+// m-tiles.)
 
 // A lane's lookups in the fragment paths' pair tables (lut: the table's shared address; lane4: the lane's byte offset,
 // 4 x lane). turbo3, turbo2 (256-byte entries, lut_stride): the entry of index byte b of y is one byte_perm — byte b
@@ -99,7 +101,7 @@ __device__ __forceinline__ u32 pair_at(u32 lut, u32 y, u32 lane4) {
 
 // The four pairs of low bytes b, b + 1 (turbo3, turbo2; at codes + loOff, b even) from one 16-bit word of each plane:
 // p[0] byte b nibble 0, p[1] byte b + 1 nibble 0, p[2] byte b nibble 1, p[3] byte b + 1 nibble 1. lo, hi: the words at
-// codes + loOff and codes + 32 + hiOff (hiOff = b mod 16; turbo2 has none), s = b div 16; lut, lane4: as pair_at.
+// codes + loOff and codes + N/4 + hiOff (hiOff = b mod N/8; turbo2 has none), s = b div N/8; lut, lane4: as pair_at.
 template <int FMT>
 __device__ __forceinline__ void turbo_pairs(u32 (&p)[4], u32 lo, u32 hi, int s, u32 lut, u32 lane4) {
     u32 y0 = lo & 0x0F0Fu, y1 = (lo >> 4) & 0x0F0Fu;
@@ -130,7 +132,7 @@ __device__ __forceinline__ u32 turbo4_pair(u32 w, int h, u32 lutL) {
 // low nibble, b + 16 in the high), the 16-bit word x of them for k-step 2j + x, its low nibbles for the A registers
 // of columns 2c (+1), its high ones for 8 + 2c (+1): column 16(2j + x) + 8h + 2c + e holds dimension
 // 32j + 16h + 4c + 2x + e.
-template <int FMT>
+template <int FMT, int D = DK>
 __device__ __forceinline__ int kfrag_col(int d) {
     if constexpr (fmt_8bit(FMT)) {
         const int r = d & 31;
@@ -138,12 +140,12 @@ __device__ __forceinline__ int kfrag_col(int d) {
     } else if constexpr (fmt_q4(FMT)) {
         const int r = d & 31;
         return 16 * (2 * (d >> 5) + ((r >> 1) & 1)) + 8 * (r >> 4) + 2 * ((r >> 2) & 3) + (r & 1);
-    } else if constexpr (FMT == F_TURBO4) {
-        const int b = d & 63, e = d >> 6;
-        return 16 * ((b & 15) >> 1) + 8 * (b & 1) + 2 * (b >> 4) + e;
-    } else {
-        const int b = d & 31, q = d >> 5;
-        return 16 * (b & 7) + 8 * (q >> 1) + 2 * (b >> 3) + (q & 1);
+    } else if constexpr (FMT == F_TURBO4) {   // a lane's D/8 bytes
+        const int b = d % (D / 2), e = d / (D / 2);
+        return 16 * ((b % (D / 8)) >> 1) + 8 * (b & 1) + 2 * (b / (D / 8)) + e;
+    } else {                                  // a lane's D/16 low bytes
+        const int b = d % (D / 4), q = d / (D / 4);
+        return 16 * (b % (D / 16)) + 8 * (q >> 1) + 2 * (b / (D / 16)) + (q & 1);
     }
 }
 // V_FRAG column order (column of the output's m-tiles -> head dimension): a pair is rows g, g + 8 of an m-tile.
@@ -157,17 +159,17 @@ __device__ __forceinline__ int kfrag_col(int d) {
 // q4_0, q4_0h: lane g·4 + c reads quant bytes 2g, 2g + 1 of each block j of its four tokens' rows; byte 2g + i is
 // m-tile 2j + i, its low nibble row g, its high nibble row g + 8: column 16mt + 8h + g holds dimension
 // 32(mt >> 1) + 16h + 2g + (mt & 1) (runs of two dimensions a lane, eight lanes side by side).
-template <int FMT>
+template <int FMT, int D = DV>
 __device__ __forceinline__ int vfrag_dim(int m) {
     const int mt = m >> 4, g = m & 7, h = (m >> 3) & 1;
     if constexpr (fmt_8bit(FMT)) {
         return 32 * (mt >> 1) + 4 * g + 2 * (mt & 1) + h;
     } else if constexpr (fmt_q4(FMT)) {
         return 32 * (mt >> 1) + 16 * h + 2 * g + (mt & 1);
-    } else if constexpr (FMT == F_TURBO4) {
-        return 8 * g + mt + 64 * h;
-    } else {
-        return 4 * g + (mt >> 1) + 32 * (2 * (mt & 1) + h);
+    } else if constexpr (FMT == F_TURBO4) {   // a lane's D/16 bytes
+        return (D / 16) * g + mt + (D / 2) * h;
+    } else {                                  // a lane's D/32 low bytes
+        return (D / 32) * g + (mt >> 1) + (D / 4) * (2 * (mt & 1) + h);
     }
 }
 
@@ -673,20 +675,27 @@ __device__ __forceinline__ void store_partial(float* __restrict__ op, const floa
                 *(float2*) (op + 32 * j + 16 * h + 2 * g) =
                         make_float2(o[2 * j][2 * h + e], o[2 * j + 1][2 * h + e]);
         }
-    } else if constexpr (V_FRAG && VF == F_TURBO4) {   // dimensions 64h + 8g + 4k .. + 3: m-tiles 4k .. 4k + 3
+    } else if constexpr (V_FRAG && VF == F_TURBO4) {
+        // dimensions (DV/2)h + (DV/16)g + 4k .. + 3: m-tiles 4k .. 4k + 3
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int x = 2 * h + e;
 #pragma unroll
-            for (int k = 0; k < 2; k++)
-                *(float4*) (op + 64 * h + 8 * g + 4 * k) =
+            for (int k = 0; k < DV / 64; k++)
+                *(float4*) (op + (DV / 2) * h + (DV / 16) * g + 4 * k) =
                         make_float4(o[4 * k][x], o[4 * k + 1][x], o[4 * k + 2][x], o[4 * k + 3][x]);
         }
-    } else if constexpr (V_FRAG) {   // dimensions 32r + 4g .. + 3, r = 2(mt & 1) + h: m-tiles 2i + (r >> 1)
+    } else if constexpr (V_FRAG && DV == 128) {   // dimensions 32r + 4g .. + 3, r = 2(mt & 1) + h: m-tiles 2i + (r >> 1)
 #pragma unroll
         for (int r = 0; r < 4; r++) {
             const int m = r >> 1, x = 2 * (r & 1) + e;
             *(float4*) (op + 32 * r + 4 * g) = make_float4(o[m][x], o[2 + m][x], o[4 + m][x], o[6 + m][x]);
+        }
+    } else if constexpr (V_FRAG) {   // DV 64: dimensions 16r + 2g, + 1, r = 2(mt & 1) + h: m-tiles 2i + (r >> 1)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int m = r >> 1, x = 2 * (r & 1) + e;
+            *(float2*) (op + 16 * r + 2 * g) = make_float2(o[m][x], o[2 + m][x]);
         }
     } else {
 #pragma unroll
@@ -978,14 +987,14 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
                     }
                 }
             } else if constexpr (K_FRAG && KF == F_TURBO4) {
-                // tokens g and g + 8: 16-bit word ks of bytes 16c.. gives k-step ks (a token past the tile's end reads
-                // its zero-filled slot: finite pairs, its score masked below)
+                // tokens g and g + 8: 16-bit word ks of bytes (DK/8)c.. gives k-step ks (a token past the tile's end
+                // reads its zero-filled slot: finite pairs, its score masked below)
                 const u32 lutL = lutKs + 4 * lane;
                 u32 w[2][DK / 16];
 #pragma unroll
                 for (int ks = 0; ks < DK / 16; ks++) {
-                    w[0][ks] = lds_u16(krow0 + 2 + 16 * c + 2 * ks);
-                    w[1][ks] = lds_u16(krow1 + 2 + 16 * c + 2 * ks);
+                    w[0][ks] = lds_u16(krow0 + 2 + (DK / 8) * c + 2 * ks);
+                    w[1][ks] = lds_u16(krow1 + 2 + (DK / 8) * c + 2 * ks);
                 }
 #pragma unroll
                 for (int ks = 0; ks < DK / 16; ks++) {
@@ -994,24 +1003,25 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
                                     qf[ks][1]);
                 }
             } else if constexpr (K_FRAG) {
-                // tokens g and g + 8: 16-bit words k of low bytes 8c.. and (turbo3) high bytes 8(c & 1).. give k-steps
-                // 2k, 2k + 1 (a token past the tile's end reads its zero-filled slot: finite pairs, its score masked
-                // below)
+                // tokens g and g + 8: 16-bit words k of low bytes (DK/16)c.. and (turbo3) high bytes (DK/16)(c & 1)..
+                // give k-steps 2k, 2k + 1 (a token past the tile's end reads its zero-filled slot: finite pairs, its
+                // score masked below)
+                constexpr int KW = DK / 32;   // a lane's words of low bytes
                 const u32 lutA = lutKs, lane4 = lane << 2;
-                u32 w[2][4][2];
+                u32 w[2][KW][2];
 #pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    w[0][k][0] = lds_u16(krow0 + 2 + 8 * c + 2 * k);
-                    w[1][k][0] = lds_u16(krow1 + 2 + 8 * c + 2 * k);
+                for (int k = 0; k < KW; k++) {
+                    w[0][k][0] = lds_u16(krow0 + 2 + (DK / 16) * c + 2 * k);
+                    w[1][k][0] = lds_u16(krow1 + 2 + (DK / 16) * c + 2 * k);
                     if constexpr (KF == F_TURBO3) {
-                        w[0][k][1] = lds_u16(krow0 + 2 + 32 + 8 * (c & 1) + 2 * k);
-                        w[1][k][1] = lds_u16(krow1 + 2 + 32 + 8 * (c & 1) + 2 * k);
+                        w[0][k][1] = lds_u16(krow0 + 2 + DK / 4 + (DK / 16) * (c & 1) + 2 * k);
+                        w[1][k][1] = lds_u16(krow1 + 2 + DK / 4 + (DK / 16) * (c & 1) + 2 * k);
                     } else {
                         w[0][k][1] = w[1][k][1] = 0u;
                     }
                 }
 #pragma unroll
-                for (int k = 0; k < 4; k++) {
+                for (int k = 0; k < KW; k++) {
                     u32 p0[4], p1[4];
                     turbo_pairs<KF>(p0, w[0][k][0], w[0][k][1], c >> 1, lutA, lane4);
                     turbo_pairs<KF>(p1, w[1][k][0], w[1][k][1], c >> 1, lutA, lane4);
@@ -1195,8 +1205,8 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
             } else if constexpr (V_FRAG) {
                 // tokens 2c, 2c + 1, 2c + 8, 2c + 9; two tokens' pairs make an A register by halves (a token past the
                 // tile's end reads its zero-filled slot: finite pairs times a zero probability). turbo4: 16-bit words k
-                // of bytes 8g.. give the pairs (rows g, g + 8) of m-tiles 2k, 2k + 1; turbo3, turbo2: words k of low
-                // bytes 4g.. and (turbo3) high bytes 4(g & 3).. those of m-tiles 4k..4k + 3.
+                // of bytes (DV/16)g.. give the pairs (rows g, g + 8) of m-tiles 2k, 2k + 1; turbo3, turbo2: words k of
+                // low bytes (DV/32)g.. and (turbo3) high bytes (DV/32)(g & 3).. those of m-tiles 4k..4k + 3.
                 const u32 lutA = lutVs, lane4 = lane << 2, lutL = lutA + lane4;
                 u32 vrow[4];
 #pragma unroll
@@ -1205,13 +1215,13 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
                     vrow[j] = rawVs + (t * LY::SLOTV + warp * RBV + 2) + vofs(t);
                 }
                 if constexpr (VF == F_TURBO4) {
-                    u32 w[4][4];
+                    u32 w[4][DV / 32];
 #pragma unroll
                     for (int j = 0; j < 4; j++)
 #pragma unroll
-                        for (int k = 0; k < 4; k++) w[j][k] = lds_u16(vrow[j] + 8 * g + 2 * k);
+                        for (int k = 0; k < DV / 32; k++) w[j][k] = lds_u16(vrow[j] + (DV / 16) * g + 2 * k);
 #pragma unroll
-                    for (int k = 0; k < 4; k++) {
+                    for (int k = 0; k < DV / 32; k++) {
 #pragma unroll
                         for (int h = 0; h < 2; h++) {
                             u32 p[4];
@@ -1223,17 +1233,18 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
                         }
                     }
                 } else {
-                    u32 w[4][2][2];
+                    constexpr int VW = DV / 64;   // a lane's words of low bytes
+                    u32 w[4][VW][2];
 #pragma unroll
                     for (int j = 0; j < 4; j++) {
 #pragma unroll
-                        for (int k = 0; k < 2; k++) {
-                            w[j][k][0] = lds_u16(vrow[j] + 4 * g + 2 * k);
-                            w[j][k][1] = VF == F_TURBO3 ? lds_u16(vrow[j] + 32 + 4 * (g & 3) + 2 * k) : 0u;
+                        for (int k = 0; k < VW; k++) {
+                            w[j][k][0] = lds_u16(vrow[j] + (DV / 32) * g + 2 * k);
+                            w[j][k][1] = VF == F_TURBO3 ? lds_u16(vrow[j] + DV / 4 + (DV / 32) * (g & 3) + 2 * k) : 0u;
                         }
                     }
 #pragma unroll
-                    for (int k = 0; k < 2; k++) {
+                    for (int k = 0; k < VW; k++) {
                         u32 p[4][4];
 #pragma unroll
                         for (int j = 0; j < 4; j++) turbo_pairs<VF>(p[j], w[j][k][0], w[j][k][1], g >> 2, lutA, lane4);
