@@ -342,12 +342,7 @@ class AttentionGpuTest {
                 SplittableRandom r = new SplittableRandom(seed);
                 int pages = (total + pageTokens - 1) / pageTokens;
                 try (KvCache host = new KvCache(g, kf, vf, pageTokens, 2 * pages)) {
-                    KvSequence other = host.newSequence();   // every other page: the table is not the identity
-                    KvSequence seq = host.newSequence();
-                    for (int p = 1; p <= pages; p++) {
-                        other.reserve(p * pageTokens);
-                        seq.reserve(Math.min(total, p * pageTokens));
-                    }
+                    KvSequence seq = everyOtherPage(host, total);
                     float[] k = new float[total * kvHeads * d], v = new float[k.length], q = new float[n * heads * d];
                     for (int i = 0; i < k.length; i++) {
                         k[i] = (float) (r.nextGaussian() + common * Math.sin(1.7 * (i % (kvHeads * d)) + 0.3));
@@ -408,14 +403,7 @@ class AttentionGpuTest {
                 int pages = (len + pageTokens - 1) / pageTokens;
                 try (KvCache host = new KvCache(g, KvFormat.parse(kName), KvFormat.parse(vName), pageTokens,
                         2 * pages)) {
-                    // a second sequence takes every other page, so the table is not the identity (a kernel that
-                    // ignored it would read the right rows by luck)
-                    KvSequence other = host.newSequence();
-                    KvSequence seq = host.newSequence();
-                    for (int p = 1; p <= pages; p++) {
-                        other.reserve(p * pageTokens);
-                        seq.reserve(Math.min(n, p * pageTokens));
-                    }
+                    KvSequence seq = everyOtherPage(host, n);
                     float[] k = AttentionGpuFixture.gaussianRows(r, n * KV_HEADS, 128, 1.0, 3);
                     float[] v = AttentionGpuFixture.gaussianRows(r, n * KV_HEADS, 128, 1.0, 0);
                     seq.writeRows(0, 0, n, k, 0, v, 0);
@@ -464,12 +452,7 @@ class AttentionGpuTest {
         int d = 128, heads = KV_HEADS * 4, n = 2400, chunk = 32, pages = n / PAGE_TOKENS;
         KvFormat kf = KvFormat.parse(kName), vf = KvFormat.parse(vName);
         try (KvCache host = new KvCache(new KvGeometry(1, KV_HEADS, d, d), kf, vf, PAGE_TOKENS, 2 * pages)) {
-            KvSequence other = host.newSequence();   // every other page: the table is not the identity
-            KvSequence seq = host.newSequence();
-            for (int p = 1; p <= pages; p++) {
-                other.reserve(p * PAGE_TOKENS);
-                seq.reserve(p * PAGE_TOKENS);
-            }
+            KvSequence seq = everyOtherPage(host, n);
             seq.writeRows(0, 0, n, AttentionGpuFixture.gaussianRows(r, n * KV_HEADS, d, 1.0, 3), 0,
                     AttentionGpuFixture.gaussianRows(r, n * KV_HEADS, d, 1.0, 0), 0);
             long rowBytes = 4L * heads * d;
@@ -499,6 +482,22 @@ class AttentionGpuTest {
                 assertArrayEquals(b, a, what + ": rows differ from the launches of their 32 queries alone");
             }
         }
+    }
+
+    /**
+     * A sequence of {@code tokens} reserved in {@code host} page by page in turn with a second one, so that it holds
+     * every other page and its table is not the identity (a kernel that ignored the table would read the right rows
+     * by luck).
+     */
+    private static KvSequence everyOtherPage(KvCache host, int tokens) {
+        KvSequence other = host.newSequence();
+        KvSequence seq = host.newSequence();
+        int pageTokens = host.pageTokens();
+        for (int p = 1; (p - 1) * pageTokens < tokens; p++) {
+            other.reserve(p * pageTokens);
+            seq.reserve(Math.min(tokens, p * pageTokens));
+        }
+        return seq;
     }
 
     private static int[] pagesOf(KvSequence seq) {
