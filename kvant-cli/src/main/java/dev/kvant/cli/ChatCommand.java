@@ -119,6 +119,8 @@ final class ChatCommand implements Runnable {
                     session.truncate(keep - 1);
                     fresh = new int[] {all[keep - 1]};
                 }
+                // the repetition window: the context as it now is (dropped turns out), before the new tokens
+                sampler.restartWindow(all, all.length - fresh.length);
                 StringBuilder reply = new StringBuilder();
                 Generator.Stats st;
                 try {

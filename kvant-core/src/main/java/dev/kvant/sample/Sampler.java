@@ -42,6 +42,22 @@ public final class Sampler {
     }
 
     /**
+     * Makes the repetition window the last tokens of {@code context[0..length)}, as if this sampler had accepted only
+     * those: a conversation that dropped or re-rendered its earlier turns penalizes what its context now holds, not
+     * tokens it no longer has. The random draws go on where they were.
+     */
+    public void restartWindow(int[] context, int length) {
+        if (length < 0 || length > context.length) {
+            throw new IllegalArgumentException("window of " + length + " tokens out of " + context.length);
+        }
+        recentCount = 0;
+        recentHead = 0;
+        for (int i = Math.max(0, length - recent.length); i < length; i++) {
+            accept(context[i]);
+        }
+    }
+
+    /**
      * Chooses a token; the logits array may be modified. The kept candidates are ranked by logit (ties to the lower
      * id) and drawn from in that order, as llama.cpp's chain does; without top-k the whole vocabulary is not sorted:
      * top-p needs only the candidates that reach it and min-p only those above its cut, and with neither the draw

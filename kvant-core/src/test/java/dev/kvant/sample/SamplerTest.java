@@ -206,6 +206,31 @@ class SamplerTest {
         assertThrows(IllegalArgumentException.class, () -> new SamplerConfig(1f, 0, 1f, 0f, 1f, 8, Float.NaN, 0f, 1));
     }
 
+    /**
+     * A restarted window holds the last tokens of the context it is given and nothing it held before: token 0, seen
+     * three times before the restart, is no longer penalized; token 1, the last of the new context, is.
+     */
+    @Test
+    void aRestartedWindowPenalizesTheNewContextOnly() {
+        SamplerConfig config = new SamplerConfig(0f, 0, 1f, 0f, 2f, 2, 1);
+        Sampler s = new Sampler(config);
+        for (int t : new int[] {0, 0, 0}) {
+            s.accept(t);
+        }
+        assertEquals(1, s.sample(new float[] {3f, 2f, 1f}, 3), "token 0 penalized: 3 / 2 < 2");
+        s.restartWindow(new int[] {0, 2, 1, 9, 9}, 3);   // the window of 2: tokens 2 and 1
+        assertEquals(0, s.sample(new float[] {3f, 2f, 1f}, 3), "token 0 left the window");
+        assertEquals(0, s.sample(new float[] {1f, 1.2f, 1.9f}, 3), "tokens 1 and 2 penalized: 0.6 and 0.95 < 1");
+        Sampler fresh = new Sampler(config);
+        fresh.accept(2);
+        fresh.accept(1);
+        float[] a = {1f, 3f, 1.9f}, b = a.clone();
+        s.restartWindow(new int[] {2, 1}, 2);
+        assertEquals(fresh.sample(a, 3), s.sample(b, 3));
+        assertArrayEquals(a, b, "the same penalties as a sampler that accepted the window's tokens alone");
+        assertThrows(IllegalArgumentException.class, () -> s.restartWindow(new int[] {1}, 2));
+    }
+
     private static int[] counts(SamplerConfig config, float[] logits, int n) {
         Sampler s = new Sampler(config);
         int[] counts = new int[logits.length];
