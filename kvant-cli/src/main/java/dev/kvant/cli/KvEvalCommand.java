@@ -5,7 +5,6 @@ import dev.kvant.kv.HalfFormat;
 import dev.kvant.kv.KvCache;
 import dev.kvant.kv.KvEval;
 import dev.kvant.kv.KvFormat;
-import dev.kvant.kv.KvSequence;
 import dev.kvant.kv.PageMeanFormat;
 import dev.kvant.model.LlamaModel;
 import dev.kvant.model.ModelConfig;
@@ -74,12 +73,16 @@ final class KvEvalCommand implements Runnable {
         if (model != null) {
             try (LlamaModel m = LlamaModel.load(model)) {
                 geometry = m.config();
-                float[][][] kv = modelRows(m);
+                ModelRows kv = modelRows(m);
                 // the outlier queries weigh the channel pairs this model's RoPE rotates together
                 boolean neox = geometry.rope().mode() == dev.kvant.model.Rope.Mode.NEOX;
                 for (int which = 0; which < 2; which++) {
                     int d = which == 0 ? geometry.headDimK() : geometry.headDimV();
-                    for (KvEval.Row r : KvEval.evaluate(formats, kv[which], d, seed, "model", neox)) {
+                    // keys also with the model's own queries (a value's error reaches the output through the
+                    // probabilities, not a logit)
+                    KvEval.ModelQueries q = which == 0 ? kv.queries() : null;
+                    for (KvEval.Row r : KvEval.evaluate(formats, which == 0 ? kv.k() : kv.v(), d, seed, "model", neox,
+                            q)) {
                         lines.add(new Line(r, "model", which == 0 ? "k" : "v", bytesPerToken(geometry, r.format())));
                     }
                 }
@@ -90,8 +93,8 @@ final class KvEvalCommand implements Runnable {
                         centered.add(new PageMeanFormat(f));
                     }
                 }
-                for (KvEval.Row r : KvEval.evaluateCentered(centered, kv[0], geometry.layers(), geometry.kvHeads(),
-                        geometry.headDimK(), seed, "model", neox)) {
+                for (KvEval.Row r : KvEval.evaluateCentered(centered, kv.k(), geometry.layers(), geometry.kvHeads(),
+                        geometry.headDimK(), seed, "model", neox, kv.queries())) {
                     lines.add(new Line(r, "model", "k", bytesPerToken(geometry, r.format())));
                 }
             }
@@ -103,8 +106,19 @@ final class KvEvalCommand implements Runnable {
         print(lines, geometry);
     }
 
-    /** Reads the text with an f16 cache and returns every K row and every V row the model wrote. */
-    private float[][][] modelRows(LlamaModel m) {
+    /** Query positions a layer's model queries are taken at, spread evenly over the text. */
+    static final int QUERY_POSITIONS = 16;
+
+    /** The K and V rows a model wrote ([layer][position][kv head]) and queries of its layers. */
+    record ModelRows(float[][] k, float[][] v, KvEval.ModelQueries queries) {
+    }
+
+    /**
+     * Reads the text and returns every K row and every V row the model wrote, as the model computed them (taken
+     * before the cache stores them, so exact), and the queries of {@value #QUERY_POSITIONS} positions spread over the
+     * text, each layer's query heads grouped by the kv head they attend with.
+     */
+    private ModelRows modelRows(LlamaModel m) {
         String text = TextFiles.read(file);
         int[] ids = m.tokenizer().encode(text, true, false);
         int n = Math.min(tokens, Math.min(ids.length, m.config().contextLength()));
@@ -113,24 +127,40 @@ final class KvEvalCommand implements Runnable {
         }
         tokensRead = n;
         ModelConfig c = m.config();
+        int kvHeads = c.kvHeads(), group = c.heads() / kvHeads, dK = c.headDimK(), dV = c.headDimV();
+        int positions = Math.min(QUERY_POSITIONS, n);
+        float[][] k = new float[c.layers() * kvHeads * n][dK];
+        float[][] v = new float[c.layers() * kvHeads * n][dV];
+        float[][][][] q = new float[c.layers()][kvHeads][positions * group][dK];
+        int[] slot = new int[n];   // the query slot of a sampled position: the last of each of equal spans
+        Arrays.fill(slot, -1);
+        for (int j = 0; j < positions; j++) {
+            slot[(int) ((long) (j + 1) * n / positions) - 1] = j;
+        }
         KvFormat f16 = KvFormat.parse("f16");
-        try (Parallel pool = new Parallel(threads); Session s = new Session(m, n, f16, f16, 512, pool)) {
-            s.prefill(Arrays.copyOf(ids, n));
-            KvSequence seq = s.sequence();
-            int count = c.layers() * c.kvHeads() * n;
-            float[][] k = new float[count][c.headDimK()];
-            float[][] v = new float[count][c.headDimV()];
-            int i = 0;
-            for (int l = 0; l < c.layers(); l++) {
-                for (int pos = 0; pos < n; pos++) {
-                    for (int h = 0; h < c.kvHeads(); h++, i++) {
-                        seq.decodeK(l, pos, h, k[i], 0);
-                        seq.decodeV(l, pos, h, v[i], 0);
+        m.setKvRowHook((seq, layer, position, count, qs, qOffset, ks, kOffset, vs, vOffset) -> {
+            for (int t = 0; t < count; t++) {
+                int pos = position + t;
+                for (int h = 0; h < kvHeads; h++) {
+                    int row = (layer * n + pos) * kvHeads + h;
+                    System.arraycopy(ks, kOffset + (t * kvHeads + h) * dK, k[row], 0, dK);
+                    System.arraycopy(vs, vOffset + (t * kvHeads + h) * dV, v[row], 0, dV);
+                }
+                int j = slot[pos];
+                if (j >= 0) {
+                    for (int hq = 0; hq < kvHeads * group; hq++) {
+                        System.arraycopy(qs, qOffset + (t * kvHeads * group + hq) * dK,
+                                q[layer][hq / group][j * group + hq % group], 0, dK);
                     }
                 }
             }
-            return new float[][][] {k, v};
+        });
+        try (Parallel pool = new Parallel(threads); Session s = new Session(m, n, f16, f16, 512, pool)) {
+            s.prefill(Arrays.copyOf(ids, n));
+        } finally {
+            m.setKvRowHook(null);
         }
+        return new ModelRows(k, v, new KvEval.ModelQueries(q, n, kvHeads));
     }
 
     private static long bytesPerToken(ModelConfig c, String format) {
@@ -147,11 +177,14 @@ final class KvEvalCommand implements Runnable {
                 KvEval.Row r = l.row();
                 sb.append(i == 0 ? "\n  " : ",\n  ").append(String.format(Locale.ROOT,
                         "{\"format\":\"%s\",\"bits_per_value\":%.4f,\"bytes_per_token\":%s,\"mse_rel\":%.6e,"
-                                + "\"ip_err_rel\":%.6e,\"ip_err_rel_outlier_q\":%.6e,\"source\":\"%s\","
-                                + "\"tensor\":\"%s\"}",
+                                + "\"ip_err_rel\":%.6e,\"ip_err_rel_outlier_q\":%.6e,\"ip_err_rel_model_q\":%s,"
+                                + "\"source\":\"%s\",\"tensor\":\"%s\"}",
                         r.format(), r.bitsPerValue(),
                         l.bytesPerToken() < 0 ? "null" : Long.toString(l.bytesPerToken()),   // no model: none
-                        r.mseRel(), r.ipErrRel(), r.ipErrRelOutlierQ(), l.source(), l.tensor()));
+                        r.mseRel(), r.ipErrRel(), r.ipErrRelOutlierQ(),
+                        Double.isNaN(r.ipErrRelModelQ()) ? "null"   // no model queries (random rows, V rows)
+                                : String.format(Locale.ROOT, "%.6e", r.ipErrRelModelQ()),
+                        l.source(), l.tensor()));
             }
             System.out.println(sb.append("\n]"));
             return;
@@ -161,8 +194,8 @@ final class KvEvalCommand implements Runnable {
                         + file : "");
         System.out.println();
         System.out.println("| format | source | tensor | bits/value | bytes/token | rel. MSE | rel. IP error "
-                + "| IP error, outlier q | paper: unit-vector MSE |");
-        System.out.println("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+                + "| IP error, outlier q | IP error, model's q | paper: unit-vector MSE |");
+        System.out.println("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
         for (Line l : lines) {
             KvEval.Row r = l.row();
             String paper = switch (r.format()) {
@@ -171,9 +204,10 @@ final class KvEvalCommand implements Runnable {
                 case "turbo4" -> String.format(Locale.ROOT, "%.4f", KvEval.lloydMaxGaussianMse(4));
                 default -> "";
             };
-            System.out.printf(Locale.ROOT, "| %s | %s | %s | %.3f | %s | %.3e | %.3e | %.3e | %s |%n", r.format(),
+            System.out.printf(Locale.ROOT, "| %s | %s | %s | %.3f | %s | %.3e | %.3e | %.3e | %s | %s |%n", r.format(),
                     l.source(), l.tensor(), r.bitsPerValue(), l.bytesPerToken() < 0 ? "" : l.bytesPerToken(),
-                    r.mseRel(), r.ipErrRel(), r.ipErrRelOutlierQ(), paper);
+                    r.mseRel(), r.ipErrRel(), r.ipErrRelOutlierQ(), Double.isNaN(r.ipErrRelModelQ()) ? ""
+                            : String.format(Locale.ROOT, "%.3e", r.ipErrRelModelQ()), paper);
         }
         System.out.println();
         System.out.println("paper bound sqrt(3)*pi/2*4^-b: " + String.format(Locale.ROOT, "2 bits %.4f, 3 bits %.4f, "

@@ -58,7 +58,10 @@ class OutputFormatsTest {
         assertEquals(Double.parseDouble(j.group(1)), Double.parseDouble(m.group(1)), 1e-4);
     }
 
-    /** kv-eval --json without a model: the fields, and no bytes per token (null, not -1). */
+    /**
+     * kv-eval --json without a model: the issue's fields, and no bytes per token nor model-query error (null, not -1
+     * or NaN).
+     */
     @Test
     void kvEvalJsonWithoutAModel() {
         MainTest.Run r = MainTest.run("kv-eval", "--rows", "64", "--json");
@@ -68,8 +71,37 @@ class OutputFormatsTest {
         for (String line : out.lines().filter(l -> l.contains("{")).toList()) {
             assertTrue(line.matches("\\s*\\{\"format\":\"[a-z0-9_]+\",\"bits_per_value\":[0-9.]+,"
                     + "\"bytes_per_token\":null,\"mse_rel\":[0-9.e+-]+,\"ip_err_rel\":[0-9.e+-]+,"
-                    + "\"ip_err_rel_outlier_q\":[0-9.e+-]+,\"source\":\"gaussian\",\"tensor\":\"-\"},?"), line);
+                    + "\"ip_err_rel_outlier_q\":[0-9.e+-]+,\"ip_err_rel_model_q\":null,\"source\":\"gaussian\","
+                    + "\"tensor\":\"-\"},?"), line);
         }
         assertTrue(out.contains("\"format\":\"turbo3\""), out);
+    }
+    /**
+     * kv-eval -m: the model's K rows carry the error of their logits under the model's own queries, its V rows none
+     * (null); an f16 key's is its rounding alone, and turbo3's lies between q8_0's and turbo2's.
+     */
+    @Test
+    void kvEvalWithAModelWeighsKeysByItsOwnQueries() {
+        MainTest.Run r = MainTest.run("kv-eval", "-m", SparseCommandsTest.tinycode("tinycode-q8_0.gguf").toString(), "-f",
+                SparseCommandsTest.tinycode("eval-heldout.txt").toString(), "--tokens", "96", "--rows", "16", "-t",
+                "2", "--json");
+        assertEquals(0, r.code(), r.err());
+        java.util.Map<String, Double> k = new java.util.HashMap<>();
+        Pattern row = Pattern.compile(".*\"format\":\"([a-z0-9_+]+)\".*\"ip_err_rel_model_q\":([^,]+),"
+                + "\"source\":\"model\",\"tensor\":\"([kv])\".*");
+        for (String line : r.out().lines().toList()) {
+            Matcher m = row.matcher(line);
+            if (!m.matches()) {
+                continue;
+            }
+            if (m.group(3).equals("v")) {
+                assertEquals("null", m.group(2), line);
+            } else {
+                k.put(m.group(1), Double.parseDouble(m.group(2)));
+            }
+        }
+        assertTrue(k.get("f16") < 1e-3, k.toString());
+        assertTrue(k.get("q8_0") < k.get("turbo3") && k.get("turbo3") < k.get("turbo2"), k.toString());
+        assertTrue(k.get("turbo3+mean") < k.get("turbo3"), k.toString());
     }
 }

@@ -18,6 +18,10 @@ import java.util.SplittableRandom;
  * hold the most energy, since a model's queries and keys have their massive channels in the same places. For isotropic queries ipErrRel ≈
  * √mseRel; outlier queries weigh the error in those channels, which rotation spreads evenly and per-block
  * scaling does not.</li>
+ * <li>{@code ipErrRelModelQ}, for a model's K rows read with its own queries ({@link ModelQueries}): the same ratio
+ * over each row and the queries of its layer and kv head (the query heads of its group at positions spread over the
+ * text), so the error is weighed exactly as that model's attention logits weigh it; NaN where no queries were
+ * given.</li>
  * </ul>
  * The reference figures are the TurboQuant paper's: the Lloyd-Max error per coordinate of a unit Gaussian, which
  * is the expected squared error of a quantized random unit vector, and its general upper bound √3·π/2·4^-b.
@@ -28,7 +32,25 @@ public final class KvEval {
 
     /** One format's figures on one row set; bitsPerValue counts padding (rowBytes·8/headDim). */
     public record Row(String format, double bitsPerValue, long rowBytes, double mseRel, double ipErrRel,
-                      double ipErrRelOutlierQ, String source) {
+                      double ipErrRelOutlierQ, double ipErrRelModelQ, String source) {
+    }
+
+    /**
+     * A model's queries for rows laid out [layer][position][kv head] over {@code positions} positions:
+     * {@code queries[layer][kvHead]} are the rows (headDim values, after RoPE, as attention takes them) of the query
+     * heads of that kv head's group at the sampled positions.
+     */
+    public record ModelQueries(float[][][][] queries, int positions, int kvHeads) {
+        public ModelQueries {
+            if (positions < 1 || kvHeads < 1 || queries.length == 0 || queries[0].length != kvHeads) {
+                throw new IllegalArgumentException("model queries: " + queries.length + " layers of "
+                        + (queries.length == 0 ? 0 : queries[0].length) + " kv heads for " + kvHeads + " kv heads");
+            }
+        }
+
+        float[][] of(int row) {
+            return queries[row / (positions * kvHeads)][row % kvHeads];
+        }
     }
 
     private KvEval() {
@@ -138,7 +160,14 @@ public final class KvEval {
     /** As above, the outlier queries on channel pairs as a model's RoPE pairs them (neoxPairs: qwen2, qwen3). */
     public static List<Row> evaluate(List<KvFormat> formats, float[][] rows, int headDim, long seed, String source,
                                      boolean neoxPairs) {
+        return evaluate(formats, rows, headDim, seed, source, neoxPairs, null);
+    }
+
+    /** As above, and with a model's own queries for its rows (null: none; {@link Row#ipErrRelModelQ} NaN). */
+    public static List<Row> evaluate(List<KvFormat> formats, float[][] rows, int headDim, long seed, String source,
+                                     boolean neoxPairs, ModelQueries queries) {
         check(rows, headDim, source);
+        checkQueries(queries, rows.length, headDim);
         List<Row> out = new ArrayList<>();
         try (Arena arena = Arena.ofConfined()) {
             for (KvFormat f : formats) {
@@ -152,7 +181,7 @@ public final class KvEval {
                     f.unrotate(dec, 0, headDim);
                     decoded[r] = dec;
                 }
-                out.add(figures(f, rb, rows, decoded, headDim, seed, source, neoxPairs));
+                out.add(figures(f, rb, rows, decoded, headDim, seed, source, neoxPairs, queries));
             }
         }
         return out;
@@ -171,7 +200,15 @@ public final class KvEval {
     /** As above, the outlier queries on channel pairs as a model's RoPE pairs them (neoxPairs: qwen2, qwen3). */
     public static List<Row> evaluateCentered(List<KvFormat> formats, float[][] rows, int layers, int kvHeads,
                                              int headDim, long seed, String source, boolean neoxPairs) {
+        return evaluateCentered(formats, rows, layers, kvHeads, headDim, seed, source, neoxPairs, null);
+    }
+
+    /** As above, and with the model's own queries for its rows (null: none). */
+    public static List<Row> evaluateCentered(List<KvFormat> formats, float[][] rows, int layers, int kvHeads,
+                                             int headDim, long seed, String source, boolean neoxPairs,
+                                             ModelQueries queries) {
         check(rows, headDim, source);
+        checkQueries(queries, rows.length, headDim);
         int n = rows.length / (layers * kvHeads);
         List<Row> out = new ArrayList<>();
         for (KvFormat f : formats) {
@@ -203,7 +240,7 @@ public final class KvEval {
                     }
                 }
             }
-            out.add(figures(f, f.rowBytes(headDim), rows, decoded, headDim, seed, source, neoxPairs));
+            out.add(figures(f, f.rowBytes(headDim), rows, decoded, headDim, seed, source, neoxPairs, queries));
         }
         return out;
     }
@@ -216,9 +253,32 @@ public final class KvEval {
         }
     }
 
+    private static void checkQueries(ModelQueries queries, int rows, int headDim) {
+        if (queries == null) {
+            return;
+        }
+        if ((long) queries.queries().length * queries.positions() * queries.kvHeads() != rows) {
+            throw new IllegalArgumentException("model queries for " + queries.queries().length + " layers x "
+                    + queries.positions() + " positions x " + queries.kvHeads() + " kv heads, but " + rows + " rows");
+        }
+        for (float[][][] layer : queries.queries()) {
+            for (float[][] head : layer) {
+                if (head.length == 0) {
+                    throw new IllegalArgumentException("model queries: a kv head has none");
+                }
+                for (float[] q : head) {
+                    if (q.length != headDim) {
+                        throw new IllegalArgumentException("model queries must have " + headDim + " values, one has "
+                                + q.length);
+                    }
+                }
+            }
+        }
+    }
+
     /** Relative MSE and inner-product errors of decoded rows against rows, queries drawn from seed. */
     private static Row figures(KvFormat f, long rb, float[][] rows, float[][] decoded, int headDim, long seed,
-                               String source, boolean neoxPairs) {
+                               String source, boolean neoxPairs, ModelQueries queries) {
         SplittableRandom rnd = new SplittableRandom(seed);
         double[][] gaussQ = new double[QUERIES][headDim];
         double[][] outlierQ = new double[QUERIES][headDim];
@@ -231,8 +291,8 @@ public final class KvEval {
         }
         double err = 0;
         double norm = 0;
-        double[] ipErr = new double[2];
-        double[] ipRef = new double[2];
+        double[] ipErr = new double[3];
+        double[] ipRef = new double[3];
         for (int r = 0; r < rows.length; r++) {
             float[] x = rows[r];
             float[] dec = decoded[r];
@@ -253,13 +313,25 @@ public final class KvEval {
                     ipRef[kind] += exact * exact;
                 }
             }
+            if (queries != null) {
+                for (float[] q : queries.of(r)) {
+                    double exact = 0;
+                    double approx = 0;
+                    for (int i = 0; i < headDim; i++) {
+                        exact += (double) q[i] * x[i];
+                        approx += (double) q[i] * dec[i];
+                    }
+                    ipErr[2] += (exact - approx) * (exact - approx);
+                    ipRef[2] += exact * exact;
+                }
+            }
         }
         // a centered format's means: a 64-token page holds one of 16-bit values in the K domain (domainDim, past
         // headDim where a rotated head is padded), per value of the head
         double bits = 8.0 * rb / headDim + (f instanceof PageMeanFormat ? 16.0 * f.domainDim(headDim) / (64.0 * headDim)
                 : 0);
         return new Row(f.name(), bits, rb, err / norm, Math.sqrt(ipErr[0] / ipRef[0]), Math.sqrt(ipErr[1] / ipRef[1]),
-                source);
+                queries == null ? Double.NaN : Math.sqrt(ipErr[2] / ipRef[2]), source);
     }
 
     /** Prints the figures of every format on Gaussian and outlier rows: {@code KvEval [headDim] [rows] [seed]}. */

@@ -114,6 +114,63 @@ class KvEvalTest {
         assertTrue(centered.mseRel() < 0.25 * plain.mseRel(), centered.mseRel() + " vs " + plain.mseRel());
     }
 
+    /**
+     * A model's queries weigh each row by the queries of its own layer and kv head: rows [layer][position][kv head],
+     * each (layer, kv head) with queries on channels of its own, give the figure the sum over exactly those pairs
+     * gives, plain and centered; without queries it is NaN; queries of the wrong count or size are refused.
+     */
+    @Test
+    void modelQueriesWeighEachRowByItsOwnLayerAndHead() {
+        int layers = 2, n = 40, heads = 3, d = 64, per = 5;
+        SplittableRandom rnd = new SplittableRandom(11);
+        float[][] rows = new float[layers * n * heads][d];
+        for (float[] row : rows) {
+            for (int i = 0; i < d; i++) {
+                row[i] = (float) rnd.nextGaussian();
+            }
+        }
+        float[][][][] q = new float[layers][heads][per][d];
+        for (int l = 0; l < layers; l++) {
+            for (int h = 0; h < heads; h++) {
+                for (float[] x : q[l][h]) {
+                    for (int i = 0; i < d; i++) {   // most of the weight on channel 7l + 11h
+                        x[i] = (float) (rnd.nextGaussian() * (i == 7 * l + 11 * h ? 30 : 1));
+                    }
+                }
+            }
+        }
+        KvEval.ModelQueries mq = new KvEval.ModelQueries(q, n, heads);
+        KvEval.Row row = KvEval.evaluate(List.of(TurboFormat.TURBO3), rows, d, 1, "t", false, mq).get(0);
+        double err = 0, ref = 0;
+        java.lang.foreign.MemorySegment buf = java.lang.foreign.Arena.ofAuto().allocate(
+                TurboFormat.TURBO3.rowBytes(d));
+        for (int r = 0; r < rows.length; r++) {
+            float[] dec = new float[TurboFormat.TURBO3.domainDim(d)];
+            TurboFormat.TURBO3.encode(rows[r], 0, d, buf, 0);
+            TurboFormat.TURBO3.decode(buf, 0, d, dec, 0);
+            TurboFormat.TURBO3.unrotate(dec, 0, d);
+            for (float[] x : q[r / (n * heads)][r % heads]) {
+                double exact = 0, approx = 0;
+                for (int i = 0; i < d; i++) {
+                    exact += (double) x[i] * rows[r][i];
+                    approx += (double) x[i] * dec[i];
+                }
+                err += (exact - approx) * (exact - approx);
+                ref += exact * exact;
+            }
+        }
+        assertEquals(Math.sqrt(err / ref), row.ipErrRelModelQ(), 1e-12);
+        KvEval.Row centered = KvEval.evaluateCentered(List.of(KvFormat.parse("turbo3+mean")), rows, layers, heads, d,
+                1, "t", false, mq).get(0);
+        assertTrue(centered.ipErrRelModelQ() > 0 && centered.ipErrRelModelQ() < 1, centered.toString());
+        assertTrue(Double.isNaN(KvEval.evaluate(List.of(TurboFormat.TURBO3), rows, d, 1, "t").get(0).ipErrRelModelQ()));
+        assertThrows(IllegalArgumentException.class, () -> KvEval.evaluate(List.of(TurboFormat.TURBO3), rows, d, 1,
+                "t", false, new KvEval.ModelQueries(q, n + 1, heads)));
+        float[][][][] wide = new float[layers][heads][1][d + 1];
+        assertThrows(IllegalArgumentException.class, () -> KvEval.evaluate(List.of(TurboFormat.TURBO3), rows, d, 1,
+                "t", false, new KvEval.ModelQueries(wide, n, heads)));
+    }
+
     /** A centered format's means are halves of the K domain, padded past a rotated head of 96: as the cache stores. */
     @Test
     void aCenteredFormatCountsItsMeansOverThePaddedDomain() {
