@@ -5,6 +5,7 @@ import dev.kvant.backend.Backend;
 import dev.kvant.backend.CpuBackend;
 import dev.kvant.cuda.Cuda;
 import dev.kvant.cuda.CudaAvailability;
+import dev.kvant.cuda.CudaException;
 import dev.kvant.cuda.CudaUnavailableException;
 import dev.kvant.cuda.model.CudaBackend;
 import dev.kvant.gguf.GgmlType;
@@ -317,6 +318,11 @@ final class ModelOptions {
                 } catch (CudaUnavailableException e) {
                     // a GPU too old for kvant's kernels: say so, and run on the CPU as auto promises
                     System.err.println("kvant: " + e.getMessage() + " Running on the CPU.");
+                    yield new CpuBackend(loaded, pool);
+                } catch (CudaException e) {
+                    // a GPU that is there but cannot be used now (another process holds it in exclusive mode, its
+                    // memory went to someone else between the fit check and the upload): the CPU, as auto promises
+                    System.err.println("kvant: the GPU could not be used (" + e.getMessage() + "). Running on the CPU.");
                     yield new CpuBackend(loaded, pool);
                 } catch (UsageException e) {
                     throw e;

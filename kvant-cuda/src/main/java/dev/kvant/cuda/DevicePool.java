@@ -41,7 +41,9 @@ public final class DevicePool implements AutoCloseable {
         if (bytes <= 0) {
             throw new IllegalArgumentException("scratch of " + bytes + " bytes: the size must be positive");
         }
-        long rounded = alignUp(bytes);
+        // the size is checked before it is rounded: a request near Long.MAX_VALUE would round past it to a negative
+        // size that passes the check
+        long rounded = bytes > block.byteSize() - top ? Long.MAX_VALUE : alignUp(bytes);
         if (rounded > block.byteSize() - top) {
             throw new IllegalStateException("device pool of " + block.byteSize() + " bytes is exhausted: " + bytes
                     + " bytes requested with " + top + " in use; size the pool for the largest step");

@@ -234,6 +234,8 @@ class CudaMemoryGpuTest {
             pool.allocate(1 << 19);
             IllegalStateException e = assertThrows(IllegalStateException.class, () -> pool.allocate((1 << 19) + 1));
             assertTrue(e.getMessage().startsWith("device pool of 1048576 bytes is exhausted"), e.getMessage());
+            // a size near Long.MAX_VALUE, whose rounding would wrap to a negative size, is refused as well
+            assertThrows(IllegalStateException.class, () -> pool.allocate(Long.MAX_VALUE - 100));
         }
     }
 

@@ -41,6 +41,19 @@ public record AttentionShape(KvGeometry geometry, int heads, KvFormat kFormat, K
         return new AttentionShape(cache.geometry(), heads, cache.kFormat(), cache.vFormat(), cache.pageTokens());
     }
 
+    /**
+     * Refuses a model whose heads the device kernels do not take (head sizes, query heads per kv head) before
+     * anything of it is uploaded: the same rules as a shape of its own.
+     */
+    public static void checkHeads(int heads, int kvHeads, int headDimK, int headDimV) {
+        if (kvHeads <= 0 || heads <= 0 || heads % kvHeads != 0) {
+            throw new IllegalArgumentException("attention needs a positive multiple of the " + kvHeads
+                    + " kv heads as query heads, got " + heads);
+        }
+        checkHeadDim("K", headDimK);
+        checkHeadDim("V", headDimV);
+    }
+
     private static void checkHeadDim(String what, int d) {
         if (d != 64 && d != 128 && d != 256) {
             throw new IllegalArgumentException("the GPU attention kernels take " + what + " head sizes 64, 128 and 256, "

@@ -804,6 +804,10 @@ public final class CudaAttention implements AutoCloseable {
             throw new IllegalArgumentException("prefill of " + n + " queries at " + start + "; the plan takes 1.."
                     + plan.maxPrefill() + " queries");
         }
+        if ((long) start + n > plan.maxTokens()) {   // the kernel reads the table this far
+            throw new IllegalArgumentException("prefill of " + n + " queries at " + start + " reaches past the "
+                    + plan.maxTokens() + " tokens a sequence of the plan holds");
+        }
         long rows = (long) n * shape.heads();
         requireBytes("queries", q, rows * shape.headDimK() * 4);
         requireBytes("output", out, rows * shape.headDimV() * 4);

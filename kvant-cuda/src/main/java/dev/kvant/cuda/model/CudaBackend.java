@@ -16,6 +16,7 @@ import dev.kvant.cuda.KernelCache;
 import dev.kvant.cuda.KernelSource;
 import dev.kvant.cuda.PinnedBuffer;
 import dev.kvant.engine.ContextFullException;
+import dev.kvant.engine.Session;
 import dev.kvant.kv.KvFormat;
 import dev.kvant.kv.KvLayerFormats;
 import dev.kvant.model.LlamaModel;
@@ -152,6 +153,9 @@ public final class CudaBackend implements Backend {
      */
     public static CudaBackend open(LlamaModel model, Options options) {
         ModelConfig c = model.config();
+        // heads the attention kernels do not take are refused before a weight is uploaded (the cache's pools
+        // would refuse them only at the first sequence)
+        dev.kvant.cuda.attention.AttentionShape.checkHeads(c.heads(), c.kvHeads(), c.headDimK(), c.headDimV());
         int[] devices = options.devices().length == 0 ? new int[] {-1} : options.devices();
         if (options.layerSplit() != null) {
             checkSplit(options.layerSplit(), devices.length, c.layers());
@@ -472,7 +476,22 @@ public final class CudaBackend implements Backend {
         String key = formats.name();
         KvPool pool = pools.get(key);
         if (pool == null) {
-            long tokens = poolTokens(options.kvTokens(), contextLength, options.maxBatch());
+            // the pools of other format pairs that no open sequence uses go first (bench --kv f16,q8_0,turbo3 runs
+            // its caches one after another: each gets the device, and a --kv-mem budget, to itself)
+            for (var it = pools.entrySet().iterator(); it.hasNext(); ) {
+                KvPool other = it.next().getValue();
+                if (other.idle()) {
+                    for (Stage st : stages) {
+                        st.stream.synchronize();
+                    }
+                    other.close();
+                    it.remove();
+                }
+            }
+            // a --kv-mem budget in bytes holds as many tokens as these formats' bytes per token allow
+            long budget = options.kvBytes() > 0
+                    ? Session.contextForBudget(c, formats, model.selection(), options.kvBytes()) : options.kvTokens();
+            long tokens = poolTokens(budget, contextLength, options.maxBatch());
             pool = new KvPool(stages, c, formats, PAGE_TOKENS, tokens, contextLength, options.maxBatch(),
                     options.maxPrefill(), HEADROOM, sparseV(), model.selection());
             pools.put(key, pool);
@@ -661,10 +680,15 @@ public final class CudaBackend implements Backend {
             this.done = context.createEvent();
         }
 
-        /** Room for the ids of n sequences, and their logits rows when asked (grown, never shrunk). */
+        /**
+         * Room for the ids of n sequences, and their logits rows when asked (grown, never shrunk; at least twice the
+         * rows held before, so a server whose batches outgrow maxBatch one sequence at a time pins memory a few
+         * times, not at every new size).
+         */
         void reserve(int n, boolean withLogits) {
             if (ids == null || ids.byteSize() < 8L * n) {
-                PinnedBuffer grown = context.allocatePinned(8L * Math.max(n, options.maxBatch()));
+                long rows = Math.max(Math.max(n, options.maxBatch()), ids == null ? 0 : 2 * (ids.byteSize() / 8));
+                PinnedBuffer grown = context.allocatePinned(8L * rows);
                 if (ids != null) {
                     ids.close();
                 }
@@ -672,7 +696,9 @@ public final class CudaBackend implements Backend {
             }
             long need = 4L * n * c.vocabSize();
             if (withLogits && (logits == null || logits.byteSize() < need)) {
-                PinnedBuffer grown = context.allocatePinned(Math.max(need, 4L * options.maxBatch() * c.vocabSize()));
+                long held = logits == null ? 0 : 2 * logits.byteSize();
+                PinnedBuffer grown = context.allocatePinned(Math.max(Math.max(need, held),
+                        4L * options.maxBatch() * c.vocabSize()));
                 if (logits != null) {
                     logits.close();
                 }
@@ -1048,6 +1074,7 @@ public final class CudaBackend implements Backend {
         Sequence(KvPool pool, int capacity) {
             this.pool = pool;
             this.capacity = capacity;
+            pool.attach();
         }
 
         CudaBackend owner() {
@@ -1255,6 +1282,7 @@ public final class CudaBackend implements Backend {
                 }
             }
             released = true;
+            pool.detach();
             if (!closed) {
                 truncate(0);
             }

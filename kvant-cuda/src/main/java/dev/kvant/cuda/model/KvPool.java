@@ -47,6 +47,8 @@ final class KvPool implements AutoCloseable {
     /** Sequences holding each page (a shared prefix page has several); 0 for a free page. */
     private final int[] refs;
     private int freeCount;
+    /** Sequences made on this pool and not yet closed. */
+    private int sequences;
 
     /**
      * @param selection query-aware selection of the decode steps (null: dense): every page then carries key
@@ -170,6 +172,21 @@ final class KvPool implements AutoCloseable {
 
     List<Part> parts() {
         return parts;
+    }
+
+    /** A sequence was made on this pool. */
+    synchronized void attach() {
+        sequences++;
+    }
+
+    /** A sequence of this pool was closed. */
+    synchronized void detach() {
+        sequences--;
+    }
+
+    /** Whether no sequence of this pool is open (so closing it takes nothing from anyone). */
+    synchronized boolean idle() {
+        return sequences == 0;
     }
 
     synchronized int freePages() {
