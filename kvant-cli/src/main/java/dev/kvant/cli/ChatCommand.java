@@ -76,6 +76,10 @@ final class ChatCommand implements Runnable {
             loading.done();
             Tokenizer tok = model.tokenizer();
             ChatTemplate tpl = ChatTemplate.detect(model.chatTemplate(), template);
+            if (tpl == ChatTemplate.RAW && template == null) {
+                System.err.println("kvant chat: the model has no chat template (tokenizer.chat_template): messages are"
+                        + " joined with no turn markers; choose a format with --chat-template NAME");
+            }
             Sampler sampler = new Sampler(sampling.config(session.contextLength()));
             List<ChatMessage> history = new ArrayList<>();
             if (system != null) {

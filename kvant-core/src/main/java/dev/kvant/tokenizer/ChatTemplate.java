@@ -293,7 +293,10 @@ public enum ChatTemplate {
                             o.c(m.content()).t(" [/INST]");
                             system = null;
                         }
-                        default -> o.t(this == MISTRAL_V1 ? " " : "").c(m.content()).t("</s>");
+                        // an answer read back from SentencePiece decoding starts with its first word's space,
+                        // which the template's own separator already is: one space, not two
+                        default -> o.t(this == MISTRAL_V1 ? " " : "")
+                                .c(this == MISTRAL_V1 ? stripLeading(m.content(), " ") : m.content()).t("</s>");
                     }
                 }
                 checkSystemUsed(system != null);
@@ -341,7 +344,9 @@ public enum ChatTemplate {
                     switch (role(m)) {
                         case "system" -> o.t("[SYSTEM_PROMPT]").t(space).c(m.content()).t("[/SYSTEM_PROMPT]");
                         case "user" -> o.t("[INST]").t(space).c(m.content()).t("[/INST]");
-                        default -> o.t(space).c(m.content()).t("</s>");
+                        // as V1: the separator space is the answer's leading one
+                        default -> o.t(space).c(space.isEmpty() ? m.content() : stripLeading(m.content(), " "))
+                                .t("</s>");
                     }
                 }
             }

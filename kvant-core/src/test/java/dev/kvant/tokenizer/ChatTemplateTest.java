@@ -129,6 +129,20 @@ class ChatTemplateTest {
                 ChatTemplate.MISTRAL_V7.render(CONVERSATION, false));
     }
 
+    /**
+     * A SentencePiece model's answer read back as text starts with its first word's space (" Hello"); the Mistral
+     * templates whose separator is that space write it once, as they write an answer without it.
+     */
+    @Test
+    void mistralAnswersReadBackWithTheirLeadingSpaceGetOneSpace() {
+        for (String answer : new String[] {"Hello", " Hello"}) {
+            List<ChatMessage> chat = List.of(ChatMessage.user("Hi"), ChatMessage.assistant(answer),
+                    ChatMessage.user("Bye"));
+            assertEquals("[INST] Hi [/INST] Hello</s>[INST] Bye [/INST]", ChatTemplate.MISTRAL_V1.render(chat, true));
+            assertEquals("[INST] Hi[/INST] Hello</s>[INST] Bye[/INST]", ChatTemplate.MISTRAL_V7.render(chat, true));
+        }
+    }
+
     @Test
     void gemma() {
         assertEquals("<start_of_turn>user\nYou are terse.\n\nWhat is 2+2?<end_of_turn>\n"

@@ -93,13 +93,38 @@ public sealed interface TextCodec {
         for (int id = 0; id < t.vocabSize(); id++) {
             most = Math.max(most, t.tokenBytes(id).length);
         }
-        return new Model(t, ChatTemplate.detect(model.chatTemplate(), templateOverride), most);
+        ChatTemplate template;
+        String problem = null;
+        try {
+            template = ChatTemplate.detect(model.chatTemplate(), templateOverride);
+        } catch (IllegalArgumentException e) {
+            if (templateOverride != null) {
+                throw e;   // a name asked for and not known: the command line's mistake
+            }
+            // a template of no built-in format: plain completions still serve; chat requests say why they cannot
+            template = null;
+            problem = e.getMessage() + " (start the server with --chat-template NAME)";
+            System.err.println("kvant serve: " + problem + "; /v1/chat/completions refuses requests until then,"
+                    + " /v1/completions serves");
+        }
+        if (template == ChatTemplate.RAW && templateOverride == null) {
+            System.err.println("kvant serve: the model has no chat template (tokenizer.chat_template): chat messages"
+                    + " are joined with no turn markers; choose a format with --chat-template NAME");
+        }
+        return new Model(t, template, problem, most);
     }
 
-    /** A real model: its tokenizer, BOS as the model asks, control-token texts in the rendered chat recognised. */
-    record Model(Tokenizer tokenizer, ChatTemplate template, int maxTokenBytes) implements TextCodec {
+    /**
+     * A real model: its tokenizer, BOS as the model asks, control-token texts in the rendered chat recognised; a
+     * null template (one of no built-in format) refuses chat with {@code templateProblem}.
+     */
+    record Model(Tokenizer tokenizer, ChatTemplate template, String templateProblem, int maxTokenBytes)
+            implements TextCodec {
         @Override
         public int[] chat(List<ChatMessage> messages, int limit) {
+            if (template == null) {
+                throw ApiException.unsupported("messages", templateProblem);
+            }
             // the messages' own text is read with control-token texts as plain text: a message cannot open a turn
             ChatTemplate.Rendered r = template.renderMarked(messages, true);
             checkLength(r.text(), limit);
