@@ -36,6 +36,7 @@ import java.util.stream.Stream;
 
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -905,6 +906,41 @@ class CudaBackendGpuTest {
             for (int i = 0; i < 6; i++) {
                 a[i].close();
                 b[i].close();
+            }
+        }
+    }
+
+    /**
+     * A pool of other formats that no open sequence uses is closed before a new pool is made (bench --kv f16,turbo3
+     * holds one cache at a time), one that a sequence still uses is kept (the sequence goes on), and formats made
+     * again compute the bits they computed the first time.
+     */
+    @Test
+    void anIdlePoolOfOtherFormatsMakesRoomAndAnOpenOneStays() {
+        try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.TINY, GgmlType.Q4_0, 5);
+             CudaBackend b = CudaBackend.open(model, new CudaBackend.Options(1, 64, 0))) {
+            int vocab = model.config().vocabSize();
+            int[] prompt = new SplittableRandom(5).ints(40, 0, vocab).toArray();
+            float[] first = poisoned(vocab);
+            KvPool f16Pool;
+            try (BackendSequence s = b.newSequence(128, F16, F16)) {
+                s.forward(prompt, 0, prompt.length, false, first);
+                f16Pool = ((CudaBackend.Sequence) s).pool();
+            }
+            assertFalse(f16Pool.isClosed(), "a pool stays until another is made");
+            try (BackendSequence t = b.newSequence(128, TURBO3, TURBO3)) {
+                assertTrue(f16Pool.isClosed(), "the idle f16 pool was closed for the turbo3 one");
+                KvPool turboPool = ((CudaBackend.Sequence) t).pool();
+                t.forward(prompt, 0, 20, false, poisoned(vocab));
+                float[] again = poisoned(vocab);
+                try (BackendSequence s = b.newSequence(128, F16, F16)) {
+                    s.forward(prompt, 0, prompt.length, false, again);
+                }
+                assertFalse(turboPool.isClosed(), "the turbo3 pool has an open sequence");
+                float[] next = poisoned(vocab);
+                t.forward(prompt, 20, 20, false, next);
+                assertTrue(allFinite(next));
+                assertArrayEquals(first, again, "f16 made again gives the bits it gave the first time");
             }
         }
     }
