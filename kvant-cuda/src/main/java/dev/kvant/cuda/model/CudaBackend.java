@@ -1282,9 +1282,12 @@ public final class CudaBackend implements Backend {
                 }
             }
             released = true;
-            pool.detach();
-            if (!closed) {
-                truncate(0);
+            try {
+                if (!closed) {
+                    truncate(0);
+                }
+            } finally {
+                pool.detach();   // its pages are back first: an idle pool may then be closed
             }
         }
     }
