@@ -322,7 +322,8 @@ final class ModelOptions {
                 } catch (CudaException e) {
                     // a GPU that is there but cannot be used now (another process holds it in exclusive mode, its
                     // memory went to someone else between the fit check and the upload): the CPU, as auto promises
-                    System.err.println("kvant: the GPU could not be used (" + e.getMessage() + "). Running on the CPU.");
+                    System.err.println("kvant: the GPU could not be used (" + e.getMessage()
+                            + "). Running on the CPU.");
                     yield new CpuBackend(loaded, pool);
                 } catch (UsageException e) {
                     throw e;

@@ -82,9 +82,10 @@ class OutputFormatsTest {
      */
     @Test
     void kvEvalWithAModelWeighsKeysByItsOwnQueries() {
-        MainTest.Run r = MainTest.run("kv-eval", "-m", SparseCommandsTest.tinycode("tinycode-q8_0.gguf").toString(), "-f",
-                SparseCommandsTest.tinycode("eval-heldout.txt").toString(), "--tokens", "96", "--rows", "16", "-t",
-                "2", "--json");
+        String model = SparseCommandsTest.tinycode("tinycode-q8_0.gguf").toString();
+        String text = SparseCommandsTest.tinycode("eval-heldout.txt").toString();
+        MainTest.Run r = MainTest.run("kv-eval", "-m", model, "-f", text, "--tokens", "96", "--rows", "16", "-t", "2",
+                "--json");
         assertEquals(0, r.code(), r.err());
         java.util.Map<String, Double> k = new java.util.HashMap<>();
         Pattern row = Pattern.compile(".*\"format\":\"([a-z0-9_+]+)\".*\"ip_err_rel_model_q\":([^,]+),"

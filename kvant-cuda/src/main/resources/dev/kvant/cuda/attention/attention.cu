@@ -32,8 +32,9 @@ constexpr bool K_BF16 = KF == F_BF16;
 constexpr bool K_FOLD = fmt_turbo(KF) && DK == rot_block(DK);
 constexpr bool V_FOLD = fmt_turbo(VF) && DV == rot_block(DV);
 constexpr bool V_BF16 = VF == F_BF16;
-// Decode over turbo rows of one rotation block (64 or 128 values), 8-bit rows (q8_0, int8: K_FRAG8, V_FRAG8) and 4-bit rows (q4_0, q4_0h: K_FRAG4,
-// V_FRAG4): no tile (K_FRAG, V_FRAG). Each lane decodes its mma A fragments straight from the raw stage — turbo
+// Decode over turbo rows of one rotation block (64 or 128 values), 8-bit rows (q8_0, int8: K_FRAG8, V_FRAG8) and
+// 4-bit rows (q4_0, q4_0h: K_FRAG4, V_FRAG4): no tile (K_FRAG, V_FRAG). Each lane decodes its mma A fragments
+// straight from the raw stage — turbo
 // through the pair table (turbo_pairs, turbo4_pair), 8-bit and 4-bit values under an exponent byte (i8pair_to_h2,
 // i8cross_to_h2, q4pair_to_h2) — in a column order of its own (kfrag_col, vfrag_dim) chosen so that a lane's pairs
 // come from a few consecutive bytes of a row; the query (K) and the output (V) follow it.
@@ -685,7 +686,8 @@ __device__ __forceinline__ void store_partial(float* __restrict__ op, const floa
                 *(float4*) (op + (DV / 2) * h + (DV / 16) * g + 4 * k) =
                         make_float4(o[4 * k][x], o[4 * k + 1][x], o[4 * k + 2][x], o[4 * k + 3][x]);
         }
-    } else if constexpr (V_FRAG && DV == 128) {   // dimensions 32r + 4g .. + 3, r = 2(mt & 1) + h: m-tiles 2i + (r >> 1)
+    } else if constexpr (V_FRAG && DV == 128) {
+        // dimensions 32r + 4g .. + 3, r = 2(mt & 1) + h: m-tiles 2i + (r >> 1)
 #pragma unroll
         for (int r = 0; r < 4; r++) {
             const int m = r >> 1, x = 2 * (r & 1) + e;
