@@ -50,8 +50,8 @@ final class ChatCommand implements Runnable {
 
     @Option(names = "--chat-template", paramLabel = "NAME",
             description = "override the template detected from the model: llama3, llama3.1, llama3.2, llama2,"
-                    + " chatml, qwen2, qwen2.5, qwen3, mistral, mistral-v1, mistral-v3, mistral-v3-tekken, mistral-v7,"
-                    + " mistral-v7-tekken, gemma, raw")
+                    + " chatml, qwen2, qwen2.5, qwen3, qwen3-thinking, mistral, mistral-v1, mistral-v3,"
+                    + " mistral-v3-tekken, mistral-v7, mistral-v7-tekken, gemma, raw")
     String template;
 
     @Override

@@ -57,6 +57,11 @@ public enum ChatTemplate {
      */
     QWEN3("qwen3"),
     /**
+     * Qwen's thinking-only templates (QwQ, Qwen3-*-Thinking-2507): as {@link #QWEN3}, the generation prompt opening the
+     * answer's reasoning, {@code <|im_start|>assistant\n<think>\n}.
+     */
+    QWEN3_THINKING("qwen3-thinking"),
+    /**
      * Mistral 7B Instruct v0.1 / Mixtral 8x7B: {@code [INST] user [/INST]answer</s>[INST] ...}; a system prompt, which
      * those templates lack, is put before the first user message with a blank line between (as later Mistral
      * templates and llama.cpp do).
@@ -134,7 +139,8 @@ public enum ChatTemplate {
         }
         if (t.contains("<|im_start|>")) {
             if (t.contains("</think>")) {
-                return QWEN3;
+                // a generation prompt that opens the reasoning itself (QwQ, the Thinking-2507 models)
+                return t.contains("<|im_start|>assistant\\n<think>\\n") ? QWEN3_THINKING : QWEN3;
             }
             if (t.contains(QWEN25.defaultSystem)) {
                 return QWEN25;
@@ -228,7 +234,7 @@ public enum ChatTemplate {
                     o.t("<|start_header_id|>assistant<|end_header_id|>\n\n");
                 }
             }
-            case CHATML, QWEN2, QWEN25, QWEN3 -> {
+            case CHATML, QWEN2, QWEN25, QWEN3, QWEN3_THINKING -> {
                 if (defaultSystem != null && (messages.isEmpty() || !messages.get(0).role().equals("system"))) {
                     o.t("<|im_start|>system\n").t(defaultSystem).t("<|im_end|>\n");
                 }
@@ -241,7 +247,7 @@ public enum ChatTemplate {
                 for (int i = 0; i < messages.size(); i++) {
                     ChatMessage m = messages.get(i);
                     o.t("<|im_start|>").c(m.role()).t("\n");
-                    if (this == QWEN3 && m.role().equals("assistant")) {
+                    if ((this == QWEN3 || this == QWEN3_THINKING) && m.role().equals("assistant")) {
                         qwen3Answer(o, m.content(), i > lastUser, i == messages.size() - 1);
                     } else {
                         o.c(m.content());
@@ -249,7 +255,7 @@ public enum ChatTemplate {
                     o.t("<|im_end|>\n");
                 }
                 if (addGenerationPrompt) {
-                    o.t("<|im_start|>assistant\n");
+                    o.t("<|im_start|>assistant\n").t(this == QWEN3_THINKING ? "<think>\n" : "");
                 }
             }
             case LLAMA2 -> {

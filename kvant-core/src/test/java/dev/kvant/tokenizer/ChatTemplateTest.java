@@ -16,7 +16,8 @@ class ChatTemplateTest {
             ChatMessage.user("What is 2+2?"),
             ChatMessage.assistant("4"));
     private static final List<ChatMessage> QUESTION = CONVERSATION.subList(0, 2);
-    private static final String NAMES = "llama3, llama3.1, llama3.2, llama2, chatml, qwen2, qwen2.5, qwen3, mistral,"
+    private static final String NAMES = "llama3, llama3.1, llama3.2, llama2, chatml, qwen2, qwen2.5, qwen3, qwen3-thinking,"
+            + " mistral,"
             + " mistral-v1, mistral-v3, mistral-v3-tekken, mistral-v7, mistral-v7-tekken, gemma, raw";
 
     @Test
@@ -230,6 +231,14 @@ class ChatTemplateTest {
 
         assertEquals(ChatTemplate.QWEN3, ChatTemplate.detect("{{- '<|im_start|>' + message.role + '\\n<think>\\n' + "
                 + "reasoning_content.strip('\\n') + '\\n</think>\\n\\n' }}", null));
+        // QwQ, Qwen3-*-Thinking-2507: the generation prompt opens the reasoning
+        ChatTemplate thinking = ChatTemplate.detect("{%- set content = message.content.split('</think>')[-1] %}"
+                + "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}", null);
+        assertEquals(ChatTemplate.QWEN3_THINKING, thinking);
+        assertEquals("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
+                        + "<|im_start|>user\nAnd?<|im_end|>\n<|im_start|>assistant\n<think>\n",
+                thinking.render(List.of(ChatMessage.user("Hi"), ChatMessage.assistant("<think>\nhmm\n</think>\n\nHello!"),
+                        ChatMessage.user("And?")), true));
         assertEquals("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
                         + "<|im_start|>user\nAnd?<|im_end|>\n<|im_start|>assistant\n",
                 ChatTemplate.QWEN3.render(List.of(ChatMessage.user("Hi"),
