@@ -41,15 +41,14 @@ public final class DevicePool implements AutoCloseable {
         if (bytes <= 0) {
             throw new IllegalArgumentException("scratch of " + bytes + " bytes: the size must be positive");
         }
-        // the size is checked before it is rounded: a request near Long.MAX_VALUE would round past it to a negative
-        // size that passes the check
-        long rounded = bytes > block.byteSize() - top ? Long.MAX_VALUE : alignUp(bytes);
-        if (rounded > block.byteSize() - top) {
+        long room = block.byteSize() - top;
+        // the size itself first: rounding one near Long.MAX_VALUE up would wrap to a negative size
+        if (bytes > room || alignUp(bytes) > room) {
             throw new IllegalStateException("device pool of " + block.byteSize() + " bytes is exhausted: " + bytes
                     + " bytes requested with " + top + " in use; size the pool for the largest step");
         }
         long offset = top;
-        top += rounded;
+        top += alignUp(bytes);
         highWater = Math.max(highWater, top);
         return DeviceBuffer.pooled(context, block.address() + offset, bytes, this, generation);
     }

@@ -14,16 +14,11 @@ import dev.kvant.kv.PageMeanFormat;
  */
 public record AttentionShape(KvGeometry geometry, int heads, KvFormat kFormat, KvFormat vFormat, int pageTokens) {
     public AttentionShape {
-        if (heads <= 0 || heads % geometry.kvHeads() != 0) {
-            throw new IllegalArgumentException("attention needs a positive multiple of the " + geometry.kvHeads()
-                    + " kv heads as query heads, got " + heads);
-        }
         if (vFormat instanceof PageMeanFormat) {
             throw new IllegalArgumentException("V cache format " + vFormat.name() + ": only keys are centered on "
                     + "their page's mean");
         }
-        checkHeadDim("K", geometry.headDimK());
-        checkHeadDim("V", geometry.headDimV());
+        checkHeads(heads, geometry.kvHeads(), geometry.headDimK(), geometry.headDimV());
         if (pageTokens <= 0 || pageTokens % 8 != 0) {
             throw new IllegalArgumentException("the GPU KV cache needs pages of a multiple of 8 tokens (16-byte aligned "
                     + "page starts for its tile loads), got pageTokens=" + pageTokens);
@@ -46,7 +41,7 @@ public record AttentionShape(KvGeometry geometry, int heads, KvFormat kFormat, K
      * anything of it is uploaded: the same rules as a shape of its own.
      */
     public static void checkHeads(int heads, int kvHeads, int headDimK, int headDimV) {
-        if (kvHeads <= 0 || heads <= 0 || heads % kvHeads != 0) {
+        if (heads <= 0 || kvHeads <= 0 || heads % kvHeads != 0) {
             throw new IllegalArgumentException("attention needs a positive multiple of the " + kvHeads
                     + " kv heads as query heads, got " + heads);
         }
