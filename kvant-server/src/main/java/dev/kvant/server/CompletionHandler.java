@@ -126,8 +126,8 @@ final class CompletionHandler {
     private void stream(WriteDeadline d, ServerResponse res, CompletionRequest r, Generation g,
                         LinkedBlockingQueue<GenerationEvent> events, String id, long created, long arrival) {
         boolean chat = r.kind() == CompletionRequest.Kind.CHAT;
-        // The headers go out with the first write: a chat's role chunk at once, a text stream's first token or
-        // heartbeat; a text stream that fails before either gets the status of the failure instead of 200.
+        // The headers go out with the first write, the first text or heartbeat (a chat's role chunk just before it):
+        // a stream that fails before either, at admission say, gets the status of the failure instead of 200.
         OutputStream[] opened = {null};
         java.util.function.Supplier<OutputStream> out = () -> {
             if (opened[0] == null) {
@@ -135,13 +135,13 @@ final class CompletionHandler {
                 res.header(HeaderNames.CONTENT_TYPE, "text/event-stream; charset=utf-8");
                 res.header(HeaderNames.CACHE_CONTROL, "no-cache");
                 opened[0] = res.outputStream();
+                if (chat) {
+                    ObjectNode delta = Json.MAPPER.createObjectNode().put("role", "assistant").put("content", "");
+                    event(d, opened[0], chunk(id, created, r, delta, null, null));
+                }
             }
             return opened[0];
         };
-        if (chat) {
-            ObjectNode delta = Json.MAPPER.createObjectNode().put("role", "assistant").put("content", "");
-            event(d, out.get(), chunk(id, created, r, delta, null, null));
-        }
         Outcome o = consume(r, g, events, arrival, true,
                 text -> event(d, out.get(), chunk(id, created, r, null, text, null)),
                 () -> write(d, out.get(), ": keep-alive\n\n"));
@@ -172,8 +172,10 @@ final class CompletionHandler {
         StringBuilder text = new StringBuilder();
         OutputStream[] committed = {null};
         Outcome o = consume(r, g, events, arrival, false, text::append, () -> {
-            // A generation past a heartbeat period: send the headers and a space (JSON allows leading blanks) so that
-            // a write fails, and the generation is cancelled, once the client has gone.
+            // A generation running past a heartbeat period: send the headers and a space (JSON allows leading blanks)
+            // so that a write fails, and the generation is cancelled, once the client has gone. This commits the
+            // status (200); consume calls it only once the request holds a sequence, so that every failure up to
+            // then gets a status of its own.
             if (committed[0] == null) {
                 res.status(200);
                 res.header(HeaderNames.CONTENT_TYPE, "application/json");
@@ -188,7 +190,8 @@ final class CompletionHandler {
                 throw new ApiException(f.shuttingDown() ? 503 : 500, "server_error", null,
                         f.shuttingDown() ? "shutting_down" : "generation_failed", f.message(), 0);
             }
-            // the status (200) went out with the first heartbeat: the body alone can say what happened
+            // the status (200) went out with the first heartbeat: the body alone can say what happened, as the
+            // OpenAI error object after the heartbeats' blanks (docs/SERVER.md, Errors)
             body = ApiException.body(o.failure().message(), "server_error", null,
                     o.failure().shuttingDown() ? "shutting_down" : "generation_failed");
         } else {
@@ -226,10 +229,16 @@ final class CompletionHandler {
 
     /**
      * Reads the generation's events until it ends, handing text to sink as soon as no stop string can claim it, and
-     * calling idle whenever a heartbeat period has passed with nothing written to the client: since the last idle
-     * call or, when sinkWrites (a stream), the last text handed to sink. So a response held back until the end (not
-     * streamed) writes its heartbeat every period while tokens flow, and a client that has gone is noticed within a
-     * period either way.
+     * calling idle whenever a heartbeat period has passed with nothing written to the client: since the request got
+     * its sequence, the last idle call or, when sinkWrites (a stream), the last text handed to sink. So a response
+     * held back until the end (not streamed) writes its heartbeat every period while tokens flow, and a client that
+     * has gone is noticed within a period either way.
+     *
+     * <p>No heartbeat is written while the request waits in the queue: the first one commits the response's status
+     * (200), and a request that fails before it holds a sequence (the server shutting down while it waits, a
+     * sequence that cannot be made) or in its first period (its first prompt chunks, a backend that refuses its
+     * shape) then gets the status of its failure instead. The cost: a client that leaves while its request is queued
+     * is noticed only once the request is admitted, by the heartbeats after it.
      */
     private Outcome consume(CompletionRequest r, Generation g, LinkedBlockingQueue<GenerationEvent> events,
                             long arrival, boolean sinkWrites, Consumer<String> sink, Runnable idle) {
@@ -240,17 +249,19 @@ final class CompletionHandler {
         int generated = 0;
         long last = 0;
         long period = config.heartbeat().toNanos();
-        long quietSince = System.nanoTime();
+        boolean admitted = false;
+        long quietSince = 0;
         while (true) {
             GenerationEvent e;
             try {
-                e = events.poll(Math.max(0, quietSince + period - System.nanoTime()), TimeUnit.NANOSECONDS);
+                e = admitted ? events.poll(Math.max(0, quietSince + period - System.nanoTime()), TimeUnit.NANOSECONDS)
+                        : events.take();
             } catch (InterruptedException ex) {
                 Thread.currentThread().interrupt();
                 g.cancel();
                 throw new UncheckedIOException(new IOException("interrupted while waiting for tokens"));
             }
-            if (System.nanoTime() - quietSince >= period) {
+            if (admitted && System.nanoTime() - quietSince >= period) {
                 idle.run();
                 quietSince = System.nanoTime();
             }
@@ -261,6 +272,8 @@ final class CompletionHandler {
                 case GenerationEvent.Started s -> {
                     promptTokens = s.promptTokens();
                     cachedTokens = s.cachedTokens();
+                    admitted = true;
+                    quietSince = System.nanoTime();
                 }
                 case GenerationEvent.Token t -> {
                     long now = System.nanoTime();

@@ -11,7 +11,9 @@ import java.time.Duration;
  * @param modelId         the name {@code /v1/models} and every response give the model
  * @param maxRequestBytes the largest request body accepted
  * @param heartbeat       how often a waiting response writes a keep-alive (an SSE comment, or a space before a JSON
- *                        body that takes long), which is how a client that went away is noticed
+ *                        body that takes long), which is how a client that went away is noticed; the first one, which
+ *                        commits the status (200), comes a period after the request got its sequence, never while it
+ *                        waits in the queue, so that a failure up to then gets a status of its own
  * @param writeTimeout    how long one write to a client may take before the response is cut (its generation
  *                        cancelled): a client that stops reading would otherwise hold its connection as long as it
  *                        stays connected ({@link WriteDeadline})
