@@ -288,24 +288,23 @@ public final class CublasLt implements AutoCloseable {
             return;
         }
         closed = true;
-        if (!context.isClosed()) {
-            context.makeCurrent();
-            try {
-                for (Plan p : plans.values()) {
-                    int r1 = (int) lib.descDestroy.invokeExact(p.operation);
-                    int r2 = (int) lib.layoutDestroy.invokeExact(p.weights);
-                    int r3 = (int) lib.layoutDestroy.invokeExact(p.activations);
-                    int r4 = (int) lib.layoutDestroy.invokeExact(p.output);
+        try {
+            context.release(() -> {
+                try {
+                    for (Plan p : plans.values()) {
+                        int r1 = (int) lib.descDestroy.invokeExact(p.operation);
+                        int r2 = (int) lib.layoutDestroy.invokeExact(p.weights);
+                        int r3 = (int) lib.layoutDestroy.invokeExact(p.activations);
+                        int r4 = (int) lib.layoutDestroy.invokeExact(p.output);
+                    }
+                    lib.check((int) lib.destroy.invokeExact(handle), "cublasLtDestroy()");
+                } catch (Throwable t) {
+                    throw CudaDriver.rethrow(t);
                 }
-                lib.check((int) lib.destroy.invokeExact(handle), "cublasLtDestroy()");
-            } catch (Throwable t) {
-                throw CudaDriver.rethrow(t);
-            } finally {
-                plans.clear();
-                workspace.close();
-                arena.close();
-            }
-        } else {
+            });
+        } finally {
+            plans.clear();
+            workspace.close();
             arena.close();
         }
     }

@@ -1,6 +1,7 @@
 package dev.kvant.cuda;
 
 import java.lang.foreign.MemorySegment;
+import java.util.HashMap;
 import java.util.Map;
 
 /**
@@ -11,12 +12,33 @@ import java.util.Map;
  * context current on the calling thread (a thread-local check, one cuCtxSetCurrent the first time on a thread, and
  * on every call from a virtual thread, whose carrier may change between calls).
  *
- * <p>Close the context last: releasing the primary context frees whatever was still allocated in it.
+ * <p>Every context open on a device in this process shares one retain of its primary context ({@link Primary}): a
+ * buffer, stream, event, module or graph made from one context is freed when it is closed as long as any context of
+ * its device is still open (a pool made by one backend and closed after it, while another backend keeps the device,
+ * gives its memory back), and skips its free only once the last one has closed — releasing the primary context frees
+ * whatever was still allocated in it.
  */
 public final class CudaContext implements AutoCloseable {
     private static final ThreadLocal<CudaContext> CURRENT = new ThreadLocal<>();
+    /** The retained primary contexts, by device; guarded by itself. */
+    private static final Map<Integer, Primary> PRIMARIES = new HashMap<>();
+
+    /**
+     * A device's primary context, retained once while any {@link CudaContext} of it is open (holders). Once released
+     * it stays released: a later open retains a new one, in which nothing made in this one exists.
+     */
+    private static final class Primary {
+        final MemorySegment handle;
+        int holders;
+        boolean released;
+
+        Primary(MemorySegment handle) {
+            this.handle = handle;
+        }
+    }
 
     private final CudaDriver driver;
+    private final Primary primary;
     private final int ordinal;
     private final int device;
     private final MemorySegment handle;
@@ -46,7 +68,16 @@ public final class CudaContext implements AutoCloseable {
         this.driverVersion = driver.driverGetVersion();
         // read before the context is retained: a bad value then leaves nothing behind
         this.overlap = LaunchOverlap.fromEnvironment(System.getenv("KVANT_CUDA_OVERLAP"));
-        this.handle = driver.devicePrimaryCtxRetain(device);
+        synchronized (PRIMARIES) {
+            Primary p = PRIMARIES.get(device);
+            if (p == null) {
+                p = new Primary(driver.devicePrimaryCtxRetain(device));
+                PRIMARIES.put(device, p);
+            }
+            p.holders++;
+            this.primary = p;
+        }
+        this.handle = primary.handle;
         this.defaultStream = CudaStream.legacyDefault(this);
         this.canOverlap = computeCapability.major() >= 9 && driver.canLaunchOverlapped();
         makeCurrent();
@@ -263,17 +294,40 @@ public final class CudaContext implements AutoCloseable {
         return closed;
     }
 
-    /** Releases the primary context; idempotent. */
+    /**
+     * Runs {@code free} (a destroy or free call of something made from this context) with the primary context
+     * current, if it is still retained — by this context or another open one of the device; otherwise the release
+     * of the primary context has already freed it, and {@code free} does not run. Holds the contexts' lock, so the
+     * last context cannot close in between.
+     */
+    void release(Runnable free) {
+        synchronized (PRIMARIES) {
+            if (primary.released) {
+                return;
+            }
+            driver.ctxSetCurrent(handle);
+            CURRENT.remove();   // the next makeCurrent sets its context again
+            free.run();
+        }
+    }
+
+    /** Closes this context; the last one open on the device releases the primary context. Idempotent. */
     @Override
     public void close() {
-        if (closed) {
-            return;
+        synchronized (PRIMARIES) {
+            if (closed) {
+                return;
+            }
+            closed = true;
+            if (CURRENT.get() == this) {
+                CURRENT.remove();
+            }
+            if (--primary.holders == 0) {
+                primary.released = true;
+                PRIMARIES.remove(device);
+                driver.devicePrimaryCtxRelease(device);
+            }
         }
-        closed = true;
-        if (CURRENT.get() == this) {
-            CURRENT.remove();
-        }
-        driver.devicePrimaryCtxRelease(device);
     }
 
     MemorySegment handle() {

@@ -47,9 +47,6 @@ public final class CudaEvent implements AutoCloseable {
             return;
         }
         closed = true;
-        if (!context.isClosed()) {
-            context.makeCurrent();
-            context.driver().eventDestroy(handle);
-        }
+        context.release(() -> context.driver().eventDestroy(handle));
     }
 }

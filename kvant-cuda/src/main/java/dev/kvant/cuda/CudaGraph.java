@@ -90,9 +90,6 @@ public final class CudaGraph implements AutoCloseable {
             return;
         }
         closed = true;
-        if (!context.isClosed()) {
-            context.makeCurrent();
-            context.driver().graphExecDestroy(exec);
-        }
+        context.release(() -> context.driver().graphExecDestroy(exec));
     }
 }

@@ -70,9 +70,6 @@ public final class CudaModule implements AutoCloseable {
             return;
         }
         closed = true;
-        if (!context.isClosed()) {
-            context.makeCurrent();
-            context.driver().moduleUnload(handle);
-        }
+        context.release(() -> context.driver().moduleUnload(handle));
     }
 }

@@ -70,9 +70,6 @@ public final class CudaStream implements AutoCloseable {
             return;
         }
         closed = true;
-        if (!context.isClosed()) {
-            context.makeCurrent();
-            context.driver().streamDestroy(handle);
-        }
+        context.release(() -> context.driver().streamDestroy(handle));
     }
 }

@@ -213,9 +213,8 @@ public final class DeviceBuffer implements AutoCloseable {
             return;
         }
         closed = true;
-        if (owning && !context.isClosed()) {
-            context.makeCurrent();
-            context.driver().memFree(address);
+        if (owning) {
+            context.release(() -> context.driver().memFree(address));
         }
     }
 

@@ -46,9 +46,6 @@ public final class PinnedBuffer implements AutoCloseable {
         }
         closed = true;
         arena.close();
-        if (!context.isClosed()) {
-            context.makeCurrent();
-            context.driver().memFreeHost(raw);
-        }
+        context.release(() -> context.driver().memFreeHost(raw));
     }
 }

@@ -55,6 +55,49 @@ class CudaMemoryGpuTest {
         assertTrue(context.maxSharedMemoryPerBlockOptin() >= 48 << 10, context.toString());
     }
 
+    /**
+     * Two contexts of one device share its primary context: what one made is freed when closed after that context,
+     * while the other keeps the device open (it was skipped, and leaked, when its own context was closed), and the
+     * other goes on working; once the last context of the device closes, closing what is left frees nothing and
+     * does not fail.
+     */
+    @Test
+    void whatAClosedContextMadeIsFreedWhileAnotherKeepsTheDevice() {
+        long bytes = 512L << 20;
+        try (CudaContext other = CudaContext.open(context.ordinal())) {
+            CudaContext first = CudaContext.open(context.ordinal());
+            DeviceBuffer buffer = first.allocate(bytes);
+            CudaStream stream = first.createStream();
+            CudaEvent event = first.createEvent();
+            PinnedBuffer pinned = first.allocatePinned(4096);
+            first.close();
+            assertTrue(first.isClosed());
+            long held = other.memoryInfo().free();
+            buffer.close();
+            stream.close();
+            event.close();
+            pinned.close();
+            long freed = other.memoryInfo().free() - held;
+            assertTrue(freed >= bytes - (32L << 20), "closing the buffer after its context gave back " + freed
+                    + " bytes of its " + bytes);
+            try (DeviceBuffer b = other.allocate(1 << 20); Arena arena = Arena.ofConfined()) {
+                b.fillIntsAsync(7, other.defaultStream());
+                other.synchronize();
+                MemorySegment host = arena.allocate(1 << 20);
+                b.copyToHost(host);
+                assertEquals(7, host.get(JAVA_INT, 4096));
+            }
+        }
+        // the suite's own context still holds the device: a third one opened and closed around it changes nothing
+        CudaContext third = CudaContext.open(context.ordinal());
+        DeviceBuffer late = third.allocate(1 << 20);
+        third.close();
+        late.close();
+        try (DeviceBuffer b = context.allocate(1 << 20)) {
+            assertEquals(1 << 20, b.byteSize());
+        }
+    }
+
     @Test
     void randomBytesSurviveHostToDeviceToDeviceToHost() {
         long seed = GpuFixture.seed("randomBytesSurviveHostToDeviceToDeviceToHost");
