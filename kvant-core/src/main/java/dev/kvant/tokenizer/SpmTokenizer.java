@@ -12,25 +12,52 @@ import java.util.PriorityQueue;
  * starts as one symbol per code point. The adjacent pair whose concatenation is a vocabulary piece with the highest
  * score is merged, leftmost first among equal scores, until no pair forms a piece. A symbol that is no piece is
  * written as its UTF-8 bytes with the byte-fallback tokens {@code <0xNN>}, or as the unknown token when the
- * vocabulary lacks them.
+ * vocabulary lacks them; a run of such symbols is one unknown token, as SentencePiece writes it.
  *
  * <p>{@link #decode} turns "▁" back into spaces and drops the one space the encoder added at each of those places, so
  * it inverts {@link #encode} exactly; the stream decoder keeps every space, since generated text continues a prompt.
+ *
+ * <p>The unknown token depends on the vocabulary. With all 256 byte tokens (Llama, Mistral) the encoder writes it only
+ * for the text {@code <unk>} parsed as a special token, so it decodes as that text and, like a control token, drops
+ * the space the encoder put before the text after it. Without them it stands for characters the vocabulary cannot
+ * spell, and it renders as SentencePiece's {@code DecodeIds} renders it, {@code " ⁇ "} (U+2047 between spaces), the
+ * piece after it keeping its space: "a😀 b" decodes to "a ⁇  b". There the ids of a parsed {@code <unk>} are those of
+ * an unknown character ("a<unk>b" and "a😀 b" give the same ids), and they decode the same way.
  */
 public final class SpmTokenizer extends VocabularyTokenizer {
 
     private static final char SPACE_MARK = '\u2581';
+    /** SentencePiece's rendering of the unknown token ({@code kDefaultUnknownSymbol}; GGUF keeps no other). */
+    private static final String UNKNOWN_SURFACE = " \u2047 ";
 
     private final boolean addSpacePrefix;
     /** The id of {@code <0xNN>} for each byte, -1 where the vocabulary lacks it. */
     private final int[] byteTokens = new int[256];
+    /** Whether every byte has its token: then no text is encoded as the unknown token but the text {@code <unk>}. */
+    private final boolean byteFallback;
 
     SpmTokenizer(TokenizerSpec spec) {
         super(spec, SpmTokenizer::bytesOf);
         addSpacePrefix = spec.addSpacePrefix();
+        boolean allBytes = true;
         for (int b = 0; b < 256; b++) {
             byteTokens[b] = vocab.id(String.format("<0x%02X>", b));
+            allBytes &= byteTokens[b] >= 0;
         }
+        byteFallback = allBytes;
+        if (!byteFallback) {
+            byte[] surface = UNKNOWN_SURFACE.getBytes(StandardCharsets.UTF_8);
+            for (int id = 0; id < vocab.size(); id++) {
+                if (isUnknown(id)) {
+                    tokenBytes[id] = surface;
+                }
+            }
+        }
+    }
+
+    /** The unknown token: typed so, or the id the metadata names (a file without token types types it normal). */
+    private boolean isUnknown(int id) {
+        return id == vocab.unk || vocab.type(id) == TokenType.UNKNOWN;
     }
 
     /** A token's bytes: a byte token's byte, text with its space marks as spaces, control text as it is. */
@@ -121,13 +148,15 @@ public final class SpmTokenizer extends VocabularyTokenizer {
                 offer(queue, s, start, length, l, next[l]);
             }
         }
+        boolean unknownRun = false;
         for (int i = 0; i >= 0 && n > 0; i = next[i]) {
             String piece = s.substring(start[i], start[i] + length[i]);
             int id = pieceId(piece);
             if (id >= 0) {
                 out.add(id);
+                unknownRun = false;
             } else {
-                fallback(piece, out);
+                unknownRun = fallback(piece, out, unknownRun);
             }
         }
     }
@@ -149,7 +178,12 @@ public final class SpmTokenizer extends VocabularyTokenizer {
         return id >= 0 && vocab.type(id).isText() ? id : -1;
     }
 
-    private void fallback(String piece, IdList out) {
+    /**
+     * Writes a symbol that is no piece as byte tokens, or as the unknown token; returns whether it took the unknown
+     * token. A symbol right after one that took it adds nothing: SentencePiece merges a run of unknown pieces into one
+     * (its {@code PopulateSentencePieceText}), so "日本 word" is one unknown token, decoded " ⁇  word" as there.
+     */
+    private boolean fallback(String piece, IdList out, boolean afterUnknown) {
         byte[] bytes = piece.getBytes(StandardCharsets.UTF_8);
         boolean allBytes = true;
         for (byte b : bytes) {
@@ -159,8 +193,12 @@ public final class SpmTokenizer extends VocabularyTokenizer {
             for (byte b : bytes) {
                 out.add(byteTokens[b & 0xFF]);
             }
+            return false;
         } else if (vocab.unk >= 0) {
-            out.add(vocab.unk);
+            if (!afterUnknown) {
+                out.add(vocab.unk);
+            }
+            return true;
         } else {
             throw new IllegalArgumentException("cannot encode '" + piece + "': the vocabulary has neither byte tokens"
                     + " <0xNN> for it nor an unknown token (tokenizer.ggml.unknown_token_id)");
@@ -175,11 +213,19 @@ public final class SpmTokenizer extends VocabularyTokenizer {
             vocab.checkRange(id);
             byte[] b = tokenBytes[id];
             TokenType t = vocab.type(id);
-            // a special token (BOS and EOS too where the file types every token as normal) ends a fragment: the
-            // text after it had its own space prefix added when encoded
-            if (t == TokenType.CONTROL || t == TokenType.USER_DEFINED || id == vocab.bos || id == vocab.eos) {
+            // a special token (BOS and EOS too where the file types every token as normal, the unknown token where
+            // only the parsed text <unk> gives it) ends a fragment: the text after it had its own space prefix added
+            // when encoded
+            if (t == TokenType.CONTROL || t == TokenType.USER_DEFINED || id == vocab.bos || id == vocab.eos
+                    || t == TokenType.UNKNOWN && byteFallback) {
                 out.writeBytes(b);
                 dropSpace = addSpacePrefix;
+                continue;
+            }
+            // where it stands for characters the vocabulary lacks, " ⁇ " whole, and the text goes on after it
+            if (!byteFallback && isUnknown(id)) {
+                out.writeBytes(b);
+                dropSpace = false;
                 continue;
             }
             if (dropSpace && b.length > 0 && b[0] == ' ') {

@@ -9,12 +9,13 @@ package dev.kvant.tokenizer;
  * {@code parseSpecial} is true, otherwise their text is tokenized like any other text. Where two special texts
  * could start at the same place the longest wins, scanning left to right.
  *
- * <p><b>Decoding.</b> {@link #decode} skips nothing: control tokens render as their text (so a BOS at the start
- * renders as, e.g., {@code <|endoftext|>}); this keeps {@code decode(encode(text, false, true))} equal to the text
- * and shows exactly what the model saw. Callers that want prose only stop at {@link #isEndOfGeneration} tokens and
- * drop the BOS. {@code decode} treats the ids as a whole sequence from the start of a text and is the inverse of
- * {@link #encode}: for SentencePiece it removes the one space the encoder prefixes. {@link #streamDecoder} treats ids
- * as a continuation of a sequence (generated tokens) and removes nothing.
+ * <p><b>Decoding.</b> {@link #decode} skips nothing: control tokens render as their text (so a BOS at the start renders
+ * as, e.g., {@code <|endoftext|>}); this keeps {@code decode(encode(text, false, true))} equal to the text and shows
+ * exactly what the model saw. (Not for characters a SentencePiece vocabulary without byte tokens cannot spell: they
+ * became its unknown token, which renders as SentencePiece renders it, {@code " ⁇ "}.) Callers that want prose only
+ * stop at {@link #isEndOfGeneration} tokens and drop the BOS. {@code decode} treats the ids as a whole sequence from
+ * the start of a text and is the inverse of {@link #encode}: for SentencePiece it removes the one space the encoder
+ * prefixes. {@link #streamDecoder} treats ids as a continuation of a sequence (generated tokens) and removes nothing.
  *
  * <p>Text is handled as UTF-8; an unpaired surrogate in a Java string is encoded as '?', as
  * {@link String#getBytes(java.nio.charset.Charset)} does. Instances are immutable and safe to use from several threads.

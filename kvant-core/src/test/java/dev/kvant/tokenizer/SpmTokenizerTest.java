@@ -2,6 +2,8 @@ package dev.kvant.tokenizer;
 
 import org.junit.jupiter.api.Test;
 
+import java.util.List;
+
 import static dev.kvant.tokenizer.SyntheticVocab.BYTE0;
 import static dev.kvant.tokenizer.SyntheticVocab.SPM_IM_START;
 import static dev.kvant.tokenizer.SyntheticVocab.piece;
@@ -12,6 +14,8 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 /** SentencePiece on a hand-made vocabulary with scores and byte fallback (see {@link SyntheticVocab#SPM_PIECES}). */
 class SpmTokenizerTest {
+
+    private static final int UNK = 0;
 
     private final Tokenizer tok = Tokenizer.create(SyntheticVocab.spm(true));
 
@@ -40,8 +44,83 @@ class SpmTokenizerTest {
     @Test
     void withoutByteTokensAnUnknownCharacterIsOneUnknownToken() {
         Tokenizer noBytes = Tokenizer.create(SyntheticVocab.spm(false));
-        assertArrayEquals(new int[] {piece("▁"), piece("h"), 0, piece("i")}, noBytes.encode("h😀i", false, false));
-        assertEquals("h<unk>i", noBytes.decode(noBytes.encode("h😀i", false, false)));
+        assertArrayEquals(new int[] {piece("▁"), piece("h"), UNK, piece("i")}, noBytes.encode("h😀i", false, false));
+        assertEquals("h ⁇ i", noBytes.decode(noBytes.encode("h😀i", false, false)));
+    }
+
+    /**
+     * Without byte tokens, text the vocabulary cannot spell decodes as SentencePiece's DecodeIds decodes its ids: the
+     * unknown token is " ⁇ " and the piece after it keeps its space (a first "▁" is dropped as usual). A run of such
+     * characters is one unknown token, as SentencePiece merges it. The ids and texts here are those sentencepiece 0.1.97
+     * gives (EncodeIds, DecodeIds) for this vocabulary written as a BPE ModelProto without byte fallback.
+     */
+    @Test
+    void withoutByteTokensUnknownCharactersDecodeAsSentencePieceDecodesThem() {
+        Tokenizer noBytes = Tokenizer.create(SyntheticVocab.spm(false));
+        int[] ids = noBytes.encode("a\u0001i world", false, false);
+        assertArrayEquals(new int[] {piece("▁"), piece("a"), UNK, piece("i"), piece("▁world")}, ids);
+        assertEquals("a ⁇ i world", noBytes.decode(ids));
+        // 'b' is no piece either: "\u0001b" is one run
+        ids = noBytes.encode("a\u0001b word", false, false);
+        assertArrayEquals(new int[] {piece("▁"), piece("a"), UNK, piece("▁wor"), piece("d")}, ids);
+        assertEquals("a ⁇  word", noBytes.decode(ids));
+        ids = noBytes.encode("日本語 world", false, false);
+        assertArrayEquals(new int[] {piece("▁"), UNK, piece("▁world")}, ids);
+        assertEquals(" ⁇  world", noBytes.decode(ids));
+        assertEquals(" ⁇  world", noBytes.decode(noBytes.encode("😀 world", false, false)));
+        assertEquals("<s> ⁇  world", noBytes.decode(noBytes.encode("😀 world", true, false)));
+        assertEquals("hello ⁇  ⁇ ", noBytes.decode(new int[] {piece("▁he"), piece("llo"), UNK, UNK}));
+        // generated text renders it the same way
+        StreamDecoder d = noBytes.streamDecoder();
+        StringBuilder sb = new StringBuilder();
+        for (int id : noBytes.encode("h😀i", false, false)) {
+            sb.append(d.feed(id));
+        }
+        assertEquals(" h ⁇ i", sb + d.flush());
+        assertEquals("<unk>", noBytes.tokenText(UNK));
+    }
+
+    /**
+     * Without byte tokens a parsed {@code <unk>} has the ids of an unknown character (the text after it gets the space
+     * prefix of a new fragment), so it decodes as that: which of the two the text was, the ids do not say.
+     */
+    @Test
+    void withoutByteTokensAParsedUnknownTextDecodesAsAnUnknownCharacter() {
+        Tokenizer noBytes = Tokenizer.create(SyntheticVocab.spm(false));
+        int[] ids = noBytes.encode("hello<unk>world", false, true);
+        assertArrayEquals(new int[] {piece("▁he"), piece("llo"), UNK, piece("▁world")}, ids);
+        assertArrayEquals(noBytes.encode("hello😀 world", false, false), ids);
+        assertEquals("hello ⁇  world", noBytes.decode(ids));
+        ids = noBytes.encode("<unk> world", false, true);
+        assertArrayEquals(new int[] {UNK, piece("▁"), piece("▁world")}, ids);
+        assertEquals(" ⁇   world", noBytes.decode(ids));
+    }
+
+    /**
+     * With byte tokens (Llama, Mistral) no character becomes the unknown token, only the text {@code <unk>} parsed as
+     * a special token; the text after it got its own space prefix when encoded, which decode drops, as after a control
+     * token, so it decodes as written.
+     */
+    @Test
+    void withByteTokensOnlyAParsedUnknownTextIsTheUnknownTokenAndItDecodesAsWritten() {
+        int[] ids = tok.encode("a\u0001b word", false, false);
+        assertArrayEquals(new int[] {piece("▁"), piece("a"), BYTE0 + 0x01, BYTE0 + 'b', piece("▁wor"), piece("d")},
+                ids);
+        assertEquals("a\u0001b word", tok.decode(ids));
+        assertEquals("日本語 world", tok.decode(tok.encode("日本語 world", false, false)));
+
+        ids = tok.encode("<unk> world", false, true);
+        assertArrayEquals(new int[] {UNK, piece("▁"), piece("▁world")}, ids);
+        assertEquals("<unk> world", tok.decode(ids));
+        assertArrayEquals(new int[] {piece("▁he"), piece("llo"), UNK, piece("▁world")},
+                tok.encode("hello<unk>world", false, true));
+        assertEquals("hello<unk>world", tok.decode(tok.encode("hello<unk>world", false, true)));
+        for (String text : List.of("<unk>", "<unk>world", "hello <unk> world", "a\u0001<unk>\u0001 b", "<unk><unk> x",
+                "world<unk>", " <unk>\n\nhi")) {
+            assertEquals(text, tok.decode(tok.encode(text, false, true)), text);
+            assertEquals("<s>" + text, tok.decode(tok.encode(text, true, true)), text);
+            assertEquals(text, tok.decode(tok.encode(text, false, false)), text + ", not parsed");
+        }
     }
 
     @Test
