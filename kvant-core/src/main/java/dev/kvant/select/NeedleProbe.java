@@ -126,7 +126,7 @@ public record NeedleProbe(String id, int length, double depth, String prompt, St
         ChatTemplate.Rendered r = template.renderMarked(List.of(ChatMessage.user(intro + hay + question)), true);
         // the answer starts as the format starts an answer: after a space behind Llama 2's and Mistral's [/INST],
         // on a line of its own after a raw prompt's question, right after the other formats' assistant header
-        String separator = switch (template) {
+        String separator = switch (template.format()) {
             case RAW -> "\n";
             case LLAMA2, MISTRAL_V1, MISTRAL_V3, MISTRAL_V7 -> " ";
             default -> "";

@@ -1,11 +1,12 @@
 package dev.kvant.tokenizer;
 
-import java.util.Arrays;
+import java.time.LocalDate;
+import java.time.ZoneOffset;
 import java.util.List;
 import java.util.stream.Collectors;
 
 /**
- * The prompt formats of common chat models, built in.
+ * The prompt formats of common chat models, built in, and a model's chat template as one of them.
  *
  * <p>A GGUF file carries its chat format as a Jinja program ({@code tokenizer.chat_template}). kvant does not run
  * Jinja: kvant-core depends on nothing but the JDK, and no maintained Java Jinja engine exists without a large
@@ -13,6 +14,10 @@ import java.util.stream.Collectors;
  * renders it with plain code here, as llama.cpp's built-in templates do; a user can name a format to override.
  * Each format follows the model family's published template (model card / HF {@code tokenizer_config.json}); where
  * a family has several revisions the one followed is named below.
+ *
+ * <p>A format is one of the constants here. What a model's template adds to its format, the default system prompt
+ * of a Mistral Small 3 template, is read from the template's text by {@link #detect}, which then gives a template of
+ * its own; a format chosen by name has no template text and renders the format alone.
  *
  * <p>Conversations some published templates refuse (Llama 2's, Mistral's and Gemma's raise on roles that do not
  * alternate user/assistant) are rendered anyway, turn by turn, as llama.cpp's built-in templates render them; only a
@@ -22,94 +27,134 @@ import java.util.stream.Collectors;
  * in the text as well would give two. Markers inside the conversation ({@code <|eot_id|>}, {@code </s>}, ...) are
  * written as text and become control tokens only when the prompt is encoded with {@code parseSpecial = true}.
  */
-public enum ChatTemplate {
+public final class ChatTemplate {
+    private static final String QWEN2_SYSTEM = "You are a helpful assistant.";
+    private static final String QWEN25_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+
     /**
      * Llama 3: {@code <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|>}, content trimmed; no system turn
      * of its own.
      */
-    LLAMA3("llama3"),
+    public static final ChatTemplate LLAMA3 = new ChatTemplate(Format.LLAMA3, "llama3");
     /**
      * Llama 3.1 / 3.3 (templates that write "Cutting Knowledge Date"): as {@link #LLAMA3}, but the conversation always
      * opens with a system turn "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n" followed by the
      * first message's text when that is a system message (trimmed); later system messages are turns of their own.
      */
-    LLAMA31("llama3.1"),
+    public static final ChatTemplate LLAMA31 = new ChatTemplate(Format.LLAMA31, "llama3.1");
     /**
      * Llama 3.2 (a 3.1 template that asks for {@code strftime_now}): as {@link #LLAMA31} with today's date (UTC,
      * "01 Dec 2026") where 3.1 writes 26 Jul 2024.
      */
-    LLAMA32("llama3.2"),
+    public static final ChatTemplate LLAMA32 = new ChatTemplate(Format.LLAMA32, "llama3.2");
     /**
      * Llama 2 chat (Meta's HF template): {@code [INST] <<SYS>>\nsystem\n<</SYS>>\n\nuser [/INST] answer </s><s>[INST] ...},
      * user and answer trimmed; the system prompt goes inside the first user turn.
      */
-    LLAMA2("llama2"),
+    public static final ChatTemplate LLAMA2 = new ChatTemplate(Format.LLAMA2, "llama2");
     /** ChatML (Yi, many fine-tunes): {@code <|im_start|>role\ncontent<|im_end|>\n}; no default system prompt. */
-    CHATML("chatml"),
+    public static final ChatTemplate CHATML = new ChatTemplate(Format.CHATML, "chatml");
     /** Qwen2: ChatML, opened by the system prompt "You are a helpful assistant." when the first message is no system. */
-    QWEN2("qwen2", "You are a helpful assistant."),
+    public static final ChatTemplate QWEN2 = new ChatTemplate(Format.QWEN2, "qwen2", QWEN2_SYSTEM);
     /** Qwen2.5: as {@link #QWEN2}, its default system prompt naming Qwen. */
-    QWEN25("qwen2.5", "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."),
+    public static final ChatTemplate QWEN25 = new ChatTemplate(Format.QWEN25, "qwen2.5", QWEN25_SYSTEM);
     /**
      * Qwen3: ChatML without a default system prompt; an answer given before the last user message keeps only its
      * text after {@code </think>} (its reasoning is not sent back), an answer after it has its reasoning written as
      * {@code <think>\nreasoning\n</think>\n\n} before its text (Qwen3's template with thinking on).
      */
-    QWEN3("qwen3"),
+    public static final ChatTemplate QWEN3 = new ChatTemplate(Format.QWEN3, "qwen3");
     /**
      * Qwen's thinking-only templates (QwQ, Qwen3-*-Thinking-2507): as {@link #QWEN3}, the generation prompt opening the
      * answer's reasoning, {@code <|im_start|>assistant\n<think>\n}.
      */
-    QWEN3_THINKING("qwen3-thinking"),
+    public static final ChatTemplate QWEN3_THINKING = new ChatTemplate(Format.QWEN3_THINKING, "qwen3-thinking");
     /**
      * Mistral 7B Instruct v0.1 / Mixtral 8x7B: {@code [INST] user [/INST]answer</s>[INST] ...}; a system prompt, which
      * those templates lack, is put before the first user message with a blank line between (as later Mistral
      * templates and llama.cpp do).
      */
-    MISTRAL("mistral"),
+    public static final ChatTemplate MISTRAL = new ChatTemplate(Format.MISTRAL, "mistral");
     /**
      * The current template of Mistral 7B Instruct v0.1 / v0.2 and Mixtral 8x7B: as {@link #MISTRAL}, the answer
      * written after a space ({@code [/INST] answer</s>}) and the system message (the first message only) put before
      * the first user message. (Its {@code " [INST]"} is written without the leading space: the tokenizer gives the
      * word-start mark after BOS and {@code </s>} by itself, and the space would make it two.)
      */
-    MISTRAL_V1("mistral-v1"),
+    public static final ChatTemplate MISTRAL_V1 = new ChatTemplate(Format.MISTRAL_V1, "mistral-v1");
     /**
      * Mistral's v3 template (Mistral 7B Instruct v0.3, Mixtral 8x22B): {@code [INST] user[/INST] answer</s>}, the
      * answer trimmed; a system prompt goes before the last user message with a blank line between.
      */
-    MISTRAL_V3("mistral-v3"),
+    public static final ChatTemplate MISTRAL_V3 = new ChatTemplate(Format.MISTRAL_V3, "mistral-v3");
     /**
      * Mistral's v3 Tekken template (Mistral Nemo, Ministral): {@code [INST]user[/INST]answer</s>}, no spaces; a
      * system prompt goes before the last user message with a blank line between.
      */
-    MISTRAL_V3_TEKKEN("mistral-v3-tekken"),
+    public static final ChatTemplate MISTRAL_V3_TEKKEN = new ChatTemplate(Format.MISTRAL_V3_TEKKEN,
+            "mistral-v3-tekken");
     /**
      * Mistral's v7 template (Mistral Large 2411, Pixtral Large): {@code [SYSTEM_PROMPT] system[/SYSTEM_PROMPT]}, then
      * {@code [INST] user[/INST] answer</s>}; system prompts stay where they are.
      */
-    MISTRAL_V7("mistral-v7"),
-    /** Mistral's v7 Tekken template (Mistral Small 3.x): as {@link #MISTRAL_V7} without the spaces. */
-    MISTRAL_V7_TEKKEN("mistral-v7-tekken"),
+    public static final ChatTemplate MISTRAL_V7 = new ChatTemplate(Format.MISTRAL_V7, "mistral-v7");
+    /**
+     * Mistral's v7 Tekken template (Mistral Small 3.x): as {@link #MISTRAL_V7} without the spaces. Mistral Small 3's
+     * template opens a conversation whose first message is no system message with its own default system prompt,
+     * {@code [SYSTEM_PROMPT]default[/SYSTEM_PROMPT]}; {@link #detect} takes that text from the template (the
+     * {@code default_system_message} it sets, today's date where it asks {@code strftime_now} for it, in UTC), and
+     * the template it gives writes it. This format by name writes none, as llama.cpp's built-in one.
+     */
+    public static final ChatTemplate MISTRAL_V7_TEKKEN = new ChatTemplate(Format.MISTRAL_V7_TEKKEN,
+            "mistral-v7-tekken");
     /**
      * Gemma: {@code <start_of_turn>user\ncontent<end_of_turn>\n}, the assistant's role written {@code model}, content
      * trimmed; a system prompt goes before the first user message with a blank line between (Gemma 2/3 templates).
      */
-    GEMMA("gemma"),
+    public static final ChatTemplate GEMMA = new ChatTemplate(Format.GEMMA, "gemma");
     /** No markers: the contents concatenated, for base models, which complete text rather than chat. */
-    RAW("raw");
+    public static final ChatTemplate RAW = new ChatTemplate(Format.RAW, "raw");
 
-    private final String templateName;
-    /** The system prompt a conversation without one gets, or null. */
-    private final String defaultSystem;
+    private static final List<ChatTemplate> BUILT_IN = List.of(LLAMA3, LLAMA31, LLAMA32, LLAMA2, CHATML, QWEN2, QWEN25,
+            QWEN3, QWEN3_THINKING, MISTRAL, MISTRAL_V1, MISTRAL_V3, MISTRAL_V3_TEKKEN, MISTRAL_V7, MISTRAL_V7_TEKKEN,
+            GEMMA, RAW);
 
-    ChatTemplate(String templateName) {
-        this(templateName, null);
+    /**
+     * The built-in formats, what each template renders (the constants of the same names say how); a model's template
+     * is one of them and what its text adds.
+     */
+    public enum Format {
+        LLAMA3, LLAMA31, LLAMA32, LLAMA2, CHATML, QWEN2, QWEN25, QWEN3, QWEN3_THINKING, MISTRAL, MISTRAL_V1, MISTRAL_V3,
+        MISTRAL_V3_TEKKEN, MISTRAL_V7, MISTRAL_V7_TEKKEN, GEMMA, RAW
     }
 
-    ChatTemplate(String templateName, String defaultSystem) {
+    private final Format format;
+    private final String templateName;
+    /** The system prompt a conversation that does not open with one gets, or null. */
+    private final JinjaStrings.Value defaultSystem;
+
+    private ChatTemplate(Format format, String templateName) {
+        this(format, templateName, (JinjaStrings.Value) null);
+    }
+
+    private ChatTemplate(Format format, String templateName, String defaultSystem) {
+        this(format, templateName, JinjaStrings.Value.of(defaultSystem));
+    }
+
+    private ChatTemplate(Format format, String templateName, JinjaStrings.Value defaultSystem) {
+        this.format = format;
         this.templateName = templateName;
         this.defaultSystem = defaultSystem;
+    }
+
+    /** The built-in formats, in the order their names are listed. */
+    public static List<ChatTemplate> builtIn() {
+        return BUILT_IN;
+    }
+
+    /** The format this template renders. */
+    public Format format() {
+        return format;
     }
 
     /** The name users select the format by. */
@@ -117,9 +162,15 @@ public enum ChatTemplate {
         return templateName;
     }
 
+    @Override
+    public String toString() {
+        return templateName;
+    }
+
     /**
      * The format to use: the one named by {@code nameOverrideOrNull} if given, otherwise the one whose markers the
-     * model's template shows; {@link #RAW} when the model has no template.
+     * model's template shows, with what the template adds to it (Mistral Small 3's default system prompt, see
+     * {@link #MISTRAL_V7_TEKKEN}); {@link #RAW} when the model has no template.
      *
      * @throws IllegalArgumentException for an unknown name, or a template of no known format, listing the names
      */
@@ -142,10 +193,10 @@ public enum ChatTemplate {
                 // a generation prompt that opens the reasoning itself (QwQ, the Thinking-2507 models)
                 return t.contains("<|im_start|>assistant\\n<think>\\n") ? QWEN3_THINKING : QWEN3;
             }
-            if (t.contains(QWEN25.defaultSystem)) {
+            if (t.contains(QWEN25_SYSTEM)) {
                 return QWEN25;
             }
-            if (t.contains("<|im_start|>system\\n" + QWEN2.defaultSystem + "<|im_end|>")) {
+            if (t.contains("<|im_start|>system\\n" + QWEN2_SYSTEM + "<|im_end|>")) {
                 return QWEN2;
             }
             return CHATML;
@@ -154,7 +205,7 @@ public enum ChatTemplate {
             return GEMMA;
         }
         if (t.contains("[SYSTEM_PROMPT]")) {
-            return t.contains("[SYSTEM_PROMPT] ") ? MISTRAL_V7 : MISTRAL_V7_TEKKEN;
+            return t.contains("[SYSTEM_PROMPT] ") ? MISTRAL_V7 : MISTRAL_V7_TEKKEN.withDefaultSystemOf(t);
         }
         if (t.contains("[INST]")) {
             if (t.contains("<<SYS>>")) {
@@ -180,7 +231,7 @@ public enum ChatTemplate {
      * @throws IllegalArgumentException listing the names
      */
     public static ChatTemplate named(String name) {
-        for (ChatTemplate c : values()) {
+        for (ChatTemplate c : BUILT_IN) {
             if (c.templateName.equals(name)) {
                 return c;
             }
@@ -189,7 +240,7 @@ public enum ChatTemplate {
     }
 
     private static String names() {
-        return Arrays.stream(values()).map(ChatTemplate::templateName).collect(Collectors.joining(", "));
+        return BUILT_IN.stream().map(ChatTemplate::templateName).collect(Collectors.joining(", "));
     }
 
     /**
@@ -213,18 +264,25 @@ public enum ChatTemplate {
 
     /** {@link #render}, with the ranges of the text that came from the messages ({@link Rendered}). */
     public Rendered renderMarked(List<ChatMessage> messages, boolean addGenerationPrompt) {
+        return renderMarked(messages, addGenerationPrompt, LocalDate.now(ZoneOffset.UTC));
+    }
+
+    /** {@link #renderMarked(List, boolean)} on the given day, for the templates that write today's date. */
+    Rendered renderMarked(List<ChatMessage> messages, boolean addGenerationPrompt, LocalDate today) {
         Out o = new Out();
-        switch (this) {
+        boolean noSystemFirst = messages.isEmpty() || !messages.get(0).role().equals("system");
+        switch (format) {
             case LLAMA3, LLAMA31, LLAMA32 -> {
                 List<ChatMessage> rest = messages;
-                if (this != LLAMA3) {
+                if (format != Format.LLAMA3) {
                     String system = "";
                     if (!messages.isEmpty() && messages.get(0).role().equals("system")) {
                         system = strip(messages.get(0).content());
                         rest = messages.subList(1, messages.size());
                     }
                     o.t("<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: ")
-                            .t(this == LLAMA32 ? today() : "26 Jul 2024").t("\n\n").c(system).t("<|eot_id|>");
+                            .t(format == Format.LLAMA32 ? JinjaStrings.strftime("%d %b %Y", today) : "26 Jul 2024")
+                            .t("\n\n").c(system).t("<|eot_id|>");
                 }
                 for (ChatMessage m : rest) {
                     o.t("<|start_header_id|>").c(m.role()).t("<|end_header_id|>\n\n").c(strip(m.content()))
@@ -235,8 +293,8 @@ public enum ChatTemplate {
                 }
             }
             case CHATML, QWEN2, QWEN25, QWEN3, QWEN3_THINKING -> {
-                if (defaultSystem != null && (messages.isEmpty() || !messages.get(0).role().equals("system"))) {
-                    o.t("<|im_start|>system\n").t(defaultSystem).t("<|im_end|>\n");
+                if (defaultSystem != null && noSystemFirst) {
+                    o.t("<|im_start|>system\n").t(defaultSystem.on(today)).t("<|im_end|>\n");
                 }
                 int lastUser = -1;
                 for (int i = 0; i < messages.size(); i++) {
@@ -247,7 +305,7 @@ public enum ChatTemplate {
                 for (int i = 0; i < messages.size(); i++) {
                     ChatMessage m = messages.get(i);
                     o.t("<|im_start|>").c(m.role()).t("\n");
-                    if ((this == QWEN3 || this == QWEN3_THINKING) && m.role().equals("assistant")) {
+                    if ((format == Format.QWEN3 || format == Format.QWEN3_THINKING) && m.role().equals("assistant")) {
                         qwen3Answer(o, m.content(), i > lastUser, i == messages.size() - 1);
                     } else {
                         o.c(m.content());
@@ -255,7 +313,7 @@ public enum ChatTemplate {
                     o.t("<|im_end|>\n");
                 }
                 if (addGenerationPrompt) {
-                    o.t("<|im_start|>assistant\n").t(this == QWEN3_THINKING ? "<think>\n" : "");
+                    o.t("<|im_start|>assistant\n").t(format == Format.QWEN3_THINKING ? "<think>\n" : "");
                 }
             }
             case LLAMA2 -> {
@@ -301,14 +359,16 @@ public enum ChatTemplate {
                         }
                         // an answer read back from SentencePiece decoding starts with its first word's space,
                         // which the template's own separator already is: one space, not two
-                        default -> o.t(this == MISTRAL_V1 ? " " : "")
-                                .c(this == MISTRAL_V1 ? stripLeading(m.content(), " ") : m.content()).t("</s>");
+                        default -> {
+                            boolean v1 = format == Format.MISTRAL_V1;
+                            o.t(v1 ? " " : "").c(v1 ? stripLeading(m.content(), " ") : m.content()).t("</s>");
+                        }
                     }
                 }
                 checkSystemUsed(system != null);
             }
             case MISTRAL_V3, MISTRAL_V3_TEKKEN -> {
-                boolean tekken = this == MISTRAL_V3_TEKKEN;
+                boolean tekken = format == Format.MISTRAL_V3_TEKKEN;
                 List<String> systems = new java.util.ArrayList<>();
                 int lastUser = -1;
                 for (int i = 0; i < messages.size(); i++) {
@@ -345,7 +405,10 @@ public enum ChatTemplate {
                 }
             }
             case MISTRAL_V7, MISTRAL_V7_TEKKEN -> {
-                String space = this == MISTRAL_V7 ? " " : "";
+                String space = format == Format.MISTRAL_V7 ? " " : "";
+                if (defaultSystem != null && noSystemFirst) {
+                    o.t("[SYSTEM_PROMPT]").t(space).t(defaultSystem.on(today)).t("[/SYSTEM_PROMPT]");
+                }
                 for (ChatMessage m : messages) {
                     switch (role(m)) {
                         case "system" -> o.t("[SYSTEM_PROMPT]").t(space).c(m.content()).t("[/SYSTEM_PROMPT]");
@@ -441,10 +504,21 @@ public enum ChatTemplate {
         return Character.isWhitespace(c) || c == '\u0085' || c == '\u00a0' || c == '\u2007' || c == '\u202f';
     }
 
-    /** Today's date as Llama 3.2's template writes it (strftime "%d %b %Y"), in UTC. */
-    private static String today() {
-        return java.time.LocalDate.now(java.time.ZoneOffset.UTC)
-                .format(java.time.format.DateTimeFormatter.ofPattern("dd MMM yyyy", java.util.Locale.ENGLISH));
+    /**
+     * This format with the default system prompt the model's template sets ({@code default_system_message}, read by
+     * {@link JinjaStrings}); the format alone when it sets none, or one kvant cannot read (with a warning: the prompt
+     * then lacks what the template would write).
+     */
+    private ChatTemplate withDefaultSystemOf(String jinja) {
+        JinjaStrings.Value system;
+        try {
+            system = JinjaStrings.find(jinja, "default_system_message");
+        } catch (IllegalArgumentException e) {
+            System.getLogger(ChatTemplate.class.getName()).log(System.Logger.Level.WARNING, "chat template '"
+                    + templateName + "': the model's default system prompt is left out, since " + e.getMessage());
+            return this;
+        }
+        return system == null ? this : new ChatTemplate(format, templateName, system);
     }
 
     /**

@@ -2,9 +2,12 @@ package dev.kvant.tokenizer;
 
 import org.junit.jupiter.api.Test;
 
+import java.time.LocalDate;
 import java.util.List;
 
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertSame;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -43,7 +46,7 @@ class ChatTemplateTest {
     void theMarkedRangesAreTheMessagesText() {
         List<ChatMessage> chat = List.of(ChatMessage.system(" sysA "), ChatMessage.user("userB  "),
                 ChatMessage.assistant(" asstC"), ChatMessage.user("userD\n"));
-        for (ChatTemplate t : ChatTemplate.values()) {
+        for (ChatTemplate t : ChatTemplate.builtIn()) {
             ChatTemplate.Rendered r = t.renderMarked(chat, true);
             assertEquals(t.render(chat, true), r.text(), t.templateName());
             int[] g = r.contentRanges();
@@ -142,6 +145,97 @@ class ChatTemplateTest {
             assertEquals("[INST] Hi [/INST] Hello</s>[INST] Bye [/INST]", ChatTemplate.MISTRAL_V1.render(chat, true));
             assertEquals("[INST] Hi[/INST] Hello</s>[INST] Bye[/INST]", ChatTemplate.MISTRAL_V7.render(chat, true));
         }
+    }
+
+    /**
+     * Mistral-Small-24B-Instruct-2501's chat template as published (the {@code chat_template} of its
+     * tokenizer_config.json, which a GGUF conversion carries as {@code tokenizer.chat_template}).
+     */
+    static final String MISTRAL_SMALL_3 = "{%- set today = strftime_now(\"%Y-%m-%d\") %}\n"
+            + "{%- set default_system_message = \"You are Mistral Small 3, a Large Language Model (LLM) created "
+            + "by Mistral AI, a French startup headquartered in Paris.\\nYour knowledge base was last updated "
+            + "on 2023-10-01. The current date is \" + today + \".\\n\\nWhen you're not sure about some "
+            + "information, you say that you don't have the information and don't make up anything.\\nIf the "
+            + "user's question is not clear, ambiguous, or does not provide enough context for you to "
+            + "accurately answer the question, you do not try to answer it right away and you rather ask the "
+            + "user to clarify their request (e.g. \\\"What are some good restaurants around me?\\\" => "
+            + "\\\"Where are you?\\\" or \\\"When is the next flight to Tokyo\\\" => \\\"Where do you travel "
+            + "from?\\\")\" %}\n"
+            + "\n"
+            + "{{- bos_token }}\n"
+            + "\n"
+            + "{%- if messages[0]['role'] == 'system' %}\n"
+            + "    {%- set system_message = messages[0]['content'] %}\n"
+            + "    {%- set loop_messages = messages[1:] %}\n"
+            + "{%- else %}\n"
+            + "    {%- set system_message = default_system_message %}\n"
+            + "    {%- set loop_messages = messages %}\n"
+            + "{%- endif %}\n"
+            + "{{- '[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]' }}\n"
+            + "\n"
+            + "{%- for message in loop_messages %}\n"
+            + "    {%- if message['role'] == 'user' %}\n"
+            + "        {{- '[INST]' + message['content'] + '[/INST]' }}\n"
+            + "    {%- elif message['role'] == 'system' %}\n"
+            + "        {{- '[SYSTEM_PROMPT]' + message['content'] + '[/SYSTEM_PROMPT]' }}\n"
+            + "    {%- elif message['role'] == 'assistant' %}\n"
+            + "        {{- message['content'] + eos_token }}\n"
+            + "    {%- else %}\n"
+            + "        {{- raise_exception('Only user, system and assistant roles are supported!') }}\n"
+            + "    {%- endif %}\n"
+            + "{%- endfor %}";
+    /** Its default system prompt on 1 Dec 2026: jinja2 3.1.2 rendering the template with strftime_now on that day. */
+    private static final String MISTRAL_SMALL_3_SYSTEM = "You are Mistral Small 3, a Large Language Model (LLM) created"
+            + " by Mistral AI, a French startup headquartered in Paris.\nYour knowledge base was last updated on"
+            + " 2023-10-01. The current date is 2026-12-01.\n\nWhen you're not sure about some information, you say"
+            + " that you don't have the information and don't make up anything.\nIf the user's question is not clear,"
+            + " ambiguous, or does not provide enough context for you to accurately answer the question, you do not try"
+            + " to answer it right away and you rather ask the user to clarify their request (e.g. \"What are some good"
+            + " restaurants around me?\" => \"Where are you?\" or \"When is the next flight to Tokyo\" => \"Where do"
+            + " you travel from?\")";
+
+    /**
+     * Mistral Small 3's template opens a conversation whose first message is no system message with its default
+     * system prompt, today's date in it; the expected texts are jinja2's rendering of the template (as transformers
+     * sets it up, bos_token left out) for the same conversations on the same day.
+     */
+    @Test
+    void mistralSmall3WritesItsTemplatesDefaultSystemPromptWhenTheConversationOpensWithoutOne() {
+        ChatTemplate small3 = ChatTemplate.detect(MISTRAL_SMALL_3, null);
+        assertEquals(ChatTemplate.Format.MISTRAL_V7_TEKKEN, small3.format());
+        assertEquals("mistral-v7-tekken", small3.templateName());
+        LocalDate day = LocalDate.of(2026, 12, 1);
+        String system = "[SYSTEM_PROMPT]" + MISTRAL_SMALL_3_SYSTEM + "[/SYSTEM_PROMPT]";
+        List<ChatMessage> hello = List.of(ChatMessage.user("Hello"));
+        ChatTemplate.Rendered r = small3.renderMarked(hello, true, day);
+        assertEquals(system + "[INST]Hello[/INST]", r.text());
+        // the default is the template's own text, not a message's
+        assertArrayEquals(new int[] {system.length() + 6, system.length() + 11}, r.contentRanges());
+        assertEquals(system + "[INST]Hi[/INST]Hello</s>[INST]Bye[/INST]", small3.renderMarked(List.of(
+                ChatMessage.user("Hi"), ChatMessage.assistant("Hello"), ChatMessage.user("Bye")), true, day).text());
+        // a system message first replaces it; one later is a block where it stands, after the default
+        assertEquals("[SYSTEM_PROMPT]You are terse.[/SYSTEM_PROMPT][INST]What is 2+2?[/INST]4</s>",
+                small3.renderMarked(CONVERSATION, false, day).text());
+        assertEquals(system + "[INST]Hi[/INST][SYSTEM_PROMPT]Be brief.[/SYSTEM_PROMPT][INST]Bye[/INST]",
+                small3.renderMarked(List.of(ChatMessage.user("Hi"), ChatMessage.system("Be brief."),
+                        ChatMessage.user("Bye")), true, day).text());
+        assertTrue(small3.render(hello, true).matches("(?s).*The current date is \\d{4}-\\d\\d-\\d\\d\\.\n.*"),
+                small3.render(hello, true));
+
+        // the format by name has no template to take a default from, and a v7 Tekken template without one writes none
+        assertEquals("[INST]Hello[/INST]", ChatTemplate.named("mistral-v7-tekken").render(hello, true));
+        assertSame(ChatTemplate.MISTRAL_V7_TEKKEN, ChatTemplate.detect("{{- '[SYSTEM_PROMPT]' + system_message"
+                + " + '[/SYSTEM_PROMPT]' }}{{- '[INST]' + message['content'] + '[/INST]' }}", null));
+    }
+
+    /** A default system prompt kvant cannot read (here one that runs through a filter) is left out, the format kept. */
+    @Test
+    void aDefaultSystemPromptKvantCannotReadIsLeftOut() {
+        String filtered = MISTRAL_SMALL_3.replace("\" + today + \"", "\" + today | upper + \"");
+        assertTrue(!filtered.equals(MISTRAL_SMALL_3));
+        ChatTemplate t = ChatTemplate.detect(filtered, null);
+        assertSame(ChatTemplate.MISTRAL_V7_TEKKEN, t);
+        assertEquals("[INST]Hello[/INST]", t.render(List.of(ChatMessage.user("Hello")), true));
     }
 
     @Test
