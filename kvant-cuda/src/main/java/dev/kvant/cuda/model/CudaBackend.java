@@ -156,6 +156,7 @@ public final class CudaBackend implements Backend {
         // heads the attention kernels do not take are refused before a weight is uploaded (the cache's pools
         // would refuse them only at the first sequence)
         dev.kvant.cuda.attention.AttentionShape.checkHeads(c.heads(), c.kvHeads(), c.headDimK(), c.headDimV());
+        ModelKernels.checkNormWidth(c.dim());   // and widths the RMSNorm kernel does not take (it would at the first step)
         int[] devices = options.devices().length == 0 ? new int[] {-1} : options.devices();
         if (options.layerSplit() != null) {
             checkSplit(options.layerSplit(), devices.length, c.layers());

@@ -137,7 +137,11 @@ final class Stage implements AutoCloseable {
         bytes += vectorBytes(r, attnDim) + 4 * r * 2 * ffn + vectorBytes(r, ffn);   // attn, gu, g
         bytes += last ? 4L * logitRows * c.vocabSize() : 0;                     // logits
         bytes += 2L * maxPrefill * (dim + attnDim + ffn);                       // xh, ah, gh
-        bytes += 2 * Math.max(Math.max(qkvDim * dim, dim * attnDim), 2 * ffn * dim);   // wScratch, at most
+        // wScratch, at most (Projection.gemmScratchBytes): the f16 copy of the largest projection, or the partial
+        // sums of the dequantizing products, which are larger for rows under 1,024 columns
+        long partialsPerRow = 4L * ModelKernels.MH_MAX_SPLITS * Math.min(maxPrefill, Projection.FUSED_GEMM_TOKENS);
+        bytes += Math.max(2 * Math.max(Math.max(qkvDim * dim, dim * attnDim), 2 * ffn * dim),
+                partialsPerRow * Math.max(Math.max(qkvDim, dim), 2 * ffn));
         bytes += 8 * r * Math.max(1, c.rope().ropeDim() / 2);                   // angles
         return bytes;
     }

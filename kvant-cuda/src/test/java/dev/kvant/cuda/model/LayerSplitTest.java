@@ -46,6 +46,26 @@ class LayerSplitTest {
         }
     }
 
+    /**
+     * A residual wider than the RMSNorm kernel takes is refused when the backend opens, before any device is touched
+     * (it used to upload every weight and fail at the first step); so this needs no GPU.
+     */
+    @Test
+    void aResidualTooWideForTheNormIsRefusedAtOpen() {
+        try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.TINY, GgmlType.Q8_0, 1)) {
+            ModelConfig c = model.config();
+            int wide = ModelKernels.MAX_NORM_WIDTH + 32;
+            ModelConfig wider = new ModelConfig(c.architecture(), wide, c.layers(), c.heads(), c.kvHeads(),
+                    c.headDimK(), c.headDimV(), c.ffnDim(), c.vocabSize(), c.contextLength(), c.rmsEps(), c.rope(),
+                    c.qkvBias(), c.qkNorm());
+            LlamaModel m = new LlamaModel("wide", wider, model.weights(), null, () -> { });
+            IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                    () -> CudaBackend.open(m, CudaBackend.Options.defaults()));
+            assertTrue(e.getMessage().contains("RMSNorm") && e.getMessage().contains(Integer.toString(wide)),
+                    e.getMessage());
+        }
+    }
+
     /** A tied embedding table is planned once where one stage holds both ends, and at each end of a split. */
     @Test
     void aTiedTableCountsOnceOnOneStageAndAtBothEndsOfASplit() {
