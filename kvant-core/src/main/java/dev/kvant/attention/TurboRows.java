@@ -91,15 +91,18 @@ final class TurboRows implements RowDecoder {
             for (int b = 0; b < blocks; b++) {
                 int at = offs[k] + b * blockBytes;
                 float g = Float.float16ToFloat(half(src, at));
+                // the centroids times the block's norm: each lane's product as the per-value multiply gives it
+                IntVector g0 = t0.reinterpretAsFloats().mul(g).reinterpretAsInts();
+                IntVector g1 = t1.reinterpretAsFloats().mul(g).reinterpretAsInts();
                 int o = k * stride + b * n;
                 for (int j = 0; j < p; j += L) {
                     IntVector v = ((IntVector) ByteVector.fromArray(B, src, at + 2 + j)
                             .convertShape(VectorOperators.B2I, I, 0)).and(0xFF);
                     IntVector lo = v.and(15);
                     IntVector hi = v.lanewise(VectorOperators.LSHR, 4);
-                    (two ? lo.selectFrom(t0, t1) : lo.selectFrom(t0)).reinterpretAsFloats().mul(g)
+                    (two ? lo.selectFrom(g0, g1) : lo.selectFrom(g0)).reinterpretAsFloats()
                             .intoArray(dst, o + j);
-                    (two ? hi.selectFrom(t0, t1) : hi.selectFrom(t0)).reinterpretAsFloats().mul(g)
+                    (two ? hi.selectFrom(g0, g1) : hi.selectFrom(g0)).reinterpretAsFloats()
                             .intoArray(dst, o + j + p);
                 }
             }
@@ -114,16 +117,17 @@ final class TurboRows implements RowDecoder {
             for (int b = 0; b < blocks; b++) {
                 int at = offs[k] + b * blockBytes;
                 float g = Float.float16ToFloat(half(src, at));
+                IntVector tg = t.reinterpretAsFloats().mul(g).reinterpretAsInts();   // centroids times the norm
                 int o = k * stride + b * n;
                 for (int j = 0; j < p; j += L) {
                     IntVector v = ((IntVector) ByteVector.fromArray(B, src, at + 2 + j)
                             .convertShape(VectorOperators.B2I, I, 0)).and(0xFF);
-                    v.and(3).selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o + j);
-                    v.lanewise(VectorOperators.LSHR, 2).and(3).selectFrom(t).reinterpretAsFloats().mul(g)
+                    v.and(3).selectFrom(tg).reinterpretAsFloats().intoArray(dst, o + j);
+                    v.lanewise(VectorOperators.LSHR, 2).and(3).selectFrom(tg).reinterpretAsFloats()
                             .intoArray(dst, o + j + p);
-                    v.lanewise(VectorOperators.LSHR, 4).and(3).selectFrom(t).reinterpretAsFloats().mul(g)
+                    v.lanewise(VectorOperators.LSHR, 4).and(3).selectFrom(tg).reinterpretAsFloats()
                             .intoArray(dst, o + j + 2 * p);
-                    v.lanewise(VectorOperators.LSHR, 6).selectFrom(t).reinterpretAsFloats().mul(g)
+                    v.lanewise(VectorOperators.LSHR, 6).selectFrom(tg).reinterpretAsFloats()
                             .intoArray(dst, o + j + 3 * p);
                 }
             }
@@ -141,6 +145,7 @@ final class TurboRows implements RowDecoder {
             for (int b = 0; b < blocks; b++) {
                 int at = offs[k] + b * 50;
                 float g = Float.float16ToFloat(half(src, at));
+                IntVector tg = t.reinterpretAsFloats().mul(g).reinterpretAsInts();   // centroids times the norm
                 int o = k * stride + b * 128;
                 IntVector lo0 = ((IntVector) ByteVector.fromArray(B, src, at + 2)
                         .convertShape(VectorOperators.B2I, I, 0)).and(0xFF);
@@ -149,21 +154,21 @@ final class TurboRows implements RowDecoder {
                 // high bits moved to bit 2, the code's third bit: element e's is bit e / 16 of byte e % 16
                 IntVector hi = ((IntVector) ByteVector.fromArray(B, src, at + 34)
                         .convertShape(VectorOperators.B2I, I, 0)).lanewise(VectorOperators.LSHL, 2);
-                lo0.and(3).or(hi.and(4)).selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o);
-                lo1.and(3).or(hi.lanewise(VectorOperators.LSHR, 1).and(4)).selectFrom(t).reinterpretAsFloats().mul(g)
+                lo0.and(3).or(hi.and(4)).selectFrom(tg).reinterpretAsFloats().intoArray(dst, o);
+                lo1.and(3).or(hi.lanewise(VectorOperators.LSHR, 1).and(4)).selectFrom(tg).reinterpretAsFloats()
                         .intoArray(dst, o + 16);
                 lo0.lanewise(VectorOperators.LSHR, 2).and(3).or(hi.lanewise(VectorOperators.LSHR, 2).and(4))
-                        .selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o + 32);
+                        .selectFrom(tg).reinterpretAsFloats().intoArray(dst, o + 32);
                 lo1.lanewise(VectorOperators.LSHR, 2).and(3).or(hi.lanewise(VectorOperators.LSHR, 3).and(4))
-                        .selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o + 48);
+                        .selectFrom(tg).reinterpretAsFloats().intoArray(dst, o + 48);
                 lo0.lanewise(VectorOperators.LSHR, 4).and(3).or(hi.lanewise(VectorOperators.LSHR, 4).and(4))
-                        .selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o + 64);
+                        .selectFrom(tg).reinterpretAsFloats().intoArray(dst, o + 64);
                 lo1.lanewise(VectorOperators.LSHR, 4).and(3).or(hi.lanewise(VectorOperators.LSHR, 5).and(4))
-                        .selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o + 80);
+                        .selectFrom(tg).reinterpretAsFloats().intoArray(dst, o + 80);
                 lo0.lanewise(VectorOperators.LSHR, 6).or(hi.lanewise(VectorOperators.LSHR, 6).and(4))
-                        .selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o + 96);
+                        .selectFrom(tg).reinterpretAsFloats().intoArray(dst, o + 96);
                 lo1.lanewise(VectorOperators.LSHR, 6).or(hi.lanewise(VectorOperators.LSHR, 7).and(4))
-                        .selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o + 112);
+                        .selectFrom(tg).reinterpretAsFloats().intoArray(dst, o + 112);
             }
         }
     }
@@ -176,23 +181,24 @@ final class TurboRows implements RowDecoder {
             for (int b = 0; b < blocks; b++) {
                 int at = offs[k] + b * 34;
                 float g = Float.float16ToFloat(half(src, at));
+                IntVector tg = t.reinterpretAsFloats().mul(g).reinterpretAsInts();   // centroids times the norm
                 int o = k * stride + b * 128;
                 IntVector v0 = ((IntVector) ByteVector.fromArray(B, src, at + 2)
                         .convertShape(VectorOperators.B2I, I, 0)).and(0xFF);
                 IntVector v1 = ((IntVector) ByteVector.fromArray(B, src, at + 18)
                         .convertShape(VectorOperators.B2I, I, 0)).and(0xFF);
-                v0.and(3).selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o);
-                v1.and(3).selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o + 16);
-                v0.lanewise(VectorOperators.LSHR, 2).and(3).selectFrom(t).reinterpretAsFloats().mul(g)
+                v0.and(3).selectFrom(tg).reinterpretAsFloats().intoArray(dst, o);
+                v1.and(3).selectFrom(tg).reinterpretAsFloats().intoArray(dst, o + 16);
+                v0.lanewise(VectorOperators.LSHR, 2).and(3).selectFrom(tg).reinterpretAsFloats()
                         .intoArray(dst, o + 32);
-                v1.lanewise(VectorOperators.LSHR, 2).and(3).selectFrom(t).reinterpretAsFloats().mul(g)
+                v1.lanewise(VectorOperators.LSHR, 2).and(3).selectFrom(tg).reinterpretAsFloats()
                         .intoArray(dst, o + 48);
-                v0.lanewise(VectorOperators.LSHR, 4).and(3).selectFrom(t).reinterpretAsFloats().mul(g)
+                v0.lanewise(VectorOperators.LSHR, 4).and(3).selectFrom(tg).reinterpretAsFloats()
                         .intoArray(dst, o + 64);
-                v1.lanewise(VectorOperators.LSHR, 4).and(3).selectFrom(t).reinterpretAsFloats().mul(g)
+                v1.lanewise(VectorOperators.LSHR, 4).and(3).selectFrom(tg).reinterpretAsFloats()
                         .intoArray(dst, o + 80);
-                v0.lanewise(VectorOperators.LSHR, 6).selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o + 96);
-                v1.lanewise(VectorOperators.LSHR, 6).selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o + 112);
+                v0.lanewise(VectorOperators.LSHR, 6).selectFrom(tg).reinterpretAsFloats().intoArray(dst, o + 96);
+                v1.lanewise(VectorOperators.LSHR, 6).selectFrom(tg).reinterpretAsFloats().intoArray(dst, o + 112);
             }
         }
     }
@@ -207,6 +213,7 @@ final class TurboRows implements RowDecoder {
             for (int b = 0; b < blocks; b++) {
                 int at = offs[k] + b * blockBytes;
                 float g = Float.float16ToFloat(half(src, at));
+                IntVector tg = t.reinterpretAsFloats().mul(g).reinterpretAsInts();   // centroids times the norm
                 int o = k * stride + b * n;
                 for (int j = 0; j < p2; j += L) {
                     IntVector lo = ((IntVector) ByteVector.fromArray(B, src, at + 2 + j)
@@ -217,7 +224,7 @@ final class TurboRows implements RowDecoder {
                     for (int q = 0; q < 4; q++) {
                         lo.lanewise(VectorOperators.LSHR, 2 * q).and(3)
                                 .or(hi.lanewise(VectorOperators.LSHR, f + 2 * q).and(4))
-                                .selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o + j + q * p2);
+                                .selectFrom(tg).reinterpretAsFloats().intoArray(dst, o + j + q * p2);
                     }
                 }
             }
@@ -239,6 +246,7 @@ final class TurboRows implements RowDecoder {
             for (int b = 0; b < blocks; b++) {
                 int at = offs[k] + b * blockBytes;
                 float g = Float.float16ToFloat(half(src, at));
+                IntVector tg = t.reinterpretAsFloats().mul(g).reinterpretAsInts();   // centroids times the norm
                 int o = k * stride + b * n;
                 IntVector hiAll = ((IntVector) ByteVector.fromArray(B, src, at + 2 + p2, m)
                         .convertShape(VectorOperators.B2I, I, 0)).and(0xFF).rearrange(repeat)
@@ -250,7 +258,7 @@ final class TurboRows implements RowDecoder {
                         int e0 = j + q * p2;
                         lo.lanewise(VectorOperators.LSHR, 2 * q).and(3)
                                 .or(hiAll.lanewise(VectorOperators.LSHR, field.add(e0 / p1)).and(4))
-                                .selectFrom(t).reinterpretAsFloats().mul(g).intoArray(dst, o + e0);
+                                .selectFrom(tg).reinterpretAsFloats().intoArray(dst, o + e0);
                     }
                 }
             }
