@@ -82,15 +82,23 @@ public final class SyntheticModel {
      * embedding is the output head too).
      */
     public static LlamaModel build(Shape shape, GgmlType weightType, long seed) {
+        // Llama 3.2 1B ties its output to the embedding
+        return build("synthetic " + shape.id + " " + weightType, shape.config(), weightType, seed,
+                shape == Shape.LLAMA3_2_1B);
+    }
+
+    /**
+     * A model of any configuration (every size, RoPE's scaling and frequency factors, biases, q/k norms as c says),
+     * its weights as {@link #build(Shape, GgmlType, long)} makes them; tied: the output head is the embedding.
+     */
+    public static LlamaModel build(String name, ModelConfig c, GgmlType weightType, long seed, boolean tied) {
         WeightFormat format = WeightFormat.of(weightType);
-        ModelConfig c = shape.config();
         GgmlType headType = headType(weightType, c.dim());
         boolean q6Head = headType != weightType;
         Arena arena = Arena.ofShared();
         try {
             Filler fill = new Filler(format, seed, arena);
             Filler headFill = q6Head ? new Filler(WeightFormat.of(headType), seed + 1, arena) : fill;
-            boolean tied = shape == Shape.LLAMA3_2_1B;   // Llama 3.2 1B ties its output to the embedding
             WeightMatrix embedding = (tied ? headFill : fill).matrix("token_embd.weight", c.vocabSize(), c.dim());
             LlamaWeights.Layer[] layers = new LlamaWeights.Layer[c.layers()];
             for (int i = 0; i < c.layers(); i++) {
@@ -112,8 +120,8 @@ public final class SyntheticModel {
                         fill.matrix(p + "ffn_down.weight", c.dim(), c.ffnDim()));
             }
             WeightMatrix output = tied ? embedding : headFill.matrix("output.weight", c.vocabSize(), c.dim());
-            LlamaWeights w = new LlamaWeights(embedding, fill.norm(c.dim()), output, layers, null);
-            return new LlamaModel("synthetic " + shape.id + " " + weightType, c, w, null, arena);
+            LlamaWeights w = new LlamaWeights(embedding, fill.norm(c.dim()), output, layers, c.rope().freqFactors());
+            return new LlamaModel(name, c, w, null, arena);
         } catch (RuntimeException | OutOfMemoryError e) {
             arena.close();
             throw e;

@@ -15,6 +15,8 @@ import dev.kvant.kv.KvLayerFormats;
 import dev.kvant.kv.PageMeanFormat;
 import dev.kvant.model.LlamaModel;
 import dev.kvant.model.LlamaWeights;
+import dev.kvant.model.ModelConfig;
+import dev.kvant.model.Rope;
 import dev.kvant.model.SyntheticModel;
 import dev.kvant.sample.Sampler;
 import dev.kvant.tensor.Parallel;
@@ -230,6 +232,42 @@ class CudaBackendGpuTest {
         try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.parse(shape), type, seed)) {
             matchCpu(model, shape + " " + type, seed, 100, 4, q8Vectors ? 1e-3 : 1e-5);
         }
+    }
+
+    /**
+     * Shapes of real models that the tiny ones leave out, through the same comparison with the CPU: a Qwen2.5-0.5B
+     * layout (a residual of 896, not a multiple of 256; 14 heads of 64 over 2 kv heads; biases; NEOX RoPE with a
+     * linear scale of 2) and a Llama layout whose query width is not the residual's (6 heads of 128 keys over a
+     * residual of 512), whose value heads are half its key heads (64) and whose RoPE has Llama 3's frequency
+     * factors; both with a vocabulary of 4,099 (no multiple of anything).
+     */
+    @ParameterizedTest(name = "{0} {1}")
+    @MethodSource("realShapes")
+    void realModelShapesMatchTheCpuBackend(String shape, GgmlType type) {
+        long seed = TestSeed.next();
+        ModelConfig c = switch (shape) {
+            case "qwen2.5-0.5b-like" -> new ModelConfig("qwen2", 896, 2, 14, 2, 64, 64, 4864, 4099, 8192, 1e-6f,
+                    new Rope(Rope.Mode.NEOX, 64, 1000000f, 2f, null), true, false);
+            case "llama-wide-q" -> {
+                float[] factors = new float[64];
+                for (int i = 0; i < factors.length; i++) {
+                    factors[i] = 1f + 7f * i / (factors.length - 1);   // 1 (fast pairs) .. 8 (slow ones)
+                }
+                yield new ModelConfig("llama", 512, 2, 6, 2, 128, 64, 1536, 4099, 8192, 1e-5f,
+                        new Rope(Rope.Mode.NORMAL, 128, 500000f, 1f, factors), false, false);
+            }
+            default -> throw new IllegalArgumentException(shape);
+        };
+        boolean q8Vectors = type != GgmlType.F32 && type != GgmlType.F16 && type != GgmlType.BF16;
+        try (LlamaModel model = SyntheticModel.build(shape + " " + type, c, type, seed, false)) {
+            matchCpu(model, shape + " " + type, seed, 100, 4, q8Vectors ? 1e-3 : 1e-5);
+        }
+    }
+
+    static Stream<Arguments> realShapes() {
+        return Stream.of(Arguments.of("qwen2.5-0.5b-like", GgmlType.Q8_0), Arguments.of("qwen2.5-0.5b-like",
+                GgmlType.Q4_0), Arguments.of("llama-wide-q", GgmlType.F16), Arguments.of("llama-wide-q",
+                GgmlType.Q8_0));
     }
 
     /**
