@@ -85,6 +85,12 @@ final class ServeCommand implements Runnable {
     @Option(names = "--no-prefix-cache", description = "do not keep finished sequences for prefix reuse")
     boolean noPrefixCache;
 
+    @Option(names = "--prefix-cache-approximate",
+            description = "reuse cached prefixes also where a reused prefix gives other bits than the prompt computed"
+                    + " afresh (the GPU backend, keys centered on page means, --select): faster repeated prompts,"
+                    + " outputs that depend on what the cache held")
+    boolean approximatePrefixes;
+
     @Option(names = "--pipeline", paramLabel = "N", defaultValue = "0",
             description = "decode steps of different sequences in flight at once: 0 = one per GPU of a layer split"
                     + " (default), 1 = one step at a time, N = at most N")
@@ -127,6 +133,9 @@ final class ServeCommand implements Runnable {
         if (maxQueue < 0) {
             throw new UsageException("--max-queue must not be negative, got " + maxQueue);
         }
+        if (noPrefixCache && approximatePrefixes) {
+            throw new UsageException("--prefix-cache-approximate and --no-prefix-cache do not go together");
+        }
         ModelOptions.checkModelChoice(spec, opts.model, synthetic);
         if (opts.model == null && synthetic == null) {
             throw new UsageException("no model given: pass -m path/to/model.gguf (or --synthetic SHAPE)");
@@ -163,7 +172,7 @@ final class ServeCommand implements Runnable {
             try (SequencePool pool = backend.newSequencePool(poolTokens, opts.kvFormats());
                  Engine engine = new Engine(backend, pool,
                          new EngineConfig(parallel, context, opts.prefillChunk(backend), maxQueue, !noPrefixCache,
-                                 pipeline))) {
+                                 pipeline, approximatePrefixes))) {
                 KvantServer server = KvantServer.start(config, engine, TextCodec.of(model, template));
                 CountDownLatch stop = new CountDownLatch(1);
                 CountDownLatch stopped = new CountDownLatch(1);
@@ -184,6 +193,13 @@ final class ServeCommand implements Runnable {
                                 + " KV %s%s)%n", name, host, server.port(), backend.name(), backend.threads(),
                         parallel, engine.pipelineDepth(), context, pool.totalPages(), pool.pageTokens(),
                         opts.kvFormats().name(), apiKey != null ? ", API key required" : "");
+                if (!noPrefixCache && !engine.reusesPrefixes()) {
+                    System.err.println("kvant serve: prefix reuse is off: here a reused prefix would give other bits"
+                            + " than the prompt computed afresh (--prefix-cache-approximate reuses prefixes anyway)");
+                } else if (engine.reusesPrefixes() && !engine.prefixesKeepBits()) {
+                    System.err.println("kvant serve: prefix reuse is approximate: a request's output may differ from"
+                            + " the same request computed afresh");
+                }
                 // until a signal, or until the engine thread dies (an out-of-memory error, say): a server that can
                 // serve nothing more exits non-zero for its supervisor to restart it
                 while (!stop.await(1, TimeUnit.SECONDS)) {

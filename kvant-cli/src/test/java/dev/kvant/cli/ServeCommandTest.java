@@ -35,6 +35,16 @@ class ServeCommandTest {
     }
 
     @Test
+    void approximatePrefixesWithoutAPrefixCacheAreRefused() {
+        MainTest.Run r = MainTest.run("serve", "--synthetic", "tiny", "--port", "0", "--no-prefix-cache",
+                "--prefix-cache-approximate");
+        assertEquals(2, r.code());
+        assertTrue(r.err().contains("--prefix-cache-approximate and --no-prefix-cache"), r.err());
+        MainTest.Run help = MainTest.run("serve", "--help");
+        assertTrue(help.out().contains("--prefix-cache-approximate"), help.out());
+    }
+
+    @Test
     void benchServeRunsThroughAQueryAwareSelection() {
         MainTest.Run r = MainTest.run("bench-serve", "--synthetic", "tiny", "--mode", "batching", "-np", "2",
                 "--clients", "2", "--requests", "2", "-p", "300", "-n", "4", "-c", "512", "-t", "2", "--seed", "1",

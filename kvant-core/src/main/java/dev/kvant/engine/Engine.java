@@ -49,7 +49,9 @@ import java.util.stream.IntStream;
  * page's mean comes from the write that opens it, so a reused prefix would give other bits than the same prompt
  * computed afresh ({@link SequencePool#forksKeepBits}); such pools compute every prompt whole. Nor with a model that
  * selects KV pages ({@code --select}): the selection is made per block of queries, so a prefix written by decode
- * steps, or a prompt's rest whose blocks start after the prefix, gives other rows than one whole prefill.
+ * steps, or a prompt's rest whose blocks start after the prefix, gives other rows than one whole prefill. Nor on a
+ * pool whose forks do not keep bits for another reason (the GPU backend's). {@link EngineConfig#approximatePrefixes}
+ * reuses prefixes in all these cases too, at the price of outputs that depend on the cache.
  *
  * <p><b>Threads.</b> One engine thread runs every step and owns every sequence; {@link #submit} and {@link
  * Generation#cancel} may be called from any thread. A failing step fails the requests it ran, not the engine.
@@ -197,7 +199,8 @@ public final class Engine implements AutoCloseable {
         this.pageTokens = pool.pageTokens();
         // a model that selects KV pages per block of queries writes other rows after a cached prefix (its decode
         // steps selected per token, and the rest of the prompt's query blocks start elsewhere): computed whole
-        this.reusePrefixes = config.prefixCache() && pool.forksKeepBits() && backend.model().selection() == null;
+        this.reusePrefixes = config.prefixCache() && (config.approximatePrefixes()
+                || pool.forksKeepBits() && backend.model().selection() == null);
         if (pool.totalPages() < pages(config.contextLength())) {
             throw new IllegalArgumentException("the KV pool holds " + (long) pool.totalPages() * pageTokens
                     + " tokens, less than one context of " + config.contextLength() + " (raise the KV memory or lower -c)");
@@ -284,6 +287,16 @@ public final class Engine implements AutoCloseable {
         int run = runningCount;
         return new EngineStats(Math.max(0, inflight - run), run, pool.totalPages(), pool.freePages(), cache.size(),
                 promptTokens, cachedTokens, generatedTokens, prefixHits, prefixMisses, steps, decodeSteps, decodeRows);
+    }
+
+    /** Whether finished sequences are kept for prefix reuse (asked for, and allowed by the pool, model and config). */
+    public boolean reusesPrefixes() {
+        return reusePrefixes;
+    }
+
+    /** Whether a reused prefix keeps a fresh computation's bits here (false: only with approximate prefixes). */
+    public boolean prefixesKeepBits() {
+        return pool.forksKeepBits() && backend.model().selection() == null;
     }
 
     /** Closes every cached prefix (on the engine's thread) and returns when done; pages of running requests stay. */

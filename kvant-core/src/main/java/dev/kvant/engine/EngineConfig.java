@@ -12,13 +12,24 @@ package dev.kvant.engine;
  * @param pipeline      decode steps of different sequences in flight at once: 0 takes the backend's
  *                      {@link dev.kvant.backend.Backend#pipelineDepth} (a layer split over n GPUs keeps n in flight),
  *                      1 runs one step at a time, N at most N (never more than the backend's depth)
+ * @param approximatePrefixes with prefixCache, reuse cached prefixes also where a reused prefix gives other bits than
+ *                      the same prompt computed afresh (a pool whose forks do not keep bits: the GPU backend, keys
+ *                      centered on their page's mean; a model that selects KV pages): faster repeated prompts, but a
+ *                      request's output then depends on what the cache held (in its last bits, and so at times in
+ *                      its tokens). Off: such engines compute every prompt whole.
  */
 public record EngineConfig(int parallel, int contextLength, int prefillChunk, int maxQueue, boolean prefixCache,
-                           int pipeline) {
+                           int pipeline, boolean approximatePrefixes) {
 
     /** With the backend's pipeline depth. */
     public EngineConfig(int parallel, int contextLength, int prefillChunk, int maxQueue, boolean prefixCache) {
         this(parallel, contextLength, prefillChunk, maxQueue, prefixCache, 0);
+    }
+
+    /** Reusing only prefixes that keep the bits of a fresh computation. */
+    public EngineConfig(int parallel, int contextLength, int prefillChunk, int maxQueue, boolean prefixCache,
+                        int pipeline) {
+        this(parallel, contextLength, prefillChunk, maxQueue, prefixCache, pipeline, false);
     }
 
     public EngineConfig {

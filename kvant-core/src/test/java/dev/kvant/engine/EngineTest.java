@@ -455,6 +455,45 @@ class EngineTest {
     }
 
     /**
+     * Approximate prefixes: the same pool of centered keys, whose forks do not keep bits, reuses the first turn when
+     * the engine is told to ({@link EngineConfig#approximatePrefixes}): the second turn forks it, computes only the
+     * rest, and every page comes back once the cache is cleared.
+     */
+    @Test
+    void approximatePrefixesAreReusedWhereForksDoNotKeepBits() throws Exception {
+        Random r = new Random(SEED + 11);
+        int[] turn1 = r.ints(150, 0, TinyModels.VOCAB).toArray();
+        try (SequencePool pool = backend.newSequencePool(2 * CTX, KvFormat.parse("turbo3+mean"),
+                KvFormat.parse("turbo3"));
+             Engine engine = new Engine(backend, pool, new EngineConfig(2, CTX, CHUNK, 8, true, 0, true))) {
+            assertFalse(pool.forksKeepBits());
+            assertTrue(engine.reusesPrefixes());
+            assertFalse(engine.prefixesKeepBits());
+            Events a = new Events();
+            engine.submit(greedy(turn1, 20), a.queue::add);
+            assertInstanceOf(GenerationEvent.Finished.class, a.end());
+            int[] reply = a.ids();
+            int[] turn2 = new int[turn1.length + reply.length + 30];
+            System.arraycopy(turn1, 0, turn2, 0, turn1.length);
+            System.arraycopy(reply, 0, turn2, turn1.length, reply.length);
+            System.arraycopy(r.ints(30, 0, TinyModels.VOCAB).toArray(), 0, turn2, turn1.length + reply.length, 30);
+            Events b = new Events();
+            engine.submit(greedy(turn2, 8), b.queue::add);
+            assertInstanceOf(GenerationEvent.Finished.class, b.end());
+            assertEquals(turn1.length + reply.length - 1, b.started.cachedTokens(), "seed " + SEED);
+            assertEquals(1, engine.stats().prefixHits());
+            assertEquals(8, b.ids().length);
+            engine.clearPrefixCache();
+            assertEquals(pool.totalPages(), engine.stats().freePages(), "no page leaked");
+        }
+        try (SequencePool pool = backend.newSequencePool(2 * CTX, KvFormat.parse("turbo3+mean"),
+                KvFormat.parse("turbo3"));
+             Engine engine = new Engine(backend, pool, new EngineConfig(2, CTX, CHUNK, 8, true))) {
+            assertFalse(engine.reusesPrefixes(), "without approximate prefixes such a pool reuses nothing");
+        }
+    }
+
+    /**
      * A first turn, then a second that starts with it, on an engine with its prefix cache on: the second reuses no
      * prefix, frees every page, and generates what a fresh engine (no cache) generates for it.
      */
