@@ -115,6 +115,14 @@ final class AttentionBenchCommand implements Runnable {
         if (selectCoarse > 0 && selectBudget == 0) {   // it would be ignored
             throw new UsageException("--select-coarse shapes a selection: give --select-budget too");
         }
+        long least = SelectionConfig.leastBudget(SelectionConfig.DEFAULT_BLOCK, SelectionConfig.DEFAULT_SINK,
+                SelectionConfig.DEFAULT_RECENT);
+        if (selectBudget > 0 && selectBudget < least) {   // (the windows are not options here: named as they are)
+            throw new UsageException("--select-budget " + selectBudget + " is below " + least + " tokens, the least"
+                    + " this selection honours: its sink of " + SelectionConfig.DEFAULT_SINK + " and recent window of "
+                    + SelectionConfig.DEFAULT_RECENT + " tokens, the query's own page and one chosen, in pages of "
+                    + SelectionConfig.DEFAULT_BLOCK);
+        }
         UsageException.parsing(() -> dev.kvant.attention.AttentionOptions.defaults().withSparseV(sparseV));
         List<KvFormat> fs = UsageException.parsing(() -> formats.stream().map(KvFormat::parse).toList());
         Progress progress = new Progress(json);

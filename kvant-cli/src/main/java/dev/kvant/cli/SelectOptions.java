@@ -66,14 +66,6 @@ final class SelectOptions {
                 yield null;
             }
             case "topk" -> {
-                // the windows are always attended: a budget they fill leaves the selection nothing to choose, and
-                // one below them would be silently exceeded
-                if ((long) budget < (long) sink + recent + page) {
-                    throw new UsageException("--select-budget " + budget + " must cover the windows it includes:"
-                            + " --select-sink " + sink + " + --select-recent " + recent + " + the queries' own"
-                            + " --select-page " + page + " = " + ((long) sink + recent + page) + " tokens (lower the"
-                            + " windows for a smaller budget)");
-                }
                 yield UsageException.parsing(() -> new SelectionConfig(budget, page, sink, recent, denseLayers,
                         coarse, coarse > 0 && coarseKeep == 0 ? SelectionConfig.defaultCoarseKeep(budget, coarse)
                                 : coarseKeep));

@@ -47,14 +47,21 @@ class SparseCommandsTest {
         assertTrue(r.err().contains("add --select topk"), r.err());
     }
 
-    /** A budget the always-attended windows fill (or exceed) is refused: the selection would choose nothing. */
+    /**
+     * A budget the always-attended windows fill, counted in whole pages as the selector counts them, is refused:
+     * the selection would choose nothing and the windows would exceed it. bench-attention, whose windows are not
+     * options, says what they are (its --select-budget 100 attended about 336 tokens under the label topk100).
+     */
     @Test
     void aBudgetBelowItsWindowsIsRefused() {
         MainTest.Run r = MainTest.run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1",
                 "--select", "topk", "--select-budget", "128");
         assertEquals(2, r.code(), r.err());
-        assertTrue(r.err().contains("--select-budget 128 must cover the windows it includes") && r.err().contains(
-                "= 336 tokens"), r.err());
+        assertTrue(r.err().contains("--select-budget 128 is 8 pages of --select-page 16") && r.err().contains(
+                "= 22 pages, a budget of at least 352 tokens"), r.err());
+        MainTest.Run b = MainTest.run("bench-attention", "--select-budget", "100", "--formats", "f16", "--ctx", "64");
+        assertEquals(2, b.code(), b.err());
+        assertTrue(b.err().contains("--select-budget 100 is below 352 tokens"), b.err());
     }
 
     /**
@@ -66,7 +73,7 @@ class SparseCommandsTest {
         Path f = dir.resolve("sel.txt");
         java.nio.file.Files.writeString(f, "keep");
         MainTest.Run r = MainTest.run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--kv",
-                "f16,nonsense", "--select", "topk", "--select-budget", "64", "--select-sink", "16", "--select-recent", "32",
+                "f16,nonsense", "--select", "topk", "--select-budget", "80", "--select-sink", "16", "--select-recent", "32",
                 "--dump-selection", f.toString());
         assertEquals(2, r.code(), r.err());
         assertEquals("keep", java.nio.file.Files.readString(f), r.err());
@@ -74,7 +81,7 @@ class SparseCommandsTest {
             assertEquals(1, files.count(), "no partial file left");
         }
         MainTest.Run ok = MainTest.run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1",
-                "--backend", "cpu", "--select", "topk", "--select-budget", "64", "--select-sink", "16", "--select-recent",
+                "--backend", "cpu", "--select", "topk", "--select-budget", "80", "--select-sink", "16", "--select-recent",
                 "32", "--dump-selection", f.toString());
         assertEquals(0, ok.code(), ok.err());
         assertTrue(!java.nio.file.Files.readString(f).equals("keep"), "the dump went into place");

@@ -216,8 +216,14 @@ public final class AttentionBench {
                                 p.seq().enableKeySummaries(s.select().blockTokens(), s.select().coarseTokens());
                                 PageTopK topK = new PageTopK(s.select());
                                 Selection sel = new Selection();
-                                long selBytes = (long) Math.min(ctx + 1, s.select().budget()) * s.kvHeads()
-                                        * (c.kRowBytes() + c.vRowBytes());
+                                // the rows the selection attends (whole blocks within the budget, up to the
+                                // query), not the budget: a budget between block multiples reads fewer
+                                topK.select(p.seq(), 0, p.queries(), 1, ctx, p.heads(), sel, pool);
+                                long selTokens = 0;
+                                for (int g = 0; g < s.kvHeads(); g++) {
+                                    selTokens += sel.tokens(0, g);
+                                }
+                                long selBytes = selTokens * (c.kRowBytes() + c.vRowBytes());
                                 double sms = time(reps, () -> {
                                     topK.select(p.seq(), 0, p.queries(), 1, ctx, p.heads(), sel, pool);
                                     CpuAttention.decode(p.seq(), 0, p.queries(), 1, ctx, p.heads(), p.scale(),

@@ -4,7 +4,9 @@ package dev.kvant.select;
  * The settings of query-aware page selection ({@code --select topk ...}).
  *
  * @param budget      tokens attended per query block and kv head, sink and recent windows included; whatever the
- *                    windows leave goes to the highest-scoring blocks (so about budget tokens whatever the context)
+ *                    windows leave goes to the highest-scoring blocks (so about budget tokens whatever the context).
+ *                    Counted in whole blocks: it must hold the windows' blocks (each rounded up) and two more, the
+ *                    queries' own and one chosen, or the own two of a query block straddling a block edge
  * @param blockTokens positions per selection block (the granule of key summaries and of the selection): a power of
  *                    two from 16 (the attention tile) to 1024 (the attention partition), so a block is whole tiles
  *                    of one partition
@@ -52,6 +54,28 @@ public record SelectionConfig(int budget, int blockTokens, int sink, int recent,
             throw new IllegalArgumentException("--select-coarse-keep must be 1.." + (1 << 16) + " with --select-coarse"
                     + " (and unused without), got " + coarseKeep);
         }
+        // PageTopK counts in whole blocks: it always attends the sink's and the recent window's blocks (each rounded
+        // up) and the queries' own, two where a query block of 16 straddles a block edge, and fills the rest of
+        // budget / blockTokens. A budget without room for that plus one chosen block was exceeded by the windows,
+        // and at decode the choice never ran (budget 2048 with pages of 1024 attended up to 3072 tokens).
+        long least = leastBudget(blockTokens, sink, recent) / blockTokens;
+        if (budget / blockTokens < least) {
+            throw new IllegalArgumentException("--select-budget " + budget + " is " + budget / blockTokens
+                    + " pages of --select-page " + blockTokens + ", too few for the pages always attended and one"
+                    + " chosen: --select-sink " + sink + " (" + windowBlocks(sink, blockTokens) + ") + --select-recent "
+                    + recent + " (" + windowBlocks(recent, blockTokens) + ") + the queries' own page and one chosen"
+                    + " (or a second own page where 16 queries straddle a page edge) = " + least + " pages, a budget"
+                    + " of at least " + least * blockTokens + " tokens (lower the windows or the page for a smaller"
+                    + " budget)");
+        }
+    }
+
+    /**
+     * The smallest budget PageTopK honours with these windows, in tokens: their blocks (each rounded up) and two more,
+     * the queries' own and one chosen at decode, or the two own blocks of a query block straddling a block edge.
+     */
+    public static long leastBudget(int blockTokens, int sink, int recent) {
+        return ((long) windowBlocks(sink, blockTokens) + windowBlocks(recent, blockTokens) + 2) * blockTokens;
     }
 
     /** One-round selection: no coarse level. */
@@ -97,8 +121,12 @@ public record SelectionConfig(int budget, int blockTokens, int sink, int recent,
         return blocksOf(recent);
     }
 
-    /** ceil(tokens / blockTokens), without the int overflow of a window near 2^31 tokens ("all of it"). */
     private int blocksOf(int tokens) {
+        return windowBlocks(tokens, blockTokens);
+    }
+
+    /** ceil(tokens / blockTokens), without the int overflow of a window near 2^31 tokens. */
+    private static int windowBlocks(int tokens, int blockTokens) {
         return (int) (((long) tokens + blockTokens - 1) / blockTokens);
     }
 

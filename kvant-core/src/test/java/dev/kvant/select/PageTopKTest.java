@@ -3,6 +3,7 @@ package dev.kvant.select;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import dev.kvant.attention.AttentionProblem;
@@ -208,7 +209,7 @@ class PageTopKTest {
     }
 
     @ParameterizedTest(name = "{0} n={1} budget={2} block={3}")
-    @CsvSource({"f16,1,512,16", "f16,40,256,16", "turbo3,1,1024,16", "turbo3,3,512,32", "q8_0,1,300,64",
+    @CsvSource({"f16,1,512,16", "f16,40,256,16", "turbo3,1,1024,16", "turbo3,3,512,32", "q8_0,1,330,64",
             "q4_0h,17,640,16"})
     void selectorChoosesTheBlocksOfABruteForceReference(String format, int n, int budget, int block) {
         checkAgainstReference(format, n, budget, block, 0, 0);
@@ -248,8 +249,8 @@ class PageTopKTest {
                                 + ": selected " + Arrays.toString(got) + ", reference " + Arrays.toString(want)
                                 + " (seed " + SEED + ")");
                     }
-                    assertTrue(sel.tokens(qb, g) <= Math.max(budget, 64 + 128 + 2 * block + Selection.QUERY_BLOCK),
-                            "selection of " + sel.tokens(qb, g) + " tokens exceeds the budget " + budget);
+                    assertTrue(sel.tokens(qb, g) <= budget, "selection of " + sel.tokens(qb, g)
+                            + " tokens exceeds the budget " + budget);
                 }
             }
         }
@@ -286,17 +287,21 @@ class PageTopKTest {
     @Test
     void sinkRecentAndOwnBlocksAreAlwaysSelected() {
         int start = 3000;
-        SelectionConfig c = new SelectionConfig(64, 16, 64, 256, 0);
+        SelectionConfig c = new SelectionConfig(352, 16, 64, 256, 0);   // the least: the windows and one chosen
         try (AttentionProblem p = AttentionProblem.random(KvFormat.parse("turbo3"), KvFormat.parse("turbo3"), 2, 2, 64,
                 64, start, 1, 64, SEED)) {
             p.seq().enableKeySummaries(16);
             Selection sel = new Selection();
             new PageTopK(c).select(p.seq(), 0, p.queries(), 1, start, p.heads(), sel, POOL);
             int own = start / 16;
-            int[] want = IntStream.concat(IntStream.range(0, 4), IntStream.rangeClosed(own - 16, own)).toArray();
             for (int g = 0; g < 2; g++) {
-                assertArrayEquals(want, Arrays.copyOfRange(sel.blocks(), sel.offset(0, g), sel.offset(0, g)
-                        + sel.count(0, g)), "a budget below the windows keeps just the windows");
+                int[] got = Arrays.copyOfRange(sel.blocks(), sel.offset(0, g), sel.offset(0, g) + sel.count(0, g));
+                int[] windows = IntStream.concat(IntStream.range(0, 4), IntStream.rangeClosed(own - 16, own)).toArray();
+                assertEquals(windows.length + 1, got.length, "the windows and one chosen block");
+                for (int b : windows) {
+                    assertTrue(Arrays.binarySearch(got, b) >= 0, "block " + b + " of the windows in "
+                            + Arrays.toString(got));
+                }
             }
         }
     }
@@ -355,18 +360,90 @@ class PageTopKTest {
     }
 
     /**
-     * Windows and budgets near 2^31 tokens ("all of it") count their blocks without overflow, and the default coarse
-     * keep stays within the keeps taken: a sink or recent window of Integer.MAX_VALUE made a negative block count and
-     * an out-of-bounds read; a budget of 600,000 with coarse blocks of 32 refused its own default keep.
+     * Windows near 2^31 tokens count their blocks without overflow (a sink or recent window of Integer.MAX_VALUE
+     * made a negative block count and an out-of-bounds read; now no budget holds them), and the default coarse keep
+     * stays within the keeps taken: a budget of 600,000 with coarse blocks of 32 refused its own default keep.
      */
     @Test
     void hugeWindowsAndBudgetsCountTheirBlocksWithoutOverflow() {
-        SelectionConfig c = new SelectionConfig(64, 16, Integer.MAX_VALUE, Integer.MAX_VALUE, 0);
-        assertEquals((Integer.MAX_VALUE + 15L) / 16, c.sinkBlocks());
-        assertEquals((Integer.MAX_VALUE + 15L) / 16, c.recentBlocks());
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                () -> new SelectionConfig(Integer.MAX_VALUE, 16, Integer.MAX_VALUE, Integer.MAX_VALUE, 0));
+        assertTrue(e.getMessage().contains("--select-sink 2147483647 (134217728) + --select-recent 2147483647"
+                + " (134217728)") && e.getMessage().contains("268435458 pages"), e.getMessage());
+        assertEquals(268435458L * 16, SelectionConfig.leastBudget(16, Integer.MAX_VALUE, Integer.MAX_VALUE));
         assertEquals(1 << 16, SelectionConfig.defaultCoarseKeep(600_000, 32));
         assertEquals(1 << 16, SelectionConfig.defaultCoarseKeep(Integer.MAX_VALUE, 32));
         assertEquals(32, SelectionConfig.defaultCoarseKeep(64, 256));
         new SelectionConfig(600_000, 16, 64, 256, 2, 32, SelectionConfig.defaultCoarseKeep(600_000, 32));
+    }
+
+    /**
+     * The budget is counted as PageTopK counts it, in whole pages: the windows' pages (each rounded up) and two, the
+     * queries' own and one chosen. Pages of 1024 with the default windows (64 and 256 tokens, a page each) and a
+     * budget of 2048 passed a check in tokens (2048 >= 64 + 256 + 1024), then attended up to 3072 tokens and never
+     * chose a page.
+     */
+    @Test
+    void aBudgetItsWindowsFillInWholePagesIsRefused() {
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                () -> new SelectionConfig(2048, 1024, 64, 256, 2));
+        assertTrue(e.getMessage().contains("--select-budget 2048 is 2 pages of --select-page 1024")
+                && e.getMessage().contains("--select-sink 64 (1) + --select-recent 256 (1)")
+                && e.getMessage().contains("= 4 pages, a budget of at least 4096 tokens"), e.getMessage());
+        assertEquals(4096, SelectionConfig.leastBudget(1024, 64, 256));
+        assertThrows(IllegalArgumentException.class, () -> new SelectionConfig(4095, 1024, 64, 256, 2));
+        new SelectionConfig(4096, 1024, 64, 256, 2);
+        assertEquals(352, SelectionConfig.leastBudget(16, 64, 256));
+        assertThrows(IllegalArgumentException.class, () -> SelectionConfig.topK(351));
+        SelectionConfig.topK(352);
+    }
+
+    /**
+     * Over random accepted configs (pages 16..1024, windows and budgets off page multiples, with and without a
+     * coarse level), no list attends more tokens than the budget, at any decode position nor in prefill chunks
+     * whose query blocks straddle page edges; and at decode the choice runs: a one-round list short of every
+     * visible page holds budget / page of them.
+     */
+    @Test
+    void noSelectionAttendsMoreThanItsBudget() {
+        SplittableRandom rnd = new SplittableRandom(SEED);
+        int ctx = 6144;
+        int n = 40;
+        KvFormat f = KvFormat.parse("f16");
+        try (AttentionProblem p = AttentionProblem.random(f, f, 1, 2, 32, 32, ctx - n, n, 64, SEED);
+             Parallel one = new Parallel(1)) {
+            Selection sel = new Selection();
+            for (int i = 0; i < 16; i++) {
+                int page = i == 0 ? 1024 : 16 << rnd.nextInt(7);
+                int sink = i == 0 ? 64 : rnd.nextInt(2 * page);
+                int recent = i == 0 ? 256 : rnd.nextInt(3 * page);
+                int least = (int) SelectionConfig.leastBudget(page, sink, recent);
+                int budget = least + rnd.nextInt(i == 0 ? 1 : 4 * page);
+                int coarse = i % 3 == 2 ? page << (1 + rnd.nextInt(3)) : 0;
+                int keep = coarse == 0 ? 0 : 1 + rnd.nextInt(3);
+                String what = "budget " + budget + ", page " + page + ", sink " + sink + ", recent " + recent
+                        + ", coarse " + coarse + " keep " + keep + " (seed " + SEED + ")";
+                assertThrows(IllegalArgumentException.class,
+                        () -> new SelectionConfig(least - 1, page, sink, recent, 0, coarse, keep), what);
+                SelectionConfig c = new SelectionConfig(budget, page, sink, recent, 0, coarse, keep);
+                PageTopK topK = new PageTopK(c);
+                p.seq().enableKeySummaries(page, coarse);
+                for (int pos = 0; pos < ctx; pos++) {
+                    topK.select(p.seq(), 0, p.queries(), 1, pos, p.heads(), sel, one);
+                    assertTrue(sel.tokens(0, 0) <= budget, sel.tokens(0, 0) + " tokens at " + pos + ", " + what);
+                    if (coarse == 0) {
+                        assertEquals(Math.min(sel.stride(), budget / page), sel.count(0, 0), "at " + pos + ", " + what);
+                    }
+                }
+                for (int r = 0; r < 8; r++) {
+                    int start = rnd.nextInt(ctx - n + 1);
+                    topK.select(p.seq(), 0, p.queries(), n, start, p.heads(), sel, one);
+                    for (int qb = 0; qb < sel.queryBlocks(); qb++) {
+                        assertTrue(sel.tokens(qb, 0) <= budget, sel.tokens(qb, 0) + " tokens for " + n + " queries at "
+                                + start + ", query block " + qb + ", " + what);
+                    }
+                }
+            }
+        }
     }
 }
