@@ -95,8 +95,8 @@ final class SelectOptions {
             }
         }
         ModelConfig m = model.config();
-        SelectionLog.Writer w = SelectionLog.writer(dump, new SelectionLog.Header(m.layers(), m.heads(), m.kvHeads(),
-                m.headDimK(), m.headDimV(), c.blockTokens()));
+        SelectionLog.Writer w = UsageException.parsing(() -> SelectionLog.writer(dump, new SelectionLog.Header(
+                m.layers(), m.heads(), m.kvHeads(), m.headDimK(), m.headDimV(), c.blockTokens())));
         model.setSelectionLog(w);
         return w;
     }

@@ -87,6 +87,21 @@ class SparseCommandsTest {
         assertTrue(!java.nio.file.Files.readString(f).equals("keep"), "the dump went into place");
     }
 
+    /** A --dump-selection naming a directory is refused before the run (its move failed after the whole run). */
+    @Test
+    void aDumpOntoADirectoryIsRefusedBeforeTheRun(@TempDir Path dir) throws Exception {
+        Path d = Files.createDirectory(dir.resolve("out"));
+        MainTest.Run r = MainTest.run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--backend",
+                "cpu", "--select", "topk", "--select-budget", "80", "--select-sink", "16", "--select-recent", "32",
+                "--dump-selection", d.toString());
+        assertEquals(2, r.code(), r.err());
+        assertTrue(r.err().contains(d + " is a directory"), r.err());
+        assertTrue(!r.out().contains("| pp8 |"), "no run: " + r.out());
+        try (var files = Files.list(dir)) {
+            assertEquals(1, files.count(), "no partial file left");
+        }
+    }
+
     @Test
     void needleNeedsProbesOrAHaystack() {
         MainTest.Run r = MainTest.run("needle", "-m", "/nonexistent.gguf");

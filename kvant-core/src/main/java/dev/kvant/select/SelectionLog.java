@@ -58,9 +58,9 @@ public record SelectionLog(Header header, List<Entry> entries) {
 
     /**
      * Writes selections as they are made, into a temporary file beside the target ({@code NAME.*.partial}) that
-     * {@link #commit}
-     * moves into place once the run is over: a run that fails or is stopped leaves whatever was at the target as it
-     * was (and no partial file). Thread-safe.
+     * {@link #commit} moves into place once the run is over: a run that fails or is stopped, or a commit that cannot
+     * move it, leaves whatever was at the target as it was (and no partial file). A target that exists and is not a
+     * regular file (a directory) is refused when the writer opens, before the run. Thread-safe.
      */
     public static final class Writer implements AutoCloseable {
         private final Path path;
@@ -72,6 +72,11 @@ public record SelectionLog(Header header, List<Entry> entries) {
         private Writer(Path path, Header header) {
             this.path = path;
             this.header = header;
+            if (Files.exists(path) && !Files.isRegularFile(path)) {
+                // the move would fail after the whole run (or replace an empty directory)
+                throw new IllegalArgumentException("selection dump " + path + " is " + (Files.isDirectory(path)
+                        ? "a directory" : "not a regular file") + ": name a file to write");
+            }
             try {
                 // a name of its own beside the target: two runs dumping to one name do not share it
                 Path dir = path.toAbsolutePath().getParent();
@@ -121,7 +126,7 @@ public record SelectionLog(Header header, List<Entry> entries) {
             if (done) {
                 return;
             }
-            done = true;
+            done = true;   // whatever happens below, close() has nothing left to do
             try {
                 out.close();
                 try {
@@ -130,7 +135,19 @@ public record SelectionLog(Header header, List<Entry> entries) {
                     Files.move(partial, path, StandardCopyOption.REPLACE_EXISTING);
                 }
             } catch (IOException e) {
+                dropPartial(e);
                 throw new UncheckedIOException("cannot write selection dump " + path + ": " + e.getMessage(), e);
+            } catch (RuntimeException e) {
+                dropPartial(e);
+                throw e;
+            }
+        }
+
+        private void dropPartial(Exception cause) {
+            try {
+                Files.deleteIfExists(partial);
+            } catch (IOException | RuntimeException e) {
+                cause.addSuppressed(e);
             }
         }
 
@@ -143,6 +160,11 @@ public record SelectionLog(Header header, List<Entry> entries) {
             done = true;
             try {
                 out.close();
+            } catch (IOException e) {
+                dropPartial(e);
+                throw new UncheckedIOException("cannot close selection dump " + path + ": " + e.getMessage(), e);
+            }
+            try {
                 Files.deleteIfExists(partial);
             } catch (IOException e) {
                 throw new UncheckedIOException("cannot close selection dump " + path + ": " + e.getMessage(), e);

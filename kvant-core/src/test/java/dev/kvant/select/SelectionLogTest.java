@@ -7,6 +7,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.List;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
 
@@ -24,6 +25,39 @@ class SelectionLogTest {
         assertEquals("keep", java.nio.file.Files.readString(f));
         try (var files = java.nio.file.Files.list(dir)) {
             assertEquals(1, files.count(), "no partial file left");
+        }
+    }
+
+    /**
+     * A commit whose move fails (the target became a non-empty directory during the run) leaves the directory as it
+     * was and no partial file: commit marked the writer done before moving, so close() kept the partial file.
+     */
+    @Test
+    void aCommitThatCannotMoveLeavesNoPartialFile(@TempDir Path dir) throws Exception {
+        Path f = dir.resolve("sel.txt");
+        SelectionLog.Header h = new SelectionLog.Header(8, 4, 2, 128, 128, 16);
+        try (SelectionLog.Writer w = SelectionLog.writer(f, h)) {
+            w.record(5, Selection.of(16, 30, 20, new int[][][] {{{0, 1, 2}, {1, 2}}, {{0, 2, 3}, {2, 3}}}));
+            Files.createDirectory(f);
+            Files.writeString(f.resolve("inside.txt"), "keep");
+            java.io.UncheckedIOException e = assertThrows(java.io.UncheckedIOException.class, w::commit);
+            assertTrue(e.getMessage().contains("cannot write selection dump " + f), e.getMessage());
+        }
+        assertEquals("keep", Files.readString(f.resolve("inside.txt")));
+        try (var files = Files.list(dir)) {
+            assertEquals(List.of("sel.txt"), files.map(p -> p.getFileName().toString()).toList(), "no partial file");
+        }
+    }
+
+    /** A target that is a directory is refused when the writer opens, before any run, and nothing is left beside it. */
+    @Test
+    void aDirectoryTargetIsRefusedWhenTheWriterOpens(@TempDir Path dir) throws Exception {
+        Path d = Files.createDirectory(dir.resolve("out"));
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                () -> SelectionLog.writer(d, new SelectionLog.Header(8, 4, 2, 128, 128, 16)));
+        assertTrue(e.getMessage().contains(d + " is a directory"), e.getMessage());
+        try (var files = Files.list(dir)) {
+            assertEquals(1, files.count(), "no partial file");
         }
     }
 
