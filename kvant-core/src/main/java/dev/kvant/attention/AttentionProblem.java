@@ -54,15 +54,33 @@ public final class AttentionProblem implements AutoCloseable {
             throw new IllegalArgumentException("need start >= 0 and at least one query token, got start=" + start
                     + " n=" + n);
         }
-        KvGeometry g = new KvGeometry(1, kvHeads, headDimK, headDimV);
+        if ((long) start + n > Integer.MAX_VALUE) {
+            throw new IllegalArgumentException("a cache of " + start + " + " + n + " positions does not fit an int");
+        }
         int total = start + n;
+        int chunk = Math.min(WRITE_CHUNK, total);
+        int heads;
+        int kFloats;
+        int vFloats;
+        int qFloats;
+        try {
+            heads = Math.multiplyExact(kvHeads, group);
+            kFloats = Math.multiplyExact(Math.multiplyExact(chunk, kvHeads), headDimK);
+            vFloats = Math.multiplyExact(Math.multiplyExact(chunk, kvHeads), headDimV);
+            qFloats = Math.multiplyExact(Math.multiplyExact(n, heads), headDimK);
+            Math.multiplyExact(Math.multiplyExact(n, heads), headDimV);   // the output's, outputSize()
+        } catch (ArithmeticException e) {
+            // (the int products overflowed into a negative array size or a short array indexed out of bounds)
+            throw new IllegalArgumentException(n + " queries of " + kvHeads + " x " + group + " heads of " + headDimK
+                    + " / " + headDimV + " values (and rows written " + chunk + " at a time) do not fit in an array");
+        }
+        KvGeometry g = new KvGeometry(1, kvHeads, headDimK, headDimV);
         KvCache cache = KvCache.forTokens(g, k, v, pageTokens, total);
         try {
             KvSequence seq = cache.newSequence();
             SplittableRandom rnd = new SplittableRandom(seed);
-            int chunk = Math.min(WRITE_CHUNK, total);
-            float[] kb = new float[chunk * kvHeads * headDimK];
-            float[] vb = new float[chunk * kvHeads * headDimV];
+            float[] kb = new float[kFloats];
+            float[] vb = new float[vFloats];
             for (int pos = 0; pos < total; pos += chunk) {
                 int m = Math.min(chunk, total - pos);
                 if (pos < distinct) {
@@ -71,8 +89,7 @@ public final class AttentionProblem implements AutoCloseable {
                 }
                 seq.writeRows(0, pos, m, kb, 0, vb, 0);
             }
-            int heads = kvHeads * group;
-            float[] q = new float[n * heads * headDimK];
+            float[] q = new float[qFloats];
             fill(rnd, q, n * heads, headDimK, 4f);
             return new AttentionProblem(cache, seq, q, n, start, heads);
         } catch (RuntimeException e) {

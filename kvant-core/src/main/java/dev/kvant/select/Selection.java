@@ -197,23 +197,41 @@ public final class Selection {
     public void check() {
         for (int qb = 0; qb < queryBlocks; qb++) {
             for (int g = 0; g < kvHeads; g++) {
-                int o = offset(qb, g);
-                int c = count(qb, g);
-                for (int i = 0; i < c; i++) {
-                    int b = blocks[o + i];
-                    if (b < 0 || b >= stride || i > 0 && b <= blocks[o + i - 1]) {
-                        throw new IllegalArgumentException("selection list of query block " + qb + ", kv head " + g
-                                + " is not strictly ascending within [0, " + stride + "): entry " + i + " is " + b);
-                    }
-                }
-                int t0 = start + qb * QUERY_BLOCK;
-                int t1 = start + Math.min(n, (qb + 1) * QUERY_BLOCK) - 1;
-                for (int b = t0 / blockTokens; b <= t1 / blockTokens; b++) {
-                    if (!contains(qb, g, b)) {
-                        throw new IllegalArgumentException("selection list of query block " + qb + ", kv head " + g
-                                + " lacks block " + b + ", which holds its own queries' positions " + t0 + ".." + t1);
-                    }
-                }
+                checkList(blocks, offset(qb, g), count(qb, g), stride, blockTokens, start + qb * QUERY_BLOCK,
+                        start + Math.min(n, (qb + 1) * QUERY_BLOCK) - 1, qb, g);
+            }
+        }
+    }
+
+    /**
+     * Checks the lists (one per kv head) of one query block of {@code tokens} queries at {@code start}, as the only
+     * query block of a call ({@link #check}'s rules), without building the selection: a replayed record is checked
+     * where it is read, without the stride-sized arrays a selection of a late position takes.
+     */
+    static void checkQueryBlock(int blockTokens, int start, int tokens, int[][] lists) {
+        if (tokens < 1 || tokens > QUERY_BLOCK) {
+            throw new IllegalArgumentException("a query block holds 1.." + QUERY_BLOCK + " queries, not " + tokens);
+        }
+        int stride = (int) (((long) start + tokens + blockTokens - 1) / blockTokens);
+        for (int g = 0; g < lists.length; g++) {
+            checkList(lists[g], 0, lists[g].length, stride, blockTokens, start, start + tokens - 1, 0, g);
+        }
+    }
+
+    /** List a[o, o+count) of (qb, g), queries at positions t0..t1: strictly ascending below stride, own blocks in. */
+    private static void checkList(int[] a, int o, int count, int stride, int blockTokens, int t0, int t1, int qb,
+                                  int g) {
+        for (int i = 0; i < count; i++) {
+            int b = a[o + i];
+            if (b < 0 || b >= stride || i > 0 && b <= a[o + i - 1]) {
+                throw new IllegalArgumentException("selection list of query block " + qb + ", kv head " + g
+                        + " is not strictly ascending within [0, " + stride + "): entry " + i + " is " + b);
+            }
+        }
+        for (int b = t0 / blockTokens; b <= t1 / blockTokens; b++) {
+            if (Arrays.binarySearch(a, o, o + count, b) < 0) {
+                throw new IllegalArgumentException("selection list of query block " + qb + ", kv head " + g
+                        + " lacks block " + b + ", which holds its own queries' positions " + t0 + ".." + t1);
             }
         }
     }

@@ -1,5 +1,7 @@
 package dev.kvant.select;
 
+import dev.kvant.model.ModelConfig;
+
 import java.io.BufferedWriter;
 import java.io.IOException;
 import java.io.UncheckedIOException;
@@ -25,7 +27,11 @@ import java.util.List;
 public record SelectionLog(Header header, List<Entry> entries) {
     private static final String MAGIC = "kvant-selection v1";
 
-    /** The geometry the selections were made for. */
+    /**
+     * The geometry the selections were made for: a model's ({@link ModelConfig}'s bounds: heads times a head size
+     * within {@link ModelConfig#MAX_WIDTH}, so a replay's query and output arrays fit an int) and a selection's
+     * block size ({@link SelectionConfig#blockTokens}).
+     */
     public record Header(int layers, int heads, int kvHeads, int headDimK, int headDimV, int blockTokens) {
         public Header {
             if (layers < 1 || heads < 1 || kvHeads < 1 || headDimK < 1 || headDimV < 1 || blockTokens < 1) {
@@ -34,6 +40,14 @@ public record SelectionLog(Header header, List<Entry> entries) {
             }
             if (heads % kvHeads != 0) {
                 throw new IllegalArgumentException("heads=" + heads + " is not a multiple of kv_heads=" + kvHeads);
+            }
+            if ((long) heads * Math.max(headDimK, headDimV) > ModelConfig.MAX_WIDTH) {
+                throw new IllegalArgumentException("heads=" + heads + " x head_dim_k=" + headDimK + " / head_dim_v="
+                        + headDimV + " makes a layer wider than " + ModelConfig.MAX_WIDTH + " values");
+            }
+            if (blockTokens < 16 || blockTokens > 1024 || Integer.bitCount(blockTokens) != 1) {
+                throw new IllegalArgumentException("block_tokens=" + blockTokens + " is not a selection page (a power"
+                        + " of two from 16 to 1024)");
             }
         }
 
@@ -225,6 +239,8 @@ public record SelectionLog(Header header, List<Entry> entries) {
                     throw new IllegalArgumentException("layer " + layer + ", position " + position + ", tokens " + tokens
                             + " do not fit the header's " + h.layers() + " layers and an int context");
                 }
+                // the lists as a replay's attention takes them: a bad one is named here, with its line
+                Selection.checkQueryBlock(h.blockTokens(), position, tokens, blocks);
                 entries.add(new Entry(layer, position, tokens, blocks));
             } catch (RuntimeException e) {
                 throw new IllegalArgumentException(path + ", line " + (i + 1) + ": " + e.getMessage(), e);

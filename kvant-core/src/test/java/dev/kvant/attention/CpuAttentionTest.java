@@ -402,4 +402,18 @@ class CpuAttentionTest {
             }
         }
     }
+
+    /**
+     * A problem whose queries do not fit in an int-indexed array is refused by its sizes: 2^20 heads of 4,096 values
+     * made 2^32 floats, an int product of 0, and failed as "Index 0 out of bounds for length 0" (a replay of a dump
+     * with such a header printed that, or a negative array size).
+     */
+    @Test
+    void aProblemTooWideForAnArrayIsRefusedBySize() {
+        KvFormat f = KvFormat.parse("f16");
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                () -> AttentionProblem.random(f, f, 1, 1 << 20, 4096, 64, 0, 1, 64, SEED));
+        assertTrue(e.getMessage().contains("1 queries of 1 x 1048576 heads of 4096 / 64 values")
+                && e.getMessage().contains("do not fit in an array"), e.getMessage());
+    }
 }

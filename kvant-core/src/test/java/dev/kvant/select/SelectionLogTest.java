@@ -92,15 +92,30 @@ class SelectionLogTest {
         assertTrue(e.getMessage().contains("line 2") && e.getMessage().contains("2 kv head lists"), e.getMessage());
     }
 
-    /** A header count of 0 or a position past an int context is named with its file and line, not a division by 0. */
+    /**
+     * A header count of 0, a geometry no model has, a block size no selection takes, a position past an int context,
+     * a record of more than one query block or a list a replay could not attend through is named with its file and
+     * line (heads=16777216 kv_heads=1 printed "Index 0 out of bounds for length 0" from the replay's arrays, 17
+     * tokens and a list without its own block failed in the replay without file or line).
+     */
     @Test
     void impossibleHeadersAndPositionsAreNamed(@TempDir Path dir) throws Exception {
         String good = "kvant-selection v1 layers=1 heads=2 kv_heads=2 head_dim_k=64 head_dim_v=64 block_tokens=16\n";
         String[][] cases = {
                 {good.replace("kv_heads=2", "kv_heads=0") + "0 5 1||\n", "line 1", "at least 1"},
                 {good.replace("heads=2 kv", "heads=3 kv") + "0 5 1|0|0\n", "line 1", "not a multiple"},
+                {good.replace("heads=2 kv_heads=2", "heads=16777216 kv_heads=1") + "0 5 1|0\n", "line 1",
+                        "wider than 67108864 values"},
+                {good.replace("heads=2 kv_heads=2 head_dim_k=64", "heads=131072 kv_heads=1 head_dim_k=65536")
+                        + "0 5 1|0\n", "line 1", "wider than"},
+                {good.replace("block_tokens=16", "block_tokens=3") + "0 5 1|0|0\n", "line 1", "block_tokens=3"},
+                {good.replace("block_tokens=16", "block_tokens=2048") + "0 5 1|0|0\n", "line 1", "block_tokens=2048"},
                 {good + "0 2147483647 1|0|0\n", "line 2", "do not fit"},
                 {good + "3 5 1|0|0\n", "line 2", "do not fit"},
+                {good + "0 0 16|0|0\n0 16 17|0 1|0 1\n", "line 3", "1..16 queries, not 17"},
+                {good + "0 40 1|0 2|0 1\n", "line 2", "kv head 1 lacks block 2"},
+                {good + "0 40 1|2 0|2\n", "line 2", "not strictly ascending"},
+                {good + "0 40 1|0 2 3|2\n", "line 2", "within [0, 3): entry 2 is 3"},
         };
         for (String[] c : cases) {
             Path f = dir.resolve("bad.txt");
