@@ -7,7 +7,9 @@ import dev.kvant.select.SelectionConfig;
 import dev.kvant.select.SelectionLog;
 import dev.kvant.tensor.Parallel;
 import picocli.CommandLine.Command;
+import picocli.CommandLine.Model.CommandSpec;
 import picocli.CommandLine.Option;
+import picocli.CommandLine.Spec;
 
 import java.nio.file.Path;
 import java.time.LocalDate;
@@ -45,7 +47,9 @@ final class AttentionBenchCommand implements Runnable {
     int headDim;
 
     @Option(names = {"-r", "--repetitions"}, paramLabel = "N", defaultValue = "20",
-            description = "timed decode repetitions at 4K tokens, fewer for longer caches (default ${DEFAULT-VALUE})")
+            description = "timed decode repetitions at 4K tokens, fewer for longer caches (default ${DEFAULT-VALUE});"
+                    + " with --replay-selection, per record and for each of selected and dense (default "
+                    + REPLAY_REPS + ")")
     int reps;
 
     @Option(names = "--prefill", paramLabel = "N", defaultValue = "0",
@@ -82,8 +86,30 @@ final class AttentionBenchCommand implements Runnable {
     @Option(names = "--replay-decode", description = "replay only the records of decode steps (at most 8 tokens)")
     boolean replayDecode;
 
+    @Spec
+    CommandSpec spec;
+
+    /** Repetitions per replayed record without -r: a dump holds thousands of records. */
+    static final int REPLAY_REPS = 3;
+    /** The options that shape the random problems: a replay takes its geometry and queries from the dump instead. */
+    private static final List<String> PROBLEM_OPTIONS = List.of("--ctx", "--heads", "--kv-heads", "--head-dim",
+            "--prefill", "--select-budget", "--select-coarse", "--copy-mb");
+
     @Override
     public void run() {
+        var parsed = spec.commandLine().getParseResult();
+        if (replay != null) {
+            // an option the replay would silently ignore is refused
+            List<String> ignored = PROBLEM_OPTIONS.stream().filter(parsed::hasMatchedOption).toList();
+            if (!ignored.isEmpty()) {
+                throw new UsageException(String.join(", ", ignored) + (ignored.size() == 1 ? " shapes" : " shape")
+                        + " the random problems; --replay-selection takes the geometry and the selections from its"
+                        + " file: leave " + (ignored.size() == 1 ? "it" : "them") + " out");
+            }
+        } else if (parsed.hasMatchedOption("--replay-limit") || parsed.hasMatchedOption("--replay-decode")) {
+            throw new UsageException("--replay-limit and --replay-decode choose the records of a replay: give"
+                    + " --replay-selection FILE too");
+        }
         for (int t : threads) {
             ModelOptions.checkThreads(t);
         }
@@ -128,7 +154,10 @@ final class AttentionBenchCommand implements Runnable {
         Progress progress = new Progress(json);
         String machine = AttentionBench.machine();
         if (replay != null) {
-            replay(fs, progress, machine);
+            if (replayLimit < 0) {
+                throw new UsageException("--replay-limit must be 0 (all) or more, got " + replayLimit);
+            }
+            replay(fs, parsed.hasMatchedOption("-r") ? reps : REPLAY_REPS, progress, machine);
             return;
         }
         SelectionConfig select = selectBudget > 0
@@ -148,13 +177,14 @@ final class AttentionBenchCommand implements Runnable {
         }
     }
 
-    private void replay(List<KvFormat> fs, Progress progress, String machine) {
+    private void replay(List<KvFormat> fs, int replayReps, Progress progress, String machine) {
         SelectionLog log = SelectionLog.read(replay);
         List<AttentionBench.Replay> rows = new ArrayList<>();
         for (KvFormat f : fs) {
             for (int t : threads) {
                 try (Parallel pool = new Parallel(t)) {
-                    rows.add(AttentionBench.replay(log, f, pool, replayLimit, replayDecode, 3, 42, progress::update));
+                    rows.add(AttentionBench.replay(log, f, pool, replayLimit, replayDecode, replayReps, 42,
+                            new AttentionOptions(0f, sparseV), progress::update));
                 }
             }
         }
@@ -166,7 +196,8 @@ final class AttentionBenchCommand implements Runnable {
             SelectionLog.Header h = log.header();
             System.out.println("machine: " + machine + "; " + LocalDate.now() + "; replay of " + replay + " ("
                     + h.heads() + " heads / " + h.kvHeads() + " kv heads / head size " + h.headDimK() + ", blocks of "
-                    + h.blockTokens() + ")");
+                    + h.blockTokens() + ")" + (sparseV > 0 ? "; sparse-v " + sparseV : "") + "; " + replayReps
+                    + " repetitions per record");
             System.out.println();
             System.out.println(AttentionBench.replayMarkdown(rows));
         }

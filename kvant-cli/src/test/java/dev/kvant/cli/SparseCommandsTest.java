@@ -139,6 +139,62 @@ class SparseCommandsTest {
         assertEquals(ma.group(1), mb.group(1));
     }
 
+    /**
+     * A replay takes --sparse-v (and -r): --sparse-v 0 and 0.05 printed the same checksum, the replay ran with the
+     * default attention options whatever was given.
+     */
+    @Test
+    void replayAttendsWithTheSparseVThresholdGiven(@TempDir Path dir) {
+        Path f = twoRecords(dir);
+        String exact = replayChecksum(f, "--sparse-v", "0", "-r", "1");
+        String sparse = replayChecksum(f, "--sparse-v", "0.05", "-r", "1");
+        assertEquals(exact, replayChecksum(f));
+        assertTrue(!exact.equals(sparse), "--sparse-v 0.05 left the checksum " + exact);
+    }
+
+    /**
+     * An option the replay would ignore is refused: the random problems' shape with --replay-selection (--ctx was
+     * ignored and --heads still checked), and the replay's record choice without it.
+     */
+    @Test
+    void optionsAReplayWouldIgnoreAreRefused(@TempDir Path dir) {
+        Path f = twoRecords(dir);
+        MainTest.Run ctx = MainTest.run("bench-attention", "--replay-selection", f.toString(), "--ctx", "4096");
+        assertEquals(2, ctx.code(), ctx.err());
+        assertTrue(ctx.err().contains("--ctx shapes the random problems; --replay-selection takes the geometry"),
+                ctx.err());
+        MainTest.Run shape = MainTest.run("bench-attention", "--replay-selection", f.toString(), "--heads", "3",
+                "--select-budget", "2048");
+        assertEquals(2, shape.code(), shape.err());
+        assertTrue(shape.err().contains("--heads, --select-budget shape the random problems"), shape.err());
+        MainTest.Run limit = MainTest.run("bench-attention", "--formats", "f16", "--ctx", "64", "--replay-limit", "1");
+        assertEquals(2, limit.code(), limit.err());
+        assertTrue(limit.err().contains("give --replay-selection FILE too"), limit.err());
+        MainTest.Run decode = MainTest.run("bench-attention", "--formats", "f16", "--ctx", "64", "--replay-decode");
+        assertEquals(2, decode.code(), decode.err());
+    }
+
+    private static Path twoRecords(Path dir) {
+        Path f = dir.resolve("sel.txt");
+        try (SelectionLog.Writer w = SelectionLog.writer(f, new SelectionLog.Header(1, 4, 2, 64, 64, 16))) {
+            w.record(0, Selection.of(16, 700, 1, new int[][][] {{{0, 3, 20, 43}, {1, 2, 43}}}));
+            w.record(0, Selection.of(16, 701, 1, new int[][][] {{{0, 43}, {5, 6, 7, 43}}}));
+            w.commit();
+        }
+        return f;
+    }
+
+    private static String replayChecksum(Path f, String... more) {
+        String[] args = java.util.stream.Stream.concat(java.util.stream.Stream.of("bench-attention",
+                "--replay-selection", f.toString(), "--formats", "f16", "-t", "1", "--json"),
+                java.util.Arrays.stream(more)).toArray(String[]::new);
+        MainTest.Run r = MainTest.run(args);
+        assertEquals(0, r.code(), r.err());
+        Matcher m = Pattern.compile("\"checksum\":\"([0-9a-f]{16})\"").matcher(r.out());
+        assertTrue(m.find(), r.out());
+        return m.group(1);
+    }
+
     /** The tinycode fixture beside the repository, searched upward from the working directory. */
     static Path tinycode(String name) {
         for (Path d = Path.of("").toAbsolutePath(); d != null; d = d.getParent()) {

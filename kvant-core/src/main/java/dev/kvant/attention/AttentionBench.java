@@ -78,11 +78,12 @@ public final class AttentionBench {
     }
 
     /**
-     * Replays up to limit records (0: all) of a selection dump over random K/V of format f; with decodeOnly, only
-     * the records of decode calls (at most {@value CpuAttention#MAX_MULTI_QUERY} tokens).
+     * Replays up to limit records (0: all) of a selection dump over random K/V of format f, each timed reps times
+     * through its selection and densely, both with the attention options o; with decodeOnly, only the records of
+     * decode calls (at most {@value CpuAttention#MAX_MULTI_QUERY} tokens).
      */
     public static Replay replay(SelectionLog log, KvFormat f, Parallel pool, int limit, boolean decodeOnly, int reps,
-                                long seed, Consumer<String> progress) {
+                                long seed, AttentionOptions o, Consumer<String> progress) {
         SelectionLog.Header h = log.header();
         List<SelectionLog.Entry> entries = log.entries().stream()
                 .filter(e -> !decodeOnly || e.tokens() <= CpuAttention.MAX_MULTI_QUERY)
@@ -119,7 +120,7 @@ public final class AttentionBench {
                 SelectionLog.Entry e = entries.get(i);
                 Arrays.fill(out, Float.NaN);
                 CpuAttention.attend(p.seq(), 0, p.queries(), e.tokens(), e.position(), p.heads(), p.scale(),
-                        AttentionOptions.defaults(), sels[i], out, pool);
+                        o, sels[i], out, pool);
                 for (int j = 0; j < e.tokens() * p.heads() * h.headDimV(); j++) {
                     hash = (hash ^ Float.floatToRawIntBits(out[j])) * 0x100000001b3L;
                 }
@@ -135,14 +136,14 @@ public final class AttentionBench {
                 for (int r = 0; r < t.length; r++) {
                     long t0 = System.nanoTime();
                     CpuAttention.attend(p.seq(), 0, p.queries(), e.tokens(), e.position(), p.heads(), p.scale(),
-                            AttentionOptions.defaults(), sels[i], out, pool);
+                            o, sels[i], out, pool);
                     t[r] = (System.nanoTime() - t0) / 1e6;
                 }
                 sel[i] = median(t);
                 for (int r = 0; r < t.length; r++) {
                     long t0 = System.nanoTime();
-                    CpuAttention.attend(p.seq(), 0, p.queries(), e.tokens(), e.position(), p.heads(), p.scale(),
-                            AttentionOptions.defaults(), out, pool);
+                    CpuAttention.attend(p.seq(), 0, p.queries(), e.tokens(), e.position(), p.heads(), p.scale(), o,
+                            out, pool);
                     t[r] = (System.nanoTime() - t0) / 1e6;
                 }
                 dense[i] = median(t);
