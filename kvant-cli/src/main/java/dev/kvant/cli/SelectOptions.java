@@ -81,7 +81,10 @@ final class SelectOptions {
      */
     SelectionLog.Writer apply(LlamaModel model, Path... inputs) {
         SelectionConfig c = config();
-        model.setSelection(c);
+        UsageException.parsing(() -> {
+            model.setSelection(c);
+            return c;
+        });
         if (dump == null) {
             return null;
         }

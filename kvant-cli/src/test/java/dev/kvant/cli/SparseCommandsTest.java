@@ -65,6 +65,19 @@ class SparseCommandsTest {
     }
 
     /**
+     * Dense layers that are all the model's are refused: selection was silently off (tinycode's 8 layers with
+     * --select-dense-layers 9 gave the dense perplexity, an empty dump, and a report that said topk).
+     */
+    @Test
+    void denseLayersCoveringTheModelAreRefused() {
+        MainTest.Run r = MainTest.run("bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--backend",
+                "cpu", "--select", "topk", "--select-dense-layers", "8");
+        assertEquals(2, r.code(), r.err());
+        assertTrue(r.err().contains("--select-dense-layers 8 makes all 8 layers of the model dense")
+                && r.err().contains("at most 7"), r.err());
+    }
+
+    /**
      * A run that fails leaves the file --dump-selection names as it was (the dump goes into place when the run is
      * over), and a dump onto the run's own input is refused.
      */

@@ -117,9 +117,15 @@ public final class LlamaModel implements AutoCloseable {
     /**
      * Turns query-aware page selection on (a config) or off (null) for every later forward call of this model, on
      * every sequence: layers from {@code config.denseLayers()} on attend through a {@link PageTopK} selection made
-     * per query block from the sequence's key summaries (which the first selected call turns on).
+     * per query block from the sequence's key summaries (which the first selected call turns on). A config whose
+     * dense layers are all the model's is refused: it would select nothing while reports say topk.
      */
     public void setSelection(SelectionConfig config) {
+        if (config != null && config.denseLayers() >= this.config.layers()) {
+            throw new IllegalArgumentException("--select-dense-layers " + config.denseLayers() + " makes all "
+                    + this.config.layers() + " layers of the model dense, so nothing would be selected: give at most "
+                    + (this.config.layers() - 1));
+        }
         this.selection = config;
     }
 
