@@ -225,7 +225,7 @@ public final class KeySummaries {
         if (blocks <= capacityCoarse) {
             return;
         }
-        int cap = Math.max(blocks, Math.max(16, capacityCoarse * 2));
+        int cap = grown(blocks, capacityCoarse, 16, coarseTokens);
         long floats = (long) cap * kvHeads * 2 * dim;
         if (floats > Integer.MAX_VALUE - 16) {
             cap = blocks;
@@ -235,6 +235,19 @@ public final class KeySummaries {
             coarse[l] = Arrays.copyOf(coarse[l], (int) floats);
         }
         capacityCoarse = cap;
+    }
+
+    /**
+     * The blocks (of tokensPer positions) to make room for when blocks are needed and capacity are held: a quarter
+     * more than held (at least least), but never past the blocks of every position the cache can give the sequence,
+     * so an array ends within 1.25x of what the sequence wrote, and a sequence that fills its cache holds exactly
+     * what {@code Session.summaryBytesPerToken} plans for it. (Doubling ended up to 2x: 600K tokens needed 76.8M
+     * floats a layer and took 134.2M.)
+     */
+    private int grown(int blocks, int capacity, int least, int tokensPer) {
+        int limit = (int) (((long) seq.cache().capacityTokens() + tokensPer - 1) / tokensPer);
+        long grown = Math.max(least, capacity + (long) capacity / 4);
+        return (int) Math.max(blocks, Math.min(limit, grown));
     }
 
     /** A copy holding the blocks of the first {@code tokens} positions, for a fork of the sequence. */
@@ -274,7 +287,7 @@ public final class KeySummaries {
         if (blocks <= capacityBlocks) {
             return;
         }
-        int cap = Math.max(blocks, Math.max(64, capacityBlocks * 2));
+        int cap = grown(blocks, capacityBlocks, 64, blockTokens);
         long floats = (long) cap * kvHeads * 2 * dim;
         if (floats > Integer.MAX_VALUE - 16) {
             cap = blocks;

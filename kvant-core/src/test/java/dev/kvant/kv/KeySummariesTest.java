@@ -2,8 +2,10 @@ package dev.kvant.kv;
 
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.util.SplittableRandom;
+import org.junit.jupiter.api.Test;
 import org.junit.jupiter.params.ParameterizedTest;
 import org.junit.jupiter.params.provider.ValueSource;
 
@@ -209,6 +211,45 @@ class KeySummariesTest {
             assertEquals(mx, sum[o + 64], "block 1's maximum is that of layer 1's rows");
             assertThrows(IndexOutOfBoundsException.class, () -> s.decodeK(1, 30, 0, row, 0));
             s.decodeK(0, 30, 0, row, 0);   // layer 0 holds it
+        }
+    }
+
+    /**
+     * The summary arrays grow by a quarter, never past the blocks of the cache's capacity: written halfway they hold
+     * at most 1.25x the blocks the tokens need (doubling held 1,024 blocks for 625, and 600K tokens took 134.2M
+     * floats a layer for 76.8M), and written to the capacity exactly its blocks, what --kv-mem plans; the summaries
+     * stay exact.
+     */
+    @Test
+    void summaryArraysStayWithinAQuarterOfTheirBlocksAndTheCapacity() {
+        SplittableRandom rnd = new SplittableRandom(SEED);
+        KvGeometry g = new KvGeometry(2, 2, 16, 16);
+        int capacity = 40_000;
+        try (KvCache cache = KvCache.forTokens(g, KvFormat.parse("f16"), KvFormat.parse("f16"), 64, capacity);
+             KvSequence seq = cache.newSequence()) {
+            KeySummaries ks = seq.enableKeySummaries(16, 256);
+            int perBlock = g.kvHeads() * 2 * ks.dim();
+            int pos = 0;
+            for (int stop : new int[] {10_000, capacity}) {
+                for (; pos < stop; pos += 100) {
+                    write(seq, rnd, pos, 100);
+                }
+                int blocks = (stop + 15) / 16;
+                int coarse = (stop + 255) / 256;
+                for (int l = 0; l < g.layers(); l++) {
+                    int held = ks.layer(l).length / perBlock;
+                    int heldCoarse = ks.coarse(l).length / perBlock;
+                    if (stop == capacity) {
+                        assertEquals(blocks, held, "blocks held at the capacity, layer " + l);
+                        assertEquals(coarse, heldCoarse, "coarse blocks held at the capacity, layer " + l);
+                    } else {
+                        assertTrue(held >= blocks && held <= blocks * 5 / 4, held + " blocks held for " + blocks);
+                        assertTrue(heldCoarse >= coarse && heldCoarse <= coarse * 5 / 4, heldCoarse
+                                + " coarse blocks held for " + coarse);
+                    }
+                }
+                assertExact(seq, stop + " tokens");
+            }
         }
     }
 }
