@@ -151,6 +151,7 @@ final class CompletionHandler {
                 throw new ApiException(f.shuttingDown() ? 503 : 500, "server_error", null,
                         f.shuttingDown() ? "shutting_down" : "generation_failed", f.message(), 0);
             }
+            metrics.failedAfterStatus();
             event(d, out.get(), ApiException.body(o.failure().message(), "server_error", null,
                     o.failure().shuttingDown() ? "shutting_down" : "generation_failed"));
         } else {
@@ -192,6 +193,7 @@ final class CompletionHandler {
             }
             // the status (200) went out with the first heartbeat: the body alone can say what happened, as the
             // OpenAI error object after the heartbeats' blanks (docs/SERVER.md, Errors)
+            metrics.failedAfterStatus();
             body = ApiException.body(o.failure().message(), "server_error", null,
                     o.failure().shuttingDown() ? "shutting_down" : "generation_failed");
         } else {

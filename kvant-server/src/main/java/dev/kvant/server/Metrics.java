@@ -15,6 +15,7 @@ public final class Metrics {
     private final ConcurrentHashMap<String, LongAdder> requests = new ConcurrentHashMap<>();
     private final LongAdder disconnects = new LongAdder();
     private final LongAdder rejected = new LongAdder();
+    private final LongAdder failedAfterStatus = new LongAdder();
     final Histogram timeToFirstToken = new Histogram("kvant_time_to_first_token_seconds",
             "From a completion request's arrival to its first generated token.", LATENCY_BOUNDS);
     /** A decode step takes milliseconds (2.4-3.2 ms at batch 1 on an H200): bounds from half a millisecond. */
@@ -35,6 +36,15 @@ public final class Metrics {
 
     void rejected() {
         rejected.increment();
+    }
+
+    void failedAfterStatus() {
+        failedAfterStatus.increment();
+    }
+
+    /** Completions that failed after their status (200) had gone out, the error written in the body. */
+    public long failuresAfterStatus() {
+        return failedAfterStatus.sum();
     }
 
     /** Requests answered so far with this endpoint and status. */
@@ -61,6 +71,8 @@ public final class Metrics {
         });
         counter(sb, "kvant_client_disconnects_total", "Requests whose client went away before the end.",
                 disconnects.sum());
+        counter(sb, "kvant_requests_failed_after_status_total", "Completions that failed after their status (200)"
+                + " had gone out: counted under 200 above, the error written in the body.", failedAfterStatus.sum());
         counter(sb, "kvant_requests_rejected_total", "Requests refused because the queue was full or the server was"
                 + " shutting down.", rejected.sum());
         counter(sb, "kvant_prompt_tokens_total", "Prompt tokens of started requests.", s.promptTokens());

@@ -118,6 +118,7 @@ class HeartbeatStatusTest {
             assertEquals("server_error", e.path("error").path("type").asText(), body);
             assertEquals("shutting_down", e.path("error").path("code").asText(), body);
             assertEquals("the server is shutting down", e.path("error").path("message").asText(), body);
+            assertEquals(1, rig.server.metrics().failuresAfterStatus(), "counted as a failure after its 200");
 
             HttpResponse<String> q = queued.get(10, TimeUnit.SECONDS);
             assertEquals(503, q.statusCode(), q.body());
