@@ -105,8 +105,10 @@ final class BenchCommand implements Runnable {
         for (Benchmark.Row r : rows) {
             double limit;
             if (r.test().startsWith("tg")) {
+                // step i of a tg g test reads depth + i + 1 rows of each sequence: on average depth + (g + 1) / 2
+                int g = Integer.parseInt(r.test().substring(2).replaceAll("\\D.*", ""));
                 double bytes = (double) launches * cuda.weightBytesPerToken()
-                        + (double) s.sequences() * kvPerToken * r.depth();
+                        + (double) s.sequences() * kvPerToken * (r.depth() + (g + 1) / 2.0);
                 limit = s.sequences() * limits.copyGBps() * 1e9 / bytes;
             } else {
                 int n = Integer.parseInt(r.test().substring(2).replaceAll("\\D.*", ""));

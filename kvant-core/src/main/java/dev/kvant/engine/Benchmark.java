@@ -9,6 +9,8 @@ import dev.kvant.kv.KvLayerFormats;
 import dev.kvant.model.LlamaModel;
 import dev.kvant.tensor.Parallel;
 
+import java.lang.management.CompilationMXBean;
+import java.lang.management.ManagementFactory;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.Collections;
@@ -25,8 +27,10 @@ import java.util.function.LongSupplier;
  * both run after the cache already holds {@code depth} tokens (filled untimed). Each test is warmed up untimed,
  * then runs {@code reps} times; tokens are random ids, as llama-bench's are.
  *
- * <p>The warm-up repeats the test until the JIT has settled: until one run takes within {@link #SETTLED} of the
- * run before it, at least once and at most {@link #MAX_WARMUP_RUNS} times or {@link #MAX_WARMUP_NANOS} of warm-up.
+ * <p>The warm-up repeats the test until the JIT has settled: until, for {@link #PLATEAU_RUNS} runs and {@link
+ * #PLATEAU_NANOS}, the test's fastest run has not improved by more than {@link #PLATEAU} and the JIT has compiled
+ * nothing, after at least {@link #MIN_WARMUP_NANOS}, and at most {@link #MAX_WARMUP_RUNS} times or {@link
+ * #MAX_WARMUP_NANOS} of warm-up.
  * One untimed run was not enough on the CPU: the compiler was still replacing the vector kernels during the first
  * timed repetitions (tinycode pp512 ran at 1,824, 1,964, 2,162, then 2,300-2,400 t/s), so the mean mixed
  * warm-up into the steady state that llama-bench, with no JIT, measures from the start.
@@ -110,11 +114,27 @@ public final class Benchmark {
         }
     }
 
-    /** Relative difference between two consecutive warm-up runs under which the JIT counts as settled. */
-    static final double SETTLED = 0.05;
     /**
-     * Warm-up time before two runs that agree count as settled: a short test (pp32) agrees with itself long before
-     * the JIT is done with the code it runs (a first test measured 5x slower than the same test after others).
+     * Improvement of the fastest warm-up run below which it counts as no improvement. Two consecutive runs agreeing
+     * (within 5%, the rule before) ended warm-ups while the JIT still made each run a few percent faster than the
+     * last: the same pp32 measured 1,503 t/s as a run's first test and 2,862, then 2,993, repeated after it.
+     */
+    static final double PLATEAU = 0.01;
+    /**
+     * Runs in a row without such an improvement, and without the JIT compiling meanwhile, after which it counts as
+     * settled (and {@link #PLATEAU_NANOS} of them). The fastest run alone stood still for five runs while
+     * compilations were still landing (on two cores the compiler threads share them with the test's workers): a
+     * first pp32 still read 1,273 t/s against 2,554 when repeated.
+     */
+    static final int PLATEAU_RUNS = 3;
+    /**
+     * Time the plateau must also last: a compilation counts only when it ends, and a long one, its threads sharing
+     * two cores with the test's workers, outlasts a few short runs (pp32 runs take ~10 ms).
+     */
+    static final long PLATEAU_NANOS = 1_000_000_000L;
+    /**
+     * Warm-up time before a plateau counts: a short test (pp32) repeats itself long before the JIT is done with the
+     * code it runs (a first test measured 5x slower than the same test after others).
      */
     static final long MIN_WARMUP_NANOS = 1_500_000_000L;
     static final int MAX_WARMUP_RUNS = 10_000;
@@ -125,24 +145,45 @@ public final class Benchmark {
 
     /**
      * Runs {@code once} (which returns the nanoseconds it timed) untimed until, after {@link #MIN_WARMUP_NANOS} of
-     * warm-up past the first run, two consecutive runs agree within {@link #SETTLED}, or the run or time cap is
-     * reached.
+     * warm-up past the first run, the fastest run has not improved by more than {@link #PLATEAU} for {@link
+     * #PLATEAU_RUNS} runs, or the run or time cap is reached.
      */
     static void warmUp(LongSupplier once) {
-        warmUp(once, System::nanoTime);
+        warmUp(once, System::nanoTime, Benchmark::compileMillis);
     }
 
-    /** {@link #warmUp(LongSupplier)} against the clock {@code now} (nanoseconds). */
-    static void warmUp(LongSupplier once, LongSupplier now) {
-        long previous = once.getAsLong();
+    /** The JIT's compilation time so far (ms), or 0 where the JVM does not say. */
+    static long compileMillis() {
+        CompilationMXBean jit = ManagementFactory.getCompilationMXBean();
+        return jit != null && jit.isCompilationTimeMonitoringSupported() ? jit.getTotalCompilationTime() : 0;
+    }
+
+    /**
+     * {@link #warmUp(LongSupplier)} against the clock {@code now} (nanoseconds) and the JIT's compilation time so far
+     * {@code compiled} (any unit: a change says it compiled).
+     */
+    static void warmUp(LongSupplier once, LongSupplier now, LongSupplier compiled) {
+        long best = once.getAsLong();
         // from the end of the first run, which also compiles, captures and fills (seconds that warm nothing up)
         long start = now.getAsLong();
+        long jit = compiled.getAsLong();
+        int flat = 0;   // runs since the fastest improved by more than PLATEAU or the JIT compiled
+        long flatSince = start;
         for (int run = 1; run < MAX_WARMUP_RUNS && now.getAsLong() - start < MAX_WARMUP_NANOS; run++) {
             long t = once.getAsLong();
-            if (Math.abs(t - previous) <= SETTLED * previous && now.getAsLong() - start >= MIN_WARMUP_NANOS) {
+            long j = compiled.getAsLong();
+            if (t < (1 - PLATEAU) * best || j != jit) {
+                flat = 0;
+                flatSince = now.getAsLong();
+            } else {
+                flat++;
+            }
+            jit = j;
+            best = Math.min(best, t);
+            long at = now.getAsLong();
+            if (flat >= PLATEAU_RUNS && at - flatSince >= PLATEAU_NANOS && at - start >= MIN_WARMUP_NANOS) {
                 return;
             }
-            previous = t;
         }
     }
 

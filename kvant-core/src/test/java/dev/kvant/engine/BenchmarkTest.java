@@ -22,7 +22,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 class BenchmarkTest {
 
     /** Hands out the given run times (milliseconds) in turn as nanoseconds, counts the calls, and is the clock. */
-    private static final class Runs implements LongSupplier {
+    private static class Runs implements LongSupplier {
         private final long[] millis;
         final AtomicInteger calls = new AtomicInteger();
         long clock;
@@ -39,16 +39,50 @@ class BenchmarkTest {
             return nanos;
         }
 
+        /** The JIT's compilation time the warm-up sees: constant unless a test moves it. */
+        long compiled;
+
         void warmUp() {
-            Benchmark.warmUp(this, () -> clock);
+            Benchmark.warmUp(this, () -> clock, () -> compiled);
         }
     }
 
     @Test
-    void warmUpStopsOnceTwoConsecutiveRunsAgree() {
-        Runs runs = new Runs(1000, 800, 600, 590, 100);
+    void warmUpStopsOnceTheFastestRunStopsImproving() {
+        Runs runs = new Runs(1000, 800, 600, 600, 605, 598, 601, 600, 100);
         runs.warmUp();
-        assertEquals(4, runs.calls.get(), "600 and 590 agree within 5%, 2 s after the first run");
+        assertEquals(6, runs.calls.get(), "600 at the third run, then three runs none of which is 1% faster, 1.8 s");
+    }
+
+    /**
+     * Runs that each take a little less than the one before are the JIT at work, however well neighbours agree:
+     * they go on until the fastest stops improving (two consecutive runs within 5% used to end the warm-up there).
+     */
+    @Test
+    void warmUpGoesOnWhileEachRunIsALittleFaster() {
+        long[] rising = new long[40];
+        for (int i = 0; i < rising.length; i++) {
+            rising[i] = i < 20 ? 1000 - 30L * i : 430;   // 3% faster a run for 20 runs, then flat
+        }
+        Runs runs = new Runs(rising);
+        runs.warmUp();
+        assertEquals(20 + Benchmark.PLATEAU_RUNS, runs.calls.get(), "20 runs of speeding up, then the plateau");
+    }
+
+    /** A run during which the JIT compiled something starts the plateau again, however fast it was. */
+    @Test
+    void warmUpWaitsForTheJitToStopCompiling() {
+        Runs runs = new Runs(500, 510) {
+            @Override
+            public long getAsLong() {
+                if (calls.get() == 3) {
+                    compiled += 7;   // a compilation lands during the fourth run
+                }
+                return super.getAsLong();
+            }
+        };
+        runs.warmUp();
+        assertEquals(4 + Benchmark.PLATEAU_RUNS, runs.calls.get(), "two flat runs, a compiling one, then three");
     }
 
     /** Runs that agree at once still warm up for the minimum time (a short test agrees before the JIT is done). */
@@ -56,7 +90,8 @@ class BenchmarkTest {
     void warmUpLastsItsMinimumTimeEvenWhenTheFirstRunsAgree() {
         Runs runs = new Runs(500, 510);
         runs.warmUp();
-        assertEquals(4, runs.calls.get(), "the first run, then 1.5 s of warm-up: three runs of half a second");
+        assertEquals(1 + Benchmark.PLATEAU_RUNS, runs.calls.get(),
+                "the first run, then three flat runs of half a second (past the 1.5 s minimum)");
         Runs quick = new Runs(10);
         quick.warmUp();
         assertEquals(1 + Benchmark.MIN_WARMUP_NANOS / 10_000_000, quick.calls.get());
@@ -64,13 +99,13 @@ class BenchmarkTest {
 
     @Test
     void warmUpGivesUpAfterItsTimeCap() {
-        long[] alternating = new long[1000];
-        for (int i = 0; i < alternating.length; i++) {
-            alternating[i] = i % 2 == 0 ? 100 : 200;
+        long[] faster = new long[1000];
+        for (int i = 0; i < faster.length; i++) {
+            faster[i] = Math.round(1000 * Math.pow(0.98, i));   // 2% faster every run: never a plateau
         }
-        Runs runs = new Runs(alternating);
+        Runs runs = new Runs(faster);
         runs.warmUp();
-        assertTrue(runs.clock >= Benchmark.MAX_WARMUP_NANOS && runs.clock < Benchmark.MAX_WARMUP_NANOS + 400_000_000L,
+        assertTrue(runs.clock >= Benchmark.MAX_WARMUP_NANOS && runs.clock < Benchmark.MAX_WARMUP_NANOS + 2_000_000_000L,
                 "stopped at " + runs.clock + " ns of runs");
     }
 
