@@ -42,12 +42,34 @@ final class JinjaStrings {
             return sb.toString();
         }
 
+        /**
+         * This value, then other's; refused past {@link #MAX_PIECES} pieces or {@link #MAX_CHARS} characters of text,
+         * so that a hostile template (names set to themselves added up, doubling at every statement) cannot take the
+         * heap or minutes at load.
+         */
         Value plus(Value other) {
+            if (pieces.size() + other.pieces.size() > MAX_PIECES || chars() + other.chars() > MAX_CHARS) {
+                throw new IllegalArgumentException("the value is longer than " + MAX_CHARS + " characters or "
+                        + MAX_PIECES + " pieces");
+            }
             List<Piece> all = new ArrayList<>(pieces);
             all.addAll(other.pieces);
             return new Value(List.copyOf(all));
         }
+
+        private long chars() {
+            long n = 0;
+            for (Piece p : pieces) {
+                n += p.text() == null ? 0 : p.text().length();
+            }
+            return n;
+        }
     }
+
+    /** The longest value read (a default system prompt is a few hundred characters). */
+    static final int MAX_CHARS = 1 << 16;
+    /** The most pieces (literals, dates) a value is added up from. */
+    static final int MAX_PIECES = 1 << 10;
 
     /** Text ({@code strftime} null), or today's date in a strftime format ({@code text} null). */
     record Piece(String text, String strftime) {

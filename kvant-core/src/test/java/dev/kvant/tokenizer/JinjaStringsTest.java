@@ -25,6 +25,25 @@ class JinjaStringsTest {
         assertEquals("two\nlines\nhere", read("{% set x = \"two\nlines\r\nhere\" %}{{ x }}"));
     }
 
+    /**
+     * A hostile template that doubles a name at every statement (2^40 pieces after 40) is refused as soon as a value
+     * passes the bound, quickly and without taking the heap; a long literal past the bound likewise.
+     */
+    @Test
+    void valuesThatGrowPastTheBoundAreRefused() {
+        StringBuilder t = new StringBuilder("{% set a0 = 'ab' %}");
+        for (int i = 1; i <= 40; i++) {
+            t.append("{% set a").append(i).append(" = a").append(i - 1).append(" + a").append(i - 1).append(" %}");
+        }
+        t.append("{% set x = a40 %}");
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> read(t.toString()));
+        assertTrue(e.getMessage().contains("a40"), e.getMessage());
+        String big = "x".repeat(JinjaStrings.MAX_CHARS);
+        IllegalArgumentException f = assertThrows(IllegalArgumentException.class,
+                () -> read("{% set x = '" + big + "' + 'y' %}"));
+        assertTrue(f.getMessage().contains("longer than"), f.getMessage());
+    }
+
     @Test
     void namesSetBeforeAndTodaysDateAddUp() {
         String t = "{%- set day = strftime_now('%d %b %Y, %A %a %B %j %y %m %u %w %% %F') -%}"
