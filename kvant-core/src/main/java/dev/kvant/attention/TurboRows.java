@@ -93,7 +93,7 @@ final class TurboRows implements RowDecoder {
                 float g = Float.float16ToFloat(half(src, at));
                 // the centroids times the block's norm: each lane's product as the per-value multiply gives it
                 IntVector g0 = t0.reinterpretAsFloats().mul(g).reinterpretAsInts();
-                IntVector g1 = t1.reinterpretAsFloats().mul(g).reinterpretAsInts();
+                IntVector g1 = two ? t1.reinterpretAsFloats().mul(g).reinterpretAsInts() : g0;   // 8 lanes: 16 entries
                 int o = k * stride + b * n;
                 for (int j = 0; j < p; j += L) {
                     IntVector v = ((IntVector) ByteVector.fromArray(B, src, at + 2 + j)
