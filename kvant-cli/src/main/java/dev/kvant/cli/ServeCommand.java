@@ -86,9 +86,9 @@ final class ServeCommand implements Runnable {
     boolean noPrefixCache;
 
     @Option(names = "--prefix-cache-approximate",
-            description = "reuse cached prefixes also where a reused prefix gives other bits than the prompt computed"
-                    + " afresh (the GPU backend, keys centered on page means, --select): faster repeated prompts,"
-                    + " outputs that depend on what the cache held")
+            description = "reuse any cached prefix, also where only whole prompt chunks give the bits of the prompt"
+                    + " computed afresh (the GPU backend, keys centered on page means, --select): a conversation's"
+                    + " reply is reused too, outputs depend on what the cache held")
     boolean approximatePrefixes;
 
     @Option(names = "--pipeline", paramLabel = "N", defaultValue = "0",
@@ -193,9 +193,10 @@ final class ServeCommand implements Runnable {
                                 + " KV %s%s)%n", name, host, server.port(), backend.name(), backend.threads(),
                         parallel, engine.pipelineDepth(), context, pool.totalPages(), pool.pageTokens(),
                         opts.kvFormats().name(), apiKey != null ? ", API key required" : "");
-                if (!noPrefixCache && !engine.reusesPrefixes()) {
-                    System.err.println("kvant serve: prefix reuse is off: here a reused prefix would give other bits"
-                            + " than the prompt computed afresh (--prefix-cache-approximate reuses prefixes anyway)");
+                if (engine.reusesPrefixes() && engine.prefixReuseStep() > 1) {
+                    System.err.printf(Locale.ROOT, "kvant serve: prefixes are reused in whole prompt chunks of %d"
+                            + " tokens (--prefill-chunk): here only those give the bits of the prompt computed afresh"
+                            + " (--prefix-cache-approximate reuses any prefix)%n", engine.prefixReuseStep());
                 } else if (engine.reusesPrefixes() && !engine.prefixesKeepBits()) {
                     System.err.println("kvant serve: prefix reuse is approximate: a request's output may differ from"
                             + " the same request computed afresh");

@@ -32,11 +32,13 @@ public interface SequencePool extends AutoCloseable {
     BackendSequence fork(BackendSequence parent, int prefixTokens, int capacity);
 
     /**
-     * Whether a sequence forked from a prefix gives the bits the same tokens give computed afresh, so that reusing
-     * cached prefixes keeps a request's output independent of the cache (false where K pages are centered on their
-     * means: a page's mean comes from the write that opens it, and a cached prefix's pages were opened by its own
-     * writes, decode steps among them; and on the GPU, whose rows depend on whether a prompt chunk's products or a
-     * decode step's computed them).
+     * Whether a sequence forked from any prefix gives the bits the same tokens give computed afresh, so that reusing
+     * cached prefixes of any length keeps a request's output independent of the cache (false where K pages are
+     * centered on their means: a page's mean comes from the write that opens it, and a cached prefix's pages were
+     * opened by its own writes, decode steps among them; and on the GPU, whose rows depend on whether a prompt chunk's
+     * products, chosen by the chunk's length, or a decode step's computed them). Where false, a fork at the end of a
+     * prompt's whole chunks still gives those bits when the rest is read in the same chunks: the engine reuses such
+     * prefixes ({@link dev.kvant.engine.Engine#prefixReuseStep}).
      */
     default boolean forksKeepBits() {
         return true;

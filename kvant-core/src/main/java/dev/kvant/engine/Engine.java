@@ -45,13 +45,18 @@ import java.util.stream.IntStream;
  * <p><b>Prefix reuse.</b> A finished (or cancelled) request's sequence is kept in a {@link PrefixCache} with the tokens
  * it holds; a request whose prompt starts with the same tokens forks it (whole pages shared, the boundary page copied)
  * and computes only the rest. When a prompt has been read, its whole pages are also kept, at no cost in pages, so
- * requests running at the same time share a system prompt. Not with keys centered on their page's mean ({@code +mean}): a
- * page's mean comes from the write that opens it, so a reused prefix would give other bits than the same prompt
- * computed afresh ({@link SequencePool#forksKeepBits}); such pools compute every prompt whole. Nor with a model that
- * selects KV pages ({@code --select}): the selection is made per block of queries, so a prefix written by decode
- * steps, or a prompt's rest whose blocks start after the prefix, gives other rows than one whole prefill. Nor on a
- * pool whose forks do not keep bits for another reason (the GPU backend's). {@link EngineConfig#approximatePrefixes}
- * reuses prefixes in all these cases too, at the price of outputs that depend on the cache.
+ * requests running at the same time share a system prompt. A reused prefix keeps a request's output what it would be
+ * computed afresh. Where any prefix of a sequence gives a fresh computation's bits ({@link SequencePool#forksKeepBits}
+ * and no page selection: the CPU backend), any prefix is reused. Elsewhere only whole prompt chunks are ({@link
+ * #prefixReuseStep}): a prompt is read in chunks of {@code prefillChunk} tokens from its first position, and a chunk's
+ * rows depend only on its tokens and the rows before it, so the rows of a prompt's whole chunks are the rows any prompt
+ * starting with those chunks gets — where a row's bits also depend on how it was computed (on the GPU a prompt chunk's
+ * rows come from GEMMs chosen by the chunk's length, a decode step's from the matrix-vector products), on the write
+ * that opened its page (keys centered on their page's mean, {@code +mean}) or on its block of queries (page
+ * selection). So a kept sequence gives back the rows past its prompt's last whole chunk (its last, shorter chunk and
+ * what decode steps wrote) before it is cached, and a match is cut to whole chunks; the rest of the prompt is then read
+ * in the chunks a fresh computation reads. {@link EngineConfig#approximatePrefixes} reuses any prefix in all cases, at
+ * the price of outputs that depend on the cache.
  *
  * <p><b>Threads.</b> One engine thread runs every step and owns every sequence; {@link #submit} and {@link
  * Generation#cancel} may be called from any thread. A failing step fails the requests it ran, not the engine.
@@ -71,8 +76,10 @@ public final class Engine implements AutoCloseable {
     private final int vocab;
     private final int pageTokens;
     private final PrefixCache cache = new PrefixCache(MAX_PREFIX_ENTRIES);
-    /** Prefixes are kept and reused: asked for, and the pool's forks give the bits of a fresh computation. */
+    /** Prefixes are kept and reused (asked for). */
     private final boolean reusePrefixes;
+    /** The granularity of reuse: 1 (any prefix) or the prefill chunk (whole prompt chunks; see the class comment). */
+    private final int reuseStep;
     private final LinkedBlockingQueue<Object> inbox = new LinkedBlockingQueue<>();
     private final ArrayDeque<Pending> waiting = new ArrayDeque<>();
     private final List<Active> running = new ArrayList<>();
@@ -197,10 +204,10 @@ public final class Engine implements AutoCloseable {
         this.config = Objects.requireNonNull(config, "config");
         this.vocab = backend.model().config().vocabSize();
         this.pageTokens = pool.pageTokens();
-        // a model that selects KV pages per block of queries writes other rows after a cached prefix (its decode
-        // steps selected per token, and the rest of the prompt's query blocks start elsewhere): computed whole
-        this.reusePrefixes = config.prefixCache() && (config.approximatePrefixes()
-                || pool.forksKeepBits() && backend.model().selection() == null);
+        // a model that selects KV pages per block of queries writes other rows after a prefix of any length (its decode
+        // steps select per token, and the rest of a prompt's query blocks start elsewhere): whole chunks only
+        this.reusePrefixes = config.prefixCache();
+        this.reuseStep = config.approximatePrefixes() || anyPrefixKeepsBits() ? 1 : config.prefillChunk();
         if (pool.totalPages() < pages(config.contextLength())) {
             throw new IllegalArgumentException("the KV pool holds " + (long) pool.totalPages() * pageTokens
                     + " tokens, less than one context of " + config.contextLength() + " (raise the KV memory or lower -c)");
@@ -289,14 +296,31 @@ public final class Engine implements AutoCloseable {
                 promptTokens, cachedTokens, generatedTokens, prefixHits, prefixMisses, steps, decodeSteps, decodeRows);
     }
 
-    /** Whether finished sequences are kept for prefix reuse (asked for, and allowed by the pool, model and config). */
+    /** Whether finished sequences are kept for prefix reuse. */
     public boolean reusesPrefixes() {
         return reusePrefixes;
     }
 
-    /** Whether a reused prefix keeps a fresh computation's bits here (false: only with approximate prefixes). */
+    /** Whether a reused prefix keeps a fresh computation's bits (false only with approximate prefixes, where not). */
     public boolean prefixesKeepBits() {
+        return reuseStep > 1 || anyPrefixKeepsBits();
+    }
+
+    /**
+     * The tokens a reused prefix is a multiple of: 1 where any prefix keeps a fresh computation's bits (or approximate
+     * prefixes are asked for), else the prefill chunk (see the class comment).
+     */
+    public int prefixReuseStep() {
+        return reuseStep;
+    }
+
+    private boolean anyPrefixKeepsBits() {
         return pool.forksKeepBits() && backend.model().selection() == null;
+    }
+
+    /** Of a sequence's first tokens, how many a fork may take: those of the prompt's whole chunks, or all. */
+    private int reusable(Active a) {
+        return reuseStep == 1 ? a.seq.length() : Math.min(a.fed, a.seq.length()) / reuseStep * reuseStep;
     }
 
     /** Closes every cached prefix (on the engine's thread) and returns when done; pages of running requests stay. */
@@ -488,7 +512,7 @@ public final class Engine implements AutoCloseable {
     /** Gives the request a sequence if the pool can hold it to its end; false when it must wait. */
     private boolean start(Pending p) {
         int[] prompt = p.request.prompt();
-        PrefixCache.Match m = reusePrefixes ? cache.match(prompt) : new PrefixCache.Match(null, 0);
+        PrefixCache.Match m = reusePrefixes ? cache.match(prompt, reuseStep) : new PrefixCache.Match(null, 0);
         int maxPages = pages(maxLength(p.request));
         // Evicting is only worth it where it can make room: while requests run, an eviction that cannot free enough
         // (the pages the other entries hold alone are too few: a running sequence's kept prompt pages free nothing)
@@ -735,9 +759,12 @@ public final class Engine implements AutoCloseable {
         }
     }
 
-    /** Lends the prompt's whole pages to the prefix cache (a fork at a page boundary copies nothing). */
+    /**
+     * Lends the prompt's whole pages to the prefix cache (a fork at a page boundary copies nothing); where only whole
+     * chunks are reused, those of its whole chunks.
+     */
     private void keepPromptPages(Active a) {
-        int whole = a.prompt().length / pageTokens * pageTokens;
+        int whole = reusable(a) / pageTokens * pageTokens / reuseStep * reuseStep;
         if (!reusePrefixes || whole < PrefixCache.MIN_MATCH || whole <= a.cached) {
             return;
         }
@@ -818,7 +845,16 @@ public final class Engine implements AutoCloseable {
     /** Returns the sequence: to the prefix cache when its contents can be trusted, else to the pool. */
     private void release(Active a, boolean keep) {
         leave(a.p.handle);
-        if (keep && reusePrefixes && a.seq.length() >= PrefixCache.MIN_MATCH && !stopping) {
+        int reusable = reusable(a);
+        if (keep && reusePrefixes && reusable >= PrefixCache.MIN_MATCH && !stopping) {
+            try {
+                if (reusable < a.seq.length()) {   // rows no fork may take: their pages go back now
+                    a.seq.truncate(reusable);
+                }
+            } catch (RuntimeException e) {
+                a.seq.close();
+                return;
+            }
             try {
                 cache.insert(a.heldTokens(), a.seq);
                 return;

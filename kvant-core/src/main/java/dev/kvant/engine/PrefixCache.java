@@ -9,6 +9,8 @@ import java.util.List;
 /**
  * Sequences kept after their request ended, with the tokens they hold, so that a later prompt that starts with the
  * same tokens (the next turn of a conversation, a shared system prompt) forks their pages instead of computing them.
+ * A match is cut to a multiple of the engine's reuse step (whole prompt chunks where only they keep the bits of a
+ * fresh computation: see {@link Engine}).
  * The pages are reference-counted by the pool: an entry that shares pages with running sequences or other entries
  * frees only the pages it alone holds when it is evicted (a page shared between entries goes with the last). Entries are evicted least recently used first, when pages
  * are needed or there are more than maxEntries.
@@ -50,13 +52,13 @@ final class PrefixCache {
 
     /**
      * The entry sharing the longest prefix with prompt, at most prompt.length - 1 tokens (the last prompt token is
-     * always computed, since its logits give the first generated token).
+     * always computed, since its logits give the first generated token), cut to a multiple of step.
      */
-    Match match(int[] prompt) {
+    Match match(int[] prompt, int step) {
         Entry best = null;
         int bestLen = 0;
         for (Entry e : entries) {
-            int n = commonPrefix(e.tokens, prompt, Math.min(e.tokens.length, prompt.length - 1));
+            int n = commonPrefix(e.tokens, prompt, Math.min(e.tokens.length, prompt.length - 1)) / step * step;
             if (n > bestLen) {
                 best = e;
                 bestLen = n;

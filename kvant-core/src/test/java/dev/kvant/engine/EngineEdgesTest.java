@@ -22,7 +22,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 /**
  * The engine against a request's own faults and around its edges: a stop or ban predicate that throws fails that
- * request alone; a model that selects KV pages reuses no prefix (the answer is the fresh one); a queue head that
+ * request alone; a model that selects KV pages reuses whole prompt chunks only (the answer is the fresh one); a queue head that
  * must wait for pages held outside the engine does not keep its thread busy; clearing the prefix cache after the
  * engine ended returns at once.
  */
@@ -31,15 +31,16 @@ class EngineEdgesTest {
     private static final int CTX = 256;
 
     /**
-     * With a page selection on the model a cached prefix would give other tokens than the same prompt computed afresh
-     * (selection is per block of queries): the engine computes the second turn whole, and answers as a fresh engine.
+     * With a page selection on the model a prefix of any length would give other tokens than the same prompt computed
+     * afresh (selection is per block of queries, and per token in decode steps): the engine reuses the first turn's
+     * whole prompt chunks only, and answers as a fresh engine.
      */
     @Test
-    void withPageSelectionNoPrefixIsReusedAndTheAnswerIsTheFreshOne() throws Exception {
+    void withPageSelectionWholeChunksAreReusedAndTheAnswerIsTheFreshOne() throws Exception {
         try (Arena arena = Arena.ofShared(); Parallel threads = new Parallel(2)) {
             CpuBackend backend = backend(7, arena, threads);
             backend.model().setSelection(new SelectionConfig(64, 16, 16, 16, 1));
-            EngineTest.secondTurnReusesNothingAndAnswersAsAFreshEngine(backend, F16, F16, 7);
+            EngineTest.secondTurnReusesWholeChunksAndAnswersAsAFreshEngine(backend, F16, F16, 7);
         }
     }
 

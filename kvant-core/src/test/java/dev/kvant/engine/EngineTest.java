@@ -299,7 +299,7 @@ class EngineTest {
             cache.insert(ta, a);
             cache.insert(tb, b);
             assertEquals(3, cache.pagesExcept(null, pool));
-            PrefixCache.Match kept = cache.match(java.util.Arrays.copyOf(tb, 2 * pt + 1));
+            PrefixCache.Match kept = cache.match(java.util.Arrays.copyOf(tb, 2 * pt + 1), 1);
             assertEquals(2 * pt, kept.tokens());
             assertEquals(1, cache.pagesExcept(kept.entry(), pool));
             int free = pool.freePages();
@@ -444,20 +444,62 @@ class EngineTest {
     }
 
     /**
-     * With keys centered on their page's mean a reused prefix would give other bits than the prompt computed afresh (a
-     * page's mean comes from the write that opens it; the first turn's pages were opened by its decode steps), so such
-     * a pool reuses nothing: the next turn generates what a fresh engine generates, with the cache asked for.
+     * With keys centered on their page's mean a prefix of any length would give other bits than the prompt computed
+     * afresh (a page's mean comes from the write that opens it; the first turn's last pages were opened by its last,
+     * shorter chunk and its decode steps), so such a pool reuses whole prompt chunks only: the next turn forks the first
+     * turn's whole chunks and generates what a fresh engine generates.
      */
     @Test
-    void keysCenteredOnPageMeansReuseNoPrefixAndGiveAFreshEnginesTokens() throws Exception {
-        secondTurnReusesNothingAndAnswersAsAFreshEngine(backend, KvFormat.parse("turbo3+mean"),
+    void keysCenteredOnPageMeansReuseWholeChunksAndGiveAFreshEnginesTokens() throws Exception {
+        secondTurnReusesWholeChunksAndAnswersAsAFreshEngine(backend, KvFormat.parse("turbo3+mean"),
                 KvFormat.parse("turbo3"), SEED);
     }
 
     /**
-     * Approximate prefixes: the same pool of centered keys, whose forks do not keep bits, reuses the first turn when
-     * the engine is told to ({@link EngineConfig#approximatePrefixes}): the second turn forks it, computes only the
-     * rest, and every page comes back once the cache is cleared.
+     * Why whole chunks: on a pool of centered keys a fork at a chunk boundary, the rest of the prompt read in chunks
+     * from there, gives the logits of the prompt read afresh bit for bit; and a fork inside a chunk (whose rest opens
+     * its pages with other spans of rows) gives other logits.
+     */
+    @Test
+    void aForkAtAWholeChunkOfCenteredKeysGivesTheFreshLogitsAndOneInsideAChunkDoesNot() {
+        Random r = new Random(SEED + 13);
+        int[] prompt = r.ints(5 * CHUNK + 7, 0, TinyModels.VOCAB).toArray();
+        try (SequencePool pool = backend.newSequencePool(4 * CTX, KvFormat.parse("turbo3+mean"),
+                KvFormat.parse("turbo3"));
+             BackendSequence first = pool.newSequence(CTX);
+             BackendSequence fresh = pool.newSequence(CTX)) {
+            float[] expected = readInChunks(fresh, prompt, 0);
+            readInChunks(first, java.util.Arrays.copyOf(prompt, 3 * CHUNK + 5), 0);
+            try (BackendSequence atChunk = pool.fork(first, 3 * CHUNK, CTX);
+                 BackendSequence inside = pool.fork(first, 3 * CHUNK + 5, CTX)) {
+                assertArrayEquals(bits(expected), bits(readInChunks(atChunk, prompt, 3 * CHUNK)), "seed " + SEED);
+                assertFalse(java.util.Arrays.equals(bits(expected), bits(readInChunks(inside, prompt, 3 * CHUNK + 5))),
+                        "a fork inside a chunk gave the fresh bits (seed " + SEED + ")");
+            }
+        }
+    }
+
+    /** Reads prompt[from..) into seq in CHUNK-token pieces; the last token's logits. */
+    private static float[] readInChunks(BackendSequence seq, int[] prompt, int from) {
+        float[] logits = new float[TinyModels.VOCAB];
+        for (int off = from; off < prompt.length; off += CHUNK) {
+            seq.forward(prompt, off, Math.min(CHUNK, prompt.length - off), false, logits);
+        }
+        return logits;
+    }
+
+    private static int[] bits(float[] x) {
+        int[] out = new int[x.length];
+        for (int i = 0; i < x.length; i++) {
+            out[i] = Float.floatToRawIntBits(x[i]);
+        }
+        return out;
+    }
+
+    /**
+     * Approximate prefixes: the same pool of centered keys, whose forks keep bits only at whole chunks, reuses the
+     * first turn whole, its reply included, when the engine is told to ({@link EngineConfig#approximatePrefixes}): the
+     * second turn forks it, computes only the rest, and every page comes back once the cache is cleared.
      */
     @Test
     void approximatePrefixesAreReusedWhereForksDoNotKeepBits() throws Exception {
@@ -469,6 +511,7 @@ class EngineTest {
             assertFalse(pool.forksKeepBits());
             assertTrue(engine.reusesPrefixes());
             assertFalse(engine.prefixesKeepBits());
+            assertEquals(1, engine.prefixReuseStep());
             Events a = new Events();
             engine.submit(greedy(turn1, 20), a.queue::add);
             assertInstanceOf(GenerationEvent.Finished.class, a.end());
@@ -489,15 +532,19 @@ class EngineTest {
         try (SequencePool pool = backend.newSequencePool(2 * CTX, KvFormat.parse("turbo3+mean"),
                 KvFormat.parse("turbo3"));
              Engine engine = new Engine(backend, pool, new EngineConfig(2, CTX, CHUNK, 8, true))) {
-            assertFalse(engine.reusesPrefixes(), "without approximate prefixes such a pool reuses nothing");
+            assertTrue(engine.reusesPrefixes());
+            assertTrue(engine.prefixesKeepBits());
+            assertEquals(CHUNK, engine.prefixReuseStep(), "without approximate prefixes: whole chunks");
         }
     }
 
     /**
-     * A first turn, then a second that starts with it, on an engine with its prefix cache on: the second reuses no
-     * prefix, frees every page, and generates what a fresh engine (no cache) generates for it.
+     * A first turn, then a second that starts with it, on an engine with its prefix cache on: the second forks the
+     * first turn's whole prompt chunks (not its last, shorter chunk nor its reply: their pages went back when the first
+     * turn ended), frees every page once the cache is cleared, and generates what a fresh engine (no cache) generates
+     * for it.
      */
-    static void secondTurnReusesNothingAndAnswersAsAFreshEngine(Backend backend, KvFormat k, KvFormat v, long seed)
+    static void secondTurnReusesWholeChunksAndAnswersAsAFreshEngine(Backend backend, KvFormat k, KvFormat v, long seed)
             throws Exception {
         Random r = new Random(seed + 7);
         int[] turn1 = r.ints(150, 0, TinyModels.VOCAB).toArray();
@@ -506,6 +553,8 @@ class EngineTest {
         Events b = new Events();
         try (SequencePool pool = backend.newSequencePool(2 * CTX, k, v);
              Engine engine = new Engine(backend, pool, new EngineConfig(2, CTX, CHUNK, 8, true))) {
+            assertEquals(CHUNK, engine.prefixReuseStep());
+            assertTrue(engine.prefixesKeepBits());
             Events a = new Events();
             engine.submit(greedy(turn1, 20), a.queue::add);
             assertInstanceOf(GenerationEvent.Finished.class, a.end());
@@ -516,9 +565,10 @@ class EngineTest {
             System.arraycopy(question, 0, turn2, turn1.length + reply.length, question.length);
             engine.submit(greedy(turn2, 12), b.queue::add);
             assertInstanceOf(GenerationEvent.Finished.class, b.end());
-            assertEquals(0, b.started.cachedTokens(), "seed " + seed);
-            assertEquals(0, engine.stats().prefixHits(), "seed " + seed);
-            assertEquals(pool.totalPages(), engine.stats().freePages(), "nothing kept, nothing leaked");
+            assertEquals(turn1.length / CHUNK * CHUNK, b.started.cachedTokens(), "seed " + seed);
+            assertEquals(1, engine.stats().prefixHits(), "seed " + seed);
+            engine.clearPrefixCache();
+            assertEquals(pool.totalPages(), engine.stats().freePages(), "nothing leaked");
         }
         try (SequencePool pool = backend.newSequencePool(2 * CTX, k, v);
              Engine fresh = new Engine(backend, pool, new EngineConfig(2, CTX, CHUNK, 8, false))) {

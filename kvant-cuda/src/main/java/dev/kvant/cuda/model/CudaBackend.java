@@ -799,9 +799,10 @@ public final class CudaBackend implements Backend {
          * No: on the GPU a row's K/V and logits depend on how it was computed — a prompt chunk's rows come from
          * tensor-core GEMMs with f16 operands (kernels and tiles chosen by the chunk's length), a decode step's from
          * the matrix-vector products (8-bit activations with quantized weights) — so a cached prefix whose rows a
-         * decode step wrote, or a prompt remainder of one token, would change a request's greedy output against the
-         * same request computed afresh (seen on an H200 with Q8_0 weights, and with a turbo3 cache). The server's
-         * prefix cache is off on this backend until reuse gives the same bits.
+         * decode step wrote, or one that ends inside a prompt chunk, would change a request's greedy output against
+         * the same request computed afresh (seen on an H200 with Q8_0 weights, and with a turbo3 cache). A prefix of
+         * whole prompt chunks, the rest read in the same chunks, gives the same bits (the chunks' products and
+         * attention are the same launches): the engine reuses those (CudaBackendGpuTest).
          */
         @Override
         public boolean forksKeepBits() {

@@ -135,8 +135,9 @@ class CudaBackendGpuTest {
     /**
      * A server's greedy request gives the same tokens whatever its engine holds cached: the same prompt twice, and a
      * conversation's next turn, against a fresh engine without a prefix cache. On the GPU a row's bits depend on how
-     * it was computed (a prompt chunk's GEMM or a decode step's product), so the backend reuses no prefix
-     * ({@code forksKeepBits} false); a review saw reuse change greedy outputs with Q8_0 weights and a turbo3 cache.
+     * it was computed (a prompt chunk's GEMM, chosen by the chunk's length, or a decode step's product), so the engine
+     * reuses whole prompt chunks only ({@code forksKeepBits} false; reusing any prefix, a review saw greedy outputs
+     * change with Q8_0 weights and a turbo3 cache): both requests after the first fork its four whole chunks.
      */
     @Test
     void greedyRequestsGiveTheSameTokensWhateverTheEngineHasCached() throws Exception {
@@ -153,11 +154,14 @@ class CudaBackendGpuTest {
             try (dev.kvant.backend.SequencePool pool = gpu.newSequencePool(4096, F16, TURBO3);
                  dev.kvant.engine.Engine engine = new dev.kvant.engine.Engine(gpu, pool,
                          new dev.kvant.engine.EngineConfig(4, 1024, 64, 8, true))) {
+                assertEquals(64, engine.prefixReuseStep());
                 first = greedyTokens(engine, turn1, 16);
                 again = greedyTokens(engine, turn1, 16);
                 turn2 = java.util.stream.IntStream.concat(java.util.stream.IntStream.concat(Arrays.stream(turn1),
                         Arrays.stream(first)), r.ints(40, 0, vocab)).toArray();
                 second = greedyTokens(engine, turn2, 16);
+                assertEquals(2, engine.stats().prefixHits());
+                assertEquals(2 * 256, engine.stats().cachedTokens());
             }
             try (dev.kvant.backend.SequencePool pool = gpu.newSequencePool(4096, F16, TURBO3);
                  dev.kvant.engine.Engine fresh = new dev.kvant.engine.Engine(gpu, pool,
@@ -166,6 +170,57 @@ class CudaBackendGpuTest {
                 assertArrayEquals(greedyTokens(fresh, turn2, 16), second, "the next turn (seed " + seed + ")");
             }
         }
+    }
+
+    /**
+     * Why the engine reuses whole prompt chunks on the GPU: a sequence forked at a chunk boundary, the rest of the
+     * prompt read in chunks from there, gives the logits of the prompt read afresh bit for bit — its chunks' products
+     * (cuBLASLt for chunks of 128, the dequantizing products for the last 7 tokens) and attention are the fresh
+     * computation's — for quantized and f16 weights, plain, rotated and centered caches; what the parent wrote past the
+     * fork (a shorter chunk, decode steps) is not taken.
+     */
+    @ParameterizedTest
+    @EnumSource(value = GgmlType.class, names = {"Q4_0", "Q8_0", "F16"})
+    void aForkAtAWholePromptChunkGivesTheFreshLogitsBitForBit(GgmlType weights) {
+        long seed = TestSeed.next();
+        int chunk = 128;
+        try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.parse("tiny"), weights, seed);
+             CudaBackend gpu = CudaBackend.open(model, new CudaBackend.Options(4, chunk, 0))) {
+            int vocab = model.config().vocabSize();
+            int[] prompt = new SplittableRandom(seed).ints(4 * chunk + 7, 0, vocab).toArray();
+            for (String[] kv : new String[][] {{"f16", "f16"}, {"turbo3", "turbo3"}, {"turbo3+mean", "turbo3"},
+                    {"q8_0", "turbo3"}}) {
+                try (dev.kvant.backend.SequencePool pool = gpu.newSequencePool(4096, KvFormat.parse(kv[0]),
+                        KvFormat.parse(kv[1]));
+                     BackendSequence fresh = pool.newSequence(1024);
+                     BackendSequence parent = pool.newSequence(1024)) {
+                    float[] expected = readInChunks(fresh, prompt, 0, chunk, vocab);
+                    readInChunks(parent, Arrays.copyOf(prompt, 2 * chunk + 5), 0, chunk, vocab);
+                    float[] logits = new float[vocab];
+                    for (int t = 0; t < 3; t++) {   // decode steps past the fork
+                        parent.forward(new int[] {t + 1}, 0, 1, false, logits);
+                    }
+                    try (BackendSequence child = pool.fork(parent, 2 * chunk, 1024)) {
+                        float[] got = readInChunks(child, prompt, 2 * chunk, chunk, vocab);
+                        for (int i = 0; i < vocab; i++) {
+                            if (Float.floatToRawIntBits(got[i]) != Float.floatToRawIntBits(expected[i])) {
+                                throw new AssertionError(weights + " " + kv[0] + "/" + kv[1] + ": logit " + i + " "
+                                        + got[i] + " forked, " + expected[i] + " afresh (seed " + seed + ")");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /** Reads prompt[from..) into seq in pieces of chunk tokens; the last token's logits. */
+    private static float[] readInChunks(BackendSequence seq, int[] prompt, int from, int chunk, int vocab) {
+        float[] logits = new float[vocab];
+        for (int off = from; off < prompt.length; off += chunk) {
+            seq.forward(prompt, off, Math.min(chunk, prompt.length - off), false, logits);
+        }
+        return logits;
     }
 
     /** The tokens of one greedy request, run alone on the engine. */
