@@ -72,6 +72,11 @@ final class ServeBenchCommand implements Runnable {
             description = "batching: tokens per request; load: the most per request (default ${DEFAULT-VALUE})")
     int genTokens;
 
+    @Option(names = "--temp", paramLabel = "T", defaultValue = "0",
+            description = "batching: each request sampled at temperature T with a seed of its own (0: greedy; default"
+                    + " ${DEFAULT-VALUE})")
+    float temperature;
+
     @Option(names = "--conversation", paramLabel = "N", defaultValue = "16384",
             description = "prefix: tokens of the first turn (default ${DEFAULT-VALUE})")
     int conversation;
@@ -161,6 +166,9 @@ final class ServeBenchCommand implements Runnable {
         if (promptTokens < 1 || genTokens < 1) {
             throw new UsageException("-p and -n must be at least 1, got " + promptTokens + " and " + genTokens);
         }
+        if (!(temperature >= 0) || Float.isInfinite(temperature)) {
+            throw new UsageException("--temp must be a finite number of at least 0, got " + temperature);
+        }
         if (!(cancel >= 0 && cancel <= 1)) {
             throw new UsageException("--cancel must be a fraction from 0 to 1, got " + cancel);
         }
@@ -175,13 +183,15 @@ final class ServeBenchCommand implements Runnable {
     }
 
     private void batching(ServeBench.Setup setup, long s) {
-        System.out.printf(Locale.ROOT, "%d requests from %d clients, prompt %d tokens, %d generated each (greedy,"
-                + " end of generation ignored)%n%n", requests, clients, promptTokens, genTokens);
+        System.out.printf(Locale.ROOT, "%d requests from %d clients, prompt %d tokens, %d generated each (%s, end of"
+                + " generation ignored)%n%n", requests, clients, promptTokens, genTokens,
+                temperature > 0 ? "sampled at temperature " + temperature : "greedy");
         System.out.println("| --parallel | mean batch | tokens | seconds | generated t/s | vs 1 |");
         System.out.println("| ---: | ---: | ---: | ---: | ---: | ---: |");
         double base = 0;
         for (int p : parallel == 1 ? new int[] {1} : new int[] {1, parallel}) {
-            ServeBench.Throughput t = ServeBench.batching(setup, p, clients, requests, promptTokens, genTokens, s);
+            ServeBench.Throughput t = ServeBench.batching(setup, p, clients, requests, promptTokens, genTokens,
+                    temperature, s);
             if (p == 1) {
                 base = t.tokensPerSecond();
             }

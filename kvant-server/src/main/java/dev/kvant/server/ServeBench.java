@@ -114,20 +114,24 @@ public final class ServeBench {
 
     /**
      * requests streamed text completions from clients concurrent clients, each a random prompt of promptTokens ids
-     * and exactly genTokens generated (end of generation ignored, greedy).
+     * and exactly genTokens generated (end of generation ignored), greedy (temperature 0) or sampled at temperature
+     * (the server's other defaults: top-p 1, no top-k or min-p) with a seed a request.
      */
     public static Throughput batching(Setup s, int parallel, int clients, int requests, int promptTokens,
-                                      int genTokens, long seed) {
+                                      int genTokens, float temperature, long seed) {
         try (Instance in = new Instance(s, parallel, clients + requests, false)) {
             SplittableRandom r = new SplittableRandom(seed);
             int vocab = s.backend().model().config().vocabSize();
             // Warm-up: the JIT compiles the step before the clock starts.
-            check(in.client.stream("v1/completions", textRequest(randomIds(r, promptTokens, vocab), genTokens, true),
-                    -1, Duration.ofMinutes(5)));
+            SplittableRandom draws = new SplittableRandom(~seed);   // the requests' seeds (the prompts as before)
+            check(in.client.stream("v1/completions", sampled(textRequest(randomIds(r, promptTokens, vocab), genTokens,
+                    true), temperature, draws.nextLong()), -1, Duration.ofMinutes(5)));
             EngineStats before = in.engine.stats();
             int[][] prompts = new int[requests][];
+            long[] seeds = new long[requests];
             for (int i = 0; i < requests; i++) {
                 prompts[i] = randomIds(r, promptTokens, vocab);
+                seeds[i] = draws.nextLong();
             }
             AtomicInteger next = new AtomicInteger();
             AtomicLong tokens = new AtomicLong();
@@ -135,7 +139,8 @@ public final class ServeBench {
             long t0 = System.nanoTime();
             runClients(clients, Duration.ofMinutes(30), () -> {
                 for (int i = next.getAndIncrement(); i < requests; i = next.getAndIncrement()) {
-                    SseClient.Trace t = in.client.stream("v1/completions", textRequest(prompts[i], genTokens, true), -1,
+                    SseClient.Trace t = in.client.stream("v1/completions",
+                            sampled(textRequest(prompts[i], genTokens, true), temperature, seeds[i]), -1,
                             Duration.ofMinutes(10));
                     if (t.status() != 200 || !t.done() || t.completionTokens() != genTokens) {
                         failures.add("request " + i + ": " + t);
@@ -367,6 +372,14 @@ public final class ServeBench {
             ids[i] = r.nextInt(vocab);
         }
         return ids;
+    }
+
+    /** The request at temperature with seed (greedy, as it is, at temperature 0). */
+    private static ObjectNode sampled(ObjectNode request, float temperature, long seed) {
+        if (temperature > 0) {
+            request.put("temperature", temperature).put("seed", seed);
+        }
+        return request;
     }
 
     static ObjectNode textRequest(int[] prompt, int maxTokens, boolean ignoreEos) {
