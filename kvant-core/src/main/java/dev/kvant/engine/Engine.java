@@ -14,6 +14,9 @@ import java.util.List;
 import java.util.Objects;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ExecutionException;
+import java.util.concurrent.ForkJoinPool;
+import java.util.concurrent.ForkJoinTask;
+import java.util.concurrent.RecursiveAction;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
@@ -59,7 +62,10 @@ import java.util.stream.IntStream;
  * the price of outputs that depend on the cache.
  *
  * <p><b>Threads.</b> One engine thread runs every step and owns every sequence; {@link #submit} and {@link
- * Generation#cancel} may be called from any thread. A failing step fails the requests it ran, not the engine.
+ * Generation#cancel} may be called from any thread. A failing step fails the requests it ran, not the engine. The
+ * tokens of a step's sequences that are drawn on the host (sampling, banned tokens: the logits copied out) are drawn
+ * side by side on a few draw threads, each sequence's by one of them with its own sampler, so the same tokens come
+ * whatever the threads; the engine thread then delivers them in order.
  */
 public final class Engine implements AutoCloseable {
 
@@ -94,6 +100,10 @@ public final class Engine implements AutoCloseable {
     private final Thread thread;
     /** Decode steps in flight at once, one per cohort. */
     private final Cohort[] cohorts;
+    /** The threads that draw a step's host-sampled tokens side by side (null with one sequence at a time). */
+    private final ForkJoinPool draws;
+    /** A draw thread's copy of the row it samples from (the sampler may change it). */
+    private final ThreadLocal<float[]> drawRow;
     private final float[] prefillLogits;
     private final float[] row;
     private volatile boolean stopping;
@@ -221,6 +231,9 @@ public final class Engine implements AutoCloseable {
         }
         this.prefillLogits = new float[vocab];
         this.row = new float[vocab];
+        int drawThreads = Math.min(config.parallel(), Runtime.getRuntime().availableProcessors());
+        this.draws = drawThreads > 1 ? new ForkJoinPool(drawThreads) : null;
+        this.drawRow = ThreadLocal.withInitial(() -> new float[vocab]);
         this.thread = Thread.ofPlatform().name("kvant-engine").daemon(true).unstarted(this::run);
         thread.start();
     }
@@ -446,6 +459,9 @@ public final class Engine implements AutoCloseable {
             finished = true;
             receive(false);
             failAll("the server is shutting down");
+            if (draws != null) {
+                draws.shutdownNow();
+            }
         }
     }
 
@@ -693,6 +709,13 @@ public final class Engine implements AutoCloseable {
             return;
         }
         decodeRows += c.size;
+        int[] drawn = null;
+        Throwable[] failed = null;
+        if (!c.greedy && c.size > 1 && draws != null) {
+            drawn = new int[c.size];
+            failed = new Throwable[c.size];
+            drawSideBySide(c, drawn, failed);
+        }
         for (int i = 0; i < c.size; i++) {
             Active a = c.members[i];
             c.members[i] = null;
@@ -700,10 +723,47 @@ public final class Engine implements AutoCloseable {
                 finish(a, FinishReason.CANCELLED);
             } else if (c.greedy) {
                 take(a, ids[i]);
-            } else {
+            } else if (drawn == null) {
                 sampleNext(a, c.logits, i * vocab);
+            } else if (failed[i] instanceof VirtualMachineError e) {
+                throw e;
+            } else if (failed[i] != null) {
+                fail(a, "sampling failed: " + failed[i].getMessage());
+            } else {
+                take(a, drawn[i]);
             }
         }
+    }
+
+    /**
+     * The tokens of the cohort's members (not cancelled), drawn from their rows of its logits on the draw threads,
+     * each by its own sampler: drawn[i], or what the draw threw in failed[i].
+     */
+    private void drawSideBySide(Cohort c, int[] drawn, Throwable[] failed) {
+        List<RecursiveAction> tasks = new ArrayList<>(c.size);
+        for (int i = 0; i < c.size; i++) {
+            Active a = c.members[i];
+            if (a.p.handle.isCancelled()) {
+                continue;
+            }
+            int m = i;
+            tasks.add(new RecursiveAction() {
+                @Override
+                protected void compute() {
+                    try {
+                        drawn[m] = draw(a, c.logits, m * vocab, drawRow.get());
+                    } catch (Throwable e) {   // handed to the engine thread, which fails the request or itself
+                        failed[m] = e;
+                    }
+                }
+            });
+        }
+        draws.invoke(new RecursiveAction() {
+            @Override
+            protected void compute() {
+                ForkJoinTask.invokeAll(tasks);
+            }
+        });
     }
 
     /** Waits for every step in flight, their results dropped (the engine is failing what it runs). */
@@ -776,15 +836,9 @@ public final class Engine implements AutoCloseable {
     }
 
     private void sampleNext(Active a, float[] logits, int off) {
-        System.arraycopy(logits, off, row, 0, vocab);
-        if (a.banned != null) {
-            for (int b : a.banned) {
-                row[b] = Float.NEGATIVE_INFINITY;
-            }
-        }
         int t;
         try {
-            t = a.sampler.sample(row, vocab);
+            t = draw(a, logits, off, row);
         } catch (VirtualMachineError e) {   // out of memory and the like: the engine's own state is in doubt
             throw e;
         } catch (RuntimeException | Error e) {   // an assertion or a linkage error: this step's requests fail
@@ -792,6 +846,17 @@ public final class Engine implements AutoCloseable {
             return;
         }
         take(a, t);
+    }
+
+    /** The token a's sampler draws from logits[off..off+vocab), its banned tokens left out; row: scratch. */
+    private int draw(Active a, float[] logits, int off, float[] row) {
+        System.arraycopy(logits, off, row, 0, vocab);
+        if (a.banned != null) {
+            for (int b : a.banned) {
+                row[b] = Float.NEGATIVE_INFINITY;
+            }
+        }
+        return a.sampler.sample(row, vocab);
     }
 
     /** The sequence's next token is t: stop, or deliver it and go on. */

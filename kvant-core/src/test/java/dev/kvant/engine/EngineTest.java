@@ -134,6 +134,49 @@ class EngineTest {
         }
     }
 
+    /**
+     * Sampled requests of one step are drawn side by side on the engine's draw threads, each by its own sampler: every
+     * request gets the tokens it gets on an engine of one slot (where each draw is the engine thread's), among them
+     * one with a banned token and one with a repetition penalty.
+     */
+    @Test
+    void sampledRequestsDrawnSideBySideGiveTheTokensEachGetsAlone() throws Exception {
+        Random r = new Random(SEED + 17);
+        int n = 4;
+        GenerationRequest[] requests = new GenerationRequest[n];
+        for (int i = 0; i < n; i++) {
+            SamplerConfig sampling = new SamplerConfig(0.9f, i == 1 ? 20 : 0, i == 2 ? 0.9f : 1f, 0f,
+                    i == 3 ? 1.3f : 1f, 16, SEED + i);
+            int banned = r.nextInt(TinyModels.VOCAB);
+            requests[i] = new GenerationRequest(r.ints(10 + 30 * i, 0, TinyModels.VOCAB).toArray(), 24, sampling,
+                    null, i == 0 ? t -> t == banned : null);
+        }
+        int[][] together = new int[n][];
+        try (SequencePool pool = backend.newSequencePool(4 * CTX, F16, F16);
+             Engine engine = new Engine(backend, pool, new EngineConfig(n, CTX, CHUNK, 8, false))) {
+            Events[] ev = new Events[n];
+            for (int i = 0; i < n; i++) {
+                ev[i] = new Events();
+                engine.submit(requests[i], ev[i].queue::add);
+            }
+            for (int i = 0; i < n; i++) {
+                assertInstanceOf(GenerationEvent.Finished.class, ev[i].end());
+                together[i] = ev[i].ids();
+            }
+            EngineStats s = engine.stats();
+            assertTrue(s.decodeRows() > s.decodeSteps(), "steps of several sequences: " + s);
+        }
+        try (SequencePool pool = backend.newSequencePool(4 * CTX, F16, F16);
+             Engine engine = new Engine(backend, pool, new EngineConfig(1, CTX, CHUNK, 8, false))) {
+            for (int i = 0; i < n; i++) {
+                Events e = new Events();
+                engine.submit(requests[i], e.queue::add);
+                assertInstanceOf(GenerationEvent.Finished.class, e.end());
+                assertArrayEquals(e.ids(), together[i], "request " + i + " (seed " + SEED + ")");
+            }
+        }
+    }
+
     /** One slot: every decode step decodes one sequence, so the mean batch is exactly 1 (prompt-only steps aside). */
     @Test
     void theMeanBatchOfOneSlotIsOne() throws Exception {
