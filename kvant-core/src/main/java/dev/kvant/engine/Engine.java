@@ -821,10 +821,12 @@ public final class Engine implements AutoCloseable {
 
     /**
      * Lends the prompt's whole pages to the prefix cache (a fork at a page boundary copies nothing); where only whole
-     * chunks are reused, those of its whole chunks.
+     * chunks are reused, the whole pages within its whole chunks (a match is cut to whole chunks anyway; cut to them
+     * here, where a chunk does not divide a page, the fork would end inside a page and copy it: a page no request was
+     * admitted with).
      */
     private void keepPromptPages(Active a) {
-        int whole = reusable(a) / pageTokens * pageTokens / reuseStep * reuseStep;
+        int whole = reusable(a) / pageTokens * pageTokens;
         if (!reusePrefixes || whole < PrefixCache.MIN_MATCH || whole <= a.cached) {
             return;
         }

@@ -582,6 +582,31 @@ class EngineTest {
     }
 
     /**
+     * A prompt's kept pages cost no page even where the chunk does not divide the page (chunks of 24 tokens, pages of
+     * 64): they end on the last page boundary within its whole chunks. A request on a pool of one context, whose
+     * 100-token prompt leaves 96 tokens of whole chunks, decodes to the end of its context; a kept prefix cut to the
+     * chunks (48 tokens, inside a page) would have copied that page, and the request would run out of pages.
+     */
+    @Test
+    void keptPromptPagesCostNoPageWhereTheChunkDoesNotDivideThePage() throws Exception {
+        int chunk = 24;
+        int[] prompt = new Random(SEED + 17).ints(100, 0, TinyModels.VOCAB).toArray();
+        try (SequencePool pool = backend.newSequencePool(CTX, KvFormat.parse("turbo3+mean"),
+                KvFormat.parse("turbo3"));
+             Engine engine = new Engine(backend, pool, new EngineConfig(1, CTX, chunk, 8, true))) {
+            assertEquals(chunk, engine.prefixReuseStep());
+            assertEquals(CTX / CpuBackend.PAGE_TOKENS, pool.totalPages());
+            Events a = new Events();
+            engine.submit(greedy(prompt, CTX), a.queue::add);
+            GenerationEvent end = a.end();
+            assertInstanceOf(GenerationEvent.Finished.class, end, "seed " + SEED + ": " + end);
+            assertEquals(FinishReason.CONTEXT, ((GenerationEvent.Finished) end).reason());
+            engine.clearPrefixCache();
+            assertEquals(pool.totalPages(), engine.stats().freePages(), "no page leaked");
+        }
+    }
+
+    /**
      * A first turn, then a second that starts with it, on an engine with its prefix cache on: the second forks the
      * first turn's whole prompt chunks (not its last, shorter chunk nor its reply: their pages went back when the first
      * turn ended), frees every page once the cache is cleared, and generates what a fresh engine (no cache) generates
