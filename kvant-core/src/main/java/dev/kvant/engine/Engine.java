@@ -84,6 +84,8 @@ public final class Engine implements AutoCloseable {
     private final PrefixCache cache = new PrefixCache(MAX_PREFIX_ENTRIES);
     /** Prefixes are kept and reused (asked for). */
     private final boolean reusePrefixes;
+    /** Any prefix of a sequence may be reused, its decode steps' rows too (else whole prompt chunks only). */
+    private final boolean anyPrefix;
     /** The granularity of reuse: 1 (any prefix) or the prefill chunk (whole prompt chunks; see the class comment). */
     private final int reuseStep;
     private final LinkedBlockingQueue<Object> inbox = new LinkedBlockingQueue<>();
@@ -217,7 +219,8 @@ public final class Engine implements AutoCloseable {
         // a model that selects KV pages per block of queries writes other rows after a prefix of any length (its decode
         // steps select per token, and the rest of a prompt's query blocks start elsewhere): whole chunks only
         this.reusePrefixes = config.prefixCache();
-        this.reuseStep = config.approximatePrefixes() || anyPrefixKeepsBits() ? 1 : config.prefillChunk();
+        this.anyPrefix = config.approximatePrefixes() || anyPrefixKeepsBits();
+        this.reuseStep = anyPrefix ? 1 : config.prefillChunk();
         if (pool.totalPages() < pages(config.contextLength())) {
             throw new IllegalArgumentException("the KV pool holds " + (long) pool.totalPages() * pageTokens
                     + " tokens, less than one context of " + config.contextLength() + " (raise the KV memory or lower -c)");
@@ -316,7 +319,7 @@ public final class Engine implements AutoCloseable {
 
     /** Whether a reused prefix keeps a fresh computation's bits (false only with approximate prefixes, where not). */
     public boolean prefixesKeepBits() {
-        return reuseStep > 1 || anyPrefixKeepsBits();
+        return !config.approximatePrefixes() || anyPrefixKeepsBits();
     }
 
     /**
@@ -331,9 +334,12 @@ public final class Engine implements AutoCloseable {
         return pool.forksKeepBits() && backend.model().selection() == null;
     }
 
-    /** Of a sequence's first tokens, how many a fork may take: those of the prompt's whole chunks, or all. */
+    /**
+     * Of a sequence's first tokens, how many a fork may take: all, or those of the prompt's whole chunks (never rows a
+     * decode step wrote, even with chunks of one token).
+     */
     private int reusable(Active a) {
-        return reuseStep == 1 ? a.seq.length() : Math.min(a.fed, a.seq.length()) / reuseStep * reuseStep;
+        return anyPrefix ? a.seq.length() : Math.min(a.fed, a.seq.length()) / reuseStep * reuseStep;
     }
 
     /** Closes every cached prefix (on the engine's thread) and returns when done; pages of running requests stay. */

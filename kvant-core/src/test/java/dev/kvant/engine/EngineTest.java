@@ -582,6 +582,36 @@ class EngineTest {
     }
 
     /**
+     * Prompt chunks of one token: a whole chunk is any prompt prefix, but the rows decode steps wrote are still not a
+     * prompt's (on the GPU they come from other products): the next turn forks the first turn's prompt, not its reply,
+     * and the engine says that its reuse keeps the bits.
+     */
+    @Test
+    void chunksOfOneTokenReuseThePromptButNotTheReply() throws Exception {
+        Random r = new Random(SEED + 19);
+        int[] turn1 = r.ints(40, 0, TinyModels.VOCAB).toArray();
+        try (SequencePool pool = backend.newSequencePool(2 * CTX, KvFormat.parse("turbo3+mean"),
+                KvFormat.parse("turbo3"));
+             Engine engine = new Engine(backend, pool, new EngineConfig(2, CTX, 1, 8, true))) {
+            assertTrue(engine.prefixesKeepBits(), "no approximate prefixes asked for");
+            Events a = new Events();
+            engine.submit(greedy(turn1, 10), a.queue::add);
+            assertInstanceOf(GenerationEvent.Finished.class, a.end());
+            int[] reply = a.ids();
+            int[] turn2 = new int[turn1.length + reply.length + 5];
+            System.arraycopy(turn1, 0, turn2, 0, turn1.length);
+            System.arraycopy(reply, 0, turn2, turn1.length, reply.length);
+            System.arraycopy(r.ints(5, 0, TinyModels.VOCAB).toArray(), 0, turn2, turn1.length + reply.length, 5);
+            Events b = new Events();
+            engine.submit(greedy(turn2, 4), b.queue::add);
+            assertInstanceOf(GenerationEvent.Finished.class, b.end());
+            assertEquals(turn1.length, b.started.cachedTokens(), "seed " + SEED);
+            engine.clearPrefixCache();
+            assertEquals(pool.totalPages(), engine.stats().freePages(), "no page leaked");
+        }
+    }
+
+    /**
      * A prompt's kept pages cost no page even where the chunk does not divide the page (chunks of 24 tokens, pages of
      * 64): they end on the last page boundary within its whole chunks. A request on a pool of one context, whose
      * 100-token prompt leaves 96 tokens of whole chunks, decodes to the end of its context; a kept prefix cut to the
