@@ -12,11 +12,12 @@ package dev.kvant.engine;
  * @param pipeline      decode steps of different sequences in flight at once: 0 takes the backend's
  *                      {@link dev.kvant.backend.Backend#pipelineDepth} (a layer split over n GPUs keeps n in flight),
  *                      1 runs one step at a time, N at most N (never more than the backend's depth)
- * @param approximatePrefixes with prefixCache, reuse cached prefixes also where a reused prefix gives other bits than
- *                      the same prompt computed afresh (a pool whose forks do not keep bits: the GPU backend, keys
- *                      centered on their page's mean; a model that selects KV pages): faster repeated prompts, but a
- *                      request's output then depends on what the cache held (in its last bits, and so at times in
- *                      its tokens). Off: such engines compute every prompt whole.
+ * @param approximatePrefixes with prefixCache, reuse any cached prefix also where only a prompt's whole chunks give
+ *                      the bits of the same prompt computed afresh (a pool whose forks do not keep bits: the GPU
+ *                      backend, keys centered on their page's mean; a model that selects KV pages): a conversation's
+ *                      reply is reused too, but a request's output then depends on what the cache held (in its last
+ *                      bits, and so at times in its tokens). Off: such engines reuse whole prompt chunks only
+ *                      ({@link Engine#prefixReuseStep}).
  */
 public record EngineConfig(int parallel, int contextLength, int prefillChunk, int maxQueue, boolean prefixCache,
                            int pipeline, boolean approximatePrefixes) {
