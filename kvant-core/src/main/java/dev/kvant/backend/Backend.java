@@ -83,6 +83,24 @@ public interface Backend extends AutoCloseable {
     }
 
     /**
+     * Whether {@link #startDecodeDrawn} draws tokens at a temperature where the model runs (a device backend then
+     * copies back one id a sequence, not its logits).
+     */
+    default boolean drawsWhereItRuns() {
+        return false;
+    }
+
+    /**
+     * Starts one decode step as {@link #startDecode(BackendSequence[], int[], float[])}, and its {@link
+     * PendingDecode#await} returns an id a sequence chosen as {@code draws} says: the largest logit, or a draw at a
+     * temperature made where the model runs. With logits given, every row's logits land there too (for the
+     * sequences drawn on the host). Only where {@link #drawsWhereItRuns}.
+     */
+    default PendingDecode startDecodeDrawn(BackendSequence[] seqs, int[] tokens, Draws draws, float[] logits) {
+        throw new UnsupportedOperationException("the " + name() + " backend draws no tokens where it runs");
+    }
+
+    /**
      * One KV page pool with room for this many tokens (summed over its sequences), shared by the sequences made from
      * it, so that prefixes can be shared and pages counted; what a server runs on.
      *

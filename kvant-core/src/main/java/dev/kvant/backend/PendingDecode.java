@@ -10,7 +10,8 @@ public interface PendingDecode {
     /**
      * Waits for the step. Returns, per sequence, the id of its largest logit (the lowest among equal ones) when the
      * step was started without a logits array; when it was started with one, the logits are in that array now and
-     * this returns null. A second call returns what the first did.
+     * this returns null. A step started by {@link Backend#startDecodeDrawn} returns the ids it chose either way (and
+     * fills the logits array when given one). A second call returns what the first did.
      */
     int[] await();
 }

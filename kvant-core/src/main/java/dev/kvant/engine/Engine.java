@@ -2,6 +2,7 @@ package dev.kvant.engine;
 
 import dev.kvant.backend.Backend;
 import dev.kvant.backend.BackendSequence;
+import dev.kvant.backend.Draws;
 import dev.kvant.backend.PendingDecode;
 import dev.kvant.backend.SequencePool;
 import dev.kvant.sample.Sampler;
@@ -62,10 +63,14 @@ import java.util.stream.IntStream;
  * the price of outputs that depend on the cache.
  *
  * <p><b>Threads.</b> One engine thread runs every step and owns every sequence; {@link #submit} and {@link
- * Generation#cancel} may be called from any thread. A failing step fails the requests it ran, not the engine. The
- * tokens of a step's sequences that are drawn on the host (sampling, banned tokens: the logits copied out) are drawn
- * side by side on a few draw threads, each sequence's by one of them with its own sampler, so the same tokens come
- * whatever the threads; the engine thread then delivers them in order.
+ * Generation#cancel} may be called from any thread. A failing step fails the requests it ran, not the engine.
+ *
+ * <p><b>Draws.</b> Where the backend draws where it runs ({@link Backend#drawsWhereItRuns}: the GPU), a sequence
+ * sampled at a temperature alone is drawn there (Gumbel-max from a key of its seeded sampler: {@link Draws}), and so is
+ * a greedy one with a few banned tokens ({@code ignore_eos}); one id a sequence comes back. The others (top-k, top-p,
+ * min-p, penalties) draw on the host from the step's copied logits, side by side on a few draw threads, each sequence's
+ * by one of them with its own sampler, so the same tokens come whatever the threads; the engine thread then delivers
+ * them in order. A sequence's tokens are chosen the same way whatever shares its step.
  */
 public final class Engine implements AutoCloseable {
 
@@ -196,13 +201,15 @@ public final class Engine implements AutoCloseable {
     private final class Cohort {
         final Active[] members;
         final float[] logits;
+        /** Member i takes the id the step chose (greedy, or drawn where the model runs); else it draws on the host. */
+        final boolean[] byId;
         int size;
-        boolean greedy;
         PendingDecode step;
 
         Cohort(int capacity) {
             this.members = new Active[capacity];
             this.logits = new float[capacity * vocab];
+            this.byId = new boolean[capacity];
         }
     }
 
@@ -627,19 +634,35 @@ public final class Engine implements AutoCloseable {
         }
     }
 
-    /** Starts the cohort's step over up to share decoding sequences that are not in flight. */
+    /**
+     * Starts the cohort's step over up to share decoding sequences that are not in flight. Each sequence's token is
+     * chosen the same way whatever the batch: greedy ones (no banned token) take the step's largest logit; on a
+     * backend that draws where it runs, those sampled at a temperature alone are drawn there, from their samplers'
+     * keys, and greedy ones with a few banned tokens take the largest other logit there; every other one draws on the
+     * host from its row of the logits, which the step then copies out.
+     */
     private void start(Cohort c, int share) {
         int n = 0;
-        boolean greedy = true;
+        boolean drawsThere = backend.drawsWhereItRuns();
+        boolean anyDrawn = false;
+        boolean anyHost = false;
         for (Active a : running) {
             if (n < share && n < c.members.length && a.decoding && !a.done && !a.stepping) {
+                boolean greedy = a.sampler.argmaxSuffices() && a.banned == null;
+                boolean fewBanned = a.banned == null || a.banned.length <= Draws.MAX_BANNED;
+                boolean drawn = drawsThere && fewBanned && !greedy
+                        && (a.sampler.drawsAtTemperatureAlone() || a.sampler.argmaxSuffices());
+                c.byId[n] = greedy || drawn;
                 c.members[n++] = a;
-                // greedy sequences let the backend choose (a GPU then copies back ids, not logits)
-                greedy &= a.sampler.argmaxSuffices() && a.banned == null;
+                anyDrawn |= drawn;
+                anyHost |= !greedy && !drawn;
             }
         }
         if (n == 0) {
             return;
+        }
+        if (anyHost && !drawsThere) {
+            Arrays.fill(c.byId, 0, n, false);   // this backend's step gives ids only where it copies no logits
         }
         BackendSequence[] seqs = new BackendSequence[n];
         int[] tokens = new int[n];
@@ -647,36 +670,59 @@ public final class Engine implements AutoCloseable {
             seqs[i] = c.members[i].seq;
             tokens[i] = c.members[i].next;
         }
+        Draws draws = null;
+        if (drawsThere && (anyDrawn || anyHost)) {   // the ids of greedy and drawn sequences, logits or not
+            float[] temperature = new float[n];
+            long[] keys = new long[n];
+            int[][] banned = new int[n][];
+            for (int i = 0; i < n; i++) {
+                Sampler s = c.members[i].sampler;
+                if (c.byId[i] && s.drawsAtTemperatureAlone()) {
+                    temperature[i] = c.members[i].p.request.sampling().temperature();
+                    keys[i] = s.nextDrawKey();
+                }
+                banned[i] = c.byId[i] ? c.members[i].banned : null;
+            }
+            draws = new Draws(temperature, keys, banned);
+        }
+        float[] logits = anyHost ? c.logits : null;
         try {
-            c.step = backend.startDecode(seqs, tokens, greedy ? null : c.logits);
+            c.step = draws != null ? backend.startDecodeDrawn(seqs, tokens, draws, logits)
+                    : backend.startDecode(seqs, tokens, logits);
         } catch (VirtualMachineError e) {   // out of memory and the like: the engine's own state is in doubt
             throw e;
         } catch (RuntimeException | Error e) {   // an assertion or a linkage error too
             // a refused start changed nothing: each sequence alone, so that only the one at fault fails (alone it
-            // gets the bits it gets in a batch)
+            // gets the bits it gets in a batch, and its token is chosen as in the batch, from the same key)
             for (int i = 0; i < n; i++) {
                 Active a = c.members[i];
                 c.members[i] = null;
                 if (n == 1) {
                     fail(a, "the decode step failed: " + e.getMessage());
                 } else {
-                    stepAlone(a, greedy ? null : c.logits);
+                    stepAlone(a, c.byId[i], draws == null ? null : draws.one(i), c.logits);
                 }
             }
             return;
         }
         c.size = n;
-        c.greedy = greedy;
         for (int i = 0; i < n; i++) {
             c.members[i].stepping = true;
         }
     }
 
-    /** One decode step of a alone, started and collected at once; a failure fails a alone. */
-    private void stepAlone(Active a, float[] logits) {
+    /**
+     * One decode step of a alone, started and collected at once, its token chosen as in its batch: byId, the step's
+     * (greedy, or drawn as draw says, from the batch's key); else drawn on the host. A failure fails a alone.
+     */
+    private void stepAlone(Active a, boolean byId, Draws draw, float[] scratch) {
+        float[] logits = byId ? null : scratch;
         int[] ids;
         try {
-            ids = backend.startDecode(new BackendSequence[] {a.seq}, new int[] {a.next}, logits).await();
+            BackendSequence[] one = {a.seq};
+            int[] token = {a.next};
+            ids = (draw != null && byId ? backend.startDecodeDrawn(one, token, draw, null)
+                    : backend.startDecode(one, token, logits)).await();
         } catch (VirtualMachineError e) {
             throw e;
         } catch (RuntimeException | Error e) {
@@ -717,7 +763,11 @@ public final class Engine implements AutoCloseable {
         decodeRows += c.size;
         int[] drawn = null;
         Throwable[] failed = null;
-        if (!c.greedy && c.size > 1 && draws != null) {
+        int onHost = 0;
+        for (int i = 0; i < c.size; i++) {
+            onHost += c.byId[i] ? 0 : 1;
+        }
+        if (onHost > 1 && draws != null) {
             drawn = new int[c.size];
             failed = new Throwable[c.size];
             drawSideBySide(c, drawn, failed);
@@ -727,7 +777,7 @@ public final class Engine implements AutoCloseable {
             c.members[i] = null;
             if (a.p.handle.isCancelled()) {
                 finish(a, FinishReason.CANCELLED);
-            } else if (c.greedy) {
+            } else if (c.byId[i]) {
                 take(a, ids[i]);
             } else if (drawn == null) {
                 sampleNext(a, c.logits, i * vocab);
@@ -742,14 +792,14 @@ public final class Engine implements AutoCloseable {
     }
 
     /**
-     * The tokens of the cohort's members (not cancelled), drawn from their rows of its logits on the draw threads,
-     * each by its own sampler: drawn[i], or what the draw threw in failed[i].
+     * The tokens of the cohort's members drawn on the host (not cancelled), from their rows of its logits on the draw
+     * threads, each by its own sampler: drawn[i], or what the draw threw in failed[i].
      */
     private void drawSideBySide(Cohort c, int[] drawn, Throwable[] failed) {
         List<RecursiveAction> tasks = new ArrayList<>(c.size);
         for (int i = 0; i < c.size; i++) {
             Active a = c.members[i];
-            if (a.p.handle.isCancelled()) {
+            if (c.byId[i] || a.p.handle.isCancelled()) {
                 continue;
             }
             int m = i;

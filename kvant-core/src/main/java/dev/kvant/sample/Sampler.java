@@ -34,6 +34,24 @@ public final class Sampler {
         return config.isGreedy() && !config.penalizes();
     }
 
+    /**
+     * Whether this sampler draws at its temperature alone (no top-k, top-p, min-p or penalty): then the draw can be
+     * made where the model runs ({@link dev.kvant.backend.Draws}), from a key of {@link #nextDrawKey}, and the logits
+     * need not be copied out.
+     */
+    public boolean drawsAtTemperatureAlone() {
+        return !config.isGreedy() && !config.penalizes() && config.topK() == 0 && config.topP() >= 1f
+                && config.minP() <= 0f;
+    }
+
+    /**
+     * The key of a draw made elsewhere ({@link dev.kvant.backend.Draws}): the next number of this sampler's seeded
+     * generator, so a seed gives the same keys, and the same tokens, every time.
+     */
+    public long nextDrawKey() {
+        return random.nextLong();
+    }
+
     /** Records a token of the context (prompt or generated) for the repetition penalty. */
     public void accept(int token) {
         recent[recentHead] = token;

@@ -177,6 +177,112 @@ class EngineTest {
         }
     }
 
+    /**
+     * A backend that draws at a temperature where it runs, as the GPU's does: here on the host, from the logits of
+     * {@link #decodeBatch} (a Gumbel-max draw from the key, as the device draws); it counts its drawn steps.
+     */
+    static final class DrawingBackend extends ForwardingBackend {
+        int drawnSteps;
+        int drawnRows;
+
+        DrawingBackend(Backend inner) {
+            super(inner);
+        }
+
+        @Override
+        public boolean drawsWhereItRuns() {
+            return true;
+        }
+
+        @Override
+        public PendingDecode startDecodeDrawn(BackendSequence[] seqs, int[] tokens, dev.kvant.backend.Draws draws,
+                                              float[] logits) {
+            int vocab = model().config().vocabSize();
+            float[] rows = new float[seqs.length * vocab];
+            decodeBatch(seqs, tokens, rows);
+            if (logits != null) {
+                System.arraycopy(rows, 0, logits, 0, rows.length);
+            }
+            int[] ids = new int[seqs.length];
+            drawnSteps++;
+            for (int i = 0; i < seqs.length; i++) {
+                float t = draws.temperature()[i];
+                int best = -1;
+                double top = Double.NEGATIVE_INFINITY;
+                int[] banned = draws.banned()[i] == null ? new int[0] : draws.banned()[i];
+                for (int v = 0; v < vocab; v++) {
+                    final int id = v;
+                    if (java.util.Arrays.stream(banned).anyMatch(b -> b == id)) {
+                        continue;
+                    }
+                    float l = rows[i * vocab + v];
+                    double score = t == 0 ? l : l / t + gumbel(draws.key()[i], v);
+                    if (score > top) {
+                        top = score;
+                        best = v;
+                    }
+                }
+                ids[i] = best;
+                drawnRows += t > 0 ? 1 : 0;
+            }
+            return () -> ids;
+        }
+
+        private static double gumbel(long key, int id) {
+            long z = key + (id + 1L) * 0x9E3779B97F4A7C15L;
+            z = (z ^ (z >>> 30)) * 0xBF58476D1CE4E5B9L;
+            z = (z ^ (z >>> 27)) * 0x94D049BB133111EBL;
+            z ^= z >>> 31;
+            double u = ((z >>> 40) + 0.5) / (1 << 24);
+            return -Math.log(-Math.log(u));
+        }
+    }
+
+    /**
+     * On a backend that draws where it runs, a request sampled at a temperature alone is drawn there (with its banned
+     * tokens too) and one with top-k on the host, whatever shares its step: each of five requests (one with top-k,
+     * one greedy, one greedy with a banned token, one sampled with one) gets the tokens it gets on an engine of one
+     * slot, batched with the others.
+     */
+    @Test
+    void drawsWhereTheModelRunsAreTheSameBatchedOrAlone() throws Exception {
+        Random r = new Random(SEED + 19);
+        int n = 5;
+        GenerationRequest[] requests = new GenerationRequest[n];
+        for (int i = 0; i < n; i++) {
+            SamplerConfig sampling = i == 2 || i == 4 ? SamplerConfig.greedy()
+                    : new SamplerConfig(0.8f, i == 3 ? 20 : 0, 1f, 0f, 1f, 16, SEED + i);
+            int[] prompt = r.ints(12 + 25 * i, 0, TinyModels.VOCAB).toArray();
+            int banned = r.nextInt(TinyModels.VOCAB);
+            requests[i] = new GenerationRequest(prompt, 20, sampling, null, i >= 1 && i % 3 == 1 || i == 4
+                    ? t -> t == banned : null);
+        }
+        DrawingBackend drawing = new DrawingBackend(backend);
+        int[][] together = new int[n][];
+        try (SequencePool pool = backend.newSequencePool(4 * CTX, F16, F16);
+             Engine engine = new Engine(drawing, pool, new EngineConfig(n, CTX, CHUNK, 8, false))) {
+            Events[] ev = new Events[n];
+            for (int i = 0; i < n; i++) {
+                ev[i] = new Events();
+                engine.submit(requests[i], ev[i].queue::add);
+            }
+            for (int i = 0; i < n; i++) {
+                assertInstanceOf(GenerationEvent.Finished.class, ev[i].end());
+                together[i] = ev[i].ids();
+            }
+        }
+        assertTrue(drawing.drawnSteps > 0 && drawing.drawnRows > 0, "drawn where the model runs");
+        try (SequencePool pool = backend.newSequencePool(4 * CTX, F16, F16);
+             Engine engine = new Engine(new DrawingBackend(backend), pool, new EngineConfig(1, CTX, CHUNK, 8, false))) {
+            for (int i = 0; i < n; i++) {
+                Events e = new Events();
+                engine.submit(requests[i], e.queue::add);
+                assertInstanceOf(GenerationEvent.Finished.class, e.end());
+                assertArrayEquals(e.ids(), together[i], "request " + i + " (seed " + SEED + ")");
+            }
+        }
+    }
+
     /** One slot: every decode step decodes one sequence, so the mean batch is exactly 1 (prompt-only steps aside). */
     @Test
     void theMeanBatchOfOneSlotIsOne() throws Exception {
@@ -489,8 +595,8 @@ class EngineTest {
     /**
      * With keys centered on their page's mean a prefix of any length would give other bits than the prompt computed
      * afresh (a page's mean comes from the write that opens it; the first turn's last pages were opened by its last,
-     * shorter chunk and its decode steps), so such a pool reuses whole prompt chunks only: the next turn forks the first
-     * turn's whole chunks and generates what a fresh engine generates.
+     * shorter chunk and its decode steps), so such a pool reuses whole prompt chunks only: the next turn forks the
+     * first turn's whole chunks and generates what a fresh engine generates.
      */
     @Test
     void keysCenteredOnPageMeansReuseWholeChunksAndGiveAFreshEnginesTokens() throws Exception {

@@ -2,6 +2,7 @@ package dev.kvant.cuda.model;
 
 import dev.kvant.backend.Backend;
 import dev.kvant.backend.BackendSequence;
+import dev.kvant.backend.Draws;
 import dev.kvant.backend.PendingDecode;
 import dev.kvant.backend.SequencePool;
 import dev.kvant.cuda.CublasLt;
@@ -628,6 +629,29 @@ public final class CudaBackend implements Backend {
      */
     @Override
     public PendingDecode startDecode(BackendSequence[] seqs, int[] tokens, float[] logits) {
+        return start(seqs, tokens, logits, null);
+    }
+
+    /** Yes: the last stage's decode graph draws the rows that have a temperature ({@link ModelKernels#draw}). */
+    @Override
+    public boolean drawsWhereItRuns() {
+        return true;
+    }
+
+    /**
+     * As {@link #startDecode(BackendSequence[], int[], float[])}, each row's id chosen on the device as draws says
+     * (Gumbel-max at its temperature, from its key; the largest logit at 0).
+     */
+    @Override
+    public PendingDecode startDecodeDrawn(BackendSequence[] seqs, int[] tokens, Draws draws, float[] logits) {
+        if (draws.temperature().length != seqs.length) {
+            throw new IllegalArgumentException(draws.temperature().length + " draws for " + seqs.length
+                    + " sequences");
+        }
+        return start(seqs, tokens, logits, draws);
+    }
+
+    private PendingDecode start(BackendSequence[] seqs, int[] tokens, float[] logits, Draws draws) {
         checkOpen();
         Sequence[] s = checkBatch(seqs, tokens);
         int n = s.length;
@@ -652,7 +676,7 @@ public final class CudaBackend implements Backend {
         Stage last = stages[stages.length - 1];
         for (int from = 0; from < n; from += options.maxBatch()) {
             int m = Math.min(options.maxBatch(), n - from);
-            queueDecode(Arrays.copyOfRange(s, from, from + m), Arrays.copyOfRange(tokens, from, from + m));
+            queueDecode(Arrays.copyOfRange(s, from, from + m), Arrays.copyOfRange(tokens, from, from + m), draws, from);
             last.best.copyToHostAsync(landing.ids.segment().asSlice(8L * from, 8L * m), 0, last.stream);
             if (logits != null) {
                 last.logits.copyToHostAsync(landing.logits.segment().asSlice(4L * from * vocab, 4L * m * vocab), 0,
@@ -660,7 +684,7 @@ public final class CudaBackend implements Backend {
             }
         }
         landing.done.record(last.stream);
-        Step step = new Step(landing, s, logits);
+        Step step = new Step(landing, s, logits, draws != null);
         landing.step = step;
         for (Sequence q : s) {
             q.inFlight = step;
@@ -724,13 +748,16 @@ public final class CudaBackend implements Backend {
         private final Landing landing;
         private final Sequence[] seqs;
         private final float[] out;
+        /** Started with draws: the ids come back with the logits too. */
+        private final boolean drawn;
         private int[] ids;
         private RuntimeException failure;
 
-        Step(Landing landing, Sequence[] seqs, float[] out) {
+        Step(Landing landing, Sequence[] seqs, float[] out, boolean drawn) {
             this.landing = landing;
             this.seqs = seqs;
             this.out = out;
+            this.drawn = drawn;
         }
 
         @Override
@@ -761,7 +788,7 @@ public final class CudaBackend implements Backend {
             if (failure != null) {
                 throw failure;
             }
-            return out == null ? ids : null;
+            return out == null || drawn ? ids : null;
         }
     }
 
@@ -893,7 +920,7 @@ public final class CudaBackend implements Backend {
 
     /** Runs the step and waits for it; writes logits (n x vocab) when out is given; returns the chosen ids. */
     private int[] decode(Sequence[] seqs, int[] tokens, float[] out) {
-        queueDecode(seqs, tokens);
+        queueDecode(seqs, tokens, null, 0);
         int n = seqs.length;
         int[] chosen = readIds(n);
         if (out != null) {
@@ -906,9 +933,10 @@ public final class CudaBackend implements Backend {
      * Queues one decode step of n <= maxBatch sequences ({@link #checkBatch}, {@link #takePages}: tokens checked, pages in hand), stage
      * after stage, and counts the token in: tokens,
      * positions and page tables go up through each stage's staging, then each stage replays its graph and sends the
-     * hidden state on. The last stage leaves the greedy keys in {@code best} and the rows in {@code logits}.
+     * hidden state on. The last stage leaves the chosen keys in {@code best} — the largest logit's, or for a row that
+     * draws[from + i] gives a temperature, the drawn token's — and the rows in {@code logits}.
      */
-    private void queueDecode(Sequence[] seqs, int[] tokens) {
+    private void queueDecode(Sequence[] seqs, int[] tokens, Draws draws, int from) {
         int n = seqs.length;
         KvPool pool = seqs[0].pool;
         for (KvPool.Part part : pool.parts()) {
@@ -922,6 +950,22 @@ public final class CudaBackend implements Backend {
             }
             if (st.first) {
                 st.tokens.copyFromHostAsync(staging.asSlice(0, 4L * n), 0, st.stream);
+            }
+            if (st.last) {   // every step sets every row's draw: greedy, none banned, unless draws says otherwise
+                for (int i = 0; i < n; i++) {
+                    float t = draws == null ? 0f : draws.temperature()[from + i];
+                    int[] banned = draws == null || draws.banned()[from + i] == null ? new int[0]
+                            : draws.banned()[from + i];
+                    long at = st.drawsOffset + (long) ModelKernels.DRAW_BYTES * i;
+                    long invT = t > 0 ? Float.floatToRawIntBits(1f / t) & 0xFFFFFFFFL : 0L;
+                    staging.set(ValueLayout.JAVA_LONG, at, invT | (long) banned.length << 32);
+                    staging.set(ValueLayout.JAVA_LONG, at + 8, draws == null ? 0L : draws.key()[from + i]);
+                    for (int b = 0; b < Draws.MAX_BANNED; b++) {
+                        staging.set(ValueLayout.JAVA_INT, at + 16 + 4 * b, b < banned.length ? banned[b] : -1);
+                    }
+                }
+                st.draws.copyFromHostAsync(staging.asSlice(st.drawsOffset, (long) ModelKernels.DRAW_BYTES * n), 0,
+                        st.stream);
             }
             st.positions.copyFromHostAsync(staging.asSlice(4L * rowsMax, 4L * n), 0, st.stream);
             part.batch().upload(st.stream);

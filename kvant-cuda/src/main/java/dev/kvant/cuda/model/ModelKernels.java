@@ -58,6 +58,7 @@ final class ModelKernels implements AutoCloseable {
     private final CudaFunction addBias;
     private final CudaFunction quantizeQ8;
     private final CudaFunction mhReduce;
+    private final CudaFunction draw;
     private final int multiprocessors;
     private final int blocksForStreams;
 
@@ -88,6 +89,7 @@ final class ModelKernels implements AutoCloseable {
             this.addBias = module.function("kvant_add_bias");
             this.quantizeQ8 = module.function("kvant_quantize_q8");
             this.mhReduce = module.function("kvant_mh_reduce");
+            this.draw = module.function("kvant_draw");
         } catch (RuntimeException | Error e) {
             Owned.closeAfter(e, module);
             throw e;
@@ -274,6 +276,22 @@ final class ModelKernels implements AutoCloseable {
     void logits(DeviceMatrix output, int vocab, Vectors x, int nvec, DeviceBuffer logits, DeviceBuffer best,
                 CudaStream stream) {
         matvec(output.layout().q8Vectors, output, vocab, x, nvec, logits, vocab, null, MV_STORE, 0, best, stream);
+    }
+
+    /**
+     * Bytes of one vector's draw in the buffer {@link #draw} reads: 1/T as float bits (0: greedy) and the number of
+     * banned ids (32 bits each), the key (64), then up to {@link dev.kvant.backend.Draws#MAX_BANNED} banned ids (32
+     * bits each).
+     */
+    static final int DRAW_BYTES = 32;
+
+    /**
+     * The rows of logits [nvec][vocab] whose draw (draws, {@link #DRAW_BYTES} a vector) has a temperature or banned
+     * ids: best[v] = the argmax key of the token drawn at it (Gumbel-max with the draw's key: exp(l/T)-weighted), or
+     * of the largest logit at temperature 0, its banned ids left out; the others keep the output product's argmax key.
+     */
+    void draw(DeviceBuffer logits, int vocab, int nvec, DeviceBuffer draws, DeviceBuffer best, CudaStream stream) {
+        draw.launch(Dim3.of(nvec), Dim3.of(1024), 0, stream, logits, vocab, draws, best);
     }
 
     /** The token id an argmax key names. */

@@ -42,6 +42,14 @@ final class Stage implements AutoCloseable {
     final DeviceBuffer prevPages;
     /** Argmax keys of the output product, one per vector (ModelKernels#logits); the last stage's. */
     final DeviceBuffer best;
+    /**
+     * The decode step's draws, one per vector ({@link ModelKernels#DRAW_BYTES}: 1/T, key; 0 for greedy), staged from
+     * {@link #staging} past its tokens and positions ({@link #drawsOffset}); the last stage's decode graph draws the
+     * rows that have a temperature ({@link ModelKernels#draw}).
+     */
+    final DeviceBuffer draws;
+    /** Where the draws sit in {@link #staging}. */
+    final long drawsOffset;
     final DeviceBuffer x;
     private final ModelKernels.Vectors xb;
     private final DeviceBuffer qkv;
@@ -97,6 +105,8 @@ final class Stage implements AutoCloseable {
             this.slots = floats(rowsMax);
             this.prevPages = floats(rowsMax);
             this.best = bytes(8L * logitRows);
+            this.draws = bytes((long) ModelKernels.DRAW_BYTES * logitRows);
+            this.drawsOffset = 8L * rowsMax;
             this.x = floats((long) rowsMax * c.dim());
             this.xb = ModelKernels.Vectors.allocate(this::bytes, rowsMax, c.dim());
             this.qkv = floats((long) rowsMax * qkvDim);
@@ -112,7 +122,7 @@ final class Stage implements AutoCloseable {
             this.gh = bytes(2L * maxPrefill * c.ffnDim());
             this.wScratch = bytes(Math.max(16, w.gemmScratchBytes(maxPrefill)));
             this.angles = bytes(8L * rowsMax * Math.max(1, c.rope().ropeDim() / 2));
-            this.staging = own(context.allocatePinned(8L * rowsMax));
+            this.staging = own(context.allocatePinned(drawsOffset + (long) ModelKernels.DRAW_BYTES * logitRows));
             this.idsHost = own(context.allocatePinned(8L * logitRows));
         } catch (RuntimeException | Error e) {
             close();
@@ -131,7 +141,8 @@ final class Stage implements AutoCloseable {
         long ffn = c.ffnDim();
         long qkvDim = (long) c.qDim() + c.kvDimK() + c.kvDimV();
         long attnDim = (long) c.heads() * c.headDimV();
-        long bytes = 16 * r + 8L * logitRows;                                  // tokens, positions, slots, pages; best
+        long bytes = 16 * r + (8L + ModelKernels.DRAW_BYTES) * logitRows;   // tokens, positions, slots, pages;
+                                                                              // best, draws
         bytes += 4 * r * dim + vectorBytes(r, dim);                            // x, xb
         bytes += 4 * r * (qkvDim + c.qDim() + c.kvDimK() + c.kvDimV());        // qkv, q, kRows, vRows
         bytes += vectorBytes(r, attnDim) + 4 * r * 2 * ffn + vectorBytes(r, ffn);   // attn, gu, g
@@ -229,6 +240,7 @@ final class Stage implements AutoCloseable {
         if (last) {
             k.rmsnorm(x, w.outputNorm, xb, n, dim, eps, stream);
             k.logits(w.output.only(), c.vocabSize(), xb, n, logits, best, stream);
+            k.draw(logits, c.vocabSize(), n, draws, best, stream);
         }
     }
 

@@ -1378,6 +1378,85 @@ extern "C" __global__ void __launch_bounds__(256) kvant_quantize_q8(const float*
     quantize_block(value, xq + (i64) v * n + b * 32, xds + (i64) v * perRow + b);
 }
 
+// ---- draws at a temperature (kvant_draw): a row whose draw has a temperature T > 0 takes the token of the largest
+// l/T + g over the vocabulary, g a standard Gumbel variate of (the draw's key, the token id) — the Gumbel-max
+// draw, which picks token i with probability exp(l_i/T) / Σ exp(l_j/T), the host sampler's temperature-only
+// distribution — and writes it as the row's argmax key (argmax_key: ties to the lower id), where the output
+// product's argmax key stood. Banned ids (up to DRAW_BANNED a row) are never chosen: a row at T = 0 with banned ids
+// takes the largest other logit; one at T = 0 with none keeps the product's key (greedy). One block a row. A NaN
+// logit is never chosen; an infinite one wins (the lowest id of them); all -inf: the lowest id, as greedy's.
+// draws[4v]: the row's 1/T as float bits (0: greedy) | its number of banned ids << 32; draws[4v + 1]: its key;
+// draws[4v + 2 .. 4v + 3]: the banned ids, two a word (low half first).
+#define DRAW_BANNED 4
+
+// A standard Gumbel variate of (key, id): the id's counter mixed into the key (splitmix64's finalizer), the top 24
+// bits a uniform u in (0, 1), -log(-log u).
+__device__ __forceinline__ float gumbel(unsigned long long key, int id) {
+    unsigned long long z = key + (unsigned long long) (id + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    const float u = ((float) (z >> 40) + 0.5f) * (1.0f / 16777216.0f);
+    return -logf(-logf(u));
+}
+
+#define DRAW_THREADS 1024
+extern "C" __global__ void __launch_bounds__(DRAW_THREADS) kvant_draw(const float* __restrict__ logits, int vocab,
+        const unsigned long long* __restrict__ draws, unsigned long long* __restrict__ best) {
+    KVANT_GRID_ENTER();
+    __shared__ unsigned long long warpBest[DRAW_THREADS / 32];
+    const int v = blockIdx.x;
+    const unsigned long long head = draws[4 * v];
+    const float invT = __uint_as_float((u32) head);
+    const int nbanned = min((int) (head >> 32), DRAW_BANNED);
+    if (!(invT > 0.f) && nbanned == 0) {
+        return;
+    }
+    const unsigned long long key = draws[4 * v + 1];
+    int banned[DRAW_BANNED];
+#pragma unroll
+    for (int b = 0; b < DRAW_BANNED; b++) {
+        const unsigned long long w = draws[4 * v + 2 + b / 2];
+        banned[b] = b < nbanned ? (int) (u32) (w >> (32 * (b & 1))) : -1;
+    }
+    const float* row = logits + (i64) v * vocab;
+    unsigned long long top = 0ull;   // below every key argmax_key gives a number
+    for (int i = threadIdx.x; i < vocab; i += DRAW_THREADS) {
+        const float l = row[i];
+        bool out = l != l;
+#pragma unroll
+        for (int b = 0; b < DRAW_BANNED; b++) {
+            out |= i == banned[b];
+        }
+        if (!out) {
+            const bool inf = l == __int_as_float(0x7f800000) || l == -__int_as_float(0x7f800000);
+            const float score = !(invT > 0.f) || inf ? l : fmaf(l, invT, gumbel(key, i));
+            const unsigned long long k = argmax_key(score, i);
+            top = k > top ? k : top;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const unsigned long long other = __shfl_xor_sync(FULL_MASK, top, o);
+        top = other > top ? other : top;
+    }
+    if ((threadIdx.x & 31) == 0) {
+        warpBest[threadIdx.x >> 5] = top;
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        top = warpBest[threadIdx.x];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const unsigned long long other = __shfl_xor_sync(FULL_MASK, top, o);
+            top = other > top ? other : top;
+        }
+        if (threadIdx.x == 0 && top != 0ull) {
+            best[v] = top;
+        }
+    }
+}
+
 #define KVANT_FORMAT_KERNELS(NAME, F)                                                                             \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32) kvant_mv1_##NAME(                                 \
             const u8* W, i64 rowBytes, i64 scales, int outputs, int cols, const float* x, int xStride, int nvec, \

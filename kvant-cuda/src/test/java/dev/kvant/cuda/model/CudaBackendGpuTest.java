@@ -223,6 +223,76 @@ class CudaBackendGpuTest {
         return logits;
     }
 
+    /**
+     * Requests sampled at a temperature alone are drawn on the device ({@code startDecodeDrawn}: one id a sequence
+     * comes back): each gets the same tokens in a batch of four as on an engine of one slot, and again the second
+     * time; and a request with top-k, drawn on the host from the copied logits, is served beside them.
+     */
+    @Test
+    void sampledRequestsDrawnOnTheDeviceGiveTheSameTokensBatchedOrAlone() throws Exception {
+        long seed = TestSeed.next();
+        try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.parse("tiny"), GgmlType.Q8_0, seed);
+             CudaBackend gpu = CudaBackend.open(model, new CudaBackend.Options(4, 64, 0))) {
+            assertTrue(gpu.drawsWhereItRuns());
+            int vocab = model.config().vocabSize();
+            SplittableRandom r = new SplittableRandom(seed);
+            dev.kvant.engine.GenerationRequest[] requests = new dev.kvant.engine.GenerationRequest[4];
+            for (int i = 0; i < requests.length; i++) {
+                dev.kvant.sample.SamplerConfig sampling = new dev.kvant.sample.SamplerConfig(0.6f + 0.2f * i,
+                        i == 3 ? 40 : 0, 1f, 0f, 1f, 64, seed + i);
+                requests[i] = new dev.kvant.engine.GenerationRequest(r.ints(20 + 37 * i, 0, vocab).toArray(), 24,
+                        sampling, null);
+            }
+            int[][] together = new int[requests.length][];
+            try (dev.kvant.backend.SequencePool pool = gpu.newSequencePool(4096, F16, TURBO3);
+                 dev.kvant.engine.Engine engine = new dev.kvant.engine.Engine(gpu, pool,
+                         new dev.kvant.engine.EngineConfig(4, 1024, 64, 8, false))) {
+                List<java.util.concurrent.BlockingQueue<dev.kvant.engine.GenerationEvent>> events =
+                        new java.util.ArrayList<>();
+                for (var q : requests) {
+                    var e = new java.util.concurrent.LinkedBlockingQueue<dev.kvant.engine.GenerationEvent>();
+                    engine.submit(q, e::add);
+                    events.add(e);
+                }
+                for (int i = 0; i < requests.length; i++) {
+                    together[i] = tokensOf(events.get(i));
+                }
+                assertTrue(engine.stats().decodeRows() > engine.stats().decodeSteps(), "batched steps");
+            }
+            try (dev.kvant.backend.SequencePool pool = gpu.newSequencePool(4096, F16, TURBO3);
+                 dev.kvant.engine.Engine engine = new dev.kvant.engine.Engine(gpu, pool,
+                         new dev.kvant.engine.EngineConfig(1, 1024, 64, 8, false))) {
+                for (int i = 0; i < requests.length; i++) {
+                    for (int round = 0; round < 2; round++) {
+                        var e = new java.util.concurrent.LinkedBlockingQueue<dev.kvant.engine.GenerationEvent>();
+                        engine.submit(requests[i], e::add);
+                        assertArrayEquals(together[i], tokensOf(e), "request " + i + ", round " + round + " (seed "
+                                + seed + ")");
+                    }
+                }
+            }
+            assertEquals(24, together[0].length);
+        }
+    }
+
+    /** The tokens of one request's events, once it has finished. */
+    private static int[] tokensOf(java.util.concurrent.BlockingQueue<dev.kvant.engine.GenerationEvent> events)
+            throws InterruptedException {
+        List<Integer> tokens = new java.util.ArrayList<>();
+        while (true) {
+            var e = events.poll(120, java.util.concurrent.TimeUnit.SECONDS);
+            assertTrue(e != null, "no event within 120 s");
+            switch (e) {
+                case dev.kvant.engine.GenerationEvent.Token t -> tokens.add(t.id());
+                case dev.kvant.engine.GenerationEvent.Finished f -> {
+                    return tokens.stream().mapToInt(Integer::intValue).toArray();
+                }
+                case dev.kvant.engine.GenerationEvent.Failed f -> throw new AssertionError(f.message());
+                default -> { }
+            }
+        }
+    }
+
     /** The tokens of one greedy request, run alone on the engine. */
     private static int[] greedyTokens(dev.kvant.engine.Engine engine, int[] prompt, int n) throws Exception {
         var events = new java.util.concurrent.LinkedBlockingQueue<dev.kvant.engine.GenerationEvent>();
