@@ -77,6 +77,18 @@ final class ServeBenchCommand implements Runnable {
                     + " ${DEFAULT-VALUE})")
     float temperature;
 
+    @Option(names = "--top-k", paramLabel = "K", defaultValue = "0",
+            description = "batching, with --temp: each request's top-k (0: off; default ${DEFAULT-VALUE})")
+    int topK;
+
+    @Option(names = "--top-p", paramLabel = "P", defaultValue = "1",
+            description = "batching, with --temp: each request's top-p (1: off; default ${DEFAULT-VALUE})")
+    float topP;
+
+    @Option(names = "--min-p", paramLabel = "P", defaultValue = "0",
+            description = "batching, with --temp: each request's min-p (0: off; default ${DEFAULT-VALUE})")
+    float minP;
+
     @Option(names = "--conversation", paramLabel = "N", defaultValue = "16384",
             description = "prefix: tokens of the first turn (default ${DEFAULT-VALUE})")
     int conversation;
@@ -169,6 +181,10 @@ final class ServeBenchCommand implements Runnable {
         if (!(temperature >= 0) || Float.isInfinite(temperature)) {
             throw new UsageException("--temp must be a finite number of at least 0, got " + temperature);
         }
+        if (topK < 0 || !(topP > 0 && topP <= 1) || !(minP >= 0 && minP <= 1)) {
+            throw new UsageException("--top-k must be at least 0, --top-p above 0 and at most 1, --min-p between 0 and"
+                    + " 1; got " + topK + ", " + topP + " and " + minP);
+        }
         if (!(cancel >= 0 && cancel <= 1)) {
             throw new UsageException("--cancel must be a fraction from 0 to 1, got " + cancel);
         }
@@ -182,16 +198,19 @@ final class ServeBenchCommand implements Runnable {
         }
     }
 
+    private ServeBench.Sampling sampling() {
+        return temperature > 0 ? new ServeBench.Sampling(temperature, topK, topP, minP) : ServeBench.Sampling.GREEDY;
+    }
+
     private void batching(ServeBench.Setup setup, long s) {
         System.out.printf(Locale.ROOT, "%d requests from %d clients, prompt %d tokens, %d generated each (%s, end of"
-                + " generation ignored)%n%n", requests, clients, promptTokens, genTokens,
-                temperature > 0 ? "sampled at temperature " + temperature : "greedy");
+                + " generation ignored)%n%n", requests, clients, promptTokens, genTokens, sampling());
         System.out.println("| --parallel | mean batch | tokens | seconds | generated t/s | vs 1 |");
         System.out.println("| ---: | ---: | ---: | ---: | ---: | ---: |");
         double base = 0;
         for (int p : parallel == 1 ? new int[] {1} : new int[] {1, parallel}) {
             ServeBench.Throughput t = ServeBench.batching(setup, p, clients, requests, promptTokens, genTokens,
-                    temperature, s);
+                    sampling(), s);
             if (p == 1) {
                 base = t.tokensPerSecond();
             }

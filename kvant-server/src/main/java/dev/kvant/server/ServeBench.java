@@ -114,18 +114,18 @@ public final class ServeBench {
 
     /**
      * requests streamed text completions from clients concurrent clients, each a random prompt of promptTokens ids
-     * and exactly genTokens generated (end of generation ignored), greedy (temperature 0) or sampled at temperature
-     * (the server's other defaults: top-p 1, no top-k or min-p) with a seed a request.
+     * and exactly genTokens generated (end of generation ignored), greedy (temperature 0) or sampled as sampling
+     * says, with a seed a request.
      */
     public static Throughput batching(Setup s, int parallel, int clients, int requests, int promptTokens,
-                                      int genTokens, float temperature, long seed) {
+                                      int genTokens, Sampling sampling, long seed) {
         try (Instance in = new Instance(s, parallel, clients + requests, false)) {
             SplittableRandom r = new SplittableRandom(seed);
             int vocab = s.backend().model().config().vocabSize();
             // Warm-up: the JIT compiles the step before the clock starts.
             SplittableRandom draws = new SplittableRandom(~seed);   // the requests' seeds (the prompts as before)
-            check(in.client.stream("v1/completions", sampled(textRequest(randomIds(r, promptTokens, vocab), genTokens,
-                    true), temperature, draws.nextLong()), -1, Duration.ofMinutes(5)));
+            check(in.client.stream("v1/completions", sampling.apply(textRequest(randomIds(r, promptTokens,
+                    vocab), genTokens, true), draws.nextLong()), -1, Duration.ofMinutes(5)));
             EngineStats before = in.engine.stats();
             int[][] prompts = new int[requests][];
             long[] seeds = new long[requests];
@@ -140,7 +140,7 @@ public final class ServeBench {
             runClients(clients, Duration.ofMinutes(30), () -> {
                 for (int i = next.getAndIncrement(); i < requests; i = next.getAndIncrement()) {
                     SseClient.Trace t = in.client.stream("v1/completions",
-                            sampled(textRequest(prompts[i], genTokens, true), temperature, seeds[i]), -1,
+                            sampling.apply(textRequest(prompts[i], genTokens, true), seeds[i]), -1,
                             Duration.ofMinutes(10));
                     if (t.status() != 200 || !t.done() || t.completionTokens() != genTokens) {
                         failures.add("request " + i + ": " + t);
@@ -374,12 +374,26 @@ public final class ServeBench {
         return ids;
     }
 
-    /** The request at temperature with seed (greedy, as it is, at temperature 0). */
-    private static ObjectNode sampled(ObjectNode request, float temperature, long seed) {
-        if (temperature > 0) {
-            request.put("temperature", temperature).put("seed", seed);
+    /**
+     * How the batching mode's requests choose their tokens: greedy at temperature 0, else sampled with a seed a request
+     * and the filters asked for (top-k 0, top-p 1, min-p 0: the server's defaults, off).
+     */
+    public record Sampling(float temperature, int topK, float topP, float minP) {
+        public static final Sampling GREEDY = new Sampling(0f, 0, 1f, 0f);
+
+        ObjectNode apply(ObjectNode request, long seed) {
+            if (temperature > 0) {
+                request.put("temperature", temperature).put("seed", seed).put("top_k", topK).put("top_p", topP)
+                        .put("min_p", minP);
+            }
+            return request;
         }
-        return request;
+
+        @Override
+        public String toString() {
+            return temperature > 0 ? String.format(java.util.Locale.ROOT, "sampled at temperature %s, top-k %d, top-p"
+                    + " %s, min-p %s", temperature, topK, topP, minP) : "greedy";
+        }
     }
 
     static ObjectNode textRequest(int[] prompt, int maxTokens, boolean ignoreEos) {
