@@ -1,6 +1,10 @@
 package dev.kvant.cli;
 
 import java.io.PrintStream;
+import java.lang.foreign.FunctionDescriptor;
+import java.lang.foreign.Linker;
+import java.lang.foreign.ValueLayout;
+import java.lang.invoke.MethodHandle;
 
 /** Progress lines on stderr, only when stderr is an interactive terminal and output is not JSON. */
 final class Progress {
@@ -13,7 +17,27 @@ final class Progress {
     private boolean dirty;
 
     Progress(boolean json) {
-        this.enabled = !json && System.console() != null && System.console().isTerminal();
+        this.enabled = !json && StderrTerminal.IS;
+    }
+
+    /**
+     * Whether stderr, where the lines go, is a terminal. The console's {@code isTerminal()} is about stdin and stdout:
+     * with {@code 2>log} and stdout on a terminal it said yes, and the log filled with carriage returns and escapes.
+     */
+    static boolean stderrIsTerminal() {
+        try {
+            Linker linker = Linker.nativeLinker();
+            MethodHandle isatty = linker.downcallHandle(linker.defaultLookup().find("isatty").orElseThrow(),
+                    FunctionDescriptor.of(ValueLayout.JAVA_INT, ValueLayout.JAVA_INT));
+            return (int) isatty.invokeExact(2) == 1;
+        } catch (Throwable e) {   // no isatty in the C library: no progress rather than escapes in a file
+            return false;
+        }
+    }
+
+    /** Asked once, when the first progress line is made. */
+    private static final class StderrTerminal {
+        static final boolean IS = stderrIsTerminal();
     }
 
     void update(String message) {
