@@ -131,7 +131,7 @@ final class ChatCommand implements Runnable {
                     st = Generator.generate(session, tok, fresh, nPredict, sampler, piece -> {
                         reply.append(piece);
                         out.print(piece);
-                        out.flush();
+                        RunCommand.checkWritten(out);
                     });
                 } catch (dev.kvant.engine.ContextFullException | dev.kvant.kv.KvCacheFullException e) {
                     // the conversation goes on without this message: the cache keeps what it held before it

@@ -60,7 +60,7 @@ final class RunCommand implements Runnable {
             Generator.Stats st = Generator.generate(session, model.tokenizer(), tokens, nPredict,
                     new Sampler(sampling.config(session.contextLength())), piece -> {
                         out.print(piece);
-                        out.flush();
+                        checkWritten(out);
                     });
             out.println();
             System.err.printf(Locale.ROOT,
@@ -68,6 +68,17 @@ final class RunCommand implements Runnable {
                     st.promptTokens(), st.promptRate(), st.generatedTokens(), rate(st.generateRate()),
                     "context".equals(st.stopReason()) ? " (stopped: the context is full, raise -c)" : "",
                     backend.name().equals("cpu") ? "cpu, " + backend.threads() + " threads" : backend.name());
+        }
+    }
+
+    /**
+     * Flushes out and stops the generation where the text could not be written: a PrintStream keeps a write's failure
+     * to itself, so {@code kvant run ... | head} went on generating every -n token for a reader long gone.
+     */
+    static void checkWritten(PrintStream out) {
+        if (out.checkError()) {
+            throw new IllegalStateException("the generated text could not be written to stdout (a reader that"
+                    + " closed it, a full disk): generation stopped");
         }
     }
 
