@@ -135,14 +135,19 @@ public final class KvantServer implements AutoCloseable {
      * before the web server starts: it would log a stack trace and go on listening nowhere.
      */
     private static void requireFreePort(ServerConfig config) {
-        if (config.port() == 0) {
-            return;
-        }
+        // port 0 is always free, but the probe still checks the host
         try (ServerSocket probe = new ServerSocket()) {
             probe.setReuseAddress(true);
             probe.bind(new InetSocketAddress(config.host(), config.port()));
         } catch (IOException e) {
-            throw new IllegalStateException(cannotListen(config, e.getMessage()));
+            // only a port in use is the port's fault: a host that does not resolve, or is another machine's
+            // ("Cannot assign requested address"), is the host's
+            if (e instanceof java.net.BindException && String.valueOf(e.getMessage()).contains("in use")) {
+                throw new IllegalStateException(cannotListen(config, e.getMessage()));
+            }
+            throw new IllegalStateException("cannot listen on " + config.host() + ":" + config.port() + " ("
+                    + e.getMessage() + "): is " + config.host() + " an address of this machine? Pick one with --host"
+                    + " (127.0.0.1: this machine only; 0.0.0.0: every interface)");
         }
     }
 

@@ -128,4 +128,34 @@ class ShutdownTest {
             }
         }
     }
+
+    /**
+     * A --host that is not this machine's (an unresolvable name, an address of another machine) is said to be that,
+     * not a port in use: the hint was "is another server using the port? Pick another with --port" for every cause.
+     */
+    @Test
+    void aHostThatIsNotThisMachinesIsNamedAtStart() throws Exception {
+        KvFormat f16 = KvFormat.parse("f16");
+        try (TestServers m = TestServers.tiny(1);
+             SequencePool pool = m.backend.newSequencePool(512, f16, f16)) {
+            Engine engine = new Engine(m.backend, pool, new EngineConfig(1, 256, 32, 4, true));
+            try {
+                // 192.0.2.1 is TEST-NET-1 (RFC 5737), never a local address; .invalid never resolves (RFC 6761)
+                for (String host : new String[] {"192.0.2.1", "kvant.invalid"}) {
+                    for (int port : new int[] {18080, 0}) {
+                        ServerConfig config = new ServerConfig(host, port, null, "tiny", 32L << 20,
+                                Duration.ofSeconds(1), ServerConfig.DEFAULT_WRITE_TIMEOUT);
+                        IllegalStateException e = assertThrows(IllegalStateException.class,
+                                () -> KvantServer.start(config, engine, TextCodec.of(m.model, null)));
+                        assertTrue(e.getMessage().startsWith("cannot listen on " + host + ":" + port),
+                                e.getMessage());
+                        assertTrue(e.getMessage().contains("--host") && !e.getMessage().contains("--port"),
+                                e.getMessage());
+                    }
+                }
+            } finally {
+                engine.close();
+            }
+        }
+    }
 }
