@@ -167,6 +167,8 @@ final class NeedleCommand implements Runnable {
         }
         List<NeedleProbe> out = new ArrayList<>();
         Map<String, Integer> perCellSeen = new HashMap<>();
+        java.util.TreeSet<Integer> fileLengths = new java.util.TreeSet<>();
+        java.util.TreeSet<Integer> fileDepths = new java.util.TreeSet<>();
         for (int i = 0; i < lines.size(); i++) {
             if (lines.get(i).isBlank()) {
                 continue;
@@ -177,6 +179,8 @@ final class NeedleCommand implements Runnable {
             } catch (IllegalArgumentException e) {
                 throw new IllegalArgumentException(probes + ", line " + (i + 1) + ": " + e.getMessage(), e);
             }
+            fileLengths.add(p.length());
+            fileDepths.add((int) Math.round(p.depth() * 100));
             if (pickLengths != null && !pickLengths.contains(p.length())
                     || pickDepths != null && !pickDepths.contains((int) Math.round(p.depth() * 100))) {
                 continue;
@@ -186,7 +190,15 @@ final class NeedleCommand implements Runnable {
                 out.add(p);
             }
         }
+        if (out.isEmpty() && !fileLengths.isEmpty()) {   // the cells picked are none of the file's
+            throw new IllegalArgumentException("no probe of " + probes + " is in the cells --lengths and --depths"
+                    + " pick: its probes have lengths " + join(fileLengths) + " and depths " + join(fileDepths));
+        }
         return out;
+    }
+
+    private static String join(java.util.Collection<Integer> values) {
+        return values.stream().map(String::valueOf).collect(java.util.stream.Collectors.joining(","));
     }
 
     private List<NeedleProbe> passKeys(LlamaModel model, Tokenizer tok) {
