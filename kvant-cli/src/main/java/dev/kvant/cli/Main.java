@@ -31,6 +31,10 @@ public final class Main implements Runnable {
     /** Runs the command line and returns the exit code (tests call this). */
     public static int execute(String... args) {
         CommandLine cl = new CommandLine(new Main());
+        // every command takes -V (mixinStandardHelpOptions), and prints nothing without a provider of its own
+        for (CommandLine sub : cl.getSubcommands().values()) {
+            sub.getCommandSpec().versionProvider(new Version());
+        }
         // an option picocli cannot read: the same one line as kvant's own usage errors (and exit 2), then where the
         // options are listed, and picocli's suggestions for a mistyped name
         cl.setParameterExceptionHandler((e, given) -> {

@@ -33,6 +33,18 @@ class MainTest {
         }
     }
 
+    /** -V and --version, which every command takes, print the version there too (they printed nothing, exit 0). */
+    @Test
+    void everyCommandPrintsTheVersion() {
+        String version = run("--version").out();
+        assertTrue(version.startsWith("kvant "), version);
+        for (String command : new String[] {"run", "chat", "serve", "perplexity", "bench", "info", "needle"}) {
+            Run r = run(command, "-V");
+            assertEquals(0, r.code(), r.err());
+            assertEquals(version, r.out(), command + " -V");
+        }
+    }
+
     @Test
     void benchOnSyntheticModelPrintsOneJsonRowPerTest() {
         Run r = run("bench", "--synthetic", "tiny", "-p", "16", "-n", "4", "-d", "0,8", "-r", "2", "-t", "2",
