@@ -56,6 +56,10 @@ final class SamplingOptions {
         if (!(topP >= 0f && topP <= 1f)) {
             throw new IllegalArgumentException("--top-p must be in [0, 1], got " + topP);
         }
+        if (repeatLastN < -1) {
+            throw new IllegalArgumentException("--repeat-last-n must be -1 (the whole context) or at least 0, got "
+                    + repeatLastN);
+        }
         long s = seed != null ? seed : new java.security.SecureRandom().nextLong();
         boolean greedy = temperature <= 0 || topP == 0;
         int window = repeatLastN == -1 ? contextLength : Math.min(repeatLastN, contextLength);

@@ -161,6 +161,10 @@ final class ServeCommand implements Runnable {
             int poolTokens;
             if (opts.kvMem != null) {
                 poolTokens = ModelOptions.budgetTokens(model, opts.kvFormats(), ModelOptions.parseSize(opts.kvMem));
+                if (ctx != null && ctx > poolTokens) {   // each sequence's context stays -c: never a smaller one
+                    throw new UsageException("--kv-mem " + opts.kvMem + " holds " + poolTokens + " tokens of KV cache"
+                            + " in these formats, less than one context of -c " + ctx + ": raise --kv-mem or lower -c");
+                }
                 context = Math.min(ctx != null ? ctx : Math.min(4096, poolTokens), poolTokens);
             } else {
                 context = ctx != null ? ctx : 4096;

@@ -23,7 +23,9 @@ class SamplingOptionsTest {
         assertEquals(4096, config(4096, "--repeat-last-n", "2000000000", "-s", "1").repeatLastN());
         assertEquals(64, config(4096, "-s", "1").repeatLastN());
         assertEquals(0.8f, config(4096, "-s", "1").temperature());
-        assertThrows(IllegalArgumentException.class, () -> config(4096, "--repeat-last-n", "-2", "-s", "1"));
+        IllegalArgumentException window = assertThrows(IllegalArgumentException.class,
+                () -> config(4096, "--repeat-last-n", "-2", "-s", "1"));
+        assertTrue(window.getMessage().contains("-1 (the whole context) or at least 0"), window.getMessage());
         // values out of range are refused even where greedy decoding would not use them
         assertThrows(IllegalArgumentException.class, () -> config(4096, "--temp", "0", "--top-p", "5", "-s", "1"));
         assertThrows(IllegalArgumentException.class, () -> config(4096, "--temp", "0", "--top-p", "-3", "-s", "1"));

@@ -34,6 +34,14 @@ class ServeCommandTest {
         assertTrue(zero.err().contains("-c must be at least 2"), zero.err());
     }
 
+    /** A KV budget smaller than one context of an explicit -c is refused (it used to shrink the context unsaid). */
+    @Test
+    void aKvBudgetBelowOneContextOfTheAskedLengthIsRefused() {
+        MainTest.Run r = MainTest.run("serve", "--synthetic", "tiny", "--port", "0", "-c", "512", "--kv-mem", "1M");
+        assertEquals(2, r.code(), r.err());
+        assertTrue(r.err().contains("less than one context of -c 512: raise --kv-mem or lower -c"), r.err());
+    }
+
     @Test
     void approximatePrefixesWithoutAPrefixCacheAreRefused() {
         MainTest.Run r = MainTest.run("serve", "--synthetic", "tiny", "--port", "0", "--no-prefix-cache",

@@ -68,7 +68,7 @@ final class CompletionHandler {
             prompt = chat ? codec.chat(r.messages(), ctx) : r.prompt() != null ? codec.text(r.prompt()) : r.promptTokens();
         } catch (TextCodec.TooLong e) {
             throw new ApiException(400, "invalid_request_error", what, "context_length_exceeded",
-                    "This model's maximum context length is " + ctx + " tokens, but the " + what + " hold "
+                    "This model's maximum context length is " + ctx + " tokens, but the " + what + (chat ? " hold " : " holds ")
                             + e.bytes + " bytes of text" + (chat ? " once rendered" : "") + ", at least " + e.least
                             + " tokens. Shorten the " + what + " (or start the server with a larger -c).", 0);
         } catch (IllegalArgumentException e) {
