@@ -151,9 +151,21 @@ class EngineTest {
             requests[i] = new GenerationRequest(r.ints(10 + 30 * i, 0, TinyModels.VOCAB).toArray(), 24, sampling,
                     null, i == 0 ? t -> t == banned : null);
         }
+        EngineStats s = sameTokensBatchedOrAlone(backend, backend, requests);
+        assertTrue(s.decodeRows() > s.decodeSteps(), "steps of several sequences: " + s);
+    }
+
+    /**
+     * Runs the requests together on an engine of as many slots over batched, then each alone on one of one slot over
+     * alone, and asserts each got the same tokens both times; the batched engine's counters.
+     */
+    private static EngineStats sameTokensBatchedOrAlone(Backend batched, Backend alone, GenerationRequest[] requests)
+            throws Exception {
+        int n = requests.length;
         int[][] together = new int[n][];
+        EngineStats stats;
         try (SequencePool pool = backend.newSequencePool(4 * CTX, F16, F16);
-             Engine engine = new Engine(backend, pool, new EngineConfig(n, CTX, CHUNK, 8, false))) {
+             Engine engine = new Engine(batched, pool, new EngineConfig(n, CTX, CHUNK, 8, false))) {
             Events[] ev = new Events[n];
             for (int i = 0; i < n; i++) {
                 ev[i] = new Events();
@@ -163,11 +175,10 @@ class EngineTest {
                 assertInstanceOf(GenerationEvent.Finished.class, ev[i].end());
                 together[i] = ev[i].ids();
             }
-            EngineStats s = engine.stats();
-            assertTrue(s.decodeRows() > s.decodeSteps(), "steps of several sequences: " + s);
+            stats = engine.stats();
         }
         try (SequencePool pool = backend.newSequencePool(4 * CTX, F16, F16);
-             Engine engine = new Engine(backend, pool, new EngineConfig(1, CTX, CHUNK, 8, false))) {
+             Engine engine = new Engine(alone, pool, new EngineConfig(1, CTX, CHUNK, 8, false))) {
             for (int i = 0; i < n; i++) {
                 Events e = new Events();
                 engine.submit(requests[i], e.queue::add);
@@ -175,6 +186,7 @@ class EngineTest {
                 assertArrayEquals(e.ids(), together[i], "request " + i + " (seed " + SEED + ")");
             }
         }
+        return stats;
     }
 
     /**
@@ -258,29 +270,8 @@ class EngineTest {
                     ? t -> t == banned : null);
         }
         DrawingBackend drawing = new DrawingBackend(backend);
-        int[][] together = new int[n][];
-        try (SequencePool pool = backend.newSequencePool(4 * CTX, F16, F16);
-             Engine engine = new Engine(drawing, pool, new EngineConfig(n, CTX, CHUNK, 8, false))) {
-            Events[] ev = new Events[n];
-            for (int i = 0; i < n; i++) {
-                ev[i] = new Events();
-                engine.submit(requests[i], ev[i].queue::add);
-            }
-            for (int i = 0; i < n; i++) {
-                assertInstanceOf(GenerationEvent.Finished.class, ev[i].end());
-                together[i] = ev[i].ids();
-            }
-        }
+        sameTokensBatchedOrAlone(drawing, new DrawingBackend(backend), requests);
         assertTrue(drawing.drawnSteps > 0 && drawing.drawnRows > 0, "drawn where the model runs");
-        try (SequencePool pool = backend.newSequencePool(4 * CTX, F16, F16);
-             Engine engine = new Engine(new DrawingBackend(backend), pool, new EngineConfig(1, CTX, CHUNK, 8, false))) {
-            for (int i = 0; i < n; i++) {
-                Events e = new Events();
-                engine.submit(requests[i], e.queue::add);
-                assertInstanceOf(GenerationEvent.Finished.class, e.end());
-                assertArrayEquals(e.ids(), together[i], "request " + i + " (seed " + SEED + ")");
-            }
-        }
     }
 
     /** One slot: every decode step decodes one sequence, so the mean batch is exactly 1 (prompt-only steps aside). */
