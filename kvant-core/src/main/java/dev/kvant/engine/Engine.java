@@ -142,7 +142,7 @@ public final class Engine implements AutoCloseable {
         final Pending p;
         final BackendSequence seq;
         final Sampler sampler;
-        /** The ids the request bans (their logits set to -inf before each draw), or null. */
+        /** The ids the request bans (their logits set to -inf before each draw), or null where it bans none. */
         final int[] banned;
         final int cached;
         /** Prompt tokens in the cache so far. */
@@ -166,7 +166,8 @@ public final class Engine implements AutoCloseable {
                 sampler.accept(t);
             }
             IntPredicate ban = p.request.bannedToken();
-            this.banned = ban == null ? null : IntStream.range(0, vocab).filter(ban).toArray();
+            int[] ids = ban == null ? null : IntStream.range(0, vocab).filter(ban).toArray();
+            this.banned = ids == null || ids.length == 0 ? null : ids;   // (a ban of nothing is no ban: greedy stays so)
         }
 
         int[] prompt() {

@@ -35,14 +35,20 @@ public final class Sampler {
     }
 
     /**
-     * Whether this sampler draws at its temperature alone (no top-k, top-p, min-p or penalty): then the draw can be
-     * made where the model runs ({@link dev.kvant.backend.Draws}), from a key of {@link #nextDrawKey}, and the logits
-     * need not be copied out.
+     * Whether this sampler draws at its temperature alone (no top-k, top-p, min-p or penalty; a temperature of at
+     * least {@link #LEAST_DRAWN_TEMPERATURE}): then the draw can be made where the model runs ({@link
+     * dev.kvant.backend.Draws}), from a key of {@link #nextDrawKey}, and the logits need not be copied out.
      */
     public boolean drawsAtTemperatureAlone() {
-        return !config.isGreedy() && !config.penalizes() && config.topK() == 0 && config.topP() >= 1f
-                && config.minP() <= 0f;
+        return config.temperature() >= LEAST_DRAWN_TEMPERATURE && !config.penalizes() && config.topK() == 0
+                && config.topP() >= 1f && config.minP() <= 0f;
     }
+
+    /**
+     * Below this temperature a draw stays on the host, which takes the logits less their maximum before dividing: a
+     * device draw scales them as they are (l / T), which overflows as T nears 0.
+     */
+    public static final float LEAST_DRAWN_TEMPERATURE = 1e-3f;
 
     /**
      * The key of a draw made elsewhere ({@link dev.kvant.backend.Draws}): the next number of this sampler's seeded

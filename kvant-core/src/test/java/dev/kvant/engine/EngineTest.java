@@ -245,7 +245,7 @@ class EngineTest {
             z = (z ^ (z >>> 30)) * 0xBF58476D1CE4E5B9L;
             z = (z ^ (z >>> 27)) * 0x94D049BB133111EBL;
             z ^= z >>> 31;
-            double u = ((z >>> 40) + 0.5) / (1 << 24);
+            double u = ((z >>> 41) + 0.5) / (1 << 23);
             return -Math.log(-Math.log(u));
         }
     }

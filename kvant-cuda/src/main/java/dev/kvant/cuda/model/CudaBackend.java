@@ -632,7 +632,10 @@ public final class CudaBackend implements Backend {
         return start(seqs, tokens, logits, null);
     }
 
-    /** Yes: the last stage's decode graph draws the rows that have a temperature ({@link ModelKernels#draw}). */
+    /**
+     * Yes: the last stage's decode graph draws the rows that have a temperature, and takes the largest logit but the
+     * banned ids of greedy rows that have banned ids ({@link ModelKernels#draw}).
+     */
     @Override
     public boolean drawsWhereItRuns() {
         return true;

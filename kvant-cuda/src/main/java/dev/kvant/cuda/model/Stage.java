@@ -43,9 +43,10 @@ final class Stage implements AutoCloseable {
     /** Argmax keys of the output product, one per vector (ModelKernels#logits); the last stage's. */
     final DeviceBuffer best;
     /**
-     * The decode step's draws, one per vector ({@link ModelKernels#DRAW_BYTES}: 1/T, key; 0 for greedy), staged from
-     * {@link #staging} past its tokens and positions ({@link #drawsOffset}); the last stage's decode graph draws the
-     * rows that have a temperature ({@link ModelKernels#draw}).
+     * The decode step's draws, one per vector ({@link ModelKernels#DRAW_BYTES}: 1/T — 0 for greedy — and the number
+     * of banned ids, the key, the banned ids), staged from {@link #staging} past its tokens and positions ({@link
+     * #drawsOffset}); the last stage's decode graph draws the rows that have a temperature or banned ids ({@link
+     * ModelKernels#draw}).
      */
     final DeviceBuffer draws;
     /** Where the draws sit in {@link #staging}. */

@@ -1389,14 +1389,16 @@ extern "C" __global__ void __launch_bounds__(256) kvant_quantize_q8(const float*
 // draws[4v + 2 .. 4v + 3]: the banned ids, two a word (low half first).
 #define DRAW_BANNED 4
 
-// A standard Gumbel variate of (key, id): the id's counter mixed into the key (splitmix64's finalizer), the top 24
-// bits a uniform u in (0, 1), -log(-log u).
+// A standard Gumbel variate of (key, id): the id's counter mixed into the key (splitmix64's finalizer), the top 23
+// bits a uniform u = (m + 1/2) / 2^23 in [2^-24, 1 - 2^-24], every step exact in float, -log(-log u) finite. (With
+// 24 bits, (2^24 - 1) + 1/2 rounds to 2^24 in float: u = 1, g = +inf, and that token won the draw — one draw in
+// 2^24 / vocab, 0.8% of a 128K vocabulary's, a token at random.)
 __device__ __forceinline__ float gumbel(unsigned long long key, int id) {
     unsigned long long z = key + (unsigned long long) (id + 1) * 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     z ^= z >> 31;
-    const float u = ((float) (z >> 40) + 0.5f) * (1.0f / 16777216.0f);
+    const float u = ((float) (z >> 41) + 0.5f) * (1.0f / 8388608.0f);
     return -logf(-logf(u));
 }
 

@@ -129,6 +129,31 @@ class DrawGpuTest extends ModelKernelsGpuFixture {
         }
     }
 
+    /**
+     * Over a vocabulary of 131,072 ids with one token far above the rest (every other one e^-30 as likely: all of them
+     * together about 1e-8), every draw takes that token. The Gumbel variate must be finite: with u reaching 1 it was
+     * +inf for one id in 2^24, which made about one draw in 128 here a token at random.
+     */
+    @Test
+    void noTokenComesAtRandomFromALargeVocabulary() {
+        int vocab = 131072;
+        int rows = 1024;
+        float[] logits = new float[rows * vocab];
+        java.util.Arrays.fill(logits, -30f);
+        long[] draws = new long[4 * rows];
+        long[] best = new long[rows];
+        SplittableRandom random = new SplittableRandom(TestSeed.next());
+        for (int r = 0; r < rows; r++) {
+            logits[r * vocab + 4321] = 0f;
+            draws[4 * r] = Float.floatToRawIntBits(1f) & 0xFFFFFFFFL;
+            draws[4 * r + 1] = random.nextLong();
+        }
+        int[] ids = drawAll(logits, vocab, draws, best);
+        for (int r = 0; r < rows; r++) {
+            assertEquals(4321, ids[r], "row " + r);
+        }
+    }
+
     /** Runs the draw over rows of logits with best preset; the ids of the keys it leaves. */
     private static int[] drawAll(float[] logits, int vocab, long[] draws, long[] best) {
         int rows = best.length;
