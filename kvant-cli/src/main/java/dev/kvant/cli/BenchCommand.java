@@ -204,6 +204,9 @@ final class BenchCommand implements Runnable {
              var dump = selectOpts.apply(model, opts.model);
              Backend backend = opts.openBackend(budgeted(model, context, deepest), pool,
                      Math.min(sequences, ModelOptions.MAX_DEVICE_BATCH))) {
+            if (synthetic == null) {   // (a synthetic model's random weights attend nowhere in particular)
+                ModelOptions.warnPastTraining(model, context, "the deepest test's context");
+            }
             if (selectOpts.config() != null && !backend.name().equals("cpu")) {
                 if (selectOpts.dump != null) {
                     throw new UsageException("--dump-selection records the CPU backend's selections only"

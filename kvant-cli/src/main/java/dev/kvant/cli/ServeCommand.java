@@ -170,6 +170,9 @@ final class ServeCommand implements Runnable {
                 context = ctx != null ? ctx : 4096;
                 poolTokens = (int) poolTokens(parallel, context);
             }
+            if (synthetic == null) {
+                ModelOptions.warnPastTraining(model, context, "the context");
+            }
             String name = alias != null ? alias : synthetic != null ? "synthetic-" + synthetic
                     : stripGguf(opts.model.getFileName());
             ServerConfig config = serverConfig(name);

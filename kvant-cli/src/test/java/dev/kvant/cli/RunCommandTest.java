@@ -33,6 +33,17 @@ class RunCommandTest {
     }
 
     /** One generated token takes no decode after the prompt: its rate is "-", not a figure. */
+    /** bench warns as run does when a test's context is past the model's trained length (tinycode: 8,192). */
+    @Test
+    void benchWarnsPastTheTrainedLength() {
+        Path model = SparseCommandsTest.tinycode("tinycode-q8_0.gguf");
+        MainTest.Run r = MainTest.run("bench", "-m", model.toString(), "-p", "4", "-n", "0", "-d", "8200",
+                "--depth-fill", "random", "-r", "1", "-t", "2", "--backend", "cpu");
+        assertEquals(0, r.code(), r.err());
+        assertTrue(r.err().contains("warning: the deepest test's context 8204 is more than the 8192 tokens the model"
+                + " was trained on"), r.err());
+    }
+
     @Test
     void aSingleTokenHasNoGenerationRate() {
         Path model = SparseCommandsTest.tinycode("tinycode-q8_0.gguf");
