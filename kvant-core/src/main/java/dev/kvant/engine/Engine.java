@@ -108,7 +108,7 @@ public final class Engine implements AutoCloseable {
     /** Decode steps in flight at once, one per cohort. */
     private final Cohort[] cohorts;
     /** The threads that draw a step's host-sampled tokens side by side (null with one sequence at a time). */
-    private final ForkJoinPool draws;
+    private final ForkJoinPool drawThreads;
     /** A draw thread's copy of the row it samples from (the sampler may change it). */
     private final ThreadLocal<float[]> drawRow;
     private final float[] prefillLogits;
@@ -242,8 +242,8 @@ public final class Engine implements AutoCloseable {
         }
         this.prefillLogits = new float[vocab];
         this.row = new float[vocab];
-        int drawThreads = Math.min(config.parallel(), Runtime.getRuntime().availableProcessors());
-        this.draws = drawThreads > 1 ? new ForkJoinPool(drawThreads) : null;
+        int threads = Math.min(config.parallel(), Runtime.getRuntime().availableProcessors());
+        this.drawThreads = threads > 1 ? new ForkJoinPool(threads) : null;
         this.drawRow = ThreadLocal.withInitial(() -> new float[vocab]);
         this.thread = Thread.ofPlatform().name("kvant-engine").daemon(true).unstarted(this::run);
         thread.start();
@@ -473,8 +473,8 @@ public final class Engine implements AutoCloseable {
             finished = true;
             receive(false);
             failAll("the server is shutting down");
-            if (draws != null) {
-                draws.shutdownNow();
+            if (drawThreads != null) {
+                drawThreads.shutdownNow();
             }
         }
     }
@@ -768,7 +768,7 @@ public final class Engine implements AutoCloseable {
         for (int i = 0; i < c.size; i++) {
             onHost += c.byId[i] ? 0 : 1;
         }
-        if (onHost > 1 && draws != null) {
+        if (onHost > 1 && drawThreads != null) {
             drawn = new int[c.size];
             failed = new Throwable[c.size];
             drawSideBySide(c, drawn, failed);
@@ -815,7 +815,7 @@ public final class Engine implements AutoCloseable {
                 }
             });
         }
-        draws.invoke(new RecursiveAction() {
+        drawThreads.invoke(new RecursiveAction() {
             @Override
             protected void compute() {
                 ForkJoinTask.invokeAll(tasks);
