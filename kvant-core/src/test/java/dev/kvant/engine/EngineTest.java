@@ -83,6 +83,11 @@ class EngineTest {
         }
     }
 
+    /** A conversation's next prompt: the parts one after another. */
+    static int[] concat(int[]... parts) {
+        return java.util.Arrays.stream(parts).flatMapToInt(java.util.Arrays::stream).toArray();
+    }
+
     private static GenerationRequest greedy(int[] prompt, int maxTokens) {
         return new GenerationRequest(prompt, maxTokens, SamplerConfig.greedy(), null);
     }
@@ -558,11 +563,7 @@ class EngineTest {
             assertEquals(0, a.started.cachedTokens());
             // The next turn: the whole first turn with its answer, and a new question.
             int[] reply = a.ids();
-            int[] turn2 = new int[turn1.length + reply.length + 30];
-            System.arraycopy(turn1, 0, turn2, 0, turn1.length);
-            System.arraycopy(reply, 0, turn2, turn1.length, reply.length);
-            int[] question = r.ints(30, 0, TinyModels.VOCAB).toArray();
-            System.arraycopy(question, 0, turn2, turn1.length + reply.length, 30);
+            int[] turn2 = concat(turn1, reply, r.ints(30, 0, TinyModels.VOCAB).toArray());
             Events b = new Events();
             engine.submit(greedy(turn2, 8), b.queue::add);
             assertInstanceOf(GenerationEvent.Finished.class, b.end());
@@ -656,10 +657,7 @@ class EngineTest {
             engine.submit(greedy(turn1, 20), a.queue::add);
             assertInstanceOf(GenerationEvent.Finished.class, a.end());
             int[] reply = a.ids();
-            int[] turn2 = new int[turn1.length + reply.length + 30];
-            System.arraycopy(turn1, 0, turn2, 0, turn1.length);
-            System.arraycopy(reply, 0, turn2, turn1.length, reply.length);
-            System.arraycopy(r.ints(30, 0, TinyModels.VOCAB).toArray(), 0, turn2, turn1.length + reply.length, 30);
+            int[] turn2 = concat(turn1, reply, r.ints(30, 0, TinyModels.VOCAB).toArray());
             Events b = new Events();
             engine.submit(greedy(turn2, 8), b.queue::add);
             assertInstanceOf(GenerationEvent.Finished.class, b.end());
@@ -695,10 +693,7 @@ class EngineTest {
             engine.submit(greedy(turn1, 10), a.queue::add);
             assertInstanceOf(GenerationEvent.Finished.class, a.end());
             int[] reply = a.ids();
-            int[] turn2 = new int[turn1.length + reply.length + 5];
-            System.arraycopy(turn1, 0, turn2, 0, turn1.length);
-            System.arraycopy(reply, 0, turn2, turn1.length, reply.length);
-            System.arraycopy(r.ints(5, 0, TinyModels.VOCAB).toArray(), 0, turn2, turn1.length + reply.length, 5);
+            int[] turn2 = concat(turn1, reply, r.ints(5, 0, TinyModels.VOCAB).toArray());
             Events b = new Events();
             engine.submit(greedy(turn2, 4), b.queue::add);
             assertInstanceOf(GenerationEvent.Finished.class, b.end());
@@ -754,10 +749,7 @@ class EngineTest {
             engine.submit(greedy(turn1, 20), a.queue::add);
             assertInstanceOf(GenerationEvent.Finished.class, a.end());
             int[] reply = a.ids();
-            turn2 = new int[turn1.length + reply.length + question.length];
-            System.arraycopy(turn1, 0, turn2, 0, turn1.length);
-            System.arraycopy(reply, 0, turn2, turn1.length, reply.length);
-            System.arraycopy(question, 0, turn2, turn1.length + reply.length, question.length);
+            turn2 = concat(turn1, reply, question);
             engine.submit(greedy(turn2, 12), b.queue::add);
             assertInstanceOf(GenerationEvent.Finished.class, b.end());
             assertEquals(turn1.length / CHUNK * CHUNK, b.started.cachedTokens(), "seed " + seed);

@@ -939,6 +939,8 @@ public final class CudaBackend implements Backend {
      * hidden state on. The last stage leaves the chosen keys in {@code best} — the largest logit's, or for a row that
      * draws[from + i] gives a temperature, the drawn token's — and the rows in {@code logits}.
      */
+    private static final int[] NONE_BANNED = {};
+
     private void queueDecode(Sequence[] seqs, int[] tokens, Draws draws, int from) {
         int n = seqs.length;
         KvPool pool = seqs[0].pool;
@@ -957,7 +959,7 @@ public final class CudaBackend implements Backend {
             if (st.last) {   // every step sets every row's draw: greedy, none banned, unless draws says otherwise
                 for (int i = 0; i < n; i++) {
                     float t = draws == null ? 0f : draws.temperature()[from + i];
-                    int[] banned = draws == null || draws.banned()[from + i] == null ? new int[0]
+                    int[] banned = draws == null || draws.banned()[from + i] == null ? NONE_BANNED
                             : draws.banned()[from + i];
                     long at = st.drawsOffset + (long) ModelKernels.DRAW_BYTES * i;
                     long invT = t > 0 ? Float.floatToRawIntBits(1f / t) & 0xFFFFFFFFL : 0L;

@@ -298,19 +298,7 @@ class CudaBackendGpuTest {
         var events = new java.util.concurrent.LinkedBlockingQueue<dev.kvant.engine.GenerationEvent>();
         engine.submit(new dev.kvant.engine.GenerationRequest(prompt, n, dev.kvant.sample.SamplerConfig.greedy(), null),
                 events::add);
-        List<Integer> tokens = new java.util.ArrayList<>();
-        while (true) {
-            var e = events.poll(120, java.util.concurrent.TimeUnit.SECONDS);
-            assertTrue(e != null, "no event within 120 s");
-            switch (e) {
-                case dev.kvant.engine.GenerationEvent.Token t -> tokens.add(t.id());
-                case dev.kvant.engine.GenerationEvent.Finished f -> {
-                    return tokens.stream().mapToInt(Integer::intValue).toArray();
-                }
-                case dev.kvant.engine.GenerationEvent.Failed f -> throw new AssertionError(f.message());
-                default -> { }
-            }
-        }
+        return tokensOf(events);
     }
 
     /**
