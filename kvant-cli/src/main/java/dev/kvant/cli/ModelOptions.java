@@ -377,7 +377,24 @@ final class ModelOptions {
         if (!Files.isRegularFile(model)) {
             throw new IllegalArgumentException("model file not found: " + model);
         }
-        return LlamaModel.load(model);
+        return fitted(LlamaModel.load(model));
+    }
+
+    /**
+     * The model, its layers checked against --ctk-layer and --ctv-layer: a layer it does not have is a usage error
+     * (exit 2, as an unknown format is), and the model is closed.
+     */
+    LlamaModel fitted(LlamaModel m) {
+        try {
+            UsageException.parsing(() -> {
+                kvFormats().check(m.config().layers());
+                return m;
+            });
+        } catch (RuntimeException e) {
+            m.close();
+            throw e;
+        }
+        return m;
     }
 
     /**

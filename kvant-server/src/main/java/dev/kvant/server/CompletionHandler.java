@@ -83,7 +83,9 @@ final class CompletionHandler {
                             + prompt.length + " tokens. Shorten the " + what + " (or start the server with a larger -c).",
                     0);
         }
-        int maxTokens = r.maxTokens() != null ? r.maxTokens() : ctx - prompt.length;
+        // omitted: until the context is full, which the engine says (finish "length"); the last token is drawn from
+        // the logits of the context's last row and never written, so a context of ctx holds ctx - prompt + 1 of them
+        int maxTokens = r.maxTokens() != null ? r.maxTokens() : ctx - prompt.length + 1;
         long seed = r.seed() != null ? r.seed() : new SecureRandom().nextLong();
         SamplerConfig sampling;
         try {

@@ -153,7 +153,7 @@ record CompletionRequest(Kind kind, List<ChatMessage> messages, String prompt, i
                 throw ApiException.unsupported("best_of", "best_of must be 1");
             }
             Integer logprobs = b.integer("logprobs", 0, 5);
-            if (logprobs != null && logprobs > 0) {
+            if (logprobs != null) {   // 0 asks for the chosen tokens' own logprobs: not supported either
                 throw ApiException.unsupported("logprobs", "logprobs are not supported");
             }
         }

@@ -104,6 +104,13 @@ class ServerErrorsTest {
         assertError(post("/v1/chat/completions", "{" + msgs + ", \"colour\": \"blue\"}"), 400, "colour",
                 "Unrecognized request argument supplied: colour");
         assertError(post("/v1/chat/completions", "{" + msgs + ", \"n\": 2}"), 400, "n", "n must be 1");
+        // logprobs are refused, not answered with null: 0 too asks for the chosen tokens' own
+        for (String lp : new String[] {"0", "3"}) {
+            assertError(post("/v1/completions", "{\"prompt\": \"hi\", \"logprobs\": " + lp + "}"), 400, "logprobs",
+                    "logprobs are not supported");
+        }
+        assertError(post("/v1/chat/completions", "{" + msgs + ", \"logprobs\": true}"), 400, "logprobs",
+                "logprobs are not supported");
         // inside objects too: a stream option or a message field kvant does not know is named, not ignored
         assertError(post("/v1/chat/completions", "{" + msgs + ", \"stream\": true, \"stream_options\": {\"foo\": 1}}"),
                 400, "stream_options.foo", "Unrecognized request argument supplied: stream_options.foo");
@@ -277,6 +284,18 @@ class ServerErrorsTest {
         Reply ok = post("/v1/completions", "{\"prompt\": \"hello\", \"max_tokens\": 3, \"ignore_eos\": true}");
         assertEquals(200, ok.status(), ok.raw().body());
         assertEquals(3, ok.json().path("usage").path("completion_tokens").asInt());
+        // max_tokens omitted fills the context, as many tokens as any larger max_tokens gives: the prompt's 5 rows and
+        // every generated token but the last are written, the last drawn from the context's last row
+        String fill = "{\"prompt\": \"hello\", \"ignore_eos\": true, \"temperature\": 0";
+        Reply omitted = post("/v1/completions", fill + "}");
+        Reply past = post("/v1/completions", fill + ", \"max_tokens\": " + 10 * CTX + "}");
+        for (Reply full : new Reply[] {omitted, past}) {
+            assertEquals(200, full.status(), full.raw().body());
+            assertEquals(CTX - 5 + 1, full.json().path("usage").path("completion_tokens").asInt(), full.raw().body());
+            assertEquals("length", full.json().path("choices").path(0).path("finish_reason").asText());
+        }
+        assertEquals(past.json().path("choices").path(0).path("text").asText(),
+                omitted.json().path("choices").path(0).path("text").asText());
         String metrics = send("GET", "/metrics", null, KEY).raw().body();
         assertTrue(metrics.contains("kvant_requests_total{endpoint=\"/v1/completions\",code=\"503\"} "), metrics);
         assertTrue(metrics.contains("kvant_kv_pages_capacity " + pool.totalPages()), metrics);
