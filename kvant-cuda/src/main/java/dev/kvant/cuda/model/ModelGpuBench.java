@@ -18,7 +18,8 @@ import java.util.SplittableRandom;
 /**
  * Times the decode kernels of model.cu one by one on the llama3-8b projections (Q4_0 and Q8_0, random blocks), with
  * float and with 8-bit vectors, for one vector and for eight: microseconds per launch and the weight bytes read per
- * second against the copy bandwidth measured in the same run.
+ * second against the copy bandwidth measured in the same run. A graph's launches go round copies of the matrix that
+ * together exceed the L2, so each launch reads its weights from DRAM as a decode step does.
  *
  * <pre>java -cp kvant-cuda.jar:kvant-core.jar dev.kvant.cuda.model.ModelGpuBench</pre>
  */
@@ -28,6 +29,9 @@ public final class ModelGpuBench {
 
     record Shape(String name, int rows, int cols, int mode) {
     }
+
+    /** Bytes of weights a timed graph reads before it reads a matrix again: several times the H200's 50 MB L2. */
+    private static final long L2_COLD_BYTES = 256L << 20;
 
     public static void main(String[] args) {
         Shape[] shapes = {
@@ -52,7 +56,7 @@ public final class ModelGpuBench {
                 // Q4_0 and Q8_0: 8-bit on the tensor cores and with dp4a (the dp4a default rows a warp), one vector
                 // and eight; one vector of floats
                 int T = ModelKernels.TENSOR_TILE;
-                int[][] planar = {{1, 1, 0}, {1, 1, T}, {8, 1, T}, {1, 0, 4}, {8, 2, 0}, {32, 2, 0}};
+                int[][] planar = {{1, 1, 1}, {1, 1, 2}, {1, 1, T}, {8, 1, T}, {1, 0, 4}, {8, 2, 0}, {32, 2, 0}};
                 for (WeightLayout layout : new WeightLayout[] {WeightLayout.Q4_0, WeightLayout.Q8_0}) {
                     kernelRow(layout, "", "tensor cores", k.tensorProduct(layout));
                     kernelRow(layout, "", "dequantizing f16", k.halfProduct(layout));
@@ -125,7 +129,10 @@ public final class ModelGpuBench {
             rowStride = WeightFormat.of(layout.type).bytesFor(s.cols());
             bytes = rowStride * s.rows();
         }
-        try (DeviceBuffer w = context.allocate(bytes);
+        // Copies enough that a graph's launches read more than the 50 MB L2 holds before coming back to one: the
+        // decode step reads each matrix once a token, from DRAM (one copy, as before, put qkv, wo and down in L2).
+        int copies = (int) Math.max(1, Math.min(20, (L2_COLD_BYTES + bytes - 1) / bytes));
+        try (DeviceBuffer w = context.allocate(bytes * copies);
              DeviceBuffer xf = context.allocate(4L * 8 * s.cols());
              DeviceBuffer xq = context.allocate(8L * s.cols());
              DeviceBuffer xs = context.allocate(8L * 8 * (s.cols() / 32));
@@ -133,21 +140,27 @@ public final class ModelGpuBench {
              DeviceBuffer xh = context.allocate(2L * ModelKernels.MH_VECTORS * s.cols());
              DeviceBuffer partial = context.allocate(4L * ModelKernels.MH_MAX_SPLITS * ModelKernels.MH_VECTORS
                      * s.rows())) {
-            fillRandom(context, w, bytes);
+            fillRandom(context, w, bytes * copies);
             fillRandom(context, xf, 4L * 8 * s.cols());
             fillRandom(context, xh, 2L * ModelKernels.MH_VECTORS * s.cols());
-            if (layout.planar) {
-                w.slice(scales, bytes - scales).fillBytes((byte) 0x10);
+            DeviceMatrix[] ms = new DeviceMatrix[copies];
+            for (int c = 0; c < copies; c++) {
+                DeviceBuffer wc = w.slice(c * bytes, bytes);
+                if (layout.planar) {
+                    wc.slice(scales, bytes - scales).fillBytes((byte) 0x10);
+                }
+                ms[c] = new DeviceMatrix(layout, wc, rowStride, scales, s.rows(), s.cols());
             }
             ModelKernels.Vectors x = new ModelKernels.Vectors(xf, xq, xs, s.cols());
             k.quantize(x, 8, stream);
-            DeviceMatrix m = new DeviceMatrix(layout, w, rowStride, scales, s.rows(), s.cols());
+            int[] next = {0};
+            java.util.function.Supplier<DeviceMatrix> matrix = () -> ms[next[0]++ % copies];
             int outputs = s.mode() == ModelKernels.MV_SWIGLU ? s.rows() / 2 : s.rows();
             for (int[] variant : variants) {
                 int nvec = variant[0];
                 if (variant[1] == 2) {
-                    double us = time(context, stream, () -> k.matmulHalf(m, xh, nvec, out, s.rows(), false, partial,
-                            stream));
+                    double us = time(context, stream, () -> k.matmulHalf(matrix.get(), xh, nvec, out, s.rows(), false,
+                            partial, stream));
                     double gbs = bytes / (us * 1e-6) / 1e9;
                     System.out.printf(Locale.ROOT, "| %s | %s | %d x %d | %d | f16 vectors, dequantizing | %.1f | %.0f"
                             + " | %.0f%% |%n", layout.kernelSuffix, s.name(), s.rows(), s.cols(), nvec, us, gbs,
@@ -159,8 +172,8 @@ public final class ModelGpuBench {
                 if (rows == 1 && s.mode() == ModelKernels.MV_SWIGLU) {
                     continue;
                 }
-                double us = time(context, stream, () -> k.matvec(q8, rows, m, outputs, x, nvec, out, outputs, null,
-                        s.mode(), outputs, null, stream));
+                double us = time(context, stream, () -> k.matvec(q8, rows, matrix.get(), outputs, x, nvec, out,
+                        outputs, null, s.mode(), outputs, null, stream));
                 double gbs = bytes / (us * 1e-6) / 1e9;
                 String kernel = !q8 ? "float vectors, " + rows + " rows a warp"
                         : rows == ModelKernels.TENSOR_TILE ? "8-bit vectors, tensor cores"

@@ -418,17 +418,21 @@ class ModelKernelsGpuTest extends ModelKernelsGpuFixture {
                     xr[k][c] = (double) ds[2 * (k * nb + c / 32)] * q[k * cols + c];
                 }
             }
-            // {vectors, rows a warp}: 0 is the backend's choice (one vector: dp4a), 16 the tensor cores
+            // {vectors, rows a warp}: 0 is the backend's choice (one vector: dp4a), 1 or 2 a one-vector dp4a kernel,
+            // 16 the tensor cores
             int t = ModelKernels.TENSOR_TILE;
-            int[][] launches = {{1, 0}, {1, t}, {3, t}, {8, t}, {8, 0}};
+            int[][] launches = {{1, 0}, {1, 1}, {1, 2}, {1, t}, {3, t}, {8, t}, {8, 0}};
             for (int mode : new int[] {ModelKernels.MV_STORE, ModelKernels.MV_ADD, ModelKernels.MV_SWIGLU}) {
                 int outputs = mode == ModelKernels.MV_SWIGLU ? rows / 2 : rows;
                 boolean withBias = mode == ModelKernels.MV_STORE;
                 for (int[] launch : launches) {
                     int nvec = launch[0];
+                    if (mode == ModelKernels.MV_SWIGLU && launch[1] == 1) {
+                        continue;   // a gate row and its up row go to one warp
+                    }
                     String what = layout + " " + cols + " columns, mode " + mode + ", " + nvec + " vectors, "
-                            + (launch[1] == 0 ? "the backend's kernel" : "tensor cores " + launch[1]) + ", seed "
-                            + seed;
+                            + (launch[1] == 0 ? "the backend's kernel" : launch[1] == t ? "tensor cores"
+                            : "dp4a, " + launch[1] + " rows a warp") + ", seed " + seed;
                     float[] start = new float[maxVectors * rows];
                     for (int i = 0; i < start.length; i++) {
                         start[i] = mode == ModelKernels.MV_ADD ? (float) random.nextGaussian() : Float.NaN;
