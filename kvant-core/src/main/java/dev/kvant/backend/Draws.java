@@ -2,37 +2,55 @@ package dev.kvant.backend;
 
 /**
  * How a decode step that draws where the model runs ({@link Backend#startDecodeDrawn}) chooses each sequence's
- * token: {@code temperature[i]} 0 takes row i's largest logit (the lowest id among equal ones), as {@link
- * Backend#startDecode(BackendSequence[], int[], float[])} with no logits does; above 0 it draws token t with
- * probability exp(l_t / T) / Σ exp(l / T) — the host sampler's distribution at that temperature with no other
- * filter — its randomness from {@code key[i]} alone: the same key and the same logits give the same token, in any
- * batch. The ids of {@code banned[i]} (null: none; at most {@link #MAX_BANNED}) are never chosen.
+ * token. {@code temperature[i]} 0 takes row i's largest logit (the lowest id among equal ones), as {@link
+ * Backend#startDecode(BackendSequence[], int[], float[])} with no logits does. Above 0 it draws from the host
+ * sampler's candidates ({@link dev.kvant.sample.Sampler}: with {@code topK[i]}, the k largest logits, then the fewest
+ * of them reaching {@code topP[i]} of their weight, then those at least {@code minP[i]} as likely as the largest;
+ * without it, every id at least minP as likely as the largest) token t with probability exp(l_t / T) over their
+ * Σ exp(l / T), its randomness from {@code key[i]} alone: the same key and the same logits give the same token, in
+ * any batch. The ids of {@code banned[i]} (null: none; at most {@link #MAX_BANNED}) are never chosen.
  */
-public record Draws(float[] temperature, long[] key, int[][] banned) {
+public record Draws(float[] temperature, long[] key, int[][] banned, int[] topK, float[] topP, float[] minP) {
 
     /** The most banned ids a draw takes (a request's end-of-generation tokens, with {@code ignore_eos}). */
     public static final int MAX_BANNED = 4;
+    /** The largest top-k a draw takes. */
+    public static final int MAX_TOP_K = 256;
 
     public Draws {
-        if (temperature.length != key.length || temperature.length != banned.length) {
-            throw new IllegalArgumentException(temperature.length + " temperatures, " + key.length + " keys and "
-                    + banned.length + " banned lists");
+        int n = temperature.length;
+        if (key.length != n || banned.length != n || topK.length != n || topP.length != n || minP.length != n) {
+            throw new IllegalArgumentException("draws of different counts: " + n + " temperatures, " + key.length
+                    + " keys, " + banned.length + " banned lists, " + topK.length + " top-k, " + topP.length
+                    + " top-p, " + minP.length + " min-p");
         }
-        for (float t : temperature) {
+        for (int i = 0; i < n; i++) {
+            float t = temperature[i];
             if (!(t >= 0) || Float.isInfinite(t)) {
                 throw new IllegalArgumentException("a draw's temperature must be a finite number of at least 0, got "
                         + t);
             }
-        }
-        for (int[] b : banned) {
-            if (b != null && b.length > MAX_BANNED) {
-                throw new IllegalArgumentException("a draw bans at most " + MAX_BANNED + " ids, got " + b.length);
+            if (banned[i] != null && banned[i].length > MAX_BANNED) {
+                throw new IllegalArgumentException("a draw bans at most " + MAX_BANNED + " ids, got "
+                        + banned[i].length);
+            }
+            if (topK[i] < 0 || topK[i] > MAX_TOP_K) {
+                throw new IllegalArgumentException("a draw's top-k must be 0 (off) to " + MAX_TOP_K + ", got "
+                        + topK[i]);
+            }
+            if (!(topP[i] > 0 && topP[i] <= 1) || topP[i] < 1 && topK[i] == 0) {
+                throw new IllegalArgumentException("a draw's top-p must be above 0 and at most 1, and below 1 only with"
+                        + " top-k, got " + topP[i] + " with top-k " + topK[i]);
+            }
+            if (!(minP[i] >= 0 && minP[i] <= 1)) {
+                throw new IllegalArgumentException("a draw's min-p must be between 0 and 1, got " + minP[i]);
             }
         }
     }
 
     /** Draw i alone. */
     public Draws one(int i) {
-        return new Draws(new float[] {temperature[i]}, new long[] {key[i]}, new int[][] {banned[i]});
+        return new Draws(new float[] {temperature[i]}, new long[] {key[i]}, new int[][] {banned[i]},
+                new int[] {topK[i]}, new float[] {topP[i]}, new float[] {minP[i]});
     }
 }

@@ -6,6 +6,7 @@ import dev.kvant.backend.Draws;
 import dev.kvant.backend.PendingDecode;
 import dev.kvant.backend.SequencePool;
 import dev.kvant.sample.Sampler;
+import dev.kvant.sample.SamplerConfig;
 
 import java.time.Duration;
 import java.util.ArrayDeque;
@@ -66,9 +67,10 @@ import java.util.stream.IntStream;
  * Generation#cancel} may be called from any thread. A failing step fails the requests it ran, not the engine.
  *
  * <p><b>Draws.</b> Where the backend draws where it runs ({@link Backend#drawsWhereItRuns}: the GPU), a sequence
- * sampled at a temperature alone is drawn there (Gumbel-max from a key of its seeded sampler: {@link Draws}), and so is
- * a greedy one with a few banned tokens ({@code ignore_eos}); one id a sequence comes back. The others (top-k, top-p,
- * min-p, penalties) draw on the host from the step's copied logits, side by side on a few draw threads, each sequence's
+ * sampled at a temperature is drawn there (from its sampler's candidates — top-k up to {@link Draws#MAX_TOP_K}, top-p
+ * with it, min-p — by Gumbel-max from a key of its seeded sampler: {@link Draws}), and so is a greedy one with a few
+ * banned tokens ({@code ignore_eos}); one id a sequence comes back. The others (penalties, top-p without top-k, a
+ * larger top-k) draw on the host from the step's copied logits, side by side on a few draw threads, each sequence's
  * by one of them with its own sampler, so the same tokens come whatever the threads; the engine thread then delivers
  * them in order. A sequence's tokens are chosen the same way whatever shares its step.
  */
@@ -638,9 +640,9 @@ public final class Engine implements AutoCloseable {
     /**
      * Starts the cohort's step over up to share decoding sequences that are not in flight. Each sequence's token is
      * chosen the same way whatever the batch: greedy ones (no banned token) take the step's largest logit; on a
-     * backend that draws where it runs, those sampled at a temperature alone are drawn there, from their samplers'
-     * keys, and greedy ones with a few banned tokens take the largest other logit there; every other one draws on the
-     * host from its row of the logits, which the step then copies out.
+     * backend that draws where it runs, those it can draw are drawn there, from their samplers' keys, and greedy ones
+     * with a few banned tokens take the largest other logit there; every other one draws on the host from its row of
+     * the logits, which the step then copies out.
      */
     private void start(Cohort c, int share) {
         int n = 0;
@@ -652,7 +654,7 @@ public final class Engine implements AutoCloseable {
                 boolean greedy = a.sampler.argmaxSuffices() && a.banned == null;
                 boolean fewBanned = a.banned == null || a.banned.length <= Draws.MAX_BANNED;
                 boolean drawn = drawsThere && fewBanned && !greedy
-                        && (a.sampler.drawsAtTemperatureAlone() || a.sampler.argmaxSuffices());
+                        && (a.sampler.drawsWhereTheModelRuns(vocab) || a.sampler.argmaxSuffices());
                 c.byId[n] = greedy || drawn;
                 c.members[n++] = a;
                 anyDrawn |= drawn;
@@ -676,15 +678,23 @@ public final class Engine implements AutoCloseable {
             float[] temperature = new float[n];
             long[] keys = new long[n];
             int[][] banned = new int[n][];
+            int[] topK = new int[n];
+            float[] topP = new float[n];
+            float[] minP = new float[n];
             for (int i = 0; i < n; i++) {
                 Sampler s = c.members[i].sampler;
-                if (c.byId[i] && s.drawsAtTemperatureAlone()) {
-                    temperature[i] = c.members[i].p.request.sampling().temperature();
+                SamplerConfig sc = c.members[i].p.request.sampling();
+                topP[i] = 1f;
+                if (c.byId[i] && s.drawsWhereTheModelRuns(vocab)) {
+                    temperature[i] = sc.temperature();
                     keys[i] = s.nextDrawKey();
+                    topK[i] = s.drawTopK(vocab);
+                    topP[i] = topK[i] > 0 ? sc.topP() : 1f;
+                    minP[i] = sc.minP();
                 }
                 banned[i] = c.byId[i] ? c.members[i].banned : null;
             }
-            draws = new Draws(temperature, keys, banned);
+            draws = new Draws(temperature, keys, banned, topK, topP, minP);
         }
         float[] logits = anyHost ? c.logits : null;
         try {

@@ -50,20 +50,17 @@ public final class Generator {
         for (int t : prompt) {
             sampler.accept(t);
         }
-        // a greedy sampler's choice is the backend's argmax: a device backend then copies back one id per token
-        boolean onBackend = sampler.argmaxSuffices();
+        // a greedy sampler's choice, and a decode step's draw where the sampler allows it, are made by the backend: a
+        // device backend then copies back one id a token
         long t0 = System.nanoTime();
-        int chosen = onBackend ? session.prefillGreedy(prompt) : -1;
-        float[] logits = onBackend ? null : session.prefill(prompt);
+        int next = session.prefillSampled(prompt, sampler);
         long t1 = System.nanoTime();
         StreamDecoder decoder = tokenizer.streamDecoder();
-        int vocab = session.model().config().vocabSize();
         int generated = 0;
         int decodes = 0;
         int[] ids = new int[Math.max(0, Math.min(maxTokens, session.contextLength()))];
         String stop = "length";
         while (generated < maxTokens) {
-            int next = onBackend ? chosen : sampler.sample(logits, vocab);
             if (tokenizer.isEndOfGeneration(next)) {
                 stop = "eog";
                 break;
@@ -81,11 +78,7 @@ public final class Generator {
                 stop = "context";
                 break;
             }
-            if (onBackend) {
-                chosen = session.decodeGreedy(next);
-            } else {
-                logits = session.decode(next);
-            }
+            next = session.decodeSampled(next, sampler);
             decodes++;
         }
         String rest = decoder.flush();

@@ -9,6 +9,7 @@ import dev.kvant.kv.KvLayerFormats;
 import dev.kvant.kv.KvSequence;
 import dev.kvant.model.LlamaModel;
 import dev.kvant.model.ModelConfig;
+import dev.kvant.sample.Sampler;
 import dev.kvant.select.SelectionConfig;
 import dev.kvant.tensor.Parallel;
 
@@ -213,6 +214,34 @@ public final class Session implements AutoCloseable {
         checkRoom(1);
         seq.forward(new int[] {token}, 0, 1, false, logits);
         return logits;
+    }
+
+    /**
+     * Feeds tokens and returns the next token as sampler chooses it: the largest logit where the model runs when the
+     * sampler is greedy, else the sampler's draw from the last logits.
+     */
+    public int prefillSampled(int[] tokens, Sampler sampler) {
+        return sampler.argmaxSuffices() ? prefillGreedy(tokens)
+                : sampler.sample(prefill(tokens), backend.model().config().vocabSize());
+    }
+
+    /**
+     * Feeds one token and returns the next as sampler chooses it, copying one id back where the backend can choose
+     * it: the largest logit for a greedy sampler, a draw where the model runs for one it allows ({@link
+     * Sampler#drawsWhereTheModelRuns}: a temperature with top-k, top-p and min-p, no penalty); else the sampler's draw
+     * on the host from the logits.
+     */
+    public int decodeSampled(int token, Sampler sampler) {
+        int vocab = backend.model().config().vocabSize();
+        if (sampler.argmaxSuffices()) {
+            return decodeGreedy(token);
+        }
+        if (backend.drawsWhereItRuns() && sampler.drawsWhereTheModelRuns(vocab)) {
+            checkRoom(1);
+            return backend.startDecodeDrawn(new BackendSequence[] {seq}, new int[] {token}, sampler.nextDraw(vocab),
+                    null).await()[0];
+        }
+        return sampler.sample(decode(token), vocab);
     }
 
     /** Feeds one token and returns the id of the largest logit after it (computed where the model runs). */

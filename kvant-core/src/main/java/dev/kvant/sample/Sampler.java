@@ -35,13 +35,23 @@ public final class Sampler {
     }
 
     /**
-     * Whether this sampler draws at its temperature alone (no top-k, top-p, min-p or penalty; a temperature of at
-     * least {@link #LEAST_DRAWN_TEMPERATURE}): then the draw can be made where the model runs ({@link
-     * dev.kvant.backend.Draws}), from a key of {@link #nextDrawKey}, and the logits need not be copied out.
+     * Whether this sampler's draw can be made where the model runs ({@link dev.kvant.backend.Draws}), from a key of
+     * {@link #nextDrawKey}, so that the logits need not be copied out: a draw at a temperature of at least {@link
+     * #LEAST_DRAWN_TEMPERATURE} with no penalty, and a
+     * top-k of at most {@link dev.kvant.backend.Draws#MAX_TOP_K} or none (then no top-p: ranking the whole
+     * vocabulary for it stays on the host).
      */
-    public boolean drawsAtTemperatureAlone() {
-        return config.temperature() >= LEAST_DRAWN_TEMPERATURE && !config.penalizes() && config.topK() == 0
-                && config.topP() >= 1f && config.minP() <= 0f;
+    public boolean drawsWhereTheModelRuns(int vocab) {
+        if (config.temperature() < LEAST_DRAWN_TEMPERATURE || config.penalizes()) {
+            return false;
+        }
+        int k = config.topK() > 0 && config.topK() < vocab ? config.topK() : 0;
+        return k > 0 ? k <= dev.kvant.backend.Draws.MAX_TOP_K : config.topP() >= 1f;
+    }
+
+    /** The top-k a draw made where the model runs takes ({@link #drawsWhereTheModelRuns}): 0 where it is off. */
+    public int drawTopK(int vocab) {
+        return config.topK() > 0 && config.topK() < vocab ? config.topK() : 0;
     }
 
     /**
@@ -56,6 +66,20 @@ public final class Sampler {
      */
     public long nextDrawKey() {
         return random.nextLong();
+    }
+
+    /**
+     * The draw of one sequence's next token where the model runs ({@link #drawsWhereTheModelRuns} must hold): this
+     * sampler's temperature and filters, and its next key ({@link #nextDrawKey}).
+     */
+    public dev.kvant.backend.Draws nextDraw(int vocab) {
+        if (!drawsWhereTheModelRuns(vocab)) {
+            throw new IllegalStateException("this sampler draws on the host: " + config);
+        }
+        int k = drawTopK(vocab);
+        return new dev.kvant.backend.Draws(new float[] {config.temperature()}, new long[] {nextDrawKey()},
+                new int[][] {null}, new int[] {k}, new float[] {k > 0 ? config.topP() : 1f},
+                new float[] {config.minP()});
     }
 
     /** Records a token of the context (prompt or generated) for the repetition penalty. */

@@ -224,16 +224,40 @@ class EngineTest {
             drawnSteps++;
             for (int i = 0; i < seqs.length; i++) {
                 float t = draws.temperature()[i];
+                int[] banned = draws.banned()[i] == null ? new int[0] : draws.banned()[i];
+                int off = i * vocab;
+                // the candidates, ranked (logit descending, id ascending), banned ids left out
+                Integer[] order = java.util.stream.IntStream.range(0, vocab)
+                        .filter(v -> java.util.Arrays.stream(banned).noneMatch(b -> b == v)).boxed()
+                        .sorted((a, b) -> rows[off + a] != rows[off + b] ? Float.compare(rows[off + b], rows[off + a])
+                                : Integer.compare(a, b))
+                        .toArray(Integer[]::new);
+                int keep = draws.topK()[i] > 0 ? Math.min(draws.topK()[i], order.length) : order.length;
+                if (t > 0) {
+                    double max = rows[off + order[0]];
+                    double mass = 0;
+                    for (int j = 0; j < keep; j++) {
+                        mass += Math.exp(rows[off + order[j]] - max);
+                    }
+                    double cum = 0;
+                    for (int j = 0; j < keep && draws.topP()[i] < 1f; j++) {
+                        cum += Math.exp(rows[off + order[j]] - max) / mass;
+                        if (cum >= draws.topP()[i]) {
+                            keep = j + 1;
+                            break;
+                        }
+                    }
+                    int k = 1;
+                    while (k < keep && Math.exp(rows[off + order[k]] - max) >= draws.minP()[i]) {
+                        k++;
+                    }
+                    keep = k;
+                }
                 int best = -1;
                 double top = Double.NEGATIVE_INFINITY;
-                int[] banned = draws.banned()[i] == null ? new int[0] : draws.banned()[i];
-                for (int v = 0; v < vocab; v++) {
-                    final int id = v;
-                    if (java.util.Arrays.stream(banned).anyMatch(b -> b == id)) {
-                        continue;
-                    }
-                    float l = rows[i * vocab + v];
-                    double score = t == 0 ? l : l / t + gumbel(draws.key()[i], v);
+                for (int j = 0; j < keep; j++) {
+                    int v = order[j];
+                    double score = t == 0 ? rows[off + v] : rows[off + v] / t + gumbel(draws.key()[i], v);
                     if (score > top) {
                         top = score;
                         best = v;
@@ -256,22 +280,26 @@ class EngineTest {
     }
 
     /**
-     * On a backend that draws where it runs, a request sampled at a temperature alone is drawn there (with its banned
-     * tokens too) and one with top-k on the host, whatever shares its step: each of five requests (one with top-k,
-     * one greedy, one greedy with a banned token, one sampled with one) gets the tokens it gets on an engine of one
-     * slot, batched with the others.
+     * On a backend that draws where it runs, a request it can draw is drawn there (with its banned tokens too) and one
+     * with a repetition penalty on the host, whatever shares its step: each of six requests (sampled; with top-k,
+     * top-p and min-p; greedy; with a penalty; greedy with a banned token; sampled with one) gets the tokens it gets on
+     * an engine of one slot, batched with the others.
      */
     @Test
     void drawsWhereTheModelRunsAreTheSameBatchedOrAlone() throws Exception {
         Random r = new Random(SEED + 19);
-        int n = 5;
+        int n = 6;
         GenerationRequest[] requests = new GenerationRequest[n];
         for (int i = 0; i < n; i++) {
-            SamplerConfig sampling = i == 2 || i == 4 ? SamplerConfig.greedy()
-                    : new SamplerConfig(0.8f, i == 3 ? 20 : 0, 1f, 0f, 1f, 16, SEED + i);
+            SamplerConfig sampling = switch (i) {
+                case 1 -> new SamplerConfig(0.9f, 20, 0.9f, 0.05f, 1f, 16, SEED + i);
+                case 2, 4 -> SamplerConfig.greedy();
+                case 3 -> new SamplerConfig(0.8f, 0, 1f, 0f, 1.3f, 16, SEED + i);
+                default -> new SamplerConfig(0.8f, 0, 1f, 0f, 1f, 16, SEED + i);
+            };
             int[] prompt = r.ints(12 + 25 * i, 0, TinyModels.VOCAB).toArray();
             int banned = r.nextInt(TinyModels.VOCAB);
-            requests[i] = new GenerationRequest(prompt, 20, sampling, null, i >= 1 && i % 3 == 1 || i == 4
+            requests[i] = new GenerationRequest(prompt, 20, sampling, null, i >= 4
                     ? t -> t == banned : null);
         }
         DrawingBackend drawing = new DrawingBackend(backend);

@@ -968,6 +968,10 @@ public final class CudaBackend implements Backend {
                     for (int b = 0; b < Draws.MAX_BANNED; b++) {
                         staging.set(ValueLayout.JAVA_INT, at + 16 + 4 * b, b < banned.length ? banned[b] : -1);
                     }
+                    staging.set(ValueLayout.JAVA_INT, at + 32, draws == null ? 0 : draws.topK()[from + i]);
+                    staging.set(ValueLayout.JAVA_FLOAT, at + 36, draws == null ? 1f : draws.topP()[from + i]);
+                    staging.set(ValueLayout.JAVA_FLOAT, at + 40, draws == null ? 0f : draws.minP()[from + i]);
+                    staging.set(ValueLayout.JAVA_INT, at + 44, 0);
                 }
                 st.draws.copyFromHostAsync(staging.asSlice(st.drawsOffset, (long) ModelKernels.DRAW_BYTES * n), 0,
                         st.stream);

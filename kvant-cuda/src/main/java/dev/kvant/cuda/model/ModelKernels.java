@@ -279,16 +279,17 @@ final class ModelKernels implements AutoCloseable {
     }
 
     /**
-     * Bytes of one vector's draw in the buffer {@link #draw} reads: 1/T as float bits (0: greedy) and the number of
-     * banned ids (32 bits each), the key (64), then up to {@link dev.kvant.backend.Draws#MAX_BANNED} banned ids (32
-     * bits each).
+     * Bytes of one vector's draw in the buffer {@link #draw} reads (model.cu, kvant_draw): 1/T as float bits (0:
+     * greedy) and the number of banned ids (32 bits each), the key (64), up to {@link
+     * dev.kvant.backend.Draws#MAX_BANNED} banned ids (32 bits each), top-k, top-p, min-p and 4 bytes unused.
      */
-    static final int DRAW_BYTES = 32;
+    static final int DRAW_BYTES = 48;
 
     /**
      * The rows of logits [nvec][vocab] whose draw (draws, {@link #DRAW_BYTES} a vector) has a temperature or banned
-     * ids: best[v] = the argmax key of the token drawn at it (Gumbel-max with the draw's key: exp(l/T)-weighted), or
-     * of the largest logit at temperature 0, its banned ids left out; the others keep the output product's argmax key.
+     * ids: best[v] = the argmax key of the token drawn at it from its candidates (top-k, top-p, min-p as the host
+     * sampler's; Gumbel-max with the draw's key: exp(l/T)-weighted), or of the largest logit at temperature 0, its
+     * banned ids left out; the others keep the output product's argmax key.
      */
     void draw(DeviceBuffer logits, int vocab, int nvec, DeviceBuffer draws, DeviceBuffer best, CudaStream stream) {
         draw.launch(Dim3.of(nvec), Dim3.of(1024), 0, stream, logits, vocab, draws, best);

@@ -1378,16 +1378,28 @@ extern "C" __global__ void __launch_bounds__(256) kvant_quantize_q8(const float*
     quantize_block(value, xq + (i64) v * n + b * 32, xds + (i64) v * perRow + b);
 }
 
-// ---- draws at a temperature (kvant_draw): a row whose draw has a temperature T > 0 takes the token of the largest
-// l/T + g over the vocabulary, g a standard Gumbel variate of (the draw's key, the token id) — the Gumbel-max
-// draw, which picks token i with probability exp(l_i/T) / Σ exp(l_j/T), the host sampler's temperature-only
-// distribution — and writes it as the row's argmax key (argmax_key: ties to the lower id), where the output
-// product's argmax key stood. Banned ids (up to DRAW_BANNED a row) are never chosen: a row at T = 0 with banned ids
-// takes the largest other logit; one at T = 0 with none keeps the product's key (greedy). One block a row. A NaN
-// logit is never chosen; an infinite one wins (the lowest id of them); all -inf: the lowest id, as greedy's.
-// draws[4v]: the row's 1/T as float bits (0: greedy) | its number of banned ids << 32; draws[4v + 1]: its key;
-// draws[4v + 2 .. 4v + 3]: the banned ids, two a word (low half first).
+// ---- draws (kvant_draw): a row whose draw has a temperature T > 0 takes the token of the largest l/T + g over its
+// candidates, g a standard Gumbel variate of (the draw's key, the token id) — the Gumbel-max draw, which picks
+// candidate i with probability exp(l_i/T) / Σ exp(l_j/T) — and writes it as the row's argmax key (argmax_key: ties
+// to the lower id), where the output product's argmax key stood. The candidates are the host sampler's (Sampler):
+// every id; with top-k, the k largest logits (ties to the lower id), then the fewest of them, largest first, whose
+// weights exp(l - max) reach top-p of theirs, then those of them whose weight is at least min-p; without top-k (and
+// top-p 1), the ids whose weight is at least min-p. Banned ids (up to DRAW_BANNED a row) and NaN logits are never
+// candidates. A row at T = 0 with banned ids takes the largest other logit; one at T = 0 with none keeps the
+// product's key (greedy). An infinite logit wins (the lowest id of them); all -inf: the lowest id, as greedy's. One
+// block a row. The draw of row v is draws[6v .. 6v + 5]: 1/T as float bits (0: greedy) | the number of banned ids
+// << 32; the key; the banned ids, two a word (low half first), in the next two; top-k (0: off, at most DRAW_TOPK) |
+// top-p's float bits << 32; min-p's float bits (0: off).
 #define DRAW_BANNED 4
+#define DRAW_TOPK 256
+#define DRAW_THREADS 1024
+// The two-pass top-k's histogram of ref - l: DRAW_BINS bins of 1 / DRAW_BIN_SCALE over [0, DRAW_RANGE), and at most
+// DRAW_CAND candidates taken from them.
+#define DRAW_BINS 2048
+#define DRAW_BIN_SCALE 64.f
+#define DRAW_RANGE 32.f
+#define DRAW_CAND 2048
+static_assert(DRAW_BINS == 2 * DRAW_THREADS && DRAW_RANGE * DRAW_BIN_SCALE == DRAW_BINS, "the histogram's bins");
 
 // A standard Gumbel variate of (key, id): the id's counter mixed into the key (splitmix64's finalizer), the top 23
 // bits a uniform u = (m + 1/2) / 2^23 in [2^-24, 1 - 2^-24], every step exact in float, -log(-log u) finite. (With
@@ -1402,60 +1414,349 @@ __device__ __forceinline__ float gumbel(unsigned long long key, int id) {
     return -logf(-logf(u));
 }
 
-#define DRAW_THREADS 1024
+// Sorts a[0..size) largest first (size a power of two, at most 2 · DRAW_THREADS), bitonic in shared memory, every
+// thread of the block taking part; a[] is ready to read after it.
+__device__ __forceinline__ void bitonic_descending(unsigned long long* a, int size) {
+    for (int run = 2; run <= size; run <<= 1) {
+        for (int stride = run >> 1; stride > 0; stride >>= 1) {
+            for (int j = threadIdx.x; j < size; j += DRAW_THREADS) {
+                const int partner = j ^ stride;
+                if (partner > j) {
+                    const bool descending = (j & run) == 0;
+                    const unsigned long long x = a[j], y = a[partner];
+                    if (descending ? x < y : x > y) {
+                        a[j] = y;
+                        a[partner] = x;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+// The largest of each thread's v over the block (every thread gets it); scratch: DRAW_THREADS / 32 words.
+__device__ __forceinline__ unsigned long long block_max(unsigned long long v, unsigned long long* scratch) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const unsigned long long other = __shfl_xor_sync(FULL_MASK, v, o);
+        v = other > v ? other : v;
+    }
+    __syncthreads();   // scratch free again
+    if ((threadIdx.x & 31) == 0) {
+        scratch[threadIdx.x >> 5] = v;
+    }
+    __syncthreads();
+    v = scratch[threadIdx.x & 31];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const unsigned long long other = __shfl_xor_sync(FULL_MASK, v, o);
+        v = other > v ? other : v;
+    }
+    return v;
+}
+
 extern "C" __global__ void __launch_bounds__(DRAW_THREADS) kvant_draw(const float* __restrict__ logits, int vocab,
         const unsigned long long* __restrict__ draws, unsigned long long* __restrict__ best) {
     KVANT_GRID_ENTER();
-    __shared__ unsigned long long warpBest[DRAW_THREADS / 32];
+    __shared__ unsigned long long scratch[DRAW_THREADS / 32];
+    __shared__ unsigned int hist[DRAW_BINS];
+    __shared__ unsigned long long cand[DRAW_CAND];
+    __shared__ double weight[DRAW_TOPK];
+    __shared__ int shared[3];
     const int v = blockIdx.x;
-    const unsigned long long head = draws[4 * v];
+    const unsigned long long* d = draws + 6 * v;
+    const unsigned long long head = d[0];
     const float invT = __uint_as_float((u32) head);
     const int nbanned = min((int) (head >> 32), DRAW_BANNED);
     if (!(invT > 0.f) && nbanned == 0) {
         return;
     }
-    const unsigned long long key = draws[4 * v + 1];
+    const unsigned long long key = d[1];
     int banned[DRAW_BANNED];
 #pragma unroll
     for (int b = 0; b < DRAW_BANNED; b++) {
-        const unsigned long long w = draws[4 * v + 2 + b / 2];
-        banned[b] = b < nbanned ? (int) (u32) (w >> (32 * (b & 1))) : -1;
+        banned[b] = b < nbanned ? (int) (u32) (d[2 + b / 2] >> (32 * (b & 1))) : -1;
     }
+    const bool drawn = invT > 0.f;
+    const int topK = drawn ? min((int) (u32) d[4], DRAW_TOPK) : 0;
+    const float topP = __uint_as_float((u32) (d[4] >> 32));
+    const float minP = drawn ? __uint_as_float((u32) d[5]) : 0.f;
     const float* row = logits + (i64) v * vocab;
-    unsigned long long top = 0ull;   // below every key argmax_key gives a number
-    for (int i = threadIdx.x; i < vocab; i += DRAW_THREADS) {
+    // the candidate key of id i: argmax_key of its logit, 0 for a NaN or banned one
+    auto keyOf = [&](int i) -> unsigned long long {
         const float l = row[i];
         bool out = l != l;
 #pragma unroll
         for (int b = 0; b < DRAW_BANNED; b++) {
             out |= i == banned[b];
         }
-        if (!out) {
-            const bool inf = l == __int_as_float(0x7f800000) || l == -__int_as_float(0x7f800000);
-            const float score = !(invT > 0.f) || inf ? l : fmaf(l, invT, gumbel(key, i));
-            const unsigned long long k = argmax_key(score, i);
+        return out ? 0ull : argmax_key(l, i);
+    };
+    if (drawn && topK == 0 && !(minP > 0.f)) {   // no filter: the draw in one pass over the vocabulary
+        unsigned long long pick = 0ull;
+        for (int i = threadIdx.x; i < vocab; i += DRAW_THREADS) {
+            const unsigned long long k = keyOf(i);
+            if (k != 0ull) {
+                const float l = row[i];
+                const bool inf = l == __int_as_float(0x7f800000) || l == -__int_as_float(0x7f800000);
+                const unsigned long long c = argmax_key(inf ? l : fmaf(l, invT, gumbel(key, i)), i);
+                pick = c > pick ? c : pick;
+            }
+        }
+        pick = block_max(pick, scratch);
+        if (threadIdx.x == 0 && pick != 0ull) {
+            best[v] = pick;
+        }
+        return;
+    }
+    // Top-k in two passes where the output product's argmax key (best[v], banned ids among its candidates) is a
+    // finite logit ref, at least every candidate's: a histogram of d = ref - l over [0, DRAW_RANGE) in bins of
+    // 1 / DRAW_BIN_SCALE, the first bin b whose count from the top reaches k, then the candidates of bins 0..b into
+    // cand and sorted. The bin of l never rises as l does, so every id left out is below every id taken: the k largest
+    // keys are the first k. Where that cannot be done (no usable ref, fewer than k ids in range, more than DRAW_CAND
+    // taken), the radix selection below (eight more passes).
+    int n = -1;              // the candidates, largest first, in cand[0..n) once found
+    float mx = 0.f;          // the largest candidate's logit
+    if (drawn && topK > 0) {
+        const unsigned long long hint = best[v];   // 0 where no product left one (a key's id is below vocab)
+        const u32 hintId = 0xFFFFFFFFu - (u32) hint;
+        const float ref = (hint >> 32) != 0ull && hintId < (u32) vocab ? row[hintId] : __int_as_float(0x7f800000);
+        if (ref == ref && ref != __int_as_float(0x7f800000) && ref != -__int_as_float(0x7f800000)) {
+            for (int b = threadIdx.x; b < DRAW_BINS; b += DRAW_THREADS) {
+                hist[b] = 0u;
+            }
+            __syncthreads();
+            // id i's bin, -1 for none (out of range, NaN, banned); a logit above ref (no argmax of this row, then)
+            // goes to bin 0, which keeps the bins in order
+            auto binOf = [&](int i) -> int {
+                if (keyOf(i) == 0ull) {
+                    return -1;
+                }
+                const float d = ref - row[i];
+                return !(d < DRAW_RANGE) ? -1 : d > 0.f ? (int) (d * DRAW_BIN_SCALE) : 0;
+            };
+            for (int i = threadIdx.x; i < vocab; i += DRAW_THREADS) {
+                const int b = binOf(i);
+                if (b >= 0) {
+                    atomicAdd(&hist[b], 1u);
+                }
+            }
+            __syncthreads();
+            // the counts from the top (bin 0) summed: thread t holds bins 2t, 2t + 1; the thread whose pair crosses k
+            // names the bin and the count through it
+            const u32 h0 = hist[2 * threadIdx.x], h1 = hist[2 * threadIdx.x + 1];
+            u32 incl = h0 + h1;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const u32 other = __shfl_up_sync(FULL_MASK, incl, o);
+                incl += (threadIdx.x & 31) >= o ? other : 0u;
+            }
+            if (threadIdx.x == 0) {
+                shared[2] = -1;
+            }
+            __syncthreads();
+            if ((threadIdx.x & 31) == 31) {
+                scratch[threadIdx.x >> 5] = incl;
+            }
+            __syncthreads();
+            if (threadIdx.x < 32) {
+                u32 w = scratch[threadIdx.x];
+#pragma unroll
+                for (int o = 1; o < 32; o <<= 1) {
+                    const u32 other = __shfl_up_sync(FULL_MASK, w, o);
+                    w += threadIdx.x >= o ? other : 0u;
+                }
+                scratch[threadIdx.x] = w;   // warps 0..w's counts
+            }
+            __syncthreads();
+            incl += (threadIdx.x >> 5) > 0 ? (u32) scratch[(threadIdx.x >> 5) - 1] : 0u;
+            const u32 before = incl - h0 - h1;
+            if (before < (u32) topK && incl >= (u32) topK) {
+                const bool first = before + h0 >= (u32) topK;
+                shared[0] = first ? 2 * threadIdx.x : 2 * threadIdx.x + 1;
+                shared[2] = (int) (first ? before + h0 : incl);
+            }
+            __syncthreads();
+            const int through = shared[0], count = shared[2];
+            if (count > 0 && count <= DRAW_CAND) {
+                if (threadIdx.x == 0) {
+                    shared[1] = 0;
+                }
+                __syncthreads();
+                for (int i = threadIdx.x; i < vocab; i += DRAW_THREADS) {
+                    const int b = binOf(i);
+                    if (b >= 0 && b <= through) {
+                        cand[atomicAdd(&shared[1], 1)] = keyOf(i);
+                    }
+                }
+                __syncthreads();
+                int size = 2;
+                while (size < count) {
+                    size <<= 1;
+                }
+                for (int j = count + threadIdx.x; j < size; j += DRAW_THREADS) {
+                    cand[j] = 0ull;
+                }
+                __syncthreads();
+                bitonic_descending(cand, size);
+                mx = row[0xFFFFFFFFu - (u32) cand[0]];
+                n = mx != __int_as_float(0x7f800000) ? topK : -1;   // an infinite logit: the general path's
+            }
+        }
+    }
+    if (n < 0) {
+        // the largest candidate key and its logit (greedy with banned ids, and every draw with a filter, needs it)
+        unsigned long long top = 0ull;
+        for (int i = threadIdx.x; i < vocab; i += DRAW_THREADS) {
+            const unsigned long long k = keyOf(i);
             top = k > top ? k : top;
         }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const unsigned long long other = __shfl_xor_sync(FULL_MASK, top, o);
-        top = other > top ? other : top;
-    }
-    if ((threadIdx.x & 31) == 0) {
-        warpBest[threadIdx.x >> 5] = top;
-    }
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        top = warpBest[threadIdx.x];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const unsigned long long other = __shfl_xor_sync(FULL_MASK, top, o);
-            top = other > top ? other : top;
+        top = block_max(top, scratch);
+        if (top == 0ull) {
+            return;   // no candidate: the product's key stays
         }
-        if (threadIdx.x == 0 && top != 0ull) {
-            best[v] = top;
+        const int topId = (int) (0xFFFFFFFFu - (u32) top);
+        mx = row[topId];
+        const bool finite = mx != __int_as_float(0x7f800000) && mx != -__int_as_float(0x7f800000);
+        // greedy with banned ids; or an infinite largest logit (or all -inf): it is the token
+        if (!drawn || !finite) {
+            if (threadIdx.x == 0) {
+                best[v] = top;
+            }
+            return;
         }
+    }
+    unsigned long long chosen;
+    if (topK > 0) {
+        if (n < 0) {
+            // the k-th largest candidate key (keys are distinct: the id is in them), by radix selection a byte at a
+            // time
+            if (threadIdx.x == 0) {
+                shared[0] = topK;   // how many are still to be taken at or below the prefix
+            }
+            unsigned long long prefix = 0ull;
+            __syncthreads();
+            for (int shift = 56; shift >= 0; shift -= 8) {
+                for (int b = threadIdx.x; b < 256; b += DRAW_THREADS) {
+                    hist[b] = 0u;
+                }
+                __syncthreads();
+                const unsigned long long mask = shift == 56 ? 0ull : ~0ull << (shift + 8);
+                // lanes of a warp counting the same byte add once (the early bytes of similar logits are nearly all
+                // equal: one shared counter a lane would serialize a pass)
+                for (int i0 = 0; i0 < vocab; i0 += DRAW_THREADS) {
+                    const int i = i0 + threadIdx.x;
+                    const unsigned long long k = i < vocab ? keyOf(i) : 0ull;
+                    const bool counts = k != 0ull && (k & mask) == prefix;
+                    const u32 bin = counts ? (u32) (k >> shift) & 255u : 256u;
+                    const u32 peers = __match_any_sync(FULL_MASK, bin);
+                    if (counts && (threadIdx.x & 31) == __ffs(peers) - 1) {
+                        atomicAdd(&hist[bin], (u32) __popc(peers));
+                    }
+                }
+                __syncthreads();
+                if (threadIdx.x == 0) {
+                    int remain = shared[0];
+                    int digit = 0;
+                    for (int b = 255; b >= 0; b--) {
+                        if ((int) hist[b] >= remain) {
+                            digit = b;
+                            break;
+                        }
+                        remain -= (int) hist[b];
+                        digit = -1;
+                    }
+                    if (digit < 0) {   // fewer candidates than k: every one of them
+                        digit = 0;
+                        remain = 0;
+                    }
+                    shared[0] = remain;
+                    shared[1] = digit;
+                }
+                __syncthreads();
+                prefix |= (unsigned long long) shared[1] << shift;
+                __syncthreads();
+            }
+            const unsigned long long floorKey = shared[0] == 0 ? 1ull : prefix;   // candidates: keys >= floorKey
+            // the candidates into cand (unordered), then sorted largest first (bitonic, zeros last)
+            for (int j = threadIdx.x; j < DRAW_TOPK; j += DRAW_THREADS) {
+                cand[j] = 0ull;
+            }
+            if (threadIdx.x == 0) {
+                shared[1] = 0;
+            }
+            __syncthreads();
+            for (int i = threadIdx.x; i < vocab; i += DRAW_THREADS) {
+                const unsigned long long k = keyOf(i);
+                if (k != 0ull && k >= floorKey) {
+                    const int at = atomicAdd(&shared[1], 1);
+                    if (at < DRAW_TOPK) {
+                        cand[at] = k;
+                    }
+                }
+            }
+            __syncthreads();
+            bitonic_descending(cand, DRAW_TOPK);
+            n = min(shared[1], DRAW_TOPK);
+        }
+        // the cuts in the host sampler's order and arithmetic: each candidate's weight exp(l - max) in double, then
+        // one thread's sums in rank order
+        if (threadIdx.x < n) {
+            weight[threadIdx.x] = exp((double) row[0xFFFFFFFFu - (u32) cand[threadIdx.x]] - (double) mx);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            double mass = 0.0;
+            for (int j = 0; j < n; j++) {
+                mass += weight[j];
+            }
+            int keep = n;
+            if (topP < 1.f) {
+                double cum = 0.0;
+                for (int j = 0; j < n; j++) {
+                    cum += weight[j] / mass;
+                    if (cum >= (double) topP) {
+                        keep = j + 1;
+                        break;
+                    }
+                }
+            }
+            if (minP > 0.f) {
+                int k = 1;
+                while (k < keep && weight[k] >= (double) minP) {
+                    k++;
+                }
+                keep = k;
+            }
+            shared[0] = keep;
+        }
+        __syncthreads();
+        unsigned long long pick = 0ull;
+        if (threadIdx.x < shared[0]) {
+            const int id = (int) (0xFFFFFFFFu - (u32) cand[threadIdx.x]);
+            pick = argmax_key(fmaf(row[id], invT, gumbel(key, id)), id);
+        }
+        chosen = block_max(pick, scratch);
+    } else {
+        // every candidate whose weight exp(l - max) is at least min-p (all of them without it)
+        unsigned long long pick = 0ull;
+        for (int i = threadIdx.x; i < vocab; i += DRAW_THREADS) {
+            const unsigned long long k = keyOf(i);
+            if (k != 0ull) {
+                const float l = row[i];
+                if (minP > 0.f && !(exp((double) l - (double) mx) >= (double) minP)) {
+                    continue;
+                }
+                const bool inf = l == -__int_as_float(0x7f800000);
+                const unsigned long long c = argmax_key(inf ? l : fmaf(l, invT, gumbel(key, i)), i);
+                pick = c > pick ? c : pick;
+            }
+        }
+        chosen = block_max(pick, scratch);
+    }
+    if (threadIdx.x == 0 && chosen != 0ull) {
+        best[v] = chosen;
     }
 }
 

@@ -8,6 +8,7 @@ import dev.kvant.cuda.CudaAvailability;
 import dev.kvant.cuda.CudaContext;
 import dev.kvant.cuda.TestSeed;
 import dev.kvant.engine.ContextFullException;
+import dev.kvant.engine.Session;
 import dev.kvant.gguf.GgmlType;
 import dev.kvant.kv.KvCacheFullException;
 import dev.kvant.kv.KvFormat;
@@ -19,6 +20,7 @@ import dev.kvant.model.ModelConfig;
 import dev.kvant.model.Rope;
 import dev.kvant.model.SyntheticModel;
 import dev.kvant.sample.Sampler;
+import dev.kvant.sample.SamplerConfig;
 import dev.kvant.tensor.Parallel;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.Assumptions;
@@ -214,6 +216,44 @@ class CudaBackendGpuTest {
         }
     }
 
+    /**
+     * A session's sampled decode steps draw on the device where the sampler allows it ({@code Session.decodeSampled},
+     * what {@code kvant run} and {@code chat} generate through): with top-k 1 every draw is the largest logit, so the
+     * tokens are greedy's, bit for bit; with the CLI's defaults (top-k 40, top-p 0.95, min-p 0.05) a seed gives the
+     * same tokens twice.
+     */
+    @Test
+    void aSessionsSampledStepsDrawOnTheDevice() {
+        long seed = TestSeed.next();
+        try (LlamaModel model = SyntheticModel.build(SyntheticModel.Shape.parse("tiny"), GgmlType.Q8_0, seed);
+             CudaBackend gpu = CudaBackend.open(model, new CudaBackend.Options(1, 64, 0))) {
+            int vocab = model.config().vocabSize();
+            int[] prompt = new SplittableRandom(seed).ints(100, 0, vocab).toArray();
+            SamplerConfig topOne = new SamplerConfig(0.8f, 1, 1f, 0f, 1f, 64, seed);
+            SamplerConfig defaults = SamplerConfig.defaults(seed);
+            assertTrue(new Sampler(topOne).drawsWhereTheModelRuns(vocab)
+                    && new Sampler(defaults).drawsWhereTheModelRuns(vocab));
+            assertArrayEquals(sessionTokens(gpu, prompt, SamplerConfig.greedy()), sessionTokens(gpu, prompt, topOne),
+                    "top-k 1 against greedy (seed " + seed + ")");
+            assertArrayEquals(sessionTokens(gpu, prompt, defaults), sessionTokens(gpu, prompt, defaults),
+                    "the same seed twice (seed " + seed + ")");
+        }
+    }
+
+    /** 40 tokens after prompt on a fresh turbo3 session of gpu, chosen as config says. */
+    private static int[] sessionTokens(CudaBackend gpu, int[] prompt, SamplerConfig config) {
+        Sampler sampler = new Sampler(config);
+        try (Session s = new Session(gpu, 512, KvLayerFormats.of(KvFormat.parse("turbo3"), KvFormat.parse("turbo3")),
+                64)) {
+            int[] out = new int[40];
+            out[0] = s.prefillSampled(prompt, sampler);
+            for (int i = 1; i < out.length; i++) {
+                out[i] = s.decodeSampled(out[i - 1], sampler);
+            }
+            return out;
+        }
+    }
+
     /** Reads prompt[from..) into seq in pieces of chunk tokens; the last token's logits. */
     private static float[] readInChunks(BackendSequence seq, int[] prompt, int from, int chunk, int vocab) {
         float[] logits = new float[vocab];
@@ -224,9 +264,10 @@ class CudaBackendGpuTest {
     }
 
     /**
-     * Requests sampled at a temperature alone are drawn on the device ({@code startDecodeDrawn}: one id a sequence
-     * comes back): each gets the same tokens in a batch of four as on an engine of one slot, and again the second
-     * time; and a request with top-k, drawn on the host from the copied logits, is served beside them.
+     * Sampled requests are drawn on the device ({@code startDecodeDrawn}: one id a sequence comes back), at a
+     * temperature alone or with the CLI's top-k 40, top-p 0.95 and min-p 0.05: each gets the same tokens in a batch of
+     * four as on an engine of one slot, and again the second time; and a request with a repetition penalty, drawn on
+     * the host from the copied logits, is served beside them.
      */
     @Test
     void sampledRequestsDrawnOnTheDeviceGiveTheSameTokensBatchedOrAlone() throws Exception {
@@ -238,8 +279,9 @@ class CudaBackendGpuTest {
             SplittableRandom r = new SplittableRandom(seed);
             dev.kvant.engine.GenerationRequest[] requests = new dev.kvant.engine.GenerationRequest[4];
             for (int i = 0; i < requests.length; i++) {
-                dev.kvant.sample.SamplerConfig sampling = new dev.kvant.sample.SamplerConfig(0.6f + 0.2f * i,
-                        i == 3 ? 40 : 0, 1f, 0f, 1f, 64, seed + i);
+                dev.kvant.sample.SamplerConfig sampling = i == 2 ? dev.kvant.sample.SamplerConfig.defaults(seed + i)
+                        : new dev.kvant.sample.SamplerConfig(0.6f + 0.2f * i, 0, 1f, 0f, i == 3 ? 1.3f : 1f, 64,
+                        seed + i);
                 requests[i] = new dev.kvant.engine.GenerationRequest(r.ints(20 + 37 * i, 0, vocab).toArray(), 24,
                         sampling, null);
             }

@@ -39,13 +39,13 @@ class DrawGpuTest extends ModelKernelsGpuFixture {
         row[77] = Float.NaN;
         double[] p = probabilities(row, temperature);
         float[] logits = new float[rows * vocab];
-        long[] draws = new long[4 * rows];
+        long[] draws = new long[6 * rows];
         long[] best = new long[rows];
         for (int r = 0; r < rows; r++) {
             System.arraycopy(row, 0, logits, r * vocab, vocab);
             boolean greedy = r % 16 == 15;
-            draws[4 * r] = greedy ? 0 : Float.floatToRawIntBits(1f / temperature) & 0xFFFFFFFFL;
-            draws[4 * r + 1] = random.nextLong();
+            draws[6 * r] = greedy ? 0 : Float.floatToRawIntBits(1f / temperature) & 0xFFFFFFFFL;
+            draws[6 * r + 1] = random.nextLong();
             best[r] = 0x1234_5678_0000_0000L | r;   // a greedy row keeps whatever key it has
         }
         int[] first = drawAll(logits, vocab, draws, best);
@@ -86,10 +86,10 @@ class DrawGpuTest extends ModelKernelsGpuFixture {
         logits[vocab + 10] = Float.POSITIVE_INFINITY;
         logits[vocab + 20] = Float.POSITIVE_INFINITY;
         java.util.Arrays.fill(logits, 0, vocab, Float.NaN);
-        long[] draws = new long[8];
+        long[] draws = new long[12];
         for (int r = 0; r < 2; r++) {
-            draws[4 * r] = Float.floatToRawIntBits(1f / 1.5f) & 0xFFFFFFFFL;
-            draws[4 * r + 1] = 99 + r;
+            draws[6 * r] = Float.floatToRawIntBits(1f / 1.5f) & 0xFFFFFFFFL;
+            draws[6 * r + 1] = 99 + r;
         }
         long[] best = {7L, 7L};
         int[] ids = drawAll(logits, vocab, draws, best);
@@ -106,7 +106,7 @@ class DrawGpuTest extends ModelKernelsGpuFixture {
         int vocab = 500;
         int rows = 256;
         float[] logits = new float[rows * vocab];
-        long[] draws = new long[4 * rows];
+        long[] draws = new long[6 * rows];
         long[] best = new long[rows];
         for (int r = 0; r < rows; r++) {
             logits[r * vocab + 3] = 9f;     // banned
@@ -114,9 +114,9 @@ class DrawGpuTest extends ModelKernelsGpuFixture {
             logits[r * vocab + 42] = 5f;
             logits[r * vocab + 41] = 5f;
             boolean greedy = r % 2 == 0;
-            draws[4 * r] = (greedy ? 0 : Float.floatToRawIntBits(1f / 2f) & 0xFFFFFFFFL) | 2L << 32;
-            draws[4 * r + 1] = 1000 + r;
-            draws[4 * r + 2] = 3L | 400L << 32;
+            draws[6 * r] = (greedy ? 0 : Float.floatToRawIntBits(1f / 2f) & 0xFFFFFFFFL) | 2L << 32;
+            draws[6 * r + 1] = 1000 + r;
+            draws[6 * r + 2] = 3L | 400L << 32;
             best[r] = 0L;
         }
         int[] ids = drawAll(logits, vocab, draws, best);
@@ -152,6 +152,139 @@ class DrawGpuTest extends ModelKernelsGpuFixture {
         for (int r = 0; r < rows; r++) {
             assertEquals(4321, ids[r], "row " + r);
         }
+    }
+
+    /**
+     * The host sampler's candidates, drawn on the device: with top-k 8, top-p 0.9 and min-p 0.05 over logits whose
+     * weights put those cuts well clear of any candidate, the tokens drawn are exactly those the host keeps (every
+     * one of them, at its probability exp(l/T) over the kept ones' sum) and no other; and with min-p alone, the same.
+     */
+    @Test
+    void topKTopPAndMinPKeepTheHostSamplersCandidates() {
+        long seed = TestSeed.next();
+        SplittableRandom random = new SplittableRandom(seed);
+        int vocab = 4000;
+        int rows = 12288;
+        float temperature = 0.8f;
+        float[] row = new float[vocab];
+        for (int i = 0; i < vocab; i++) {
+            row[i] = (float) (random.nextDouble() * 4 - 12);
+        }
+        // ranked: 0.0 (id 900), -0.3, -0.6, -0.9, -1.2, -1.5 (weights 1, .74, .55, .41, .30, .22), then -4.0, -4.1
+        // (.018, .017) and more: top-k 8 keeps these eight; top-p 0.9 of their mass (3.25) stops at the fifth (cum
+        // .92); min-p 0.05 keeps all five of those
+        int[] ranked = {900, 17, 3333, 5, 1234, 2500, 77, 78};
+        float[] values = {0f, -0.3f, -0.6f, -0.9f, -1.2f, -1.5f, -4.0f, -4.1f};
+        for (int j = 0; j < ranked.length; j++) {
+            row[ranked[j]] = values[j];
+        }
+        double[] w = new double[6];
+        double[] p = new double[6];
+        double mass = 0, kept = 0;
+        for (int j = 0; j < 8; j++) {
+            mass += Math.exp(values[j]);
+        }
+        double cum = 0;
+        int keep = 0;
+        while (keep < 8 && (cum += Math.exp(values[keep]) / mass) < 0.9) {
+            keep++;
+        }
+        keep++;
+        assertEquals(5, keep, "the test's own cut");
+        for (int j = 0; j < keep; j++) {
+            w[j] = Math.exp(values[j] / temperature);
+            kept += w[j];
+        }
+        for (int j = 0; j < keep; j++) {
+            p[j] = w[j] / kept;
+        }
+        float[] logits = new float[rows * vocab];
+        long[] draws = new long[6 * rows];
+        long[] best = new long[rows];
+        for (int r = 0; r < rows; r++) {
+            System.arraycopy(row, 0, logits, r * vocab, vocab);
+            boolean minPOnly = r % 3 == 2;
+            draws[6 * r] = Float.floatToRawIntBits(1f / temperature) & 0xFFFFFFFFL;
+            draws[6 * r + 1] = random.nextLong();
+            draws[6 * r + 4] = minPOnly ? (long) Float.floatToRawIntBits(1f) << 32
+                    : 8L | (long) Float.floatToRawIntBits(0.9f) << 32;
+            draws[6 * r + 5] = Float.floatToRawIntBits(minPOnly ? 0.2f : 0.05f) & 0xFFFFFFFFL;
+            // a third of the rows with the output product's argmax key (the two-pass top-k), a third without (the
+            // radix selection)
+            best[r] = r % 3 == 0 ? argmaxKey(0f, 900) : 0L;
+        }
+        int[] ids = drawAll(logits, vocab, draws, best);
+        int[] counts = new int[keep];
+        int drawn = 0;
+        int[] minPCounts = new int[5];
+        for (int r = 0; r < rows; r++) {
+            int at = -1;
+            for (int j = 0; j < ranked.length; j++) {
+                at = ranked[j] == ids[r] ? j : at;
+            }
+            if (r % 3 == 2) {   // min-p 0.2 alone: weights 1, .74, .55, .41, .30 (the fifth, .22, too)
+                assertTrue(at >= 0 && at < 6, "min-p row " + r + " drew " + ids[r] + " (seed " + seed + ")");
+                continue;
+            }
+            assertTrue(at >= 0 && at < keep, "row " + r + " drew " + ids[r] + ", not one of the kept " + keep
+                    + " (seed " + seed + ")");
+            counts[at]++;
+            drawn++;
+        }
+        for (int j = 0; j < keep; j++) {
+            double expected = drawn * p[j];
+            double sd = Math.sqrt(drawn * p[j] * (1 - p[j]));
+            assertTrue(Math.abs(counts[j] - expected) <= 5 * sd + 2, "candidate " + j + ": " + counts[j]
+                    + " draws, expected " + Math.round(expected) + " (seed " + seed + ")");
+        }
+    }
+
+    /**
+     * Top-k over ties: one logit 0 above many equal ones (-1), top-k 8 at temperature 1 and no other cut takes the
+     * largest and the seven lowest ids of the tied ones, at weights 1 : e^-1 each — whether the ties fit the two-pass
+     * top-k's candidate buffer (1,000 of them) or not (3,000: the radix selection then), with the product's argmax key
+     * given or not.
+     */
+    @Test
+    void topKOverTiesTakesTheLowestTiedIds() {
+        long seed = TestSeed.next();
+        SplittableRandom random = new SplittableRandom(seed);
+        int vocab = 4096;
+        int rows = 4096;
+        float[] logits = new float[rows * vocab];
+        long[] draws = new long[6 * rows];
+        long[] best = new long[rows];
+        int top = 3000;
+        for (int r = 0; r < rows; r++) {
+            int ties = r % 2 == 0 ? 1000 : 3000;
+            java.util.Arrays.fill(logits, r * vocab, (r + 1) * vocab, -20f);
+            java.util.Arrays.fill(logits, r * vocab + 10, r * vocab + 10 + ties, -1f);
+            logits[r * vocab + top] = 0f;   // inside the second row kind's ties: one of them raised
+            draws[6 * r] = Float.floatToRawIntBits(1f) & 0xFFFFFFFFL;
+            draws[6 * r + 1] = random.nextLong();
+            draws[6 * r + 4] = 8L | (long) Float.floatToRawIntBits(1f) << 32;
+            best[r] = (r / 2) % 2 == 0 ? argmaxKey(0f, top) : 0L;
+        }
+        int[] ids = drawAll(logits, vocab, draws, best);
+        int[] counts = new int[8];
+        for (int r = 0; r < rows; r++) {
+            int at = ids[r] == top ? 0 : ids[r] >= 10 && ids[r] < 17 ? ids[r] - 9 : -1;
+            assertTrue(at >= 0, "row " + r + " (" + (r % 2 == 0 ? 1000 : 3000) + " ties, argmax key "
+                    + ((r / 2) % 2 == 0) + ") drew " + ids[r] + " (seed " + seed + ")");
+            counts[at]++;
+        }
+        double p0 = 1 / (1 + 7 * Math.exp(-1));
+        double expected = rows * p0;
+        double sd = Math.sqrt(rows * p0 * (1 - p0));
+        assertTrue(Math.abs(counts[0] - expected) <= 5 * sd, "the largest drawn " + counts[0] + " times, expected "
+                + Math.round(expected) + " (seed " + seed + ")");
+    }
+
+    /** The output product's argmax key of a logit at an id (model.cu argmax_key). */
+    private static long argmaxKey(float logit, int id) {
+        int b = Float.floatToRawIntBits(logit);
+        long ordered = Float.isNaN(logit) ? 0 : (b < 0 ? ~b : b | 0x80000000) & 0xFFFFFFFFL;
+        return ordered << 32 | (0xFFFFFFFFL - id);
     }
 
     /** Runs the draw over rows of logits with best preset; the ids of the keys it leaves. */
