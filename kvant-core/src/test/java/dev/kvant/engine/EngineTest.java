@@ -307,6 +307,40 @@ class EngineTest {
         assertTrue(drawing.drawnSteps > 0 && drawing.drawnRows > 0, "drawn where the model runs");
     }
 
+    /**
+     * A session's decode steps ({@link Session#decodeSampled}: what {@code kvant run} and {@code chat} generate
+     * through) are drawn where the model runs when the backend can and the sampler allows it: on the drawing double,
+     * top-k 1 at a temperature gives greedy's tokens, and the CLI's defaults are drawn there every step; a repetition
+     * penalty draws on the host, and on a backend that draws nothing the same sampler gives the host's tokens.
+     */
+    @Test
+    void aSessionsSampledStepsAreDrawnWhereTheModelRuns() {
+        int[] prompt = new Random(SEED + 23).ints(40, 0, TinyModels.VOCAB).toArray();
+        DrawingBackend drawing = new DrawingBackend(backend);
+        int[] greedy = sessionTokens(backend, prompt, SamplerConfig.greedy());
+        assertArrayEquals(greedy, sessionTokens(drawing, prompt, new SamplerConfig(0.8f, 1, 1f, 0f, 1f, 16, SEED)));
+        assertEquals(greedy.length - 1, drawing.drawnRows, "every decode step of top-k 1 drawn there");
+        int before = drawing.drawnRows;
+        sessionTokens(drawing, prompt, SamplerConfig.defaults(SEED));
+        assertEquals(before + greedy.length - 1, drawing.drawnRows, "every step of the CLI's defaults drawn there");
+        SamplerConfig penalized = new SamplerConfig(0.8f, 40, 0.95f, 0.05f, 1.3f, 16, SEED);
+        assertArrayEquals(sessionTokens(backend, prompt, penalized), sessionTokens(drawing, prompt, penalized));
+        assertEquals(before + greedy.length - 1, drawing.drawnRows, "a penalty draws on the host");
+    }
+
+    /** 12 tokens after prompt on a fresh f16 session of b, chosen as config says. */
+    private static int[] sessionTokens(Backend b, int[] prompt, SamplerConfig config) {
+        Sampler sampler = new Sampler(config);
+        try (Session s = new Session(b, CTX, F16, F16, CHUNK)) {
+            int[] out = new int[12];
+            out[0] = s.prefillSampled(prompt, sampler);
+            for (int i = 1; i < out.length; i++) {
+                out[i] = s.decodeSampled(out[i - 1], sampler);
+            }
+            return out;
+        }
+    }
+
     /** One slot: every decode step decodes one sequence, so the mean batch is exactly 1 (prompt-only steps aside). */
     @Test
     void theMeanBatchOfOneSlotIsOne() throws Exception {

@@ -225,6 +225,9 @@ __device__ void dequant_f16(const u8* __restrict__ W, i64 rowBytes, i64 scales, 
 //         fixed order.
 // output: MV_STORE out[v][r] = dot (+ bias[r]); MV_ADD out[v][r] += dot; MV_SWIGLU out[v][r] = silu(g)·u.
 #define MV_WARPS 4
+// Blocks a lane of a one-vector 8-bit product over a planar format (Q4_0, Q8_0) loads before multiplying any: a
+// 4,096-column row (4 blocks a lane) is one memory round trip.
+#define MV_ROUND 4
 
 // The rows of one warp: R weight rows from r0 = warp · (outputs a warp) on (MV_SWIGLU: R/2 gate rows and the
 // matching up rows ffn + ...). Rows past the end read row 0's bytes again and are not written.
@@ -472,6 +475,69 @@ __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
         }
     }
     int nb = cols / 32;
+    if constexpr ((F == W_Q4_0 || F == W_Q8_0) && NV == 1) {
+        // One vector over a planar format: a lane's blocks MV_ROUND at a time, every load of a round (the rows'
+        // quants and scales, the vector's codes) issued before the round's first product, then multiplied in block
+        // order — the loop below's terms in its order, so the same bits, with one memory round trip a round where
+        // the loop took one every two blocks
+        constexpr int QW = F == W_Q4_0 ? 4 : 8;   // 32-bit words of a block's quants
+        for (int s0 = lane; s0 < nb; s0 += 32 * MV_ROUND) {
+            u32 q[MV_ROUND][R][QW];
+            unsigned short dh[MV_ROUND][R];
+            uint4 x0[MV_ROUND], x1[MV_ROUND];
+            float2 ds[MV_ROUND];
+#pragma unroll
+            for (int u = 0; u < MV_ROUND; u++) {
+                const int s = s0 + 32 * u;
+                if (s < nb) {
+#pragma unroll
+                    for (int i = 0; i < R; i++) {
+                        const i64 b = (i64) rows[i] * nb + s;
+                        dh[u][i] = __ldg((const unsigned short*) (W + scales + b * 2));
+                        const uint4 t0 = __ldg((const uint4*) (W + b * (QW * 4)));
+                        q[u][i][0] = t0.x; q[u][i][1] = t0.y; q[u][i][2] = t0.z; q[u][i][3] = t0.w;
+                        if constexpr (QW == 8) {
+                            const uint4 t1 = __ldg((const uint4*) (W + b * 32 + 16));
+                            q[u][i][4] = t1.x; q[u][i][5] = t1.y; q[u][i][6] = t1.z; q[u][i][7] = t1.w;
+                        }
+                    }
+                    const uint4* xp = (const uint4*) (xq + s * 32);
+                    x0[u] = xp[0];
+                    x1[u] = xp[1];
+                    ds[u] = xds[s];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < MV_ROUND; u++) {
+                if (s0 + 32 * u < nb) {
+                    const int xw[8] = {(int) x0[u].x, (int) x0[u].y, (int) x0[u].z, (int) x0[u].w,
+                                       (int) x1[u].x, (int) x1[u].y, (int) x1[u].z, (int) x1[u].w};
+#pragma unroll
+                    for (int i = 0; i < R; i++) {
+                        int wq[8];
+#pragma unroll
+                        for (int k = 0; k < 4; k++) {
+                            if constexpr (QW == 4) {
+                                wq[k] = (int) (q[u][i][k] & 0x0F0F0F0Fu);
+                                wq[k + 4] = (int) ((q[u][i][k] >> 4) & 0x0F0F0F0Fu);
+                            } else {
+                                wq[k] = (int) q[u][i][k];
+                                wq[k + 4] = (int) q[u][i][k + 4];
+                            }
+                        }
+                        int sum = 0;
+#pragma unroll
+                        for (int k = 0; k < 8; k++) {
+                            sum = dp4a(wq[k], xw[k], sum);
+                        }
+                        acc[i][0] = q8_add<F>(acc[i][0], h2f(dh[u][i]), 0.f, ds[u].x, ds[u].y, sum);
+                    }
+                }
+            }
+        }
+        warp_outputs<R, NV>(acc, r0, valid, nvec, out, outStride, bias, mode, best);
+        return;
+    }
 #pragma unroll 2
     for (int s = lane; s < nb; s += 32) {
         int wq[R][8];
