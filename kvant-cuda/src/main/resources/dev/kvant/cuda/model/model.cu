@@ -225,9 +225,10 @@ __device__ void dequant_f16(const u8* __restrict__ W, i64 rowBytes, i64 scales, 
 //         fixed order.
 // output: MV_STORE out[v][r] = dot (+ bias[r]); MV_ADD out[v][r] += dot; MV_SWIGLU out[v][r] = silu(g)·u.
 #define MV_WARPS 4
-// Blocks a lane of a one-vector 8-bit product over a planar format (Q4_0, Q8_0) loads before multiplying any: a
-// 4,096-column row (4 blocks a lane) is one memory round trip.
-#define MV_ROUND 4
+// Blocks a lane of a one-vector 8-bit product over a planar format (Q4_0, Q8_0) loads before multiplying any of
+// them. On the H200 two (46 registers for Q4_0, one row a warp) ran tg128 4-5% faster than the loop left to the
+// compiler, four (76 registers: fewer warps fit) 1% (docs/BENCHMARKS.md).
+#define MV_ROUND 2
 
 // The rows of one warp: R weight rows from r0 = warp · (outputs a warp) on (MV_SWIGLU: R/2 gate rows and the
 // matching up rows ffn + ...). Rows past the end read row 0's bytes again and are not written.
@@ -478,8 +479,8 @@ __device__ void matvec_q8(const u8* __restrict__ W, i64 nb64, i64 scales, int ou
     if constexpr ((F == W_Q4_0 || F == W_Q8_0) && NV == 1) {
         // One vector over a planar format: a lane's blocks MV_ROUND at a time, every load of a round (the rows'
         // quants and scales, the vector's codes) issued before the round's first product, then multiplied in block
-        // order — the loop below's terms in its order, so the same bits, with one memory round trip a round where
-        // the loop took one every two blocks
+        // order — the loop below's terms in its order, so the same bits (ModelKernelsGpuTest), its loads in flight
+        // together where the compiler had spread the loop's
         constexpr int QW = F == W_Q4_0 ? 4 : 8;   // 32-bit words of a block's quants
         for (int s0 = lane; s0 < nb; s0 += 32 * MV_ROUND) {
             u32 q[MV_ROUND][R][QW];

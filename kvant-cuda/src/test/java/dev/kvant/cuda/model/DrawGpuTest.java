@@ -20,6 +20,8 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
  */
 @Tag("gpu")
 class DrawGpuTest extends ModelKernelsGpuFixture {
+    /** 64-bit words of a row's draw (kvant_draw): 1/T | banned count, key, 4 banned ids, top-k | top-p, min-p. */
+    private static final int DRAW_WORDS = ModelKernels.DRAW_BYTES / 8;
 
     @Test
     void drawsFollowTheTemperaturesDistributionAndRepeatForTheSameKeys() {
@@ -39,13 +41,13 @@ class DrawGpuTest extends ModelKernelsGpuFixture {
         row[77] = Float.NaN;
         double[] p = probabilities(row, temperature);
         float[] logits = new float[rows * vocab];
-        long[] draws = new long[6 * rows];
+        long[] draws = new long[DRAW_WORDS * rows];
         long[] best = new long[rows];
         for (int r = 0; r < rows; r++) {
             System.arraycopy(row, 0, logits, r * vocab, vocab);
             boolean greedy = r % 16 == 15;
-            draws[6 * r] = greedy ? 0 : Float.floatToRawIntBits(1f / temperature) & 0xFFFFFFFFL;
-            draws[6 * r + 1] = random.nextLong();
+            draws[DRAW_WORDS * r] = greedy ? 0 : Float.floatToRawIntBits(1f / temperature) & 0xFFFFFFFFL;
+            draws[DRAW_WORDS * r + 1] = random.nextLong();
             best[r] = 0x1234_5678_0000_0000L | r;   // a greedy row keeps whatever key it has
         }
         int[] first = drawAll(logits, vocab, draws, best);
@@ -86,10 +88,10 @@ class DrawGpuTest extends ModelKernelsGpuFixture {
         logits[vocab + 10] = Float.POSITIVE_INFINITY;
         logits[vocab + 20] = Float.POSITIVE_INFINITY;
         java.util.Arrays.fill(logits, 0, vocab, Float.NaN);
-        long[] draws = new long[12];
+        long[] draws = new long[DRAW_WORDS * 2];
         for (int r = 0; r < 2; r++) {
-            draws[6 * r] = Float.floatToRawIntBits(1f / 1.5f) & 0xFFFFFFFFL;
-            draws[6 * r + 1] = 99 + r;
+            draws[DRAW_WORDS * r] = Float.floatToRawIntBits(1f / 1.5f) & 0xFFFFFFFFL;
+            draws[DRAW_WORDS * r + 1] = 99 + r;
         }
         long[] best = {7L, 7L};
         int[] ids = drawAll(logits, vocab, draws, best);
@@ -106,7 +108,7 @@ class DrawGpuTest extends ModelKernelsGpuFixture {
         int vocab = 500;
         int rows = 256;
         float[] logits = new float[rows * vocab];
-        long[] draws = new long[6 * rows];
+        long[] draws = new long[DRAW_WORDS * rows];
         long[] best = new long[rows];
         for (int r = 0; r < rows; r++) {
             logits[r * vocab + 3] = 9f;     // banned
@@ -114,9 +116,9 @@ class DrawGpuTest extends ModelKernelsGpuFixture {
             logits[r * vocab + 42] = 5f;
             logits[r * vocab + 41] = 5f;
             boolean greedy = r % 2 == 0;
-            draws[6 * r] = (greedy ? 0 : Float.floatToRawIntBits(1f / 2f) & 0xFFFFFFFFL) | 2L << 32;
-            draws[6 * r + 1] = 1000 + r;
-            draws[6 * r + 2] = 3L | 400L << 32;
+            draws[DRAW_WORDS * r] = (greedy ? 0 : Float.floatToRawIntBits(1f / 2f) & 0xFFFFFFFFL) | 2L << 32;
+            draws[DRAW_WORDS * r + 1] = 1000 + r;
+            draws[DRAW_WORDS * r + 2] = 3L | 400L << 32;
             best[r] = 0L;
         }
         int[] ids = drawAll(logits, vocab, draws, best);
@@ -140,13 +142,14 @@ class DrawGpuTest extends ModelKernelsGpuFixture {
         int rows = 1024;
         float[] logits = new float[rows * vocab];
         java.util.Arrays.fill(logits, -30f);
-        long[] draws = new long[4 * rows];
+        long[] draws = new long[DRAW_WORDS * rows];
         long[] best = new long[rows];
         SplittableRandom random = new SplittableRandom(TestSeed.next());
         for (int r = 0; r < rows; r++) {
             logits[r * vocab + 4321] = 0f;
-            draws[4 * r] = Float.floatToRawIntBits(1f) & 0xFFFFFFFFL;
-            draws[4 * r + 1] = random.nextLong();
+            draws[DRAW_WORDS * r] = Float.floatToRawIntBits(1f) & 0xFFFFFFFFL;
+            draws[DRAW_WORDS * r + 1] = random.nextLong();
+            draws[DRAW_WORDS * r + 4] = (long) Float.floatToRawIntBits(1f) << 32;   // no top-k, top-p 1
         }
         int[] ids = drawAll(logits, vocab, draws, best);
         for (int r = 0; r < rows; r++) {
@@ -199,16 +202,16 @@ class DrawGpuTest extends ModelKernelsGpuFixture {
             p[j] = w[j] / kept;
         }
         float[] logits = new float[rows * vocab];
-        long[] draws = new long[6 * rows];
+        long[] draws = new long[DRAW_WORDS * rows];
         long[] best = new long[rows];
         for (int r = 0; r < rows; r++) {
             System.arraycopy(row, 0, logits, r * vocab, vocab);
             boolean minPOnly = r % 3 == 2;
-            draws[6 * r] = Float.floatToRawIntBits(1f / temperature) & 0xFFFFFFFFL;
-            draws[6 * r + 1] = random.nextLong();
-            draws[6 * r + 4] = minPOnly ? (long) Float.floatToRawIntBits(1f) << 32
+            draws[DRAW_WORDS * r] = Float.floatToRawIntBits(1f / temperature) & 0xFFFFFFFFL;
+            draws[DRAW_WORDS * r + 1] = random.nextLong();
+            draws[DRAW_WORDS * r + 4] = minPOnly ? (long) Float.floatToRawIntBits(1f) << 32
                     : 8L | (long) Float.floatToRawIntBits(0.9f) << 32;
-            draws[6 * r + 5] = Float.floatToRawIntBits(minPOnly ? 0.2f : 0.05f) & 0xFFFFFFFFL;
+            draws[DRAW_WORDS * r + 5] = Float.floatToRawIntBits(minPOnly ? 0.2f : 0.05f) & 0xFFFFFFFFL;
             // a third of the rows with the output product's argmax key (the two-pass top-k), a third without (the
             // radix selection)
             best[r] = r % 3 == 0 ? argmaxKey(0f, 900) : 0L;
@@ -252,7 +255,7 @@ class DrawGpuTest extends ModelKernelsGpuFixture {
         int vocab = 4096;
         int rows = 4096;
         float[] logits = new float[rows * vocab];
-        long[] draws = new long[6 * rows];
+        long[] draws = new long[DRAW_WORDS * rows];
         long[] best = new long[rows];
         int top = 3000;
         for (int r = 0; r < rows; r++) {
@@ -260,9 +263,9 @@ class DrawGpuTest extends ModelKernelsGpuFixture {
             java.util.Arrays.fill(logits, r * vocab, (r + 1) * vocab, -20f);
             java.util.Arrays.fill(logits, r * vocab + 10, r * vocab + 10 + ties, -1f);
             logits[r * vocab + top] = 0f;   // inside the second row kind's ties: one of them raised
-            draws[6 * r] = Float.floatToRawIntBits(1f) & 0xFFFFFFFFL;
-            draws[6 * r + 1] = random.nextLong();
-            draws[6 * r + 4] = 8L | (long) Float.floatToRawIntBits(1f) << 32;
+            draws[DRAW_WORDS * r] = Float.floatToRawIntBits(1f) & 0xFFFFFFFFL;
+            draws[DRAW_WORDS * r + 1] = random.nextLong();
+            draws[DRAW_WORDS * r + 4] = 8L | (long) Float.floatToRawIntBits(1f) << 32;
             best[r] = (r / 2) % 2 == 0 ? argmaxKey(0f, top) : 0L;
         }
         int[] ids = drawAll(logits, vocab, draws, best);
@@ -290,6 +293,7 @@ class DrawGpuTest extends ModelKernelsGpuFixture {
     /** Runs the draw over rows of logits with best preset; the ids of the keys it leaves. */
     private static int[] drawAll(float[] logits, int vocab, long[] draws, long[] best) {
         int rows = best.length;
+        assertEquals(DRAW_WORDS * rows, draws.length, "a draw is " + DRAW_WORDS + " words a row");
         try (DeviceBuffer l = upload(MemorySegment.ofArray(logits));
              DeviceBuffer d = upload(MemorySegment.ofArray(draws));
              DeviceBuffer b = upload(MemorySegment.ofArray(best))) {

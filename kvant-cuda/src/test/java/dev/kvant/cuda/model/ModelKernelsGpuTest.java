@@ -39,8 +39,9 @@ class ModelKernelsGpuTest extends ModelKernelsGpuFixture {
         long seed = TestSeed.next();
         SplittableRandom random = new SplittableRandom(seed);
         boolean superBlocks = superBlocks(layout);
-        // a partial 16-row tile (and a partial 8-output SwiGLU tile); Q8_0/Q4_0: a partial 256-column group
-        int[] widths = superBlocks ? new int[] {256, 768} : new int[] {96, 352, 1024};
+        // a partial 16-row tile (and a partial 8-output SwiGLU tile); Q8_0/Q4_0: a partial 256-column group, and
+        // rows of 73 blocks (a lane's third block, in a partial round of the one-vector kernels' loads)
+        int[] widths = superBlocks ? new int[] {256, 768} : new int[] {96, 352, 1024, 2336};
         for (int cols : widths) {
             int rows = 2 * 37;  // SwiGLU: 37 gate rows, then 37 up rows
             try (Arena arena = Arena.ofConfined()) {
