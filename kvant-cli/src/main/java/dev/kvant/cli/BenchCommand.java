@@ -199,7 +199,8 @@ final class BenchCommand implements Runnable {
             kvFormats.add(kf);
         }
         progress.update("loading model");
-        try (LlamaModel model = synthetic != null ? opts.fitted(ModelOptions.synthetic(synthetic, weights)) : opts.load();
+        try (LlamaModel model = synthetic != null ? opts.fitted(ModelOptions.synthetic(synthetic, weights))
+                : opts.load();
              Parallel pool = new Parallel(opts.threads);
              var dump = selectOpts.apply(model, opts.model);
              Backend backend = opts.openBackend(budgeted(model, context, deepest), pool,

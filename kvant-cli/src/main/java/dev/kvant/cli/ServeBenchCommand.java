@@ -142,7 +142,8 @@ final class ServeBenchCommand implements Runnable {
         if (synthetic != null) {   // a model file's load checks them itself
             opts.checkOptions();
         }
-        try (LlamaModel model = synthetic != null ? opts.fitted(ModelOptions.synthetic(synthetic, weights)) : opts.load();
+        try (LlamaModel model = synthetic != null ? opts.fitted(ModelOptions.synthetic(synthetic, weights))
+                : opts.load();
              Parallel threads = new Parallel(opts.threads);
              var dump = selectOpts.apply(model);
              Backend backend = opts.openBackend(budgeted(model), threads,

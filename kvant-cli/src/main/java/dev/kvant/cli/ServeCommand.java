@@ -152,7 +152,8 @@ final class ServeCommand implements Runnable {
         if (template != null) {
             UsageException.parsing(() -> ChatTemplate.named(template));
         }
-        try (LlamaModel model = synthetic != null ? opts.fitted(ModelOptions.synthetic(synthetic, weights)) : opts.load();
+        try (LlamaModel model = synthetic != null ? opts.fitted(ModelOptions.synthetic(synthetic, weights))
+                : opts.load();
              Parallel threads = new Parallel(opts.threads);
              var dump = selectOpts.apply(model);
              Backend backend = opts.openBackend(model, threads, Math.min(parallel, ModelOptions.MAX_DEVICE_BATCH))) {

@@ -6,7 +6,6 @@ import dev.kvant.backend.Draws;
 import dev.kvant.backend.PendingDecode;
 import dev.kvant.backend.SequencePool;
 import dev.kvant.sample.Sampler;
-import dev.kvant.sample.SamplerConfig;
 
 import java.time.Duration;
 import java.util.ArrayDeque;
@@ -683,14 +682,14 @@ public final class Engine implements AutoCloseable {
             float[] minP = new float[n];
             for (int i = 0; i < n; i++) {
                 Sampler s = c.members[i].sampler;
-                SamplerConfig sc = c.members[i].p.request.sampling();
                 topP[i] = 1f;
                 if (c.byId[i] && s.drawsWhereTheModelRuns(vocab)) {
-                    temperature[i] = sc.temperature();
-                    keys[i] = s.nextDrawKey();
-                    topK[i] = s.drawTopK(vocab);
-                    topP[i] = topK[i] > 0 ? sc.topP() : 1f;
-                    minP[i] = sc.minP();
+                    Draws d = s.nextDraw(vocab);
+                    temperature[i] = d.temperature()[0];
+                    keys[i] = d.key()[0];
+                    topK[i] = d.topK()[0];
+                    topP[i] = d.topP()[0];
+                    minP[i] = d.minP()[0];
                 }
                 banned[i] = c.byId[i] ? c.members[i].banned : null;
             }

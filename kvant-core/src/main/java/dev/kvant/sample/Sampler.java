@@ -35,11 +35,10 @@ public final class Sampler {
     }
 
     /**
-     * Whether this sampler's draw can be made where the model runs ({@link dev.kvant.backend.Draws}), from a key of
-     * {@link #nextDrawKey}, so that the logits need not be copied out: a draw at a temperature of at least {@link
-     * #LEAST_DRAWN_TEMPERATURE} with no penalty, and a
-     * top-k of at most {@link dev.kvant.backend.Draws#MAX_TOP_K} or none (then no top-p: ranking the whole
-     * vocabulary for it stays on the host).
+     * Whether this sampler's draw can be made where the model runs ({@link #nextDraw}), so that the logits need not
+     * be copied out: a draw at a temperature of at least {@link #LEAST_DRAWN_TEMPERATURE} with no penalty, and a top-k
+     * of at most {@link dev.kvant.backend.Draws#MAX_TOP_K} or none (then no top-p: ranking the whole vocabulary for it
+     * stays on the host); min-p either way.
      */
     public boolean drawsWhereTheModelRuns(int vocab) {
         if (config.temperature() < LEAST_DRAWN_TEMPERATURE || config.penalizes()) {
