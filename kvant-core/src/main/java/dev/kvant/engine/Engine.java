@@ -69,7 +69,8 @@ import java.util.stream.IntStream;
  * sampled at a temperature is drawn there (from its sampler's candidates — top-k up to {@link Draws#MAX_TOP_K}, top-p
  * with it, min-p — by Gumbel-max from a key of its seeded sampler: {@link Draws}), and so is a greedy one with a few
  * banned tokens ({@code ignore_eos}); one id a sequence comes back. The others (penalties, top-p without top-k, a
- * larger top-k) draw on the host from the step's copied logits, side by side on a few draw threads, each sequence's
+ * larger top-k, a temperature below {@link Sampler#LEAST_DRAWN_TEMPERATURE}, more than {@link Draws#MAX_BANNED}
+ * banned tokens) draw on the host from the step's copied logits, side by side on a few draw threads, each sequence's
  * by one of them with its own sampler, so the same tokens come whatever the threads; the engine thread then delivers
  * them in order. A sequence's tokens are chosen the same way whatever shares its step.
  */

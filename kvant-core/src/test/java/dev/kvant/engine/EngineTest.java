@@ -114,7 +114,9 @@ class EngineTest {
         Random r = new Random(SEED);
         int[][] prompts = {r.ints(5, 0, TinyModels.VOCAB).toArray(), r.ints(100, 0, TinyModels.VOCAB).toArray(),
                 r.ints(47, 0, TinyModels.VOCAB).toArray()};
-        int[] lengths = {12, 9, 20};
+        // the first request decodes long enough that the others join it even when their submits come late (a loaded
+        // machine: with 12 tokens it once finished alone before the second was in, and no step was batched)
+        int[] lengths = {40, 9, 20};
         try (SequencePool pool = backend.newSequencePool(4 * CTX, F16, F16);
              Engine engine = new Engine(backend, pool, new EngineConfig(3, CTX, CHUNK, 8, false))) {
             Events[] ev = new Events[prompts.length];

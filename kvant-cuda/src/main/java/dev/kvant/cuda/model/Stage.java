@@ -44,7 +44,7 @@ final class Stage implements AutoCloseable {
     final DeviceBuffer best;
     /**
      * The decode step's draws, one per vector ({@link ModelKernels#DRAW_BYTES}: 1/T — 0 for greedy — and the number
-     * of banned ids, the key, the banned ids), staged from {@link #staging} past its tokens and positions ({@link
+     * of banned ids, the key, the banned ids, top-k, top-p, min-p), staged from {@link #staging} past its tokens and positions ({@link
      * #drawsOffset}); the last stage's decode graph draws the rows that have a temperature or banned ids ({@link
      * ModelKernels#draw}).
      */

@@ -1767,8 +1767,8 @@ extern "C" __global__ void __launch_bounds__(DRAW_THREADS) kvant_draw(const floa
             bitonic_descending(cand, DRAW_TOPK);
             n = min(shared[1], DRAW_TOPK);
         }
-        // the cuts in the host sampler's order and arithmetic: each candidate's weight exp(l - max) in double, then
-        // one thread's sums in rank order
+        // the cuts in the host sampler's order and arithmetic (up to rounding at a cut: docs/GPU.md): each
+        // candidate's weight exp(l - max) in double, then one thread's sums in rank order
         if (threadIdx.x < n) {
             weight[threadIdx.x] = exp((double) row[0xFFFFFFFFu - (u32) cand[threadIdx.x]] - (double) mx);
         }
