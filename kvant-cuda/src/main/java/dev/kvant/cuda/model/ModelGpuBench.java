@@ -21,7 +21,8 @@ import java.util.SplittableRandom;
  * second against the copy bandwidth measured in the same run. A graph's launches go round copies of the matrix that
  * together exceed the L2, so each launch reads its weights from DRAM as a decode step does.
  *
- * <pre>java -cp kvant-cuda.jar:kvant-core.jar dev.kvant.cuda.model.ModelGpuBench</pre>
+ * <pre>java -cp kvant-cuda.jar:kvant-core.jar dev.kvant.cuda.model.ModelGpuBench [q4_0,q8_0,...]</pre>
+ * (the argument: the weight layouts to time, by kernel suffix; every layout without one)
  */
 public final class ModelGpuBench {
     private ModelGpuBench() {
@@ -34,6 +35,10 @@ public final class ModelGpuBench {
     private static final long L2_COLD_BYTES = 256L << 20;
 
     public static void main(String[] args) {
+        // the layouts to time (kernel suffixes, e.g. "q4_0,q8_0"); all without an argument
+        java.util.Set<String> only = args.length == 0 ? null
+                : java.util.Set.of(args[0].toLowerCase(Locale.ROOT).split(","));
+        java.util.function.Predicate<WeightLayout> timed = l -> only == null || only.contains(l.kernelSuffix);
         Shape[] shapes = {
                 new Shape("qkv", 6144, 4096, ModelKernels.MV_STORE),
                 new Shape("wo", 4096, 4096, ModelKernels.MV_ADD),
@@ -58,6 +63,9 @@ public final class ModelGpuBench {
                 int T = ModelKernels.TENSOR_TILE;
                 int[][] planar = {{1, 1, 1}, {1, 1, 2}, {1, 1, T}, {8, 1, T}, {1, 0, 4}, {8, 2, 0}, {32, 2, 0}};
                 for (WeightLayout layout : new WeightLayout[] {WeightLayout.Q4_0, WeightLayout.Q8_0}) {
+                    if (!timed.test(layout)) {
+                        continue;
+                    }
                     kernelRow(layout, "", "tensor cores", k.tensorProduct(layout));
                     kernelRow(layout, "", "dequantizing f16", k.halfProduct(layout));
                     for (Shape s : shapes) {
@@ -68,6 +76,9 @@ public final class ModelGpuBench {
                 // eight; the float kernels' registers and local (spilled) bytes per thread.
                 for (WeightLayout layout : new WeightLayout[] {WeightLayout.F16, WeightLayout.BF16, WeightLayout.Q4_K,
                         WeightLayout.Q5_K, WeightLayout.Q6_K}) {
+                    if (!timed.test(layout)) {
+                        continue;
+                    }
                     for (int nvec : new int[] {1, 8}) {
                         kernelRow(layout, Integer.toString(nvec), "float vectors", k.floatProduct(layout, nvec));
                     }
