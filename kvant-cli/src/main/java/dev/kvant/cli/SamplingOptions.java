@@ -56,6 +56,25 @@ final class SamplingOptions {
         if (!(topP >= 0f && topP <= 1f)) {
             throw new IllegalArgumentException("--top-p must be in [0, 1], got " + topP);
         }
+        // named by their options here: SamplerConfig's own checks name its settings ("the sampler's top-k")
+        if (topK < 0) {
+            throw new IllegalArgumentException("--top-k must be at least 0 (0 is off), got " + topK);
+        }
+        if (!(minP >= 0f && minP <= 1f)) {
+            throw new IllegalArgumentException("--min-p must be in [0, 1] (0 is off), got " + minP);
+        }
+        if (!(repeatPenalty > 0f) || Float.isInfinite(repeatPenalty)) {
+            throw new IllegalArgumentException("--repeat-penalty must be a finite number above 0 (1 is off), got "
+                    + repeatPenalty);
+        }
+        if (!Float.isFinite(frequencyPenalty)) {
+            throw new IllegalArgumentException("--frequency-penalty must be a finite number (0 is off), got "
+                    + frequencyPenalty);
+        }
+        if (!Float.isFinite(presencePenalty)) {
+            throw new IllegalArgumentException("--presence-penalty must be a finite number (0 is off), got "
+                    + presencePenalty);
+        }
         if (repeatLastN < -1) {
             throw new IllegalArgumentException("--repeat-last-n must be -1 (the whole context) or at least 0, got "
                     + repeatLastN);

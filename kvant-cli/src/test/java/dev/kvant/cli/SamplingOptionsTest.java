@@ -32,4 +32,15 @@ class SamplingOptionsTest {
         assertThrows(IllegalArgumentException.class, () -> config(4096, "--temp", "0", "--top-p", "NaN", "-s", "1"));
         assertThrows(IllegalArgumentException.class, () -> config(4096, "--temp", "NaN", "--top-p", "0", "-s", "1"));
     }
+
+    @Test
+    void aValueOutOfRangeIsNamedByItsOption() {
+        String[][] cases = {{"--top-k", "-1"}, {"--min-p", "2"}, {"--repeat-penalty", "0"},
+                {"--frequency-penalty", "Infinity"}, {"--presence-penalty", "-Infinity"}};
+        for (String[] c : cases) {
+            IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                    () -> config(4096, c[0], c[1], "-s", "1"));
+            assertTrue(e.getMessage().startsWith(c[0] + " must be"), e.getMessage());
+        }
+    }
 }
