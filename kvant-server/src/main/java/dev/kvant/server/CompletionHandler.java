@@ -80,7 +80,8 @@ final class CompletionHandler {
         if (prompt.length >= ctx) {
             throw new ApiException(400, "invalid_request_error", what, "context_length_exceeded",
                     "This model's maximum context length is " + ctx + " tokens, but the " + what + " came to "
-                            + prompt.length + " tokens. Shorten the " + what + " (or start the server with a larger -c).",
+                            + prompt.length + " tokens, which leaves no room for a reply. Shorten the " + what
+                            + " (or start the server with a larger -c).",
                     0);
         }
         // omitted: until the context is full, which the engine says (finish "length"); the last token is drawn from
