@@ -44,7 +44,7 @@ public final class Sampler {
         if (config.temperature() < LEAST_DRAWN_TEMPERATURE || config.penalizes()) {
             return false;
         }
-        int k = config.topK() > 0 && config.topK() < vocab ? config.topK() : 0;
+        int k = drawTopK(vocab);
         return k > 0 ? k <= dev.kvant.backend.Draws.MAX_TOP_K : config.topP() >= 1f;
     }
 
