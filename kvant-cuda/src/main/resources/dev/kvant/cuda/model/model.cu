@@ -65,7 +65,7 @@ __device__ __forceinline__ float bf2f(u16 b) {
 // logit ranks below every number (0 in the high half), as Sampler.argmax ranks it; all NaN gives index 0. (-0 ranks
 // below +0 here, where Sampler.argmax takes them as equal.)
 __device__ __forceinline__ unsigned long long argmax_key(float v, int index) {
-    u32 b = __float_as_uint(v);
+    u32 b = __float_as_uint(v == 0.f ? 0.f : v);   // -0 as +0 (equal logits: the lower id), as Sampler.argmax
     u32 ordered = v != v ? 0u : (b & 0x80000000u) ? ~b : (b | 0x80000000u);
     return ((unsigned long long) ordered << 32) | (u32) (0xFFFFFFFFu - (u32) index);
 }
@@ -1807,12 +1807,14 @@ extern "C" __global__ void __launch_bounds__(DRAW_THREADS) kvant_draw(const floa
         chosen = block_max(pick, scratch);
     } else {
         // every candidate whose weight exp(l - max) is at least min-p (all of them without it)
+        const double minCut = minP > 0.f ? (double) mx + log((double) minP) : 0.0;
         unsigned long long pick = 0ull;
         for (int i = threadIdx.x; i < vocab; i += DRAW_THREADS) {
             const unsigned long long k = keyOf(i);
             if (k != 0ull) {
                 const float l = row[i];
-                if (minP > 0.f && !(exp((double) l - (double) mx) >= (double) minP)) {
+                // the host's two cuts: l >= max + log(min-p) (Sampler's floor), then exp(l - max) >= min-p
+                if (minP > 0.f && !((double) l >= minCut && exp((double) l - (double) mx) >= (double) minP)) {
                     continue;
                 }
                 const bool inf = l == -__int_as_float(0x7f800000);

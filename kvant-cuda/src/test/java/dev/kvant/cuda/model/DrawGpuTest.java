@@ -283,9 +283,46 @@ class DrawGpuTest extends ModelKernelsGpuFixture {
                 + Math.round(expected) + " (seed " + seed + ")");
     }
 
+    /**
+     * -0 and +0 are equal logits, as the host sampler has them: the lower id wins between them, greedy (with a banned
+     * id, so the draw kernel chooses) and in a top-k's candidates — a top-k of 2 over -0 at id 3 and +0 at ids 5 and
+     * 7 keeps 3 and 5, never 7.
+     */
+    @Test
+    void signedZerosAreEqualLogits() {
+        int vocab = 300;
+        int rows = 512;
+        float[] logits = new float[rows * vocab];
+        long[] draws = new long[DRAW_WORDS * rows];
+        long[] best = new long[rows];
+        for (int r = 0; r < rows; r++) {
+            java.util.Arrays.fill(logits, r * vocab, (r + 1) * vocab, -30f);
+            logits[r * vocab + 3] = -0f;
+            logits[r * vocab + 5] = 0f;
+            logits[r * vocab + 7] = 0f;
+            boolean greedy = r % 2 == 0;
+            draws[DRAW_WORDS * r] = (greedy ? 0 : Float.floatToRawIntBits(1f) & 0xFFFFFFFFL) | 1L << 32;
+            draws[DRAW_WORDS * r + 1] = 5000 + r;
+            draws[DRAW_WORDS * r + 2] = 299L;   // one banned id (not a candidate): greedy goes through the draw
+            draws[DRAW_WORDS * r + 4] = greedy ? 0L : 2L | (long) Float.floatToRawIntBits(1f) << 32;
+            best[r] = r % 4 == 1 ? argmaxKey(-0f, 3) : 0L;   // the two-pass top-k and the radix selection
+        }
+        int[] ids = drawAll(logits, vocab, draws, best);
+        int threes = 0;
+        for (int r = 0; r < rows; r++) {
+            if (r % 2 == 0) {
+                assertEquals(3, ids[r], "greedy row " + r + ": -0 at id 3 ties +0 at 5 and 7, the lowest id wins");
+            } else {
+                assertTrue(ids[r] == 3 || ids[r] == 5, "top-k 2 row " + r + " drew " + ids[r] + ", not 3 or 5");
+                threes += ids[r] == 3 ? 1 : 0;
+            }
+        }
+        assertTrue(threes > 64 && threes < 192, "id 3 drawn " + threes + " times of 256 at weight 1/2");
+    }
+
     /** The output product's argmax key of a logit at an id (model.cu argmax_key). */
     private static long argmaxKey(float logit, int id) {
-        int b = Float.floatToRawIntBits(logit);
+        int b = Float.floatToRawIntBits(logit == 0f ? 0f : logit);
         long ordered = Float.isNaN(logit) ? 0 : (b < 0 ? ~b : b | 0x80000000) & 0xFFFFFFFFL;
         return ordered << 32 | (0xFFFFFFFFL - id);
     }
