@@ -69,6 +69,9 @@ public final class CudaAttention implements AutoCloseable {
     private final int decodeStages;
     /** Whether a prefill's output, in a rotated V format's domain, takes the unrotate kernel after it. */
     private final boolean prefillUnrotates;
+    /** The rotation blocks of K's and V's bases (0: not rotated); see {@link #queryRotation()}. */
+    private final int kRotation;
+    private final int vRotation;
     /**
      * The most splits dense decode cuts a sequence into (the plan's for as many decode blocks an SM as the layout
      * allows), and about the blocks one decode launch fills (attention.cu dec_run).
@@ -116,6 +119,8 @@ public final class CudaAttention implements AutoCloseable {
             this.prefillStages = info[5];
             this.decodeSplits = plan.maxSplits(info[8]);
             this.prefillUnrotates = info[9] != 0;
+            this.kRotation = info[10];
+            this.vRotation = info[11];
             if (info[6] != shape.kRowBytes() || info[7] != shape.vRowBytes()) {
                 throw new IllegalStateException("module " + source.name() + " computes rows of " + info[6] + "/"
                         + info[7] + " bytes, the formats say " + shape.kRowBytes() + "/" + shape.vRowBytes());
@@ -160,7 +165,7 @@ public final class CudaAttention implements AutoCloseable {
     }
 
     /** Ints kvant_attn_info writes (attention.cu). */
-    private static final int INFO_INTS = 10;
+    private static final int INFO_INTS = 12;
 
     private static int[] info(CudaContext context, CudaModule module) {
         try (DeviceBuffer out = context.allocate(INFO_INTS * 4); Arena arena = Arena.ofConfined()) {
@@ -799,6 +804,31 @@ public final class CudaAttention implements AutoCloseable {
      */
     public void prefill(CudaKvCache kv, int layer, DeviceBuffer q, DeviceBatch batch, int seq, int start, int n,
                         DeviceBuffer out, CudaStream stream) {
+        prefill(kv, layer, q, batch, seq, start, n, out, false, stream);
+    }
+
+    /**
+     * The block of the rotation that takes queries into K's basis: 64 or 128 values (dev.kvant.kv.Rotation of that
+     * block, block after block along the head), or 0 where K is not rotated (no turbo or q4_0h rows).
+     */
+    public int queryRotation() {
+        return kRotation;
+    }
+
+    /** As {@link #queryRotation} for V: the rotation an output left in V's basis must be turned back by. */
+    public int outputRotation() {
+        return vRotation;
+    }
+
+    /**
+     * As {@link #prefill(CudaKvCache, int, DeviceBuffer, DeviceBatch, int, int, int, DeviceBuffer, CudaStream)}, with
+     * rotatedBasis the queries already rotated by {@link #queryRotation()} (where it is not 0) and the output left
+     * rotated by {@link #outputRotation()} (where it is not 0): the model rotates them in passes it makes anyway (its
+     * RoPE, and the output's conversion to f16), so the kernel's blocks, one an SM, do not hold the tensor cores idle
+     * for them. The output, turned back, has the bits of the plain call's.
+     */
+    public void prefill(CudaKvCache kv, int layer, DeviceBuffer q, DeviceBatch batch, int seq, int start, int n,
+                        DeviceBuffer out, boolean rotatedBasis, CudaStream stream) {
         kv.checkShape(shape, layer);
         if (n < 1 || n > plan.maxPrefill() || start < 0) {
             throw new IllegalArgumentException("prefill of " + n + " queries at " + start + "; the plan takes 1.."
@@ -812,10 +842,12 @@ public final class CudaAttention implements AutoCloseable {
         requireBytes("queries", q, rows * shape.headDimK() * 4);
         requireBytes("output", out, rows * shape.headDimV() * 4);
         int rowBlocks = (n * shape.group() + PREFILL_ROWS - 1) / PREFILL_ROWS;
+        // attention.cu PRE_Q_ROTATED, PRE_OUT_ROTATED
+        int flags = rotatedBasis ? (kRotation != 0 ? 1 : 0) | (vRotation != 0 ? 2 : 0) : 0;
         prefill.launch(new Dim3(1, shape.kvHeads() * rowBlocks, 1), Dim3.of(prefillThreads), prefillShared, stream, q,
                 kv.kPool(layer), kv.vPool(layer), batch.table(seq), start, n, out, shape.kvHeads(), shape.group(),
-                shape.pageTokens(), kv.kPageBytes(layer), kv.vPageBytes(layer), qscale(), sparseThreshold);
-        if (prefillUnrotates) {
+                shape.pageTokens(), kv.kPageBytes(layer), kv.vPageBytes(layer), qscale(), sparseThreshold, flags);
+        if (prefillUnrotates && !rotatedBasis) {
             int perBlock = MERGE_THREADS / shape.headDimV();
             unrotate.launch(Dim3.of((int) ((rows + perBlock - 1) / perBlock)), Dim3.of(MERGE_THREADS), 0, stream, out,
                     rows);

@@ -10,8 +10,10 @@ import dev.kvant.cuda.KernelCache;
 import dev.kvant.cuda.KernelSource;
 import dev.kvant.cuda.Owned;
 import dev.kvant.cuda.attention.RopeRows;
+import dev.kvant.cuda.attention.RotationSource;
 
 import java.util.EnumMap;
+import java.util.List;
 import java.util.Map;
 
 /** The kernels of {@code model/model.cu} and their launch geometry (see the file's comments). */
@@ -39,7 +41,9 @@ final class ModelKernels implements AutoCloseable {
     /** At most this many column splits of a dequantizing product (each adds a plane of partial sums). */
     static final int MH_MAX_SPLITS = 8;
 
-    static final KernelSource SOURCE = KernelSource.resources("rope.cuh", "model/model.cu");
+    /** model.cu after RoPE and the rotation (whose tables come from the CPU's {@link dev.kvant.kv.Rotation}). */
+    static final KernelSource SOURCE = KernelSource.kvant("model/model.cu", RotationSource.header()
+            + KernelSource.joined(List.of("rope.cuh", "rotation.cuh", "model/model.cu")));
 
     private final CudaModule module;
     private final Map<WeightLayout, CudaFunction> mv1 = new EnumMap<>(WeightLayout.class);
@@ -55,6 +59,7 @@ final class ModelKernels implements AutoCloseable {
     private final CudaFunction ropeAngles;
     private final CudaFunction swiglu;
     private final CudaFunction toHalf;
+    private final CudaFunction toHalfUnrotated;
     private final CudaFunction addBias;
     private final CudaFunction quantizeQ8;
     private final CudaFunction mhReduce;
@@ -86,6 +91,7 @@ final class ModelKernels implements AutoCloseable {
             this.ropeAngles = module.function("kvant_rope_angles");
             this.swiglu = module.function("kvant_swiglu");
             this.toHalf = module.function("kvant_to_half");
+            this.toHalfUnrotated = module.function("kvant_to_half_unrotated");
             this.addBias = module.function("kvant_add_bias");
             this.quantizeQ8 = module.function("kvant_quantize_q8");
             this.mhReduce = module.function("kvant_mh_reduce");
@@ -350,7 +356,12 @@ final class ModelKernels implements AutoCloseable {
     /** The largest head kvant_rope_split rotates (ROPE_MAX_DIM in model.cu; the attention kernels take up to 256). */
     static final int ROPE_MAX_DIM = 256;
 
-    void ropeSplit(RopeRows r, CudaStream stream) {
+    /**
+     * q, k and v of the rows r names, q and k through RoPE; with qRotation 64 or 128 the q heads are then rotated by
+     * blocks of that many values into K's basis ({@link dev.kvant.cuda.attention.CudaAttention#queryRotation}), as
+     * the attention kernels would rotate them (the same bits); 0 leaves them.
+     */
+    void ropeSplit(RopeRows r, int qRotation, CudaStream stream) {
         if (r.headDim() > ROPE_MAX_DIM) {
             throw new IllegalArgumentException("the CUDA RoPE takes heads up to " + ROPE_MAX_DIM + ", got "
                     + r.headDim());
@@ -359,7 +370,7 @@ final class ModelKernels implements AutoCloseable {
                 r.n(), orNull(r.positions()), r.start(), r.q(), r.k(), r.v(), r.angles(), r.ropeDim(),
                 r.neox() ? 1 : 0, r.heads(), r.kvHeads(), r.headDim(), r.headDimV(), orNull(r.qNorm()),
                 orNull(r.kNorm()), r.eps(), r.tables(), r.tableStride(), r.seqStride(), r.pageTokens(),
-                orNull(r.slots()), orNull(r.prevPages()));
+                orNull(r.slots()), orNull(r.prevPages()), qRotation);
     }
 
     /** silu(gate)·up of n rows of a stacked gate/up output, as f16 (outHalf) or f32 (outFloat). */
@@ -370,6 +381,18 @@ final class ModelKernels implements AutoCloseable {
 
     void toHalf(DeviceBuffer x, DeviceBuffer out, long count, CudaStream stream) {
         toHalf.launch(Dim3.of(grid(count)), Dim3.of(256), 0, stream, x, out, count);
+    }
+
+    /**
+     * rows of headDim floats rotated back by blocks of n (64 or 128: {@link
+     * dev.kvant.cuda.attention.CudaAttention#outputRotation}), as f16 into out: a prefill's attention output left in V's
+     * basis, turned back as the attention's epilogue would (the same bits) and converted.
+     */
+    void toHalfUnrotated(DeviceBuffer x, DeviceBuffer out, long rows, int headDim, int n, CudaStream stream) {
+        if (headDim > ROPE_MAX_DIM || headDim % n != 0) {
+            throw new IllegalArgumentException("heads of " + headDim + " values in rotation blocks of " + n);
+        }
+        toHalfUnrotated.launch(Dim3.of(grid(rows * 32)), Dim3.of(256), 0, stream, x, out, rows, headDim, n);
     }
 
     void addBias(DeviceBuffer y, DeviceBuffer b, int width, int n, CudaStream stream) {

@@ -8,6 +8,7 @@ import dev.kvant.cuda.DeviceBuffer;
 import dev.kvant.cuda.KernelCache;
 import dev.kvant.cuda.Owned;
 import dev.kvant.cuda.PinnedBuffer;
+import dev.kvant.cuda.attention.CudaAttention;
 import dev.kvant.cuda.attention.RopeRows;
 import dev.kvant.model.LlamaModel;
 import dev.kvant.model.ModelConfig;
@@ -209,7 +210,7 @@ final class Stage implements AutoCloseable {
             if (kv.attention(l).writesRoped(n)) {
                 kv.attention(l).writeRoped(kv.cache(), l, rope(kv, n, positions, 0, l, L, 1), stream);
             } else {
-                k.ropeSplit(rope(kv, n, positions, 0, l, L, 1), stream);
+                k.ropeSplit(rope(kv, n, positions, 0, l, L, 1), 0, stream);
                 kv.attention(l).quantizeRows(kv.cache(), l, kRows, vRows, slots, prevPages, n, stream);
             }
             // the merge writes the 8-bit operand of the o product too when that product reads one
@@ -267,15 +268,25 @@ final class Stage implements AutoCloseable {
             if (L.qkvBias() != null) {
                 k.addBias(qkv, L.qkvBias(), qkvDim, n, stream);
             }
-            k.ropeSplit(rope(kv, n, null, start, l, L, 0), stream);
-            kv.attention(l).quantizeRows(kv.cache(), l, kRows, vRows, slots, prevPages, n, stream);
-            if (selected(kv, l)) {
-                kv.attention(l).summarize(kv.cache(), l, kv.batch(), 0, start + n, n, stream);
-                kv.attention(l).prefillSelected(kv.cache(), l, q, kv.batch(), 0, start, n, attn.floats(), stream);
+            // dense prefill takes its queries rotated into K's basis and leaves its output in V's: RoPE rotates the
+            // queries as it writes them and the conversion to f16 turns the output back, passes made anyway, instead
+            // of the attention's blocks (one an SM) while the tensor cores wait (CudaAttention.prefill)
+            CudaAttention attention = kv.attention(l);
+            boolean dense = !selected(kv, l);
+            k.ropeSplit(rope(kv, n, null, start, l, L, 0), dense ? attention.queryRotation() : 0, stream);
+            attention.quantizeRows(kv.cache(), l, kRows, vRows, slots, prevPages, n, stream);
+            if (dense) {
+                attention.prefill(kv.cache(), l, q, kv.batch(), 0, start, n, attn.floats(), true, stream);
             } else {
-                kv.attention(l).prefill(kv.cache(), l, q, kv.batch(), 0, start, n, attn.floats(), stream);
+                attention.summarize(kv.cache(), l, kv.batch(), 0, start + n, n, stream);
+                attention.prefillSelected(kv.cache(), l, q, kv.batch(), 0, start, n, attn.floats(), stream);
             }
-            k.toHalf(attn.floats(), ah, (long) n * attnDim, stream);
+            if (dense && attention.outputRotation() != 0) {
+                k.toHalfUnrotated(attn.floats(), ah, (long) n * c.heads(), c.headDimV(), attention.outputRotation(),
+                        stream);
+            } else {
+                k.toHalf(attn.floats(), ah, (long) n * attnDim, stream);
+            }
             L.wo().gemm(k, blas, ah, n, x, true, wScratch, stream);
             k.rmsnormHalf(x, L.ffnNorm(), xh, n, dim, eps, stream);
             L.gateUp().gemm(k, blas, xh, n, gu, false, wScratch, stream);

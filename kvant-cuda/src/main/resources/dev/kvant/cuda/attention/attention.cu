@@ -508,13 +508,13 @@ __device__ __forceinline__ void load_q(float (&x)[QROWS][DK / 32], const float* 
 
 template <int QROWS, bool FRAG = false>
 __device__ __forceinline__ void store_q(u8* qs, float (&x)[QROWS][DK / 32], int validRows, float qscale,
-                                        int lane) {
+                                        int lane, bool rotate = true) {
 #pragma unroll
     for (int r = 0; r < QROWS; r++) {
         // rows past validRows are written as zeros: only the others need their rotation (a uniform test: one query
-        // of a GQA group of 4 leaves half of decode's 8 rows empty)
+        // of a GQA group of 4 leaves half of decode's 8 rows empty); none where the queries come rotated
         if constexpr (fmt_rotated(KF)) {
-            if (r < validRows) wht_row<DK>(x[r], lane, false);
+            if (rotate && r < validRows) wht_row<DK>(x[r], lane, false);
         }
 #pragma unroll
         for (int j = 0; j < DK / 32; j++) {
@@ -529,11 +529,11 @@ __device__ __forceinline__ void store_q(u8* qs, float (&x)[QROWS][DK / 32], int 
 // As load_q then store_q, one row at a time (prefill: 16 rows a warp, whose registers the tile loop needs).
 template <int QROWS>
 __device__ __forceinline__ void prepare_q(u8* qs, const float* __restrict__ q, int seq, int nq, int heads, int G,
-                                          int kvHead, int row0, float qscale, int lane) {
+                                          int kvHead, int row0, float qscale, int lane, bool rotate) {
     for (int r = 0; r < QROWS; r++) {
         float x[1][DK / 32];
         load_q<1>(x, q, seq, nq, heads, G, kvHead, row0 + r, lane);
-        store_q<1>(qs + r * (2 * DK + 16), x, nq * G - (row0 + r), qscale, lane);
+        store_q<1>(qs + r * (2 * DK + 16), x, nq * G - (row0 + r), qscale, lane, rotate);
     }
 }
 
@@ -1442,6 +1442,11 @@ __device__ __forceinline__ void store_rows(const float (&o)[DV / 8][4], float (&
 // (swizzled so that a store of the 32 lanes falls on distinct banks; a float pair stays together) and writes each
 // row as float pairs, 256 contiguous bytes a store. (store_rows wrote 4 bytes at a time, a turbo V's to scattered
 // columns: ncu put a fifth of a 4K turbo3 prefill's warp samples of prefill_wg there.)
+// kvant_attn_prefill's flags: the queries come rotated into K's basis (the model's kvant_rope_split rotates them
+// where it writes them, so the block's prologue, which the tensor cores wait for, does not), and the output is left
+// in V's rotated basis (the model's kvant_to_half_unrotated turns it back where it converts it; the epilogue then
+// only divides and stores). Measured on an H200 (docs/BENCHMARKS.md): a turbo3 prefill_wg of 4K tokens 1.2x faster.
+constexpr int PRE_Q_ROTATED = 1, PRE_OUT_ROTATED = 2;
 // STAGED_OUT: the formats and sizes it takes (a rotated V of one rotation block a row); the caller's stage holds
 // 8 * DV floats a warp.
 constexpr bool STAGED_OUT = DV % 64 == 0 && (!fmt_rotated(VF) || rot_block(DV) == DV);
@@ -1466,7 +1471,7 @@ __device__ __forceinline__ int out_dim_b(int fmt, int n, int c) {
 }
 __device__ __forceinline__ void store_rows_staged(const float (&o)[DV / 8][4], float (&lrow)[2],
                                                   float* __restrict__ out, float* stage, int row0, int nRows, int G,
-                                                  int kh, int heads, int g, int c, int lane) {
+                                                  int kh, int heads, int g, int c, int lane, bool unrotate) {
     constexpr bool ROT = fmt_rotated(VF), TURBO = fmt_turbo(VF);
     constexpr int N = rot_block(DV), NI = N == 128 ? 1 : 0, R = DV / 4;
     // (compiled for every module, called where STAGED_OUT holds: PRE_STAGED)
@@ -1501,7 +1506,7 @@ __device__ __forceinline__ void store_rows_staged(const float (&o)[DV / 8][4], f
         float x[R];
 #pragma unroll
         for (int r = 0; r < R; r++) x[r] = o[r >> 1][2 * e + (r & 1)] * inv;
-        if constexpr (ROT) {
+        if (ROT && unrotate) {
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 if (sign(pre, r)) x[r] = -x[r];
@@ -2062,7 +2067,8 @@ __device__ __forceinline__ void wgq_producer(u8* aligned, u32 base, const u8* __
 __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8* __restrict__ kpool,
                                            const u8* __restrict__ vpool, const int* __restrict__ table, int qstart,
                                            int nq, float* __restrict__ out, int kvHeads, int G, int pageTokens,
-                                           i64 kPageBytes, i64 vPageBytes, float qscale, float sparseThreshold) {
+                                           i64 kPageBytes, i64 vPageBytes, float qscale, float sparseThreshold,
+                                           int flags) {
     constexpr int TT = WG_TT, NST = WG_NST, AHEAD = WG_NST - 2;
     extern __shared__ __align__(128) u8 smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -2140,7 +2146,7 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 if constexpr (fmt_rotated(KF)) {
-                    if (row0 + r0 + e < nRows) wht_row<DK>(x[r0 + e], lane, false);
+                    if (!(flags & PRE_Q_ROTATED) && row0 + r0 + e < nRows) wht_row<DK>(x[r0 + e], lane, false);
                 }
             }
 #pragma unroll
@@ -2258,7 +2264,8 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
     // the warpgroup's query tile becomes its warps' output stages once all four are past their last products
     if (wg == 0) asm volatile("bar.sync 7, 128;" ::: "memory");
     else asm volatile("bar.sync 8, 128;" ::: "memory");
-    store_rows_staged(o, lrow, out, (float*) qs + (warp & 3) * 8 * DV, row0, nRows, G, kh, heads, g, c, lane);
+    store_rows_staged(o, lrow, out, (float*) qs + (warp & 3) * 8 * DV, row0, nRows, G, kh, heads, g, c, lane,
+                      !(flags & PRE_OUT_ROTATED));
 }
 #endif
 
@@ -2279,7 +2286,9 @@ __device__ __forceinline__ void prefill_wg(const float* __restrict__ q, const u8
 //         A tile no row masks and a run without a sparse-V threshold skip those steps by uniform branches.
 // exact:  as decode. Writes out = O / l in head order, a rotated V's rows rotated back in the epilogue
 //         (store_rows_staged); where that cannot be (!PRE_STAGED: a rotated V of head 256, or of head 128 beside a K of
-//         head 64), kvant_attn_unrotate follows (kvant_attn_info out[9]).
+//         head 64), kvant_attn_unrotate follows (kvant_attn_info out[9]). flags (PRE_Q_ROTATED, PRE_OUT_ROTATED) say
+//         the queries come rotated and the output may stay rotated: then the kernel rotates neither (nor does
+//         kvant_attn_unrotate follow); the same bits as the rotations done here.
 // sm_90a: rows of one head size of 64 or 128 take prefill_wg above (same grid and rows; quantized rows or centered
 //         keys: 16 warps, warps 8..15 copying and dequantizing).
 // ================================================================================================================
@@ -2302,12 +2311,12 @@ constexpr bool PRE_STAGED = STAGED_OUT && (PRE_WG || 8 * DV * 4 <= 16 * PreLayou
 extern "C" __global__ void __launch_bounds__(PRE_THREADS, PRE_BLOCKS)
 kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, const u8* __restrict__ vpool,
                    const int* __restrict__ table, int qstart, int nq, float* __restrict__ out, int kvHeads, int G,
-                   int pageTokens, i64 kPageBytes, i64 vPageBytes, float qscale, float sparseThreshold) {
+                   int pageTokens, i64 kPageBytes, i64 vPageBytes, float qscale, float sparseThreshold, int flags) {
     KVANT_GRID_ENTER();
 #if KVANT_WGMMA
     if constexpr (PRE_WG) {
         prefill_wg(q, kpool, vpool, table, qstart, nq, out, kvHeads, G, pageTokens, kPageBytes, vPageBytes, qscale,
-                   sparseThreshold);
+                   sparseThreshold, flags);
         return;
     }
 #endif
@@ -2347,7 +2356,7 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
     }
     int pageNext = loader.page(table, (NST - 1) * TT, t1, (NST - 1) * TT, pageTokens);
     build_luts<LY>(smem, threadIdx.x, blockDim.x);
-    prepare_q<16>(qs, q, 0, nq, heads, G, kh, row0, qscale, lane);
+    prepare_q<16>(qs, q, 0, nq, heads, G, kh, row0, qscale, lane, !(flags & PRE_Q_ROTATED));
 
     // shared-memory addresses (ldsm_x4): the tile loop's loads are a base and constant offsets
     const u32 sbase = smem_u32(smem);
@@ -2488,7 +2497,8 @@ kvant_attn_prefill(const float* __restrict__ q, const u8* __restrict__ kpool, co
     }
 
     if constexpr (PRE_STAGED) {
-        store_rows_staged(o, lrow, out, (float*) qs, row0, nRows, G, kh, heads, g, c, lane);   // the warp's own Q rows
+        store_rows_staged(o, lrow, out, (float*) qs, row0, nRows, G, kh, heads, g, c, lane,   // the warp's own Q rows
+                          !(flags & PRE_OUT_ROTATED));
     } else {
         store_rows(o, lrow, out, row0, nRows, G, kh, heads, g, c);
     }
@@ -2702,8 +2712,8 @@ extern "C" __global__ void __launch_bounds__(MERGE_THREADS) kvant_attn_unrotate(
 
 // kvant_attn_info — the launch geometry the host needs, from the one place it is defined:
 // out = {decode shared bytes, decode threads, decode stages, prefill shared bytes, prefill threads, prefill stages,
-//        K row bytes, V row bytes, decode blocks an SM, 1 if the prefill's output needs kvant_attn_unrotate}. One
-//        thread.
+//        K row bytes, V row bytes, decode blocks an SM, 1 if the prefill's output needs kvant_attn_unrotate,
+//        the rotation block of K (0: K is not rotated), that of V}. One thread.
 extern "C" __global__ void kvant_attn_info(int* out) {
     KVANT_GRID_ENTER();
     out[0] = DecLayout::TOTAL;
@@ -2716,4 +2726,6 @@ extern "C" __global__ void kvant_attn_info(int* out) {
     out[7] = RBV;
     out[8] = DEC_BLOCKS;
     out[9] = fmt_rotated(VF) && !PRE_STAGED ? 1 : 0;
+    out[10] = fmt_rotated(KF) ? rot_block(DK) : 0;
+    out[11] = fmt_rotated(VF) ? rot_block(DV) : 0;
 }

@@ -27,7 +27,6 @@ __host__ __device__ constexpr bool fmt_q4(int f) { return f == F_Q4_0 || f == F_
 // Values of one scale of an 8-bit format (a block: the fp16 scale, then that many int8 values).
 __host__ __device__ constexpr int fmt_block8(int f) { return f == F_Q8_0 ? 32 : 64; }
 __host__ __device__ constexpr int fmt_bits(int f) { return f == F_TURBO4 ? 4 : f == F_TURBO3 ? 3 : f == F_TURBO2 ? 2 : 0; }
-__host__ __device__ constexpr int rot_block(int d) { return d % 128 == 0 ? 128 : 64; }
 __host__ __device__ constexpr int fmt_row_bytes(int f, int d) {
     return f <= F_BF16 ? 2 * d
          : f == F_Q8_0 ? d / 32 * 34
@@ -138,57 +137,7 @@ __device__ __forceinline__ float java_min(float a, float b) {
     return signbit(a) ? a : b;
 }
 
-// ---- the rotation
-
-// One block of N values rotated in place (forward: D1, H/sqrt(N), D2) or back (inverse: D2, H/sqrt(N), D1) by one
-// warp: lane l holds element 32j + l in x[j]. Butterfly distances 1..16 cross lanes (__shfl_xor_sync), 32 and 64
-// cross registers of one lane, so no shared memory is needed. The stages run in the CPU kernel's order (distance
-// 1, 2, 4, ..., N/2), each butterfly is (a, b) -> (a + b, a - b) with a the lower index, and the last stage is
-// followed by the multiplication with D_post * fl(1/sqrt(N)): exactly the float operations of
-// dev.kvant.kv.Rotation, so the rotated values are bitwise the CPU's.
-template <int N>
-__device__ __forceinline__ void wht_block(float* x, int lane, bool inverse) {
-    constexpr int R = N / 32;
-    constexpr int ni = N == 128 ? 1 : 0;
-    const int pre = inverse ? 1 : 0;
-    const int post = inverse ? 0 : 1;
-#pragma unroll
-    for (int j = 0; j < R; j++) {
-        if ((kv_rot_sign[ni][pre][j] >> lane) & 1u) x[j] = -x[j];
-    }
-#pragma unroll
-    for (int h = 1; h < 32; h <<= 1) {
-#pragma unroll
-        for (int j = 0; j < R; j++) {
-            float y = __shfl_xor_sync(FULL_MASK, x[j], h);
-            x[j] = (lane & h) ? __fsub_rn(y, x[j]) : __fadd_rn(x[j], y);
-        }
-    }
-#pragma unroll
-    for (int h = 1; h < R; h <<= 1) {
-#pragma unroll
-        for (int j = 0; j < R; j++) {
-            if (!(j & h)) {
-                float a = x[j], b = x[j + h];
-                x[j] = __fadd_rn(a, b);
-                x[j + h] = __fsub_rn(a, b);
-            }
-        }
-    }
-    const float sc = kv_rot_scale[ni];
-#pragma unroll
-    for (int j = 0; j < R; j++) {
-        x[j] = __fmul_rn(x[j], ((kv_rot_sign[ni][post][j] >> lane) & 1u) ? -sc : sc);
-    }
-}
-
-// A head row of D values (x[j] = element 32j + lane) rotated block by block.
-template <int D>
-__device__ __forceinline__ void wht_row(float* x, int lane, bool inverse) {
-    constexpr int N = rot_block(D);
-#pragma unroll
-    for (int b = 0; b < D / N; b++) wht_block<N>(x + b * (N / 32), lane, inverse);
-}
+// ---- the rotation: rotation.cuh (wht_block, wht_row), shared with the model's kernels
 
 // ---- shared-memory loads at 2-byte alignment (rows of most formats are not 4-byte aligned)
 

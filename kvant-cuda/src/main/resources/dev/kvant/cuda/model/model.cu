@@ -2012,6 +2012,23 @@ extern "C" __global__ void kvant_rope_angles(const int* __restrict__ positions, 
 // rope_head); the V copy is spread over all the vector's threads, so no thread loops over it. A decode step with a
 // format that kv_write.cu's kvant_rope_write takes does this and the cache write in one launch instead.
 #define ROPE_MAX_DIM 256
+
+// A head of headDim values (x[j] = element 32j + lane) rotated by blocks of n = 64 or 128 (rotation.cuh, the
+// attention kernels' wht_row for such a head: the same bits), or left as it is for n = 0. A warp, all lanes.
+template <int J>
+__device__ __forceinline__ void rotate_head(float (&x)[J], int headDim, int n, int lane, bool inverse) {
+    if (n == 128) {
+#pragma unroll
+        for (int b = 0; b < J / 4; b++) {
+            if (128 * b < headDim) wht_block<128>(x + 4 * b, lane, inverse);
+        }
+    } else if (n == 64) {
+#pragma unroll
+        for (int b = 0; b < J / 2; b++) {
+            if (64 * b < headDim) wht_block<64>(x + 2 * b, lane, inverse);
+        }
+    }
+}
 extern "C" __global__ void __launch_bounds__(128) kvant_rope_split(
         const float* __restrict__ qkv, int n, const int* __restrict__ positions, int start,
         float* __restrict__ q, float* __restrict__ k, float* __restrict__ v,
@@ -2019,7 +2036,7 @@ extern "C" __global__ void __launch_bounds__(128) kvant_rope_split(
         int heads, int kvHeads, int headDim, int headDimV,
         const float* __restrict__ qNorm, const float* __restrict__ kNorm, float eps,
         const int* __restrict__ tables, int tableStride, int seqStride, int pageTokens, int* __restrict__ slots,
-        int* __restrict__ prevPages) {
+        int* __restrict__ prevPages, int qRotation) {
     KVANT_GRID_ENTER();
     constexpr int J = ROPE_MAX_DIM / 32;
     int t = blockIdx.x;
@@ -2034,6 +2051,7 @@ extern "C" __global__ void __launch_bounds__(128) kvant_rope_split(
         float x[J];
         rope_head<J>(src, isQ ? qNorm : kNorm, angles + (i64) t * (ropeDim / 2), ropeDim, neox, headDim, eps, lane,
                      x);
+        if (isQ) rotate_head<J>(x, headDim, qRotation, lane, false);
 #pragma unroll
         for (int j = 0; j < J; j++) {
             if (lane + 32 * j < headDim) dst[lane + 32 * j] = x[j];
@@ -2076,6 +2094,28 @@ extern "C" __global__ void kvant_to_half(const float* __restrict__ x, u16* __res
     KVANT_GRID_ENTER();
     for (i64 i = (i64) blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64) gridDim.x * blockDim.x) {
         out[i] = f2h(x[i]);
+    }
+}
+
+// rows of headDim floats (a prefill's attention output, left in V's rotated basis: CudaAttention.prefill with
+// rotatedBasis) rotated back by blocks of n (64 or 128) and written as f16, the operand of the o GEMM: the values, and
+// so the f16, of the attention's own epilogue rotation. A warp a row.
+extern "C" __global__ void __launch_bounds__(256) kvant_to_half_unrotated(const float* __restrict__ x,
+        u16* __restrict__ out, i64 rows, int headDim, int n) {
+    KVANT_GRID_ENTER();
+    constexpr int J = ROPE_MAX_DIM / 32;
+    const int lane = threadIdx.x & 31;
+    const i64 warps = (i64) gridDim.x * (blockDim.x >> 5);
+    for (i64 r = (i64) blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < rows; r += warps) {
+        const float* src = x + r * headDim;
+        float v[J];
+#pragma unroll
+        for (int j = 0; j < J; j++) v[j] = lane + 32 * j < headDim ? src[lane + 32 * j] : 0.f;
+        rotate_head<J>(v, headDim, n, lane, true);
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            if (lane + 32 * j < headDim) out[r * headDim + lane + 32 * j] = f2h(v[j]);
+        }
     }
 }
 

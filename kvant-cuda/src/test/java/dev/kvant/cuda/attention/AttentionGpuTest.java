@@ -1,6 +1,7 @@
 package dev.kvant.cuda.attention;
 
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -15,6 +16,8 @@ import dev.kvant.kv.KvFormat;
 import dev.kvant.kv.KvGeometry;
 import dev.kvant.kv.KvSequence;
 import dev.kvant.kv.PageMeanFormat;
+import dev.kvant.kv.Q4Format;
+import dev.kvant.kv.Rotation;
 import dev.kvant.kv.TurboFormat;
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -580,6 +583,66 @@ class AttentionGpuTest {
                 check("prefill G=" + group + " start=" + start + " n=" + n, out, tight, loose, kName, vName, seed);
             }
         }
+    }
+
+    /**
+     * A prefill in the rotated basis (the model's: queries rotated into K's basis before, output left in V's and turned
+     * back after) gives the plain call's bits, with the rotations done here by {@link Rotation} (the device's rotation
+     * is the CPU's, bit for bit): for every standard format pair and head size, a whole prompt and a late chunk, every
+     * output element written (NaN poison first). The rotation blocks the attention names are K's and V's.
+     */
+    @ParameterizedTest(name = "{0}/{1} head {2}/{3}")
+    @MethodSource("shapes")
+    void prefillInTheRotatedBasisGivesThePlainBits(String kName, String vName, int dK, int dV) {
+        CudaContext context = AttentionGpuFixture.context();
+        KernelCache cache = AttentionGpuFixture.cache();
+        Data data = data(kName, vName, dK, dV);
+        long seed = AttentionGpuFixture.seed("rotated prefill " + kName + "/" + vName + " " + dK + "/" + dV);
+        SplittableRandom r = new SplittableRandom(seed);
+        KvFormat kf = PageMeanFormat.rows(KvFormat.parse(kName)), vf = KvFormat.parse(vName);
+        int[][] cases = {{4, 1, 0, 150}, {4, 2, 441, 74}};
+        for (int[] c : cases) {
+            int group = c[0], s = c[1], start = c[2], n = c[3];
+            int heads = KV_HEADS * group;
+            AttentionShape shape = AttentionShape.of(data.host(), heads);
+            float[] q = AttentionGpuFixture.gaussianRows(r, n * heads, dK, 1.0, 0);
+            float[] qRotated = q.clone();
+            try (CudaAttention attention = CudaAttention.create(context, cache, shape,
+                    AttentionPlan.of(LENS.length, 1, MAX_TOKENS, 256));
+                 DeviceBatch batch = batch(context, data, new int[] {0, 1, 2}, LENS);
+                 DeviceBuffer od = context.allocate(4L * n * heads * dV)) {
+                assertEquals(rotated(kf) ? Rotation.blockSize(dK) : 0, attention.queryRotation(), "K's rotation");
+                assertEquals(rotated(vf) ? Rotation.blockSize(dV) : 0, attention.outputRotation(), "V's rotation");
+                if (attention.queryRotation() != 0) {
+                    for (int row = 0; row < n * heads; row++) {
+                        Rotation.forwardRow(qRotated, row * dK, dK);
+                    }
+                }
+                float[][] outs = new float[2][];
+                for (int pass = 0; pass < 2; pass++) {
+                    try (DeviceBuffer qd = AttentionGpuFixture.upload(context, pass == 0 ? q : qRotated)) {
+                        od.fillFloats(Float.NaN);
+                        attention.prefill(data.device(), 0, qd, batch, s, start, n, od, pass == 1,
+                                context.defaultStream());
+                        context.synchronize();
+                        outs[pass] = AttentionGpuFixture.download(od, n * heads * dV);
+                    }
+                }
+                if (attention.outputRotation() != 0) {
+                    for (int row = 0; row < n * heads; row++) {
+                        Rotation.inverseRow(outs[1], row * dV, dV);
+                    }
+                }
+                String what = kName + "/" + vName + " " + dK + "/" + dV + " prefill of " + n + " at " + start;
+                assertTrue(allFinite(outs[0]), what + ": output has NaN/inf; seed " + seed);
+                assertArrayEquals(outs[0], outs[1], what + ": the rotated basis gave other bits; seed " + seed);
+            }
+        }
+    }
+
+    /** Whether a format's rows are in the rotated basis (kv_format.cuh fmt_rotated: q4_0h and the turbo formats). */
+    private static boolean rotated(KvFormat f) {
+        return f instanceof TurboFormat || f == Q4Format.Q4_0H;
     }
 
     /**

@@ -14,6 +14,7 @@ import dev.kvant.cuda.attention.CudaKvCache;
 import dev.kvant.cuda.attention.RopeRows;
 import dev.kvant.kv.KvFormat;
 import dev.kvant.kv.KvGeometry;
+import dev.kvant.kv.Rotation;
 import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;
 import java.util.ArrayList;
@@ -25,13 +26,15 @@ import org.junit.jupiter.api.Test;
 import org.junit.jupiter.params.ParameterizedTest;
 import org.junit.jupiter.params.provider.Arguments;
 import org.junit.jupiter.params.provider.MethodSource;
+import org.junit.jupiter.params.provider.ValueSource;
 
 /**
  * A decode step's fused RoPE and cache write (kv_write.cu's kvant_rope_write, {@link CudaAttention#writeRoped})
  * against the two launches it replaces (model.cu's kvant_rope_split, then {@link CudaAttention#quantizeRows}): the
  * same q bits, the same K and V bytes in the same slots of poisoned pools, the same slots and previous pages, and
  * nothing written for a padded vector (a negative page). Without q/k norms the q rows are also the CPU's RoPE
- * (dev.kvant.model.Rope: x0·c − x1·s, x0·s + x1·c) of the same angles, bit for bit.
+ * (dev.kvant.model.Rope: x0·c − x1·s, x0·s + x1·c) of the same angles, bit for bit. And a dense prefill's rotations
+ * as the model does them (queries rotated by RoPE, the output turned back by its conversion to f16) against the CPU's.
  */
 @Tag("gpu")
 class RopeWriteGpuTest extends ModelKernelsGpuFixture {
@@ -116,7 +119,7 @@ class RopeWriteGpuTest extends ModelKernelsGpuFixture {
             }
             DeviceBuffer qn = norms ? qNormD : null, kn = norms ? kNormD : null;
             kernels.ropeSplit(new RopeRows(qkvD, n, positions, 0, qA, kRows, vRows, anglesD, ropeDim, neox, HEADS,
-                    KV_HEADS, dK, dV, qn, kn, 1e-6f, tables, TABLE_STRIDE, 1, PAGE_TOKENS, slotsA, prevA), stream);
+                    KV_HEADS, dK, dV, qn, kn, 1e-6f, tables, TABLE_STRIDE, 1, PAGE_TOKENS, slotsA, prevA), 0, stream);
             attention.quantizeRows(split, 0, kRows, vRows, slotsA, n, stream);
             attention.writeRoped(fused, 0, new RopeRows(qkvD, n, positions, 0, qB, null, null, anglesD, ropeDim,
                     neox, HEADS, KV_HEADS, dK, dV, qn, kn, 1e-6f, tables, TABLE_STRIDE, 1, PAGE_TOKENS, slotsB,
@@ -142,6 +145,79 @@ class RopeWriteGpuTest extends ModelKernelsGpuFixture {
                 float[] want = cpuRopeQueries(qkv, angles, n, width, dK, ropeDim, neox);
                 assertArrayEquals(want, q, where + ": q against the CPU's RoPE");
             }
+        }
+    }
+
+    /**
+     * A dense prefill's rotations done in the model's passes (CudaAttention.prefill with rotatedBasis): RoPE with a
+     * query rotation gives each query head of RoPE without it rotated by the CPU's {@link Rotation}, bit for bit, and
+     * leaves k and v as they were; the output's conversion, {@link ModelKernels#toHalfUnrotated}, gives the CPU's
+     * inverse rotation of each row as f16, bit for bit. Heads of 64, 128 and 256 (two rotation blocks).
+     */
+    @ParameterizedTest(name = "head {0}")
+    @ValueSource(ints = {64, 128, 256})
+    void prefillRotationsAreTheCpusRotation(int d) {
+        long seed = TestSeed.next();
+        SplittableRandom r = new SplittableRandom(seed);
+        String where = "head " + d + " (seed " + seed + ")";
+        int n = POSITIONS.length;
+        int qDim = HEADS * d, kvDim = KV_HEADS * d, width = qDim + 2 * kvDim;
+        float[] qkv = new float[n * width];
+        for (int i = 0; i < qkv.length; i++) {
+            qkv[i] = (float) (r.nextGaussian() * Math.exp(r.nextDouble(-2, 2)));
+        }
+        float[] angles = new float[n * d];
+        for (int i = 0; i < angles.length; i += 2) {
+            double a = r.nextDouble(-Math.PI, Math.PI);
+            angles[i] = (float) Math.cos(a);
+            angles[i + 1] = (float) Math.sin(a);
+        }
+        int block = Rotation.blockSize(d);
+        int rows = n * HEADS;
+        float[] out = new float[rows * d];
+        for (int i = 0; i < out.length; i++) {
+            out[i] = (float) (r.nextGaussian() * Math.exp(r.nextDouble(-3, 3)));
+        }
+        try (DeviceBuffer qkvD = upload(MemorySegment.ofArray(qkv));
+             DeviceBuffer anglesD = upload(MemorySegment.ofArray(angles));
+             DeviceBuffer positions = upload(MemorySegment.ofArray(POSITIONS));
+             DeviceBuffer tables = upload(MemorySegment.ofArray(TABLES));
+             DeviceBuffer outD = upload(MemorySegment.ofArray(out));
+             DeviceBuffer half = context.allocate(2L * rows * d);
+             DeviceBuffer qA = context.allocate(4L * n * qDim);
+             DeviceBuffer qB = context.allocate(4L * n * qDim);
+             DeviceBuffer kA = context.allocate(4L * n * kvDim);
+             DeviceBuffer kB = context.allocate(4L * n * kvDim);
+             DeviceBuffer vA = context.allocate(4L * n * kvDim);
+             DeviceBuffer vB = context.allocate(4L * n * kvDim)) {
+            for (DeviceBuffer b : List.of(qA, qB, kA, kB, vA, vB)) {
+                b.fillFloats(Float.NaN);
+            }
+            half.fillBytes((byte) 0xA5);
+            kernels.ropeSplit(new RopeRows(qkvD, n, positions, 0, qA, kA, vA, anglesD, d, false, HEADS, KV_HEADS, d,
+                    d, null, null, 1e-6f, tables, TABLE_STRIDE, 1, PAGE_TOKENS, null, null), 0, stream);
+            kernels.ropeSplit(new RopeRows(qkvD, n, positions, 0, qB, kB, vB, anglesD, d, false, HEADS, KV_HEADS, d,
+                    d, null, null, 1e-6f, tables, TABLE_STRIDE, 1, PAGE_TOKENS, null, null), block, stream);
+            kernels.toHalfUnrotated(outD, half, rows, d, block, stream);
+            stream.synchronize();
+            float[] want = download(qA).toArray(ValueLayout.JAVA_FLOAT);
+            for (int row = 0; row < n * HEADS; row++) {
+                Rotation.forwardRow(want, row * d, d);
+            }
+            assertArrayEquals(want, download(qB).toArray(ValueLayout.JAVA_FLOAT), where + ": rotated q");
+            assertArrayEquals(download(kA).toArray(ValueLayout.JAVA_FLOAT), download(kB).toArray(ValueLayout.JAVA_FLOAT),
+                    where + ": k");
+            assertArrayEquals(download(vA).toArray(ValueLayout.JAVA_FLOAT), download(vB).toArray(ValueLayout.JAVA_FLOAT),
+                    where + ": v");
+            short[] wantHalf = new short[rows * d];
+            float[] turned = out.clone();
+            for (int row = 0; row < rows; row++) {
+                Rotation.inverseRow(turned, row * d, d);
+            }
+            for (int i = 0; i < turned.length; i++) {
+                wantHalf[i] = Float.floatToFloat16(turned[i]);
+            }
+            assertArrayEquals(wantHalf, download(half).toArray(ValueLayout.JAVA_SHORT), where + ": f16 turned back");
         }
     }
 
