@@ -89,6 +89,11 @@ final class ServeBenchCommand implements Runnable {
             description = "batching, with --temp: each request's min-p (0: off; default ${DEFAULT-VALUE})")
     float minP;
 
+    @Option(names = "--repeat-penalty", paramLabel = "R", defaultValue = "1",
+            description = "batching: each request's repeat penalty over its last 64 tokens (1: off; default"
+                    + " ${DEFAULT-VALUE})")
+    float repeatPenalty;
+
     @Option(names = "--conversation", paramLabel = "N", defaultValue = "16384",
             description = "prefix: tokens of the first turn (default ${DEFAULT-VALUE})")
     int conversation;
@@ -186,6 +191,10 @@ final class ServeBenchCommand implements Runnable {
             throw new UsageException("--top-k must be at least 0, --top-p above 0 and at most 1, --min-p between 0 and"
                     + " 1; got " + topK + ", " + topP + " and " + minP);
         }
+        if (!(repeatPenalty > 0) || Float.isInfinite(repeatPenalty)) {
+            throw new UsageException("--repeat-penalty must be a finite number above 0 (1 is off), got "
+                    + repeatPenalty);
+        }
         if (!(cancel >= 0 && cancel <= 1)) {
             throw new UsageException("--cancel must be a fraction from 0 to 1, got " + cancel);
         }
@@ -200,7 +209,8 @@ final class ServeBenchCommand implements Runnable {
     }
 
     private ServeBench.Sampling sampling() {
-        return temperature > 0 ? new ServeBench.Sampling(temperature, topK, topP, minP) : ServeBench.Sampling.GREEDY;
+        return temperature > 0 || repeatPenalty != 1f
+                ? new ServeBench.Sampling(temperature, topK, topP, minP, repeatPenalty) : ServeBench.Sampling.GREEDY;
     }
 
     private void batching(ServeBench.Setup setup, long s) {

@@ -67,10 +67,11 @@ import java.util.stream.IntStream;
  *
  * <p><b>Draws.</b> Where the backend draws where it runs ({@link Backend#drawsWhereItRuns}: the GPU), a sequence
  * sampled at a temperature is drawn there (from its sampler's candidates — top-k up to {@link Draws#MAX_TOP_K}, top-p
- * with it, min-p — by Gumbel-max from a key of its seeded sampler: {@link Draws}), and so is a greedy one with a few
- * banned tokens ({@code ignore_eos}); one id a sequence comes back. The others (penalties, top-p without top-k, a
- * larger top-k, a temperature below {@link Sampler#LEAST_DRAWN_TEMPERATURE}, more than {@link Draws#MAX_BANNED}
- * banned tokens) draw on the host from the step's copied logits, side by side on a few draw threads, each sequence's
+ * with it, min-p, repetition penalties over a window of up to {@link Draws#MAX_PENALIZED} tokens — by Gumbel-max from
+ * a key of its seeded sampler: {@link Draws}), and so is a greedy one with a few banned tokens ({@code ignore_eos}) or
+ * a penalty; one id a sequence comes back. The others (top-p without top-k, a larger top-k, a longer penalty window,
+ * a temperature below {@link Sampler#LEAST_DRAWN_TEMPERATURE}, more than {@link Draws#MAX_BANNED} banned tokens) draw
+ * on the host from the step's copied logits, side by side on a few draw threads, each sequence's
  * by one of them with its own sampler, so the same tokens come whatever the threads; the engine thread then delivers
  * them in order. A sequence's tokens are chosen the same way whatever shares its step.
  */
@@ -681,6 +682,7 @@ public final class Engine implements AutoCloseable {
             int[] topK = new int[n];
             float[] topP = new float[n];
             float[] minP = new float[n];
+            Draws.Penalty[] penalty = new Draws.Penalty[n];
             for (int i = 0; i < n; i++) {
                 Sampler s = c.members[i].sampler;
                 topP[i] = 1f;
@@ -691,10 +693,11 @@ public final class Engine implements AutoCloseable {
                     topK[i] = d.topK()[0];
                     topP[i] = d.topP()[0];
                     minP[i] = d.minP()[0];
+                    penalty[i] = d.penalty()[0];
                 }
                 banned[i] = c.byId[i] ? c.members[i].banned : null;
             }
-            draws = new Draws(temperature, keys, banned, topK, topP, minP);
+            draws = new Draws(temperature, keys, banned, topK, topP, minP, penalty);
         }
         float[] logits = anyHost ? c.logits : null;
         try {

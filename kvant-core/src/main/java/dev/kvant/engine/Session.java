@@ -228,8 +228,8 @@ public final class Session implements AutoCloseable {
     /**
      * Feeds one token and returns the next as sampler chooses it, copying one id back where the backend can choose
      * it: the largest logit for a greedy sampler, a draw where the model runs for one it allows ({@link
-     * Sampler#drawsWhereTheModelRuns}: a temperature with top-k, top-p and min-p, no penalty); else the sampler's draw
-     * on the host from the logits.
+     * Sampler#drawsWhereTheModelRuns}: a temperature with top-k, top-p and min-p, penalties over a short window);
+     * else the sampler's draw on the host from the logits.
      */
     public int decodeSampled(int token, Sampler sampler) {
         int vocab = backend.model().config().vocabSize();

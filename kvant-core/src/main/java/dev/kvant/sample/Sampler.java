@@ -36,12 +36,19 @@ public final class Sampler {
 
     /**
      * Whether this sampler's draw can be made where the model runs ({@link #nextDraw}), so that the logits need not
-     * be copied out: a draw at a temperature of at least {@link #LEAST_DRAWN_TEMPERATURE} with no penalty, and a top-k
-     * of at most {@link dev.kvant.backend.Draws#MAX_TOP_K} or none (then no top-p: ranking the whole vocabulary for it
-     * stays on the host); min-p either way.
+     * be copied out: a draw at a temperature of at least {@link #LEAST_DRAWN_TEMPERATURE}, and a top-k of at most
+     * {@link dev.kvant.backend.Draws#MAX_TOP_K} or none (then no top-p: ranking the whole vocabulary for it stays on
+     * the host); min-p either way; or greedy with a penalty. A penalty goes along where its window is at most {@link
+     * dev.kvant.backend.Draws#MAX_PENALIZED} tokens.
      */
     public boolean drawsWhereTheModelRuns(int vocab) {
-        if (config.temperature() < LEAST_DRAWN_TEMPERATURE || config.penalizes()) {
+        if (config.penalizes() && config.repeatLastN() > dev.kvant.backend.Draws.MAX_PENALIZED) {
+            return false;
+        }
+        if (config.isGreedy()) {
+            return config.penalizes();   // greedy without one: the argmax (argmaxSuffices)
+        }
+        if (config.temperature() < LEAST_DRAWN_TEMPERATURE) {
             return false;
         }
         int k = drawTopK(vocab);
@@ -75,10 +82,37 @@ public final class Sampler {
         if (!drawsWhereTheModelRuns(vocab)) {
             throw new IllegalStateException("this sampler draws on the host: " + config);
         }
-        int k = drawTopK(vocab);
-        return new dev.kvant.backend.Draws(new float[] {config.temperature()}, new long[] {nextDrawKey()},
+        boolean greedy = config.isGreedy();
+        int k = greedy ? 0 : drawTopK(vocab);
+        return new dev.kvant.backend.Draws(new float[] {config.temperature()}, new long[] {greedy ? 0L : nextDrawKey()},
                 new int[][] {null}, new int[] {k}, new float[] {k > 0 ? config.topP() : 1f},
-                new float[] {config.minP()});
+                new float[] {greedy ? 0f : config.minP()},
+                new dev.kvant.backend.Draws.Penalty[] {config.penalizes() ? penalty() : null});
+    }
+
+    /**
+     * The repetition penalties of the next token as a draw made elsewhere applies them: this sampler's settings and
+     * the distinct ids of its window, ascending, with how often each is there (what {@link #sample} penalizes).
+     */
+    public dev.kvant.backend.Draws.Penalty penalty() {
+        int[] window = Arrays.copyOf(recent, recentCount);
+        Arrays.sort(window);
+        int[] ids = new int[window.length];
+        int[] counts = new int[window.length];
+        int n = 0;
+        for (int i = 0; i < window.length; ) {
+            int j = i + 1;
+            while (j < window.length && window[j] == window[i]) {
+                j++;
+            }
+            if (window[i] >= 0) {
+                ids[n] = window[i];
+                counts[n++] = j - i;
+            }
+            i = j;
+        }
+        return new dev.kvant.backend.Draws.Penalty(config.repeatPenalty(), config.frequencyPenalty(),
+                config.presencePenalty(), Arrays.copyOf(ids, n), Arrays.copyOf(counts, n));
     }
 
     /** Records a token of the context (prompt or generated) for the repetition penalty. */
@@ -401,20 +435,21 @@ public final class Sampler {
      * times its count and the presence penalty subtracted (the window sorted, so no vocabulary-sized scratch).
      */
     private void penalize(float[] logits) {
-        int[] window = Arrays.copyOf(recent, recentCount);
-        Arrays.sort(window);
-        for (int i = 0; i < window.length; ) {
-            int t = window[i];
-            int j = i + 1;
-            while (j < window.length && window[j] == t) {
-                j++;
+        penalize(penalty(), logits, 0, logits.length);
+    }
+
+    /**
+     * Applies a penalty to the logits of one row, {@code logits[off .. off + vocab)}: each of its ids' l becomes
+     * (l > 0 ? l / repeat : l · repeat) − (count · frequency + presence), in float, as a device draw does.
+     */
+    public static void penalize(dev.kvant.backend.Draws.Penalty p, float[] logits, int off, int vocab) {
+        for (int i = 0; i < p.ids().length; i++) {
+            int t = p.ids()[i];
+            if (t < vocab) {
+                float v = logits[off + t];
+                v = v > 0 ? v / p.repeat() : v * p.repeat();
+                logits[off + t] = v - (p.counts()[i] * p.frequency() + p.presence());
             }
-            if (t >= 0 && t < logits.length) {
-                float v = logits[t];
-                v = v > 0 ? v / config.repeatPenalty() : v * config.repeatPenalty();
-                logits[t] = v - ((j - i) * config.frequencyPenalty() + config.presencePenalty());
-            }
-            i = j;
         }
     }
 

@@ -3,6 +3,7 @@ package dev.kvant.engine;
 import dev.kvant.backend.Backend;
 import dev.kvant.backend.BackendSequence;
 import dev.kvant.backend.CpuBackend;
+import dev.kvant.backend.Draws;
 import dev.kvant.backend.PendingDecode;
 import dev.kvant.backend.SequencePool;
 import dev.kvant.gguf.GgmlType;
@@ -203,6 +204,7 @@ class EngineTest {
     static final class DrawingBackend extends ForwardingBackend {
         int drawnSteps;
         int drawnRows;
+        int penalizedRows;
 
         DrawingBackend(Backend inner) {
             super(inner);
@@ -228,6 +230,10 @@ class EngineTest {
                 float t = draws.temperature()[i];
                 int[] banned = draws.banned()[i] == null ? new int[0] : draws.banned()[i];
                 int off = i * vocab;
+                if (draws.penalty()[i] != null) {   // as the device: the row's logits penalized first
+                    dev.kvant.sample.Sampler.penalize(draws.penalty()[i], rows, off, vocab);
+                    penalizedRows++;
+                }
                 // the candidates, ranked (logit descending, id ascending), banned ids left out
                 Integer[] order = java.util.stream.IntStream.range(0, vocab)
                         .filter(v -> java.util.Arrays.stream(banned).noneMatch(b -> b == v)).boxed()
@@ -282,38 +288,42 @@ class EngineTest {
     }
 
     /**
-     * On a backend that draws where it runs, a request it can draw is drawn there (with its banned tokens too) and one
-     * with a repetition penalty on the host, whatever shares its step: each of six requests (sampled; with top-k,
-     * top-p and min-p; greedy; with a penalty; greedy with a banned token; sampled with one) gets the tokens it gets on
-     * an engine of one slot, batched with the others.
+     * On a backend that draws where it runs, a request it can draw is drawn there (with its banned tokens and its
+     * repetition penalty too) and one with a longer penalty window on the host, whatever shares its step: each of seven
+     * requests (sampled; with top-k, top-p and min-p; greedy; with a penalty; greedy with a banned token; sampled with
+     * one; with a penalty over 100 tokens) gets the tokens it gets on an engine of one slot, batched with the others.
      */
     @Test
     void drawsWhereTheModelRunsAreTheSameBatchedOrAlone() throws Exception {
         Random r = new Random(SEED + 19);
-        int n = 6;
+        int n = 7;
         GenerationRequest[] requests = new GenerationRequest[n];
         for (int i = 0; i < n; i++) {
             SamplerConfig sampling = switch (i) {
                 case 1 -> new SamplerConfig(0.9f, 20, 0.9f, 0.05f, 1f, 16, SEED + i);
                 case 2, 4 -> SamplerConfig.greedy();
                 case 3 -> new SamplerConfig(0.8f, 0, 1f, 0f, 1.3f, 16, SEED + i);
+                case 6 -> new SamplerConfig(0.8f, 40, 1f, 0f, 1.3f, 100, SEED + i);
                 default -> new SamplerConfig(0.8f, 0, 1f, 0f, 1f, 16, SEED + i);
             };
             int[] prompt = r.ints(12 + 25 * i, 0, TinyModels.VOCAB).toArray();
             int banned = r.nextInt(TinyModels.VOCAB);
-            requests[i] = new GenerationRequest(prompt, 20, sampling, null, i >= 4
+            requests[i] = new GenerationRequest(prompt, 20, sampling, null, i == 4 || i == 5
                     ? t -> t == banned : null);
         }
         DrawingBackend drawing = new DrawingBackend(backend);
         sameTokensBatchedOrAlone(drawing, new DrawingBackend(backend), requests);
         assertTrue(drawing.drawnSteps > 0 && drawing.drawnRows > 0, "drawn where the model runs");
+        assertTrue(drawing.penalizedRows > 0, "penalized where the model runs");
     }
 
     /**
      * A session's decode steps ({@link Session#decodeSampled}: what {@code kvant run} and {@code chat} generate
      * through) are drawn where the model runs when the backend can and the sampler allows it: on the drawing double,
-     * top-k 1 at a temperature gives greedy's tokens, and the CLI's defaults are drawn there every step; a repetition
-     * penalty draws on the host, and on a backend that draws nothing the same sampler gives the host's tokens.
+     * top-k 1 at a temperature gives greedy's tokens, and the CLI's defaults are drawn there every step, with a
+     * repetition penalty too; greedy with a penalty gives the host's tokens there (the largest penalized logit); a
+     * penalty over a window longer than a draw takes draws on the host, and on a backend that draws nothing the same
+     * sampler gives the host's tokens.
      */
     @Test
     void aSessionsSampledStepsAreDrawnWhereTheModelRuns() {
@@ -326,18 +336,35 @@ class EngineTest {
         sessionTokens(drawing, prompt, SamplerConfig.defaults(SEED));
         assertEquals(before + greedy.length - 1, drawing.drawnRows, "every step of the CLI's defaults drawn there");
         SamplerConfig penalized = new SamplerConfig(0.8f, 40, 0.95f, 0.05f, 1.3f, 16, SEED);
-        assertArrayEquals(sessionTokens(backend, prompt, penalized), sessionTokens(drawing, prompt, penalized));
-        assertEquals(before + greedy.length - 1, drawing.drawnRows, "a penalty draws on the host");
+        sessionTokens(drawing, prompt, penalized);
+        assertEquals(before + 2 * (greedy.length - 1), drawing.drawnRows, "a penalty drawn there");
+        assertEquals(greedy.length - 1, drawing.penalizedRows, "every step penalized there");
+        SamplerConfig greedyPenalized = new SamplerConfig(0f, 0, 1f, 0f, 1.3f, 16, SEED);
+        assertArrayEquals(sessionTokens(backend, prompt, greedyPenalized),
+                sessionTokens(drawing, prompt, greedyPenalized), "greedy with a penalty, there and on the host");
+        assertEquals(2 * (greedy.length - 1), drawing.penalizedRows, "greedy's penalty applied there");
+        int drawn = drawing.drawnRows;
+        SamplerConfig longWindow = new SamplerConfig(0.8f, 40, 0.95f, 0.05f, 1.3f, Draws.MAX_PENALIZED + 1, SEED);
+        assertArrayEquals(sessionTokens(backend, prompt, longWindow), sessionTokens(drawing, prompt, longWindow));
+        assertEquals(drawn, drawing.drawnRows, "a penalty over a longer window draws on the host");
     }
 
-    /** 12 tokens after prompt on a fresh f16 session of b, chosen as config says. */
+    /**
+     * 12 tokens after prompt on a fresh f16 session of b, chosen as config says, the sampler seeing the prompt and each
+     * token (as Generator has it, so a penalty has a window).
+     */
     private static int[] sessionTokens(Backend b, int[] prompt, SamplerConfig config) {
         Sampler sampler = new Sampler(config);
+        for (int t : prompt) {
+            sampler.accept(t);
+        }
         try (Session s = new Session(b, CTX, F16, F16, CHUNK)) {
             int[] out = new int[12];
             out[0] = s.prefillSampled(prompt, sampler);
+            sampler.accept(out[0]);
             for (int i = 1; i < out.length; i++) {
                 out[i] = s.decodeSampled(out[i - 1], sampler);
+                sampler.accept(out[i]);
             }
             return out;
         }

@@ -269,4 +269,42 @@ class SamplerTest {
                     "got " + c[2]), e.getMessage());
         }
     }
+    /**
+     * A draw made where the model runs carries the sampler's penalty: the distinct ids of its window, ascending, with
+     * their counts, and its settings; applied to logits ({@link Sampler#penalize}) it gives what the sampler's own
+     * penalized draw sees (greedy: the same token). Greedy with a penalty draws there (at temperature 0, no key
+     * used); a window longer than {@link dev.kvant.backend.Draws#MAX_PENALIZED} keeps the draw on the host.
+     */
+    @Test
+    void aDrawCarriesThePenaltyOfTheSamplersWindow() {
+        int vocab = 50;
+        SamplerConfig config = new SamplerConfig(0f, 0, 1f, 0f, 1.5f, 6, 0.25f, 0.5f, 3);
+        Sampler s = new Sampler(config);
+        for (int t : new int[] {9, 4, 9, 7, 4, 9, 30, 4}) {   // the window: the last six, 9 7 4 9 30 4
+            s.accept(t);
+        }
+        assertTrue(s.drawsWhereTheModelRuns(vocab), "greedy with a penalty draws where the model runs");
+        dev.kvant.backend.Draws d = s.nextDraw(vocab);
+        dev.kvant.backend.Draws.Penalty p = d.penalty()[0];
+        assertArrayEquals(new int[] {4, 7, 9, 30}, p.ids());
+        assertArrayEquals(new int[] {2, 1, 2, 1}, p.counts());
+        assertEquals(1.5f, p.repeat());
+        assertEquals(0.25f, p.frequency());
+        assertEquals(0.5f, p.presence());
+        assertEquals(0f, d.temperature()[0]);
+        float[] logits = new float[vocab];
+        for (int i = 0; i < vocab; i++) {
+            logits[i] = (float) Math.sin(i * 1.7) * 3;
+        }
+        logits[9] = 5f;   // the largest, but penalized below id 40's 4.5
+        logits[40] = 4.5f;
+        float[] applied = logits.clone();
+        Sampler.penalize(p, applied, 0, vocab);
+        assertEquals(5f / 1.5f - (2 * 0.25f + 0.5f), applied[9]);
+        assertEquals(40, Sampler.argmax(applied, vocab));
+        assertEquals(40, s.sample(logits.clone(), vocab), "the sampler's own greedy draw, penalized");
+        Sampler longWindow = new Sampler(new SamplerConfig(0.8f, 40, 1f, 0f, 1.1f,
+                dev.kvant.backend.Draws.MAX_PENALIZED + 1, 0f, 0f, 3));
+        assertFalse(longWindow.drawsWhereTheModelRuns(vocab), "a longer window draws on the host");
+    }
 }

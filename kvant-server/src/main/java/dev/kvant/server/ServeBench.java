@@ -378,21 +378,25 @@ public final class ServeBench {
      * How the batching mode's requests choose their tokens: greedy at temperature 0, else sampled with a seed a request
      * and the filters asked for (top-k 0, top-p 1, min-p 0: the server's defaults, off).
      */
-    public record Sampling(float temperature, int topK, float topP, float minP) {
-        public static final Sampling GREEDY = new Sampling(0f, 0, 1f, 0f);
+    public record Sampling(float temperature, int topK, float topP, float minP, float repeatPenalty) {
+        public static final Sampling GREEDY = new Sampling(0f, 0, 1f, 0f, 1f);
 
         ObjectNode apply(ObjectNode request, long seed) {
             if (temperature > 0) {
                 request.put("temperature", temperature).put("seed", seed).put("top_k", topK).put("top_p", topP)
                         .put("min_p", minP);
             }
+            if (repeatPenalty != 1f) {
+                request.put("repeat_penalty", repeatPenalty);
+            }
             return request;
         }
 
         @Override
         public String toString() {
-            return temperature > 0 ? String.format(java.util.Locale.ROOT, "sampled at temperature %s, top-k %d, top-p"
-                    + " %s, min-p %s", temperature, topK, topP, minP) : "greedy";
+            String penalty = repeatPenalty != 1f ? ", repeat penalty " + repeatPenalty : "";
+            return (temperature > 0 ? String.format(java.util.Locale.ROOT, "sampled at temperature %s, top-k %d, top-p"
+                    + " %s, min-p %s", temperature, topK, topP, minP) : "greedy") + penalty;
         }
     }
 

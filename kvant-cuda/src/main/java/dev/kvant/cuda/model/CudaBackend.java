@@ -957,6 +957,7 @@ public final class CudaBackend implements Backend {
                 st.tokens.copyFromHostAsync(staging.asSlice(0, 4L * n), 0, st.stream);
             }
             if (st.last) {   // every step sets every row's draw: greedy, none banned, unless draws says otherwise
+                boolean anyPenalized = false;
                 for (int i = 0; i < n; i++) {
                     float t = draws == null ? 0f : draws.temperature()[from + i];
                     int[] banned = draws == null || draws.banned()[from + i] == null ? NONE_BANNED
@@ -971,10 +972,27 @@ public final class CudaBackend implements Backend {
                     staging.set(ValueLayout.JAVA_INT, at + 32, draws == null ? 0 : draws.topK()[from + i]);
                     staging.set(ValueLayout.JAVA_FLOAT, at + 36, draws == null ? 1f : draws.topP()[from + i]);
                     staging.set(ValueLayout.JAVA_FLOAT, at + 40, draws == null ? 0f : draws.minP()[from + i]);
-                    staging.set(ValueLayout.JAVA_INT, at + 44, 0);
+                    Draws.Penalty p = draws == null ? null : draws.penalty()[from + i];
+                    staging.set(ValueLayout.JAVA_INT, at + 44, p == null ? 0 : p.ids().length);
+                    staging.set(ValueLayout.JAVA_FLOAT, at + 48, p == null ? 1f : p.repeat());
+                    staging.set(ValueLayout.JAVA_FLOAT, at + 52, p == null ? 0f : p.frequency());
+                    staging.set(ValueLayout.JAVA_FLOAT, at + 56, p == null ? 0f : p.presence());
+                    staging.set(ValueLayout.JAVA_INT, at + 60, 0);
+                    if (p != null) {
+                        anyPenalized = true;
+                        long row = st.penalizedOffset + (long) ModelKernels.PENALTY_BYTES * i;
+                        for (int j = 0; j < p.ids().length; j++) {
+                            staging.set(ValueLayout.JAVA_INT, row + 8L * j, p.ids()[j]);
+                            staging.set(ValueLayout.JAVA_INT, row + 8L * j + 4, p.counts()[j]);
+                        }
+                    }
                 }
                 st.draws.copyFromHostAsync(staging.asSlice(st.drawsOffset, (long) ModelKernels.DRAW_BYTES * n), 0,
                         st.stream);
+                if (anyPenalized) {   // the ids of this step's penalties (a row's count says how many are its own)
+                    st.penalized.copyFromHostAsync(staging.asSlice(st.penalizedOffset,
+                            (long) ModelKernels.PENALTY_BYTES * n), 0, st.stream);
+                }
             }
             st.positions.copyFromHostAsync(staging.asSlice(4L * rowsMax, 4L * n), 0, st.stream);
             part.batch().upload(st.stream);

@@ -287,18 +287,26 @@ final class ModelKernels implements AutoCloseable {
     /**
      * Bytes of one vector's draw in the buffer {@link #draw} reads (model.cu, kvant_draw): 1/T as float bits (0:
      * greedy) and the number of banned ids (32 bits each), the key (64), up to {@link
-     * dev.kvant.backend.Draws#MAX_BANNED} banned ids (32 bits each), top-k, top-p, min-p and 4 bytes unused.
+     * dev.kvant.backend.Draws#MAX_BANNED} banned ids (32 bits each), top-k, top-p, min-p, the number of penalized ids,
+     * the repeat, frequency and presence penalties, and 4 bytes unused.
      */
-    static final int DRAW_BYTES = 48;
+    static final int DRAW_BYTES = 64;
+    /**
+     * Bytes of one vector's penalized ids in the second buffer {@link #draw} reads: up to {@link
+     * dev.kvant.backend.Draws#MAX_PENALIZED} (id, count) pairs of 32-bit ints.
+     */
+    static final int PENALTY_BYTES = 8 * dev.kvant.backend.Draws.MAX_PENALIZED;
 
     /**
      * The rows of logits [nvec][vocab] whose draw (draws, {@link #DRAW_BYTES} a vector) has a temperature or banned
      * ids: best[v] = the argmax key of the token drawn at it from its candidates (top-k, top-p, min-p as the host
      * sampler's; Gumbel-max with the draw's key: exp(l/T)-weighted), or of the largest logit at temperature 0, its
-     * banned ids left out; the others keep the output product's argmax key.
+     * banned ids left out; the others keep the output product's argmax key. A row with penalized ids (penalized,
+     * {@link #PENALTY_BYTES} a vector) has those logits penalized first, in place, as the host sampler penalizes them.
      */
-    void draw(DeviceBuffer logits, int vocab, int nvec, DeviceBuffer draws, DeviceBuffer best, CudaStream stream) {
-        draw.launch(Dim3.of(nvec), Dim3.of(1024), 0, stream, logits, vocab, draws, best);
+    void draw(DeviceBuffer logits, int vocab, int nvec, DeviceBuffer draws, DeviceBuffer penalized, DeviceBuffer best,
+              CudaStream stream) {
+        draw.launch(Dim3.of(nvec), Dim3.of(1024), 0, stream, logits, vocab, draws, penalized, best);
     }
 
     /** The token id an argmax key names. */

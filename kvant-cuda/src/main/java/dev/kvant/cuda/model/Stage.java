@@ -45,13 +45,16 @@ final class Stage implements AutoCloseable {
     final DeviceBuffer best;
     /**
      * The decode step's draws, one per vector ({@link ModelKernels#DRAW_BYTES}: 1/T — 0 for greedy — and the number
-     * of banned ids, the key, the banned ids, top-k, top-p, min-p), staged from {@link #staging} past its tokens and positions ({@link
-     * #drawsOffset}); the last stage's decode graph draws the rows that have a temperature or banned ids ({@link
-     * ModelKernels#draw}).
+     * of banned ids, the key, the banned ids, top-k, top-p, min-p, penalties), staged from {@link #staging} past its
+     * tokens and positions ({@link #drawsOffset}); the last stage's decode graph draws the rows that have a
+     * temperature, banned ids or penalties ({@link ModelKernels#draw}).
      */
     final DeviceBuffer draws;
     /** Where the draws sit in {@link #staging}. */
     final long drawsOffset;
+    /** Each vector's penalized ids and counts ({@link ModelKernels#PENALTY_BYTES}), staged from {@link #penalizedOffset}. */
+    final DeviceBuffer penalized;
+    final long penalizedOffset;
     final DeviceBuffer x;
     private final ModelKernels.Vectors xb;
     private final DeviceBuffer qkv;
@@ -109,6 +112,8 @@ final class Stage implements AutoCloseable {
             this.best = bytes(8L * logitRows);
             this.draws = bytes((long) ModelKernels.DRAW_BYTES * logitRows);
             this.drawsOffset = 8L * rowsMax;
+            this.penalized = bytes((long) ModelKernels.PENALTY_BYTES * logitRows);
+            this.penalizedOffset = drawsOffset + (long) ModelKernels.DRAW_BYTES * logitRows;
             this.x = floats((long) rowsMax * c.dim());
             this.xb = ModelKernels.Vectors.allocate(this::bytes, rowsMax, c.dim());
             this.qkv = floats((long) rowsMax * qkvDim);
@@ -124,7 +129,8 @@ final class Stage implements AutoCloseable {
             this.gh = bytes(2L * maxPrefill * c.ffnDim());
             this.wScratch = bytes(Math.max(16, w.gemmScratchBytes(maxPrefill)));
             this.angles = bytes(8L * rowsMax * Math.max(1, c.rope().ropeDim() / 2));
-            this.staging = own(context.allocatePinned(drawsOffset + (long) ModelKernels.DRAW_BYTES * logitRows));
+            this.staging = own(context.allocatePinned(penalizedOffset
+                    + (long) ModelKernels.PENALTY_BYTES * logitRows));
             this.idsHost = own(context.allocatePinned(8L * logitRows));
         } catch (RuntimeException | Error e) {
             close();
@@ -143,8 +149,8 @@ final class Stage implements AutoCloseable {
         long ffn = c.ffnDim();
         long qkvDim = (long) c.qDim() + c.kvDimK() + c.kvDimV();
         long attnDim = (long) c.heads() * c.headDimV();
-        long bytes = 16 * r + (8L + ModelKernels.DRAW_BYTES) * logitRows;   // tokens, positions, slots, pages;
-                                                                              // best, draws
+        // tokens, positions, slots, pages; best, draws, penalized ids
+        long bytes = 16 * r + (8L + ModelKernels.DRAW_BYTES + ModelKernels.PENALTY_BYTES) * logitRows;
         bytes += 4 * r * dim + vectorBytes(r, dim);                            // x, xb
         bytes += 4 * r * (qkvDim + c.qDim() + c.kvDimK() + c.kvDimV());        // qkv, q, kRows, vRows
         bytes += vectorBytes(r, attnDim) + 4 * r * 2 * ffn + vectorBytes(r, ffn);   // attn, gu, g
@@ -242,7 +248,7 @@ final class Stage implements AutoCloseable {
         if (last) {
             k.rmsnorm(x, w.outputNorm, xb, n, dim, eps, stream);
             k.logits(w.output.only(), c.vocabSize(), xb, n, logits, best, stream);
-            k.draw(logits, c.vocabSize(), n, draws, best, stream);
+            k.draw(logits, c.vocabSize(), n, draws, penalized, best, stream);
         }
     }
 

@@ -1454,10 +1454,15 @@ extern "C" __global__ void __launch_bounds__(256) kvant_quantize_q8(const float*
 // top-p 1), the ids whose weight is at least min-p. Banned ids (up to DRAW_BANNED a row) and NaN logits are never
 // candidates. A row at T = 0 with banned ids takes the largest other logit; one at T = 0 with none keeps the
 // product's key (greedy). An infinite logit wins (the lowest id of them); all -inf: the lowest id, as greedy's. One
-// block a row. The draw of row v is draws[6v .. 6v + 5]: 1/T as float bits (0: greedy) | the number of banned ids
+// block a row. The draw of row v is draws[8v .. 8v + 7]: 1/T as float bits (0: greedy) | the number of banned ids
 // << 32; the key; the banned ids, two a word (low half first), in the next two; top-k (0: off, at most DRAW_TOPK) |
-// top-p's float bits << 32; min-p's float bits (0: off).
+// top-p's float bits << 32; min-p's float bits | the number of penalized ids << 32; the repeat penalty's float bits
+// | the frequency penalty's << 32; the presence penalty's. A row with penalized ids (penalized[DRAW_PENALIZED v ..]:
+// (id, count) pairs, distinct ids) has those logits changed first, in place, in the host sampler's float arithmetic:
+// l becomes (l > 0 ? l / repeat : l · repeat) − (count · frequency + presence); then it is drawn (or, at T = 0, takes
+// the largest logit) as above.
 #define DRAW_BANNED 4
+#define DRAW_PENALIZED 64
 #define DRAW_TOPK 256
 #define DRAW_THREADS 1024
 // The two-pass top-k's histogram of ref - l: DRAW_BINS bins of 1 / DRAW_BIN_SCALE over [0, DRAW_RANGE), and at most
@@ -1523,8 +1528,9 @@ __device__ __forceinline__ unsigned long long block_max(unsigned long long v, un
     return v;
 }
 
-extern "C" __global__ void __launch_bounds__(DRAW_THREADS) kvant_draw(const float* __restrict__ logits, int vocab,
-        const unsigned long long* __restrict__ draws, unsigned long long* __restrict__ best) {
+extern "C" __global__ void __launch_bounds__(DRAW_THREADS) kvant_draw(float* logits, int vocab,
+        const unsigned long long* __restrict__ draws, const int2* __restrict__ penalized,
+        unsigned long long* __restrict__ best) {
     KVANT_GRID_ENTER();
     __shared__ unsigned long long scratch[DRAW_THREADS / 32];
     __shared__ unsigned int hist[DRAW_BINS];
@@ -1532,12 +1538,27 @@ extern "C" __global__ void __launch_bounds__(DRAW_THREADS) kvant_draw(const floa
     __shared__ double weight[DRAW_TOPK];
     __shared__ int shared[3];
     const int v = blockIdx.x;
-    const unsigned long long* d = draws + 6 * v;
+    const unsigned long long* d = draws + 8 * v;
     const unsigned long long head = d[0];
     const float invT = __uint_as_float((u32) head);
     const int nbanned = min((int) (head >> 32), DRAW_BANNED);
-    if (!(invT > 0.f) && nbanned == 0) {
+    const int npen = min((int) (u32) (d[5] >> 32), DRAW_PENALIZED);
+    if (!(invT > 0.f) && nbanned == 0 && npen == 0) {
         return;
+    }
+    if (npen > 0) {   // the penalties first (distinct ids: each logit is one thread's), seen by the block after
+        float* w = logits + (i64) v * vocab;
+        const float repeat = __uint_as_float((u32) d[6]), frequency = __uint_as_float((u32) (d[6] >> 32));
+        const float presence = __uint_as_float((u32) d[7]);
+        for (int j = threadIdx.x; j < npen; j += DRAW_THREADS) {
+            const int2 p = penalized[(i64) v * DRAW_PENALIZED + j];
+            if (p.x >= 0 && p.x < vocab) {
+                float l = w[p.x];
+                l = l > 0.f ? __fdiv_rn(l, repeat) : __fmul_rn(l, repeat);
+                w[p.x] = __fsub_rn(l, __fadd_rn(__fmul_rn((float) p.y, frequency), presence));
+            }
+        }
+        __syncthreads();
     }
     const unsigned long long key = d[1];
     int banned[DRAW_BANNED];

@@ -2,6 +2,7 @@ package dev.kvant.cuda.model;
 
 import dev.kvant.cuda.DeviceBuffer;
 import dev.kvant.cuda.TestSeed;
+import dev.kvant.sample.Sampler;
 import org.junit.jupiter.api.Tag;
 import org.junit.jupiter.api.Test;
 
@@ -20,8 +21,13 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
  */
 @Tag("gpu")
 class DrawGpuTest extends ModelKernelsGpuFixture {
-    /** 64-bit words of a row's draw (kvant_draw): 1/T | banned count, key, 4 banned ids, top-k | top-p, min-p. */
+    /**
+     * 64-bit words of a row's draw (kvant_draw): 1/T | banned count, key, 4 banned ids, top-k | top-p, min-p |
+     * penalized count, repeat | frequency, presence.
+     */
     private static final int DRAW_WORDS = ModelKernels.DRAW_BYTES / 8;
+    /** Ints of a row's penalized ids: (id, count) pairs. */
+    private static final int PENALTY_INTS = ModelKernels.PENALTY_BYTES / 4;
 
     @Test
     void drawsFollowTheTemperaturesDistributionAndRepeatForTheSameKeys() {
@@ -320,6 +326,69 @@ class DrawGpuTest extends ModelKernelsGpuFixture {
         assertTrue(threes > 64 && threes < 192, "id 3 drawn " + threes + " times of 256 at weight 1/2");
     }
 
+    /**
+     * Repetition penalties as the host sampler applies them ({@link Sampler#penalize}, float for float): greedy rows
+     * take the largest penalized logit — here the fourth largest before the penalties, which push the three above it
+     * down (repeat 1.3 on a positive logit, frequency 0.4 a sighting and presence 0.5 on the others) — and rows drawn
+     * with top-k 2 draw only the host's two candidates after the penalties, at their weights; a penalized id past the
+     * vocabulary is ignored, as on the host.
+     */
+    @Test
+    void penaltiesChangeTheLogitsAsTheHostSamplers() {
+        int vocab = 1000;
+        int rows = 2048;
+        float[] row = new float[vocab];
+        java.util.Arrays.fill(row, -8f);
+        row[10] = 3.0f;    // seen twice: 3.0 / 1.3 - (2 · 0.4 + 0.5) = 1.0077
+        row[20] = 2.6f;    // seen once: 2.6 / 1.3 - (0.4 + 0.5) = 1.1
+        row[30] = -0.5f;   // seen once: -0.5 · 1.3 - 0.9 = -1.55
+        row[40] = 1.9f;    // not seen: the largest after the penalties
+        row[50] = 1.2f;    // not seen: the second
+        dev.kvant.backend.Draws.Penalty penalty = new dev.kvant.backend.Draws.Penalty(1.3f, 0.4f, 0.5f,
+                new int[] {10, 20, 30, 5000}, new int[] {2, 1, 1, 3});
+        float[] host = row.clone();
+        Sampler.penalize(penalty, host, 0, vocab);
+        for (int i = 0; i < vocab; i++) {
+            assertTrue(i == 40 || i == 50 || host[i] < host[50], "the test's own ranking after the penalties: " + i);
+        }
+        assertTrue(host[40] > host[50], "the test's own ranking after the penalties");
+        float[] logits = new float[rows * vocab];
+        long[] draws = new long[DRAW_WORDS * rows];
+        int[] penalized = new int[rows * PENALTY_INTS];
+        long[] best = new long[rows];
+        for (int r = 0; r < rows; r++) {
+            System.arraycopy(row, 0, logits, r * vocab, vocab);
+            boolean greedy = r % 2 == 0;
+            draws[DRAW_WORDS * r] = greedy ? 0L : Float.floatToRawIntBits(1f) & 0xFFFFFFFFL;
+            draws[DRAW_WORDS * r + 1] = 7000 + r;
+            draws[DRAW_WORDS * r + 4] = greedy ? 0L : 2L | (long) Float.floatToRawIntBits(1f) << 32;
+            draws[DRAW_WORDS * r + 5] = (long) penalty.ids().length << 32;
+            draws[DRAW_WORDS * r + 6] = Float.floatToRawIntBits(penalty.repeat()) & 0xFFFFFFFFL
+                    | (long) Float.floatToRawIntBits(penalty.frequency()) << 32;
+            draws[DRAW_WORDS * r + 7] = Float.floatToRawIntBits(penalty.presence()) & 0xFFFFFFFFL;
+            for (int j = 0; j < penalty.ids().length; j++) {
+                penalized[r * PENALTY_INTS + 2 * j] = penalty.ids()[j];
+                penalized[r * PENALTY_INTS + 2 * j + 1] = penalty.counts()[j];
+            }
+            best[r] = r % 4 < 2 ? argmaxKey(3.0f, 10) : 0L;   // the product's (unpenalized) key, or none
+        }
+        int[] ids = drawAll(logits, vocab, draws, penalized, best);
+        int first = 0;
+        for (int r = 0; r < rows; r++) {
+            if (r % 2 == 0) {
+                assertEquals(40, ids[r], "greedy row " + r + ": the largest logit after the penalties");
+            } else {
+                assertTrue(ids[r] == 40 || ids[r] == 50, "top-k 2 row " + r + " drew " + ids[r]);
+                first += ids[r] == 40 ? 1 : 0;
+            }
+        }
+        double p = 1 / (1 + Math.exp(host[50] - host[40]));
+        double expected = rows / 2.0 * p;
+        double sd = Math.sqrt(rows / 2.0 * p * (1 - p));
+        assertTrue(Math.abs(first - expected) <= 5 * sd, "id 40 drawn " + first + " times, expected "
+                + Math.round(expected));
+    }
+
     /** The output product's argmax key of a logit at an id (model.cu argmax_key). */
     private static long argmaxKey(float logit, int id) {
         int b = Float.floatToRawIntBits(logit == 0f ? 0f : logit);
@@ -329,12 +398,18 @@ class DrawGpuTest extends ModelKernelsGpuFixture {
 
     /** Runs the draw over rows of logits with best preset; the ids of the keys it leaves. */
     private static int[] drawAll(float[] logits, int vocab, long[] draws, long[] best) {
+        return drawAll(logits, vocab, draws, new int[best.length * PENALTY_INTS], best);
+    }
+
+    /** As above with each row's penalized (id, count) pairs ({@link #PENALTY_INTS} ints a row). */
+    private static int[] drawAll(float[] logits, int vocab, long[] draws, int[] penalized, long[] best) {
         int rows = best.length;
         assertEquals(DRAW_WORDS * rows, draws.length, "a draw is " + DRAW_WORDS + " words a row");
         try (DeviceBuffer l = upload(MemorySegment.ofArray(logits));
              DeviceBuffer d = upload(MemorySegment.ofArray(draws));
+             DeviceBuffer p = upload(MemorySegment.ofArray(penalized));
              DeviceBuffer b = upload(MemorySegment.ofArray(best))) {
-            kernels.draw(l, vocab, rows, d, b, stream);
+            kernels.draw(l, vocab, rows, d, p, b, stream);
             stream.synchronize();
             long[] keys = download(b).toArray(java.lang.foreign.ValueLayout.JAVA_LONG);
             int[] ids = new int[rows];
