@@ -220,7 +220,8 @@ class CudaBackendGpuTest {
      * A session's sampled decode steps draw on the device where the sampler allows it ({@code Session.decodeSampled},
      * what {@code kvant run} and {@code chat} generate through): with top-k 1 every draw is the largest logit, so the
      * tokens are greedy's, bit for bit; with the CLI's defaults (top-k 40, top-p 0.95, min-p 0.05) a seed gives the
-     * same tokens twice.
+     * same tokens twice; greedy with repetition penalties (penalized on the device) gives the tokens of the host
+     * sampler's penalized argmax over the same logits copied out.
      */
     @Test
     void aSessionsSampledStepsDrawOnTheDevice() {
@@ -237,18 +238,44 @@ class CudaBackendGpuTest {
                     "top-k 1 against greedy (seed " + seed + ")");
             assertArrayEquals(sessionTokens(gpu, prompt, defaults), sessionTokens(gpu, prompt, defaults),
                     "the same seed twice (seed " + seed + ")");
+            SamplerConfig penalized = new SamplerConfig(0f, 0, 1f, 0f, 1.5f, 64, 0.2f, 0.3f, seed);
+            assertTrue(new Sampler(penalized).drawsWhereTheModelRuns(vocab));
+            int[] device = sessionTokens(gpu, prompt, penalized);
+            Sampler host = new Sampler(penalized);
+            for (int t : prompt) {
+                host.accept(t);
+            }
+            try (Session s = new Session(gpu, 512, KvLayerFormats.of(KvFormat.parse("turbo3"),
+                    KvFormat.parse("turbo3")), 64)) {
+                int next = host.sample(s.prefill(prompt), vocab);
+                for (int i = 0; i < device.length; i++) {
+                    assertEquals(next, device[i], "token " + i + " of greedy with penalties (seed " + seed + ")");
+                    host.accept(next);
+                    if (i + 1 < device.length) {
+                        next = host.sample(s.decode(next), vocab);
+                    }
+                }
+            }
         }
     }
 
-    /** 40 tokens after prompt on a fresh turbo3 session of gpu, chosen as config says. */
+    /**
+     * 40 tokens after prompt on a fresh turbo3 session of gpu, chosen as config says, the sampler seeing the prompt
+     * and each token (a penalty's window, as Generator keeps it).
+     */
     private static int[] sessionTokens(CudaBackend gpu, int[] prompt, SamplerConfig config) {
         Sampler sampler = new Sampler(config);
+        for (int t : prompt) {
+            sampler.accept(t);
+        }
         try (Session s = new Session(gpu, 512, KvLayerFormats.of(KvFormat.parse("turbo3"), KvFormat.parse("turbo3")),
                 64)) {
             int[] out = new int[40];
             out[0] = s.prefillSampled(prompt, sampler);
+            sampler.accept(out[0]);
             for (int i = 1; i < out.length; i++) {
                 out[i] = s.decodeSampled(out[i - 1], sampler);
+                sampler.accept(out[i]);
             }
             return out;
         }
@@ -266,8 +293,9 @@ class CudaBackendGpuTest {
     /**
      * Sampled requests are drawn on the device ({@code startDecodeDrawn}: one id a sequence comes back), at a
      * temperature alone or with the CLI's top-k 40, top-p 0.95 and min-p 0.05: each gets the same tokens in a batch of
-     * four as on an engine of one slot, and again the second time; and a request with a repetition penalty, drawn on
-     * the host from the copied logits, is served beside them.
+     * four as on an engine of one slot, and again the second time — one of them with a repetition penalty, applied on
+     * the device too; and a request with a penalty over a longer window, drawn on the host from the copied logits, is
+     * served beside them.
      */
     @Test
     void sampledRequestsDrawnOnTheDeviceGiveTheSameTokensBatchedOrAlone() throws Exception {
@@ -277,11 +305,11 @@ class CudaBackendGpuTest {
             assertTrue(gpu.drawsWhereItRuns());
             int vocab = model.config().vocabSize();
             SplittableRandom r = new SplittableRandom(seed);
-            dev.kvant.engine.GenerationRequest[] requests = new dev.kvant.engine.GenerationRequest[4];
+            dev.kvant.engine.GenerationRequest[] requests = new dev.kvant.engine.GenerationRequest[5];
             for (int i = 0; i < requests.length; i++) {
                 dev.kvant.sample.SamplerConfig sampling = i == 2 ? dev.kvant.sample.SamplerConfig.defaults(seed + i)
-                        : new dev.kvant.sample.SamplerConfig(0.6f + 0.2f * i, 0, 1f, 0f, i == 3 ? 1.3f : 1f, 64,
-                        seed + i);
+                        : new dev.kvant.sample.SamplerConfig(0.6f + 0.2f * i, 0, 1f, 0f, i >= 3 ? 1.3f : 1f,
+                        i == 4 ? 100 : 64, seed + i);
                 requests[i] = new dev.kvant.engine.GenerationRequest(r.ints(20 + 37 * i, 0, vocab).toArray(), 24,
                         sampling, null);
             }
