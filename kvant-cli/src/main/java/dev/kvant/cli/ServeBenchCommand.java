@@ -191,8 +191,8 @@ final class ServeBenchCommand implements Runnable {
             throw new UsageException("--top-k must be at least 0, --top-p above 0 and at most 1, --min-p between 0 and"
                     + " 1; got " + topK + ", " + topP + " and " + minP);
         }
-        if (!(repeatPenalty > 0) || Float.isInfinite(repeatPenalty)) {
-            throw new UsageException("--repeat-penalty must be a finite number above 0 (1 is off), got "
+        if (!(repeatPenalty > 0 && repeatPenalty <= 10)) {   // the server's range for repeat_penalty
+            throw new UsageException("--repeat-penalty must be above 0 and at most 10 (1 is off), got "
                     + repeatPenalty);
         }
         if (!(cancel >= 0 && cancel <= 1)) {

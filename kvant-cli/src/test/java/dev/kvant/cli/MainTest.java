@@ -130,6 +130,8 @@ class MainTest {
                 {new String[] {"bench-serve", "--synthetic", "tiny", "-p", "0"}, "-p and -n must be at least 1", 2},
                 {new String[] {"bench-serve", "--synthetic", "tiny", "--cancel", "5"},
                         "--cancel must be a fraction from 0 to 1", 2},
+                {new String[] {"bench-serve", "--synthetic", "tiny", "--repeat-penalty", "0"},
+                        "--repeat-penalty must be above 0 and at most 10", 2},
                 {new String[] {"bench-serve", "--synthetic", "tiny", "-c", "64", "-p", "60", "-n", "8"},
                         "-p 60 + -n 8 tokens a request do not fit in -c 64", 2},
                 {new String[] {"bench-serve", "--synthetic", "tiny", "--mode", "load", "-c", "64", "-n", "100"},

@@ -94,7 +94,8 @@ public interface Backend extends AutoCloseable {
      * Starts one decode step as {@link #startDecode(BackendSequence[], int[], float[])}, and its {@link
      * PendingDecode#await} returns an id a sequence chosen as {@code draws} says: the largest logit, or a draw at a
      * temperature made where the model runs. With logits given, every row's logits land there too (for the
-     * sequences drawn on the host). Only where {@link #drawsWhereItRuns}.
+     * sequences drawn on the host; a row whose draw has a penalty lands penalized). Only where {@link
+     * #drawsWhereItRuns}.
      */
     default PendingDecode startDecodeDrawn(BackendSequence[] seqs, int[] tokens, Draws draws, float[] logits) {
         throw new UnsupportedOperationException("the " + name() + " backend draws no tokens where it runs");

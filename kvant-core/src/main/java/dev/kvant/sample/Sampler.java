@@ -76,7 +76,8 @@ public final class Sampler {
 
     /**
      * The draw of one sequence's next token where the model runs ({@link #drawsWhereTheModelRuns} must hold): this
-     * sampler's temperature and filters, and its next key ({@link #nextDrawKey}).
+     * sampler's temperature, filters and penalty, and its next key ({@link #nextDrawKey}; greedy with a penalty takes
+     * none: the key is 0 and the generator does not move, as on the host).
      */
     public dev.kvant.backend.Draws nextDraw(int vocab) {
         if (!drawsWhereTheModelRuns(vocab)) {

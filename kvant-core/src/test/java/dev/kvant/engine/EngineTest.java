@@ -221,6 +221,12 @@ class EngineTest {
             int vocab = model().config().vocabSize();
             float[] rows = new float[seqs.length * vocab];
             decodeBatch(seqs, tokens, rows);
+            for (int i = 0; i < seqs.length; i++) {
+                if (draws.penalty()[i] != null) {   // as the device: the row's logits penalized first, in place
+                    dev.kvant.sample.Sampler.penalize(draws.penalty()[i], rows, i * vocab, vocab);
+                    penalizedRows++;
+                }
+            }
             if (logits != null) {
                 System.arraycopy(rows, 0, logits, 0, rows.length);
             }
@@ -230,10 +236,6 @@ class EngineTest {
                 float t = draws.temperature()[i];
                 int[] banned = draws.banned()[i] == null ? new int[0] : draws.banned()[i];
                 int off = i * vocab;
-                if (draws.penalty()[i] != null) {   // as the device: the row's logits penalized first
-                    dev.kvant.sample.Sampler.penalize(draws.penalty()[i], rows, off, vocab);
-                    penalizedRows++;
-                }
                 // the candidates, ranked (logit descending, id ascending), banned ids left out
                 Integer[] order = java.util.stream.IntStream.range(0, vocab)
                         .filter(v -> java.util.Arrays.stream(banned).noneMatch(b -> b == v)).boxed()

@@ -370,6 +370,10 @@ final class ModelKernels implements AutoCloseable {
      * the attention kernels would rotate them (the same bits); 0 leaves them.
      */
     void ropeSplit(RopeRows r, int qRotation, CudaStream stream) {
+        if (qRotation != 0 && qRotation != 64 && qRotation != 128 || qRotation != 0 && r.headDim() % qRotation != 0) {
+            throw new IllegalArgumentException("queries rotate by blocks of 64 or 128 values that make up the head, got"
+                    + " " + qRotation + " for heads of " + r.headDim());
+        }
         if (r.headDim() > ROPE_MAX_DIM) {
             throw new IllegalArgumentException("the CUDA RoPE takes heads up to " + ROPE_MAX_DIM + ", got "
                     + r.headDim());
@@ -397,7 +401,7 @@ final class ModelKernels implements AutoCloseable {
      * basis, turned back as the attention's epilogue would (the same bits) and converted.
      */
     void toHalfUnrotated(DeviceBuffer x, DeviceBuffer out, long rows, int headDim, int n, CudaStream stream) {
-        if (headDim > ROPE_MAX_DIM || headDim % n != 0) {
+        if (n != 64 && n != 128 || headDim > ROPE_MAX_DIM || headDim % n != 0) {
             throw new IllegalArgumentException("heads of " + headDim + " values in rotation blocks of " + n);
         }
         toHalfUnrotated.launch(Dim3.of(grid(rows * 32)), Dim3.of(256), 0, stream, x, out, rows, headDim, n);

@@ -62,8 +62,8 @@ __device__ __forceinline__ float bf2f(u16 b) {
 }
 // Greedy choice folded into the output product: a 64-bit key that orders by logit, then by the lower index, so an
 // atomicMax over every row gives the argmax (lowest index among equal logits) whatever the order of the rows. A NaN
-// logit ranks below every number (0 in the high half), as Sampler.argmax ranks it; all NaN gives index 0. (-0 ranks
-// below +0 here, where Sampler.argmax takes them as equal.)
+// logit ranks below every number (0 in the high half), as Sampler.argmax ranks it; all NaN gives index 0; -0 and +0
+// are equal logits, as there.
 __device__ __forceinline__ unsigned long long argmax_key(float v, int index) {
     u32 b = __float_as_uint(v == 0.f ? 0.f : v);   // -0 as +0 (equal logits: the lower id), as Sampler.argmax
     u32 ordered = v != v ? 0u : (b & 0x80000000u) ? ~b : (b | 0x80000000u);
@@ -1452,8 +1452,8 @@ extern "C" __global__ void __launch_bounds__(256) kvant_quantize_q8(const float*
 // every id; with top-k, the k largest logits (ties to the lower id), then the fewest of them, largest first, whose
 // weights exp(l - max) reach top-p of theirs, then those of them whose weight is at least min-p; without top-k (and
 // top-p 1), the ids whose weight is at least min-p. Banned ids (up to DRAW_BANNED a row) and NaN logits are never
-// candidates. A row at T = 0 with banned ids takes the largest other logit; one at T = 0 with none keeps the
-// product's key (greedy). An infinite logit wins (the lowest id of them); all -inf: the lowest id, as greedy's. One
+// candidates. A row at T = 0 with banned ids or penalties takes the largest other (penalized) logit; one at T = 0
+// with neither keeps the product's key (greedy). An infinite logit wins (the lowest id of them); all -inf: the lowest id, as greedy's. One
 // block a row. The draw of row v is draws[8v .. 8v + 7]: 1/T as float bits (0: greedy) | the number of banned ids
 // << 32; the key; the banned ids, two a word (low half first), in the next two; top-k (0: off, at most DRAW_TOPK) |
 // top-p's float bits << 32; min-p's float bits | the number of penalized ids << 32; the repeat penalty's float bits
@@ -1599,10 +1599,10 @@ extern "C" __global__ void __launch_bounds__(DRAW_THREADS) kvant_draw(float* log
         return;
     }
     // Top-k in two passes where the output product's argmax key (best[v], banned ids among its candidates) is a
-    // finite logit ref, at least every candidate's: a histogram of d = ref - l over [0, DRAW_RANGE) in bins of
-    // 1 / DRAW_BIN_SCALE, the first bin b whose count from the top reaches k, then the candidates of bins 0..b into
-    // cand and sorted. The bin of l never rises as l does, so every id left out is below every id taken: the k largest
-    // keys are the first k. Where that cannot be done (no usable ref, fewer than k ids in range, more than DRAW_CAND
+    // finite logit ref, mostly at least every candidate's (not where penalties lowered it, or banned it): a histogram
+    // of d = ref - l over [0, DRAW_RANGE) in bins of 1 / DRAW_BIN_SCALE (l above ref in bin 0), the first bin b whose
+    // count from the top reaches k, then the candidates of bins 0..b into cand and sorted. The bin of l never rises as
+    // l does, so every id left out is below every id taken: the k largest keys are the first k. Where that cannot be done (no usable ref, fewer than k ids in range, more than DRAW_CAND
     // taken), the radix selection below (eight more passes).
     int n = -1;              // the candidates, largest first, in cand[0..n) once found
     float mx = 0.f;          // the largest candidate's logit
@@ -2031,7 +2031,9 @@ extern "C" __global__ void kvant_rope_angles(const int* __restrict__ positions, 
 // tables: page table of vector t at tables + (t·seqStride)·tableStride (seqStride 0: one sequence, prefill).
 // grid: (n, ceil((heads + kvHeads) / 4)); block: 128 threads, warp w rotating head 4·blockIdx.y + w (rope.cuh's
 // rope_head); the V copy is spread over all the vector's threads, so no thread loops over it. A decode step with a
-// format that kv_write.cu's kvant_rope_write takes does this and the cache write in one launch instead.
+// format that kv_write.cu's kvant_rope_write takes does this and the cache write in one launch instead. qRotation
+// 64 or 128: the q heads then rotated into K's basis (rotate_head), as a dense prefill in the rotated basis takes
+// them (CudaAttention.prefill); 0 leaves them.
 #define ROPE_MAX_DIM 256
 
 // A head of headDim values (x[j] = element 32j + lane) rotated by blocks of n = 64 or 128 (rotation.cuh, the

@@ -327,11 +327,12 @@ class DrawGpuTest extends ModelKernelsGpuFixture {
     }
 
     /**
-     * Repetition penalties as the host sampler applies them ({@link Sampler#penalize}, float for float): greedy rows
-     * take the largest penalized logit — here the fourth largest before the penalties, which push the three above it
-     * down (repeat 1.3 on a positive logit, frequency 0.4 a sighting and presence 0.5 on the others) — and rows drawn
-     * with top-k 2 draw only the host's two candidates after the penalties, at their weights; a penalized id past the
-     * vocabulary is ignored, as on the host.
+     * Repetition penalties as the host sampler applies them ({@link Sampler#penalize}, float for float: every row's
+     * logits read back equal the host's penalized row bit for bit, the rest of the row untouched): greedy rows take the
+     * largest penalized logit — here the fourth largest before the penalties, which push the three above it down
+     * (repeat 1.3 on a positive logit, frequency 0.4 a sighting and presence 0.5 on the others) — and rows drawn with
+     * top-k 2 draw only the host's two candidates after the penalties, at their weights; a penalized id past the
+     * vocabulary (5000: the next rows' logits, or past the buffer for the last) is ignored, as on the host.
      */
     @Test
     void penaltiesChangeTheLogitsAsTheHostSamplers() {
@@ -372,7 +373,12 @@ class DrawGpuTest extends ModelKernelsGpuFixture {
             }
             best[r] = r % 4 < 2 ? argmaxKey(3.0f, 10) : 0L;   // the product's (unpenalized) key, or none
         }
-        int[] ids = drawAll(logits, vocab, draws, penalized, best);
+        float[] after = new float[rows * vocab];
+        int[] ids = drawAll(logits, vocab, draws, penalized, best, after);
+        for (int r = 0; r < rows; r++) {
+            assertArrayEquals(host, java.util.Arrays.copyOfRange(after, r * vocab, (r + 1) * vocab),
+                    "row " + r + "'s logits after the penalties");
+        }
         int first = 0;
         for (int r = 0; r < rows; r++) {
             if (r % 2 == 0) {
@@ -398,11 +404,15 @@ class DrawGpuTest extends ModelKernelsGpuFixture {
 
     /** Runs the draw over rows of logits with best preset; the ids of the keys it leaves. */
     private static int[] drawAll(float[] logits, int vocab, long[] draws, long[] best) {
-        return drawAll(logits, vocab, draws, new int[best.length * PENALTY_INTS], best);
+        return drawAll(logits, vocab, draws, new int[best.length * PENALTY_INTS], best, null);
     }
 
-    /** As above with each row's penalized (id, count) pairs ({@link #PENALTY_INTS} ints a row). */
-    private static int[] drawAll(float[] logits, int vocab, long[] draws, int[] penalized, long[] best) {
+    /**
+     * As above with each row's penalized (id, count) pairs ({@link #PENALTY_INTS} ints a row); the logits as the draw
+     * leaves them (penalized in place) into after, where given.
+     */
+    private static int[] drawAll(float[] logits, int vocab, long[] draws, int[] penalized, long[] best,
+                                 float[] after) {
         int rows = best.length;
         assertEquals(DRAW_WORDS * rows, draws.length, "a draw is " + DRAW_WORDS + " words a row");
         try (DeviceBuffer l = upload(MemorySegment.ofArray(logits));
@@ -411,6 +421,9 @@ class DrawGpuTest extends ModelKernelsGpuFixture {
              DeviceBuffer b = upload(MemorySegment.ofArray(best))) {
             kernels.draw(l, vocab, rows, d, p, b, stream);
             stream.synchronize();
+            if (after != null) {
+                MemorySegment.copy(download(l), java.lang.foreign.ValueLayout.JAVA_FLOAT, 0, after, 0, after.length);
+            }
             long[] keys = download(b).toArray(java.lang.foreign.ValueLayout.JAVA_LONG);
             int[] ids = new int[rows];
             for (int r = 0; r < rows; r++) {

@@ -72,16 +72,8 @@ class RopeWriteGpuTest extends ModelKernelsGpuFixture {
         String where = kName + "/" + vName + " " + dK + "/" + dV + " (seed " + seed + ")";
         int n = POSITIONS.length;
         int qDim = HEADS * dK, width = qDim + KV_HEADS * (dK + dV);
-        float[] qkv = new float[n * width];
-        for (int i = 0; i < qkv.length; i++) {
-            qkv[i] = (float) (r.nextGaussian() * Math.exp(r.nextDouble(-2, 2)));
-        }
-        float[] angles = new float[n * ropeDim];   // (cos, sin) of each pair
-        for (int i = 0; i < angles.length; i += 2) {
-            double a = r.nextDouble(-Math.PI, Math.PI);
-            angles[i] = (float) Math.cos(a);
-            angles[i + 1] = (float) Math.sin(a);
-        }
+        float[] qkv = gaussians(r, n * width, 2);
+        float[] angles = angles(r, n * ropeDim / 2);
         float[] qNorm = new float[dK], kNorm = new float[dK];
         for (int i = 0; i < dK; i++) {
             qNorm[i] = (float) r.nextDouble(0.5, 2);
@@ -162,22 +154,11 @@ class RopeWriteGpuTest extends ModelKernelsGpuFixture {
         String where = "head " + d + " (seed " + seed + ")";
         int n = POSITIONS.length;
         int qDim = HEADS * d, kvDim = KV_HEADS * d, width = qDim + 2 * kvDim;
-        float[] qkv = new float[n * width];
-        for (int i = 0; i < qkv.length; i++) {
-            qkv[i] = (float) (r.nextGaussian() * Math.exp(r.nextDouble(-2, 2)));
-        }
-        float[] angles = new float[n * d];
-        for (int i = 0; i < angles.length; i += 2) {
-            double a = r.nextDouble(-Math.PI, Math.PI);
-            angles[i] = (float) Math.cos(a);
-            angles[i + 1] = (float) Math.sin(a);
-        }
+        float[] qkv = gaussians(r, n * width, 2);
+        float[] angles = angles(r, n * d / 2);
         int block = Rotation.blockSize(d);
         int rows = n * HEADS;
-        float[] out = new float[rows * d];
-        for (int i = 0; i < out.length; i++) {
-            out[i] = (float) (r.nextGaussian() * Math.exp(r.nextDouble(-3, 3)));
-        }
+        float[] out = gaussians(r, rows * d, 3);
         try (DeviceBuffer qkvD = upload(MemorySegment.ofArray(qkv));
              DeviceBuffer anglesD = upload(MemorySegment.ofArray(angles));
              DeviceBuffer positions = upload(MemorySegment.ofArray(POSITIONS));
@@ -230,6 +211,26 @@ class RopeWriteGpuTest extends ModelKernelsGpuFixture {
         try (CudaAttention attention = CudaAttention.create(context, cache, shape, AttentionPlan.of(1, 1, 64, 0))) {
             assertFalse(attention.writesRoped(1));
         }
+    }
+
+    /** count standard normal values, each scaled by e^u, u uniform in (-spread, spread): magnitudes far apart. */
+    private static float[] gaussians(SplittableRandom r, int count, double spread) {
+        float[] x = new float[count];
+        for (int i = 0; i < count; i++) {
+            x[i] = (float) (r.nextGaussian() * Math.exp(r.nextDouble(-spread, spread)));
+        }
+        return x;
+    }
+
+    /** (cos, sin) of pairs random angles, a pair after another. */
+    private static float[] angles(SplittableRandom r, int pairs) {
+        float[] cs = new float[2 * pairs];
+        for (int i = 0; i < cs.length; i += 2) {
+            double a = r.nextDouble(-Math.PI, Math.PI);
+            cs[i] = (float) Math.cos(a);
+            cs[i + 1] = (float) Math.sin(a);
+        }
+        return cs;
     }
 
     /** The query heads rotated as dev.kvant.model.Rope rotates them: x0·c − x1·s and x0·s + x1·c in float. */
