@@ -27,7 +27,8 @@ import java.util.SplittableRandom;
  * into one graph and replayed, no host launch time inside) — the time, bytes of cache read per second and that over
  * the device copy bandwidth measured in the same run (DeviceCopy: bytes read + written per second) come from this —
  * and launched one at a time from Java between two events (host launch time included, which dominates short
- * decodes);</li>
+ * decodes); and graph-timed as a decode step calls it, the queries rotated into K's basis by the step's RoPE
+ * write ("model's basis");</li>
  * <li>causal prefill of 4K and 32K tokens in f16, turbo3, turbo2 (the warpgroup kernel's formats), q8_0, turbo4 and
  * q4_0h (the mma.sync one's, the last two with a rotated V): TFLOP/s counting 2 * L^2 * d * heads (the causal half of QK^T and PV), the convention
  * of scripts/gpu-sdpa-baseline.py;</li>
@@ -90,9 +91,11 @@ public final class AttentionGpuBench {
             System.out.println("### Decode attention (llama3-8b layer: 32 q heads, 8 kv heads, d 128; one query per "
                     + "sequence)");
             System.out.println();
+            // "model's basis": CudaAttention.decode with rotatedBasis, a decode step's call (its RoPE write rotates
+            // the queries: that pass is not in this time), graph-timed as the first
             System.out.println("| K/V format | cached tokens | batch | time (µs, median) | cache read (GB/s) "
-                    + "| of copy bw | launched (µs, median) |");
-            System.out.println("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+                    + "| of copy bw | launched (µs, median) | model's basis (µs) | of copy bw |");
+            System.out.println("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
             decodeRows.forEach(System.out::println);
             System.out.println();
             System.out.println("### Prefill attention (causal, one sequence, 32 q heads, 8 kv heads, d 128)");
@@ -205,13 +208,18 @@ public final class AttentionGpuBench {
                             Runnable decode = () -> attention.decode(kv, 0, q, batch, b, out, stream);
                             double launched = median(time(context, stream, 3, 20, decode)) * 1e3;
                             double us = graphTime(context, stream, 1, 10, decode) * 1e3;
+                            // as a decode step calls it: the queries rotated by the step's RoPE write (not timed)
+                            double usModel = graphTime(context, stream, 1, 10, () -> attention.decode(kv, 0, q, batch,
+                                    b, out, null, null, true, stream)) * 1e3;
                             double bytes = (double) b * len * KV_HEADS * (shape.kRowBytes() + shape.vRowBytes());
                             double gbps = bytes / (us * 1e-6) / 1e9;
-                            decodeRows.add(String.format(Locale.ROOT, "| %s | %d | %d | %.1f | %.0f | %.0f%% | %.1f |",
-                                    f.name(), len, b, us, gbps, 100 * gbps / copy, launched));
+                            double gbpsModel = bytes / (usModel * 1e-6) / 1e9;
+                            decodeRows.add(String.format(Locale.ROOT,
+                                    "| %s | %d | %d | %.1f | %.0f | %.0f%% | %.1f | %.1f | %.0f%% |", f.name(), len,
+                                    b, us, gbps, 100 * gbps / copy, launched, usModel, 100 * gbpsModel / copy));
                             System.out.printf(Locale.ROOT, "decode %s L=%d B=%d split=%d: %.1f µs, %.0f GB/s "
-                                    + "(launched one at a time: %.1f µs)%n", f.name(), len, b,
-                                    attention.decodeSplit(len), us, gbps, launched);
+                                    + "(launched one at a time: %.1f µs; in the model's basis %.1f µs)%n", f.name(),
+                                    len, b, attention.decodeSplit(len), us, gbps, launched, usModel);
                         }
                     }
                 }

@@ -238,6 +238,16 @@ public final class CudaAttention implements AutoCloseable {
      * r.v() are not written. Only where {@link #writesRoped} says so.
      */
     public void writeRoped(CudaKvCache kv, int layer, RopeRows r, CudaStream stream) {
+        writeRoped(kv, layer, r, false, stream);
+    }
+
+    /**
+     * As {@link #writeRoped(CudaKvCache, int, RopeRows, CudaStream)}, with rotatedBasis the queries also rotated into
+     * K's basis by {@link #queryRotation()} (where it is not 0): the operand of a {@link #decode(CudaKvCache, int,
+     * DeviceBuffer, DeviceBatch, int, DeviceBuffer, DeviceBuffer, DeviceBuffer, boolean, CudaStream) decode} told
+     * so, whose blocks then skip that rotation. The queries are kvant_rope_split's with the same rotation, bit for bit.
+     */
+    public void writeRoped(CudaKvCache kv, int layer, RopeRows r, boolean rotatedBasis, CudaStream stream) {
         kv.checkShape(shape, layer);
         if (!writesRoped(r.n()) || r.positions() == null || r.seqStride() != 1 || r.heads() % r.kvHeads() != 0
                 || r.kvHeads() != shape.kvHeads() || r.headDim() != shape.headDimK()
@@ -254,7 +264,7 @@ public final class CudaAttention implements AutoCloseable {
                 r.qkv(), r.positions(), r.q(), r.angles(), r.ropeDim(), r.neox() ? 1 : 0, r.heads(), r.kvHeads(),
                 orNull(r.qNorm()), orNull(r.kNorm()), r.eps(), r.tables(), r.tableStride(), r.pageTokens(),
                 orNull(r.slots()), orNull(r.prevPages()), kv.kPool(layer), kv.vPool(layer), kv.kPageBytes(layer),
-                kv.vPageBytes(layer));
+                kv.vPageBytes(layer), rotatedBasis && kRotation != 0 ? 1 : 0);
     }
 
     private static Object orNull(DeviceBuffer b) {
@@ -269,16 +279,20 @@ public final class CudaAttention implements AutoCloseable {
     /** One query per sequence: {@code seqs} sequences of the batch, each query at position length - 1. */
     public void decode(CudaKvCache kv, int layer, DeviceBuffer q, DeviceBatch batch, int seqs, DeviceBuffer out,
                        CudaStream stream) {
-        decodeMulti(kv, layer, q, batch, seqs, 1, out, null, null, stream);
+        decodeMulti(kv, layer, q, batch, seqs, 1, out, null, null, false, stream);
     }
 
     /**
      * As {@link #decode}, also writing the output rows as 8-bit codes (int8 [seqs][heads·dV]) and per 32 values
-     * (scale, scale·Σcodes) (float2 [seqs][heads·dV/32]): the operand of the next 8-bit product, made in the merge.
+     * (scale, scale·Σcodes) (float2 [seqs][heads·dV/32]) where outQ8 is not null: the operand of the next 8-bit
+     * product, made in the merge. rotatedBasis: the queries come rotated by {@link #queryRotation()} (where it is not
+     * 0; a decode step's {@link #writeRoped(CudaKvCache, int, RopeRows, boolean, CudaStream)} or kvant_rope_split
+     * rotates them), so the decode's blocks do not, after the wait that the rest of the step waits on; the same
+     * bits as the plain call over the unrotated queries.
      */
     public void decode(CudaKvCache kv, int layer, DeviceBuffer q, DeviceBatch batch, int seqs, DeviceBuffer out,
-                       DeviceBuffer outQ8, DeviceBuffer outQ8Scales, CudaStream stream) {
-        decodeMulti(kv, layer, q, batch, seqs, 1, out, outQ8, outQ8Scales, stream);
+                       DeviceBuffer outQ8, DeviceBuffer outQ8Scales, boolean rotatedBasis, CudaStream stream) {
+        decodeMulti(kv, layer, q, batch, seqs, 1, out, outQ8, outQ8Scales, rotatedBasis, stream);
     }
 
     /**
@@ -287,11 +301,12 @@ public final class CudaAttention implements AutoCloseable {
      */
     public void decodeMulti(CudaKvCache kv, int layer, DeviceBuffer q, DeviceBatch batch, int seqs, int queries,
                             DeviceBuffer out, CudaStream stream) {
-        decodeMulti(kv, layer, q, batch, seqs, queries, out, null, null, stream);
+        decodeMulti(kv, layer, q, batch, seqs, queries, out, null, null, false, stream);
     }
 
     private void decodeMulti(CudaKvCache kv, int layer, DeviceBuffer q, DeviceBatch batch, int seqs, int queries,
-                             DeviceBuffer out, DeviceBuffer outQ8, DeviceBuffer outQ8Scales, CudaStream stream) {
+                             DeviceBuffer out, DeviceBuffer outQ8, DeviceBuffer outQ8Scales, boolean rotatedBasis,
+                             CudaStream stream) {
         kv.checkShape(shape, layer);
         if (seqs < 1 || seqs > plan.maxSeqs() || seqs > batch.maxSeqs()) {
             throw new IllegalArgumentException("decode of " + seqs + " sequences; the plan takes " + plan.maxSeqs()
@@ -314,7 +329,7 @@ public final class CudaAttention implements AutoCloseable {
         decode.launch(grid, Dim3.of(decodeThreads), decodeShared, stream, q, kv.kPool(layer), kv.vPool(layer),
                 batch.tables(), batch.tableStride(), batch.lengths(), partials, maxSums, shape.kvHeads(),
                 shape.group(), queries, shape.pageTokens(), kv.kPageBytes(layer), kv.vPageBytes(layer), plan.splitTokens(),
-                maxSplits, qscale(), sparseThreshold, seqs, targetBlocks);
+                maxSplits, qscale(), sparseThreshold, seqs, targetBlocks, rotatedBasis && kRotation != 0 ? 1 : 0);
         if (outQ8 != null) {
             requireBytes("8-bit output", outQ8, rows * shape.headDimV());
             requireBytes("8-bit output scales", outQ8Scales, rows * shape.headDimV() / 32 * 8);

@@ -213,24 +213,26 @@ final class Stage implements AutoCloseable {
             DeviceWeights.Layer L = w.layers[l];
             k.rmsnorm(x, L.attnNorm(), xb, n, dim, eps, stream);
             L.qkv().matvec(k, xb, n, qkv, qkvDim, L.qkvBias(), ModelKernels.MV_STORE, stream);
-            if (kv.attention(l).writesRoped(n)) {
-                kv.attention(l).writeRoped(kv.cache(), l, rope(kv, n, positions, 0, l, L, 1), stream);
+            // dense decode takes its queries rotated into K's basis: RoPE rotates them as it writes them, instead of
+            // every block of the decode after its wait (CudaAttention.decode)
+            CudaAttention attention = kv.attention(l);
+            boolean dense = !selected(kv, l);
+            if (attention.writesRoped(n)) {
+                attention.writeRoped(kv.cache(), l, rope(kv, n, positions, 0, l, L, 1), dense, stream);
             } else {
-                k.ropeSplit(rope(kv, n, positions, 0, l, L, 1), 0, stream);
-                kv.attention(l).quantizeRows(kv.cache(), l, kRows, vRows, slots, prevPages, n, stream);
+                k.ropeSplit(rope(kv, n, positions, 0, l, L, 1), dense ? attention.queryRotation() : 0, stream);
+                attention.quantizeRows(kv.cache(), l, kRows, vRows, slots, prevPages, n, stream);
             }
             // the merge writes the 8-bit operand of the o product too when that product reads one
             DeviceBuffer outQ8 = L.wo().readsQ8() ? attn.q8() : null;
             DeviceBuffer outQ8Scales = L.wo().readsQ8() ? attn.q8Scales() : null;
-            if (selected(kv, l)) {
-                kv.attention(l).summarize(kv.cache(), l, kv.batch(), n, 1, stream);
-                kv.attention(l).select(kv.cache(), l, q, kv.batch(), n, 1, stream);
-                kv.attention(l).decodeSelected(kv.cache(), l, q, kv.batch(), n, 1, attn.floats(), outQ8, outQ8Scales,
+            if (!dense) {
+                attention.summarize(kv.cache(), l, kv.batch(), n, 1, stream);
+                attention.select(kv.cache(), l, q, kv.batch(), n, 1, stream);
+                attention.decodeSelected(kv.cache(), l, q, kv.batch(), n, 1, attn.floats(), outQ8, outQ8Scales,
                         stream);
-            } else if (outQ8 != null) {
-                kv.attention(l).decode(kv.cache(), l, q, kv.batch(), n, attn.floats(), outQ8, outQ8Scales, stream);
             } else {
-                kv.attention(l).decode(kv.cache(), l, q, kv.batch(), n, attn.floats(), stream);
+                attention.decode(kv.cache(), l, q, kv.batch(), n, attn.floats(), outQ8, outQ8Scales, true, stream);
             }
             L.wo().matvec(k, attn, n, x, dim, null, ModelKernels.MV_ADD, stream);
             k.rmsnorm(x, L.ffnNorm(), xb, n, dim, eps, stream);

@@ -545,6 +545,14 @@ __device__ __forceinline__ void build_luts(u8* smem, int tid, int nthreads) {
         build_pair_lut<VF, DV, lut_stride(VF, LY::VFR)>((u32*) (smem + LY::OFF_LUTV), tid, nthreads);
 }
 
+// The attention kernels' flags. PRE_Q_ROTATED (kvant_attn_decode, kvant_attn_prefill): the queries come rotated into
+// K's basis — the model's RoPE (kvant_rope_write for a decode step, kvant_rope_split for a prefill) rotates them
+// where it writes them, so the blocks' prologue, which the loads and the tensor cores wait for, does not; ignored
+// where K is not rotated. PRE_OUT_ROTATED (kvant_attn_prefill): the output is left in V's rotated basis (the model's
+// kvant_to_half_unrotated turns it back where it converts it; the epilogue then only divides and stores). Measured
+// on an H200 (docs/BENCHMARKS.md): a turbo3 prefill_wg of 4K tokens 1.2x faster.
+constexpr int PRE_Q_ROTATED = 1, PRE_OUT_ROTATED = 2;
+
 // ================================================================================================================
 // kvant_attn_decode — split-K decode of nq queries (1..8) per sequence, causal among themselves.
 //
@@ -556,6 +564,7 @@ __device__ __forceinline__ void build_luts(u8* smem, int tid, int nthreads) {
 //         would; a block past the runs exits at once.
 //         All sizes that change per step come from lens and tables in device memory, so a graph captured once
 //         replays at any length up to maxSplits * splitTokens.
+//         flags: PRE_Q_ROTATED (above), the same bits as the rotation done here.
 // block:  HBD warps; warp w serves kv head h0 + w. One ring of stages (all warps) brings the rows of all HBD heads
 //         for 16 tokens at a time, so each K/V row is read once for the whole GQA group: by cp.async, or when the
 //         block serves every kv head on sm_90 (DEC_BULK), by two bulk copies a token counted on a stage's mbarrier
@@ -720,7 +729,7 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
         float* __restrict__ opart, float2* __restrict__ ml, int kvHeads, int G, int nq, int pageTokens,
         i64 kPageBytes, i64 vPageBytes, int splitTokens, int maxSplits, float qscale, float sparseThreshold,
         const int* __restrict__ sel, const int* __restrict__ selCounts, int selStride, int selShift, int seqs,
-        int targetBlocks) {
+        int targetBlocks, bool rotateQ) {
     using LY = DecLayout;
     constexpr int TT = DEC_TT;
     constexpr int NST = LY::NST;
@@ -831,7 +840,7 @@ __device__ __forceinline__ void decode_body(const float* __restrict__ q, const u
     if constexpr (!SEL) KVANT_GRID_WAIT();
     float qx[8][DK / 32];
     load_q<8>(qx, q, seq, nq, heads, G, kh, row0, lane);
-    store_q<8, K_FRAG>(qs, qx, nRows - row0, qscale, lane);
+    store_q<8, K_FRAG>(qs, qx, nRows - row0, qscale, lane, rotateQ);
 
     // Q^T as B fragments: b0/b1 of k-step ks = dims 16ks + 2c.. / +8.., row g.
     u32 qf[DK / 16][2];
@@ -1293,11 +1302,11 @@ kvant_attn_decode(const float* __restrict__ q, const u8* __restrict__ kpool, con
                   const int* __restrict__ tables, int tableStride, const int* __restrict__ lens,
                   float* __restrict__ opart, float2* __restrict__ ml, int kvHeads, int G, int nq, int pageTokens,
                   i64 kPageBytes, i64 vPageBytes, int splitTokens, int maxSplits, float qscale,
-                  float sparseThreshold, int seqs, int targetBlocks) {
+                  float sparseThreshold, int seqs, int targetBlocks, int flags) {
     // KVANT_GRID_WAIT() in decode_body, after the prologue that may come before it (KernelSource.GRID_ENTER)
     decode_body<false>(q, kpool, vpool, tables, tableStride, lens, opart, ml, kvHeads, G, nq, pageTokens, kPageBytes,
                        vPageBytes, splitTokens, maxSplits, qscale, sparseThreshold, nullptr, nullptr, 0, 0, seqs,
-                       targetBlocks);
+                       targetBlocks, !(flags & PRE_Q_ROTATED));
 }
 
 #if HBD == 1
@@ -1311,7 +1320,7 @@ kvant_attn_decode_sel(const float* __restrict__ q, const u8* __restrict__ kpool,
     KVANT_GRID_WAIT();
     decode_body<true>(q, kpool, vpool, tables, tableStride, lens, opart, ml, kvHeads, G, nq, pageTokens, kPageBytes,
                       vPageBytes, splitTokens, maxSplits, qscale, sparseThreshold, sel, selCounts, selStride,
-                      selShift, 0, 0);
+                      selShift, 0, 0, true);
 }
 #endif
 
@@ -1442,11 +1451,6 @@ __device__ __forceinline__ void store_rows(const float (&o)[DV / 8][4], float (&
 // (swizzled so that a store of the 32 lanes falls on distinct banks; a float pair stays together) and writes each
 // row as float pairs, 256 contiguous bytes a store. (store_rows wrote 4 bytes at a time, a turbo V's to scattered
 // columns: ncu put a fifth of a 4K turbo3 prefill's warp samples of prefill_wg there.)
-// kvant_attn_prefill's flags: the queries come rotated into K's basis (the model's kvant_rope_split rotates them
-// where it writes them, so the block's prologue, which the tensor cores wait for, does not), and the output is left
-// in V's rotated basis (the model's kvant_to_half_unrotated turns it back where it converts it; the epilogue then
-// only divides and stores). Measured on an H200 (docs/BENCHMARKS.md): a turbo3 prefill_wg of 4K tokens 1.2x faster.
-constexpr int PRE_Q_ROTATED = 1, PRE_OUT_ROTATED = 2;
 // STAGED_OUT: the formats and sizes it takes (a rotated V of one rotation block a row); the caller's stage holds
 // 8 * DV floats a warp.
 constexpr bool STAGED_OUT = DV % 64 == 0 && (!fmt_rotated(VF) || rot_block(DV) == DV);

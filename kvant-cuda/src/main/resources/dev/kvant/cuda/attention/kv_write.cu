@@ -361,13 +361,14 @@ extern "C" __global__ void __launch_bounds__(KV_GAINS * 32) kvant_kv_write_gains
 // kvant_rope_split writes them.
 // grid: (n, 2·kvHeads + ceil(heads / KV_GAINS)); block: KV_GAINS warps. y < kvHeads: K row of kv head y (every warp
 // rotates it by RoPE into its registers and tries its gain); y < 2·kvHeads: V row of kv head y − kvHeads; the
-// others: query heads, one a warp.
+// others: query heads, one a warp. rotateQ (a rotated K format): the query rows also rotated into K's basis, block
+// by block (wht_row, the decode kernel's rotation: the same bits), for a decode told so (kvant_attn_decode's flags).
 extern "C" __global__ void __launch_bounds__(KV_GAINS * 32) kvant_rope_write(const float* __restrict__ qkv,
         const int* __restrict__ positions, float* __restrict__ q, const float2* __restrict__ angles, int ropeDim,
         int neox, int heads, int kvHeads, const float* __restrict__ qNorm, const float* __restrict__ kNorm, float eps,
         const int* __restrict__ tables, int tableStride, int pageTokens, int* __restrict__ slots,
         int* __restrict__ prevPages, u8* __restrict__ kPool, u8* __restrict__ vPool, i64 kPageBytes,
-        i64 vPageBytes) {
+        i64 vPageBytes, int rotateQ) {
     KVANT_GRID_ENTER();
     __shared__ u8 codes[DK > DV ? DK : DV];
     __shared__ float cosines[KV_GAINS];
@@ -381,6 +382,9 @@ extern "C" __global__ void __launch_bounds__(KV_GAINS * 32) kvant_rope_write(con
         if (h < heads) {
             float x[DK / 32];
             rope_head<DK / 32>(row + h * DK, qNorm, angle, ropeDim, neox, DK, eps, lane, x);
+            if constexpr (fmt_rotated(KF)) {
+                if (rotateQ) wht_row<DK>(x, lane, false);
+            }
             float* dst = q + (i64) t * qDim + h * DK;
 #pragma unroll
             for (int j = 0; j < DK / 32; j++) dst[32 * j + lane] = x[j];

@@ -640,6 +640,51 @@ class AttentionGpuTest {
         }
     }
 
+    /**
+     * A decode step's call (queries rotated into K's basis by its RoPE write, CudaAttention.decode with rotatedBasis)
+     * gives the plain call's bits, the rotation done here by {@link Rotation}: every standard format pair and head
+     * size, groups of 4 and 8, the three sequences of one batch, every output element written (NaN poison first).
+     */
+    @ParameterizedTest(name = "{0}/{1} head {2}/{3}")
+    @MethodSource("shapes")
+    void decodeInTheRotatedBasisGivesThePlainBits(String kName, String vName, int dK, int dV) {
+        CudaContext context = AttentionGpuFixture.context();
+        KernelCache cache = AttentionGpuFixture.cache();
+        Data data = data(kName, vName, dK, dV);
+        long seed = AttentionGpuFixture.seed("rotated decode " + kName + "/" + vName + " " + dK + "/" + dV);
+        SplittableRandom r = new SplittableRandom(seed);
+        for (int group : new int[] {4, 8}) {
+            int heads = KV_HEADS * group;
+            int rows = LENS.length * heads;
+            AttentionShape shape = AttentionShape.of(data.host(), heads);
+            float[] q = AttentionGpuFixture.gaussianRows(r, rows, dK, 1.0, 0);
+            float[] qRotated = q.clone();
+            try (CudaAttention attention = CudaAttention.create(context, cache, shape,
+                    AttentionPlan.of(LENS.length, 1, MAX_TOKENS, 0));
+                 DeviceBatch batch = batch(context, data, new int[] {0, 1, 2}, LENS);
+                 DeviceBuffer od = context.allocate(4L * rows * dV)) {
+                if (attention.queryRotation() != 0) {
+                    for (int row = 0; row < rows; row++) {
+                        Rotation.forwardRow(qRotated, row * dK, dK);
+                    }
+                }
+                float[][] outs = new float[2][];
+                for (int pass = 0; pass < 2; pass++) {
+                    try (DeviceBuffer qd = AttentionGpuFixture.upload(context, pass == 0 ? q : qRotated)) {
+                        od.fillFloats(Float.NaN);
+                        attention.decode(data.device(), 0, qd, batch, LENS.length, od, null, null, pass == 1,
+                                context.defaultStream());
+                        context.synchronize();
+                        outs[pass] = AttentionGpuFixture.download(od, rows * dV);
+                    }
+                }
+                String what = kName + "/" + vName + " " + dK + "/" + dV + " decode G=" + group;
+                assertTrue(allFinite(outs[0]), what + ": output has NaN/inf; seed " + seed);
+                assertArrayEquals(outs[0], outs[1], what + ": the rotated basis gave other bits; seed " + seed);
+            }
+        }
+    }
+
     /** Whether a format's rows are in the rotated basis (kv_format.cuh fmt_rotated: q4_0h and the turbo formats). */
     private static boolean rotated(KvFormat f) {
         return f instanceof TurboFormat || f == Q4Format.Q4_0H;

@@ -34,7 +34,8 @@ import org.junit.jupiter.params.provider.ValueSource;
  * same q bits, the same K and V bytes in the same slots of poisoned pools, the same slots and previous pages, and
  * nothing written for a padded vector (a negative page). Without q/k norms the q rows are also the CPU's RoPE
  * (dev.kvant.model.Rope: x0·c − x1·s, x0·s + x1·c) of the same angles, bit for bit. And a dense prefill's rotations
- * as the model does them (queries rotated by RoPE, the output turned back by its conversion to f16) against the CPU's.
+ * as the model does them (queries rotated by RoPE, the output turned back by its conversion to f16) against the CPU's;
+ * a decode step's fused write with the queries rotated gives kvant_rope_split's rotated queries.
  */
 @Tag("gpu")
 class RopeWriteGpuTest extends ModelKernelsGpuFixture {
@@ -136,6 +137,30 @@ class RopeWriteGpuTest extends ModelKernelsGpuFixture {
             if (!norms) {
                 float[] want = cpuRopeQueries(qkv, angles, n, width, dK, ropeDim, neox);
                 assertArrayEquals(want, q, where + ": q against the CPU's RoPE");
+            }
+            // a dense decode step's call: the queries also rotated into K's basis, kvant_rope_split's with the same
+            // rotation, and the same cache bytes
+            try (CudaKvCache rotated = CudaKvCache.allocate(context, g, kf, vf, PAGE_TOKENS, PAGES)) {
+                rotated.kPool(0).fillBytes((byte) 0xA5);
+                rotated.vPool(0).fillBytes((byte) 0xA5);
+                qA.fillFloats(Float.NaN);
+                qB.fillFloats(Float.NaN);
+                kernels.ropeSplit(new RopeRows(qkvD, n, positions, 0, qA, kRows, vRows, anglesD, ropeDim, neox, HEADS,
+                        KV_HEADS, dK, dV, qn, kn, 1e-6f, tables, TABLE_STRIDE, 1, PAGE_TOKENS, null, null),
+                        attention.queryRotation(), stream);
+                attention.writeRoped(rotated, 0, new RopeRows(qkvD, n, positions, 0, qB, null, null, anglesD, ropeDim,
+                        neox, HEADS, KV_HEADS, dK, dV, qn, kn, 1e-6f, tables, TABLE_STRIDE, 1, PAGE_TOKENS, null,
+                        null), true, stream);
+                stream.synchronize();
+                float[] qRotated = download(qB).toArray(ValueLayout.JAVA_FLOAT);
+                assertArrayEquals(download(qA).toArray(ValueLayout.JAVA_FLOAT), qRotated, where + ": rotated q");
+                if (attention.queryRotation() == 0) {
+                    assertArrayEquals(q, qRotated, where + ": q of a K format that is not rotated");
+                }
+                assertArrayEquals(kBytes, download(rotated.kPool(0)).toArray(ValueLayout.JAVA_BYTE),
+                        where + ": K pool of the rotated call");
+                assertArrayEquals(vBytes, download(rotated.vPool(0)).toArray(ValueLayout.JAVA_BYTE),
+                        where + ": V pool of the rotated call");
             }
         }
     }
