@@ -7,9 +7,9 @@ import picocli.CommandLine.Command;
 @Command(name = "kvant", mixinStandardHelpOptions = true, versionProvider = Main.Version.class,
         description = "LLM inference on GGUF models with a compressed KV cache.",
         subcommands = {RunCommand.class, ChatCommand.class, TokenizeCommand.class, PerplexityCommand.class,
-                BenchCommand.class, KvEvalCommand.class, ParityCommand.class, AttentionBenchCommand.class,
-                InfoCommand.class, ServeCommand.class, ServeBenchCommand.class, NeedleCommand.class,
-                CommandLine.HelpCommand.class})
+                BenchCommand.class, KvEvalCommand.class, KvPlanCommand.class, ParityCommand.class,
+                AttentionBenchCommand.class, InfoCommand.class, ServeCommand.class, ServeBenchCommand.class,
+                NeedleCommand.class, CommandLine.HelpCommand.class})
 public final class Main implements Runnable {
 
     @CommandLine.Spec

@@ -48,6 +48,16 @@ final class PerplexityCommand implements Runnable {
         return model;
     }
 
+    /** A text's tokens as perplexity scores them: BOS first where the vocabulary adds one, no EOS appended. */
+    static int[] scoredTokens(Tokenizer tok, String text) {
+        int[] tokens = tok.encode(text, true, false);
+        if (tok.addEos() && tokens.length > 0 && tokens[tokens.length - 1] == tok.eos()) {
+            // the vocabulary appends EOS to an encoded text: the file's own tokens are scored, not that one
+            tokens = java.util.Arrays.copyOf(tokens, tokens.length - 1);
+        }
+        return tokens;
+    }
+
     @Override
     public void run() {
         ModelOptions.checkThreads(opts.threads);
@@ -72,11 +82,7 @@ final class PerplexityCommand implements Runnable {
             }
             Tokenizer tok = model.tokenizer();
             progress.update("tokenizing " + file);
-            int[] tokens = tok.encode(text, true, false);
-            if (tok.addEos() && tokens.length > 0 && tokens[tokens.length - 1] == tok.eos()) {
-                // the vocabulary appends EOS to an encoded text: the file's own tokens are scored, not that one
-                tokens = java.util.Arrays.copyOf(tokens, tokens.length - 1);
-            }
+            int[] tokens = scoredTokens(tok, text);
             int bos = tok.addBos() ? tok.bos() : -1;
             int total = chunks > 0 ? Math.min(chunks, tokens.length / ctx) : tokens.length / ctx;
             long t0 = System.nanoTime();
