@@ -76,8 +76,7 @@ final class KvPlanCommand implements Runnable {
         Progress progress = new Progress(json);
         progress.update("loading " + opts.model);
         try (LlamaModel model = opts.load();
-             Parallel pool = new Parallel(opts.threads);
-             Backend backend = opts.openBackend(model, pool)) {
+             Parallel pool = new Parallel(opts.threads)) {
             ModelConfig c = model.config();
             int layers = c.layers();
             KvLayerFormats base = opts.kvFormats();
@@ -88,37 +87,56 @@ final class KvPlanCommand implements Runnable {
                 throw new UsageException("kv-plan trades bits between the turbo formats (turbo2, turbo3, turbo4, with "
                         + "or without +mean); " + base.name() + " has none to trade");
             }
+            // before any work: the texts are long enough, and --kv-mem holds the richest run (a richer probe)
             Tokenizer tok = model.tokenizer();
             Text scored = new Text(tok, text);
-            Scorer scorer = new Scorer(model, backend, progress);
-            Perplexity.Result given = scorer.score(base, scored, "the formats as given");
-            double basePpl = given.ppl();
-            List<KvLayerPlan.Scored> results = new ArrayList<>();
-            for (int i = 0; i < probes.size(); i++) {
-                KvLayerPlan.Change p = probes.get(i);
-                results.add(new KvLayerPlan.Scored(p, scorer.score(p.applyTo(base, layers), scored,
-                        "change " + (i + 1) + "/" + probes.size() + ": " + p.option()).chunkNll()));
+            Text other = checkText == null ? null : new Text(tok, checkText);
+            opts.checkBudget(model, base, ctx, "kv-plan at -c " + ctx);
+            for (KvLayerPlan.Change p : probes) {
+                opts.checkBudget(model, p.applyTo(base, layers), ctx, "kv-plan at -c " + ctx + " (" + p.option()
+                        + ")");
             }
-            List<KvLayerPlan.Trade> trades = KvLayerPlan.plan(given.chunkNll(), results, z);
-            KvLayerFormats plan = KvLayerPlan.apply(base, trades, layers);
-            double planPpl = trades.isEmpty() ? basePpl : scorer.score(plan, scored, "the plan").ppl();
-            double checkBase = Double.NaN;
-            double checkPlan = Double.NaN;
-            if (checkText != null) {
-                Text other = new Text(tok, checkText);
-                checkBase = scorer.score(base, other, "--check, the formats as given").ppl();
-                checkPlan = trades.isEmpty() ? checkBase : scorer.score(plan, other, "--check, the plan").ppl();
+            try (Backend backend = opts.openBackend(model, pool)) {
+                plan(model, backend, progress, base, probes, scored, other);
             }
-            progress.done();
-            long bytes = Session.kvBytesPerToken(c, base);
-            long planBytes = Session.kvBytesPerToken(c, plan);
-            String options = options(opts, trades, layers);
-            if (json) {
-                System.out.println(json(base, basePpl, results, trades, planPpl, bytes, planBytes, options,
-                        checkBase, checkPlan));
-            } else {
-                print(model, base, basePpl, results, trades, planPpl, bytes, planBytes, options, checkBase, checkPlan);
-            }
+        }
+    }
+
+    /**
+     * Scores the formats as given and each probe, pairs the trades, measures the plan (and both on the --check text)
+     * and prints it all.
+     */
+    private void plan(LlamaModel model, Backend backend, Progress progress, KvLayerFormats base,
+                      List<KvLayerPlan.Change> probes, Text scored, Text other) {
+        ModelConfig c = model.config();
+        int layers = c.layers();
+        Scorer scorer = new Scorer(backend, progress);
+        Perplexity.Result given = scorer.score(base, scored, "the formats as given");
+        double basePpl = given.ppl();
+        List<KvLayerPlan.Scored> results = new ArrayList<>();
+        for (int i = 0; i < probes.size(); i++) {
+            KvLayerPlan.Change p = probes.get(i);
+            results.add(new KvLayerPlan.Scored(p, scorer.score(p.applyTo(base, layers), scored,
+                    "change " + (i + 1) + "/" + probes.size() + ": " + p.option()).chunkNll()));
+        }
+        List<KvLayerPlan.Trade> trades = KvLayerPlan.plan(given.chunkNll(), results, z);
+        KvLayerFormats plan = KvLayerPlan.apply(base, trades, layers);
+        double planPpl = trades.isEmpty() ? basePpl : scorer.score(plan, scored, "the plan").ppl();
+        double checkBase = Double.NaN;
+        double checkPlan = Double.NaN;
+        if (other != null) {
+            checkBase = scorer.score(base, other, "--check, the formats as given").ppl();
+            checkPlan = trades.isEmpty() ? checkBase : scorer.score(plan, other, "--check, the plan").ppl();
+        }
+        progress.done();
+        long bytes = Session.kvBytesPerToken(c, base);
+        long planBytes = Session.kvBytesPerToken(c, plan);
+        String options = options(plan);
+        if (json) {
+            System.out.println(json(base, basePpl, results, trades, planPpl, bytes, planBytes, options,
+                    checkBase, checkPlan));
+        } else {
+            print(model, base, basePpl, results, trades, planPpl, bytes, planBytes, options, checkBase, checkPlan);
         }
     }
 
@@ -138,61 +156,35 @@ final class KvPlanCommand implements Runnable {
         }
     }
 
-    /** Perplexity of one text through a fresh session of the given formats. */
+    /** Perplexity of one text through a fresh session of the given formats (whose budget was checked first). */
     private final class Scorer {
-        private final LlamaModel model;
         private final Backend backend;
         private final Progress progress;
 
-        Scorer(LlamaModel model, Backend backend, Progress progress) {
-            this.model = model;
+        Scorer(Backend backend, Progress progress) {
             this.backend = backend;
             this.progress = progress;
         }
 
         Perplexity.Result score(KvLayerFormats formats, Text text, String what) {
-            opts.checkBudget(model, formats, ctx, "kv-plan at -c " + ctx);
             progress.update(what);
             try (Session session = new Session(backend, ctx, formats, opts.prefillChunk(backend))) {
-                Perplexity.Result r = Perplexity.evaluate(session, text.tokens, ctx, text.bos, chunks, done -> { });
-                if (r.chunks() < 2) {
-                    throw new UsageException("the text holds " + r.chunks() + " chunk of " + ctx + " tokens; trades "
-                            + "are judged chunk by chunk (give a longer text or a smaller -c)");
-                }
-                return r;
+                return Perplexity.evaluate(session, text.tokens, ctx, text.bos, chunks, done -> { });
             }
         }
     }
 
-    /** The command-line options of the plan: the given --ctk and --ctv, their layers, then the trades'. */
-    private static String options(ModelOptions opts, List<KvLayerPlan.Trade> trades, int layers) {
-        StringBuilder s = new StringBuilder("--ctk " + opts.kFormat().name() + " --ctv " + opts.vFormat().name());
-        List<String> given = new ArrayList<>();
-        for (String spec : opts.ctkLayers) {
-            given.add("--ctk-layer " + spec.strip());
-        }
-        for (String spec : opts.ctvLayers) {
-            given.add("--ctv-layer " + spec.strip());
-        }
-        for (KvLayerPlan.Trade t : trades) {
-            for (KvLayerPlan.Change ch : List.of(t.richer().change(), t.leaner().change())) {
-                // a trade's layer replaces what --ctk-layer/--ctv-layer gave it (by index or from the end)
-                given.removeIf(o -> o.startsWith(ch.side() == KvLayerPlan.Side.K ? "--ctk-layer " : "--ctv-layer ")
-                        && sameLayer(o, ch.layer(), layers));
-                given.add(ch.option());
-            }
-        }
-        for (String o : given) {
-            s.append(' ').append(o);
-        }
+    /**
+     * The command-line options of the plan's formats: --ctk and --ctv, then every layer of its own (the given ones,
+     * as replaced by the trades), K then V, each by the index it is kept under.
+     */
+    private static String options(KvLayerFormats plan) {
+        StringBuilder s = new StringBuilder("--ctk " + plan.k().name() + " --ctv " + plan.v().name());
+        new java.util.TreeMap<>(plan.kLayers()).forEach((l, f) -> s.append(" --ctk-layer ").append(l).append('=')
+                .append(f.name()));
+        new java.util.TreeMap<>(plan.vLayers()).forEach((l, f) -> s.append(" --ctv-layer ").append(l).append('=')
+                .append(f.name()));
         return s.toString();
-    }
-
-    /** Whether a given --ctk-layer/--ctv-layer option names layer (by its index or from the end). */
-    private static boolean sameLayer(String option, int layer, int layers) {
-        String spec = option.substring(option.indexOf(' ') + 1);
-        int l = Integer.parseInt(spec.substring(0, spec.indexOf('=')).strip());
-        return l == layer || l == layer - layers;
     }
 
     private static double pct(double ppl, double base) {
@@ -221,6 +213,9 @@ final class KvPlanCommand implements Runnable {
         }
         System.out.printf(Locale.ROOT, "plan: PPL %.4f (%+.2f%%), %,d bytes a token%n", planPpl, pct(planPpl, basePpl),
                 planBytes);
+        if (planPpl > basePpl) {
+            System.out.println("the trades, measured together, lose: keep the formats as given");
+        }
         if (!Double.isNaN(checkBase)) {
             System.out.printf(Locale.ROOT, "check: PPL %.4f as given, %.4f planned (%+.2f%%)%n", checkBase, checkPlan,
                     pct(checkPlan, checkBase));

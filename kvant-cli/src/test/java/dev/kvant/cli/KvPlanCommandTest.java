@@ -16,9 +16,10 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 class KvPlanCommandTest {
 
     /**
-     * Every layer's K and V one turbo format richer and one leaner are scored, the plan keeps the bytes a token, its
-     * options name every trade, and `kvant perplexity` with those options gives the plan's perplexity; at z = 0 any
-     * mean gain trades, so on tinycode's eight layers some trade is made.
+     * Every layer's turbo K and V one format richer and one leaner are scored (the last layer's keys, given q8_0, are
+     * left alone), the plan keeps the bytes a token, its options keep the given layer and name every trade, and
+     * `kvant perplexity` with those options gives the plan's perplexity; at z = 0 any mean gain trades, so on
+     * tinycode's eight layers some trade is made.
      */
     @Test
     void aPlanKeepsTheBytesAndItsOptionsGiveItsPerplexity(@TempDir Path dir) throws Exception {
@@ -27,21 +28,23 @@ class KvPlanCommandTest {
         Files.write(text, Arrays.copyOf(Files.readAllBytes(SparseCommandsTest.tinycode("eval-heldout.txt")), 6000));
         MainTest.Run r = MainTest.run("kv-plan", "-m", model.toString(), "-f", text.toString(), "-c", "128",
                 "--chunks", "4", "-t", "2", "--backend", "cpu", "--ctk", "turbo3+mean", "--ctv", "turbo3",
-                "--z", "0", "--json");
+                "--ctk-layer", "-1=q8_0", "--z", "0", "--json");
         assertEquals(0, r.code(), r.err());
         String json = r.out().strip();
-        Matcher head = Pattern.compile("\\{\"kv\":\"turbo3\\+mean/turbo3\",\"bytes_per_token\":(\\d+),"
+        Matcher head = Pattern.compile("\\{\"kv\":\"turbo3\\+mean/turbo3, layer -1: q8_0/turbo3\","
+                + "\"bytes_per_token\":(\\d+),"
                 + "\"ppl\":([0-9.]+),\"changes\":\\[(.*)],\"trades\":\\[(.*)],\"plan_ppl\":([0-9.]+),"
                 + "\"plan_bytes_per_token\":(\\d+),"
                 + "\"options\":\"([^\"]+)\"}").matcher(json);
         assertTrue(head.matches(), json);
         assertEquals(head.group(1), head.group(6), "the plan keeps the bytes a token");
-        // 8 layers x (K richer, K leaner, V richer, V leaner)
-        assertEquals(32, head.group(3).split("\\},\\{").length, json);
+        // 8 layers x (K richer, K leaner, V richer, V leaner), but the last layer's q8_0 keys
+        assertEquals(30, head.group(3).split("\\},\\{").length, json);
+        assertTrue(!head.group(3).contains("{\"layer\":7,\"rows\":\"K\""), json);
         assertTrue(head.group(3).startsWith("{\"layer\":0,\"rows\":\"K\",\"to\":\"turbo4+mean\","), json);
         assertTrue(!head.group(4).isEmpty(), "at z = 0 some trade pays: " + json);
         String options = head.group(7);
-        assertTrue(options.startsWith("--ctk turbo3+mean --ctv turbo3 --ct"), options);
+        assertTrue(options.startsWith("--ctk turbo3+mean --ctv turbo3 --ctk-layer -1=q8_0 --ct"), options);
 
         List<String> args = new java.util.ArrayList<>(List.of("perplexity", "-m", model.toString(), "-f",
                 text.toString(), "-c", "128", "--chunks", "4", "-t", "2", "--backend", "cpu", "--json"));
@@ -53,7 +56,10 @@ class KvPlanCommandTest {
         assertEquals(Double.parseDouble(head.group(5)), Double.parseDouble(ppl.group(1)), 1e-5, options);
     }
 
-    /** Formats off the turbo ladder have nothing to trade, and a paired judgement needs two chunks. */
+    /**
+     * Formats off the turbo ladder have nothing to trade, a paired judgement needs two chunks, and a --check text too
+     * short for the context is refused before any perplexity is run.
+     */
     @Test
     void nothingToTradeAndOneChunkAreRefused(@TempDir Path dir) throws Exception {
         Path model = SparseCommandsTest.tinycode("tinycode-q8_0.gguf");
@@ -67,5 +73,11 @@ class KvPlanCommandTest {
                 "--chunks", "1", "-t", "2", "--backend", "cpu", "--ctk", "turbo3", "--ctv", "turbo3");
         assertEquals(2, one.code(), one.err());
         assertTrue(one.err().contains("--chunks must be at least 2"), one.err());
+        Path tiny = dir.resolve("tiny.txt");
+        Files.writeString(tiny, "int x = 1;\n");
+        MainTest.Run shortCheck = MainTest.run("kv-plan", "-m", model.toString(), "-f", text.toString(), "--check",
+                tiny.toString(), "-c", "128", "-t", "2", "--backend", "cpu", "--ctk", "turbo3", "--ctv", "turbo3");
+        assertEquals(2, shortCheck.code(), shortCheck.err());
+        assertTrue(shortCheck.err().contains("too short for perplexity at -c 128"), shortCheck.err());
     }
 }

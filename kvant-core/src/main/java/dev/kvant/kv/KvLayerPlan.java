@@ -128,14 +128,16 @@ public final class KvLayerPlan {
     }
 
     /**
-     * The trades to make, best first: the richer changes by the NLL they take off the base's, the leaner ones by the
-     * NLL they add, paired greedily while the trade's gain, chunk by chunk, is positive by more than {@code z}
-     * standard errors of its mean (the chunks' spread: a paired comparison, far tighter than either perplexity's own
-     * error); each layer's K or V changed once at most and only against a change of the opposite bytes.
+     * The trades to make, best first: the richer changes by the NLL they take off the base's, each paired with the
+     * cheapest leaner change of the opposite bytes whose trade's gain, chunk by chunk, is positive by more than
+     * {@code z} standard errors of its mean (the chunks' spread: a paired comparison, far tighter than either
+     * perplexity's own error); each layer's K or V changed once at most. The changes are chosen and judged on the same
+     * chunks, and with few chunks the standard error is itself rough, so z is a guard against trading on noise, not a
+     * significance level: a second text ({@code kvant kv-plan --check}) is the test of a plan.
      *
      * @param base   each chunk's mean NLL with the formats as they are
      * @param scored every probe, over the same chunks
-     * @param z      standard errors a trade's mean gain must exceed (2: about 95% one-sided odds that it is real)
+     * @param z      standard errors a trade's mean gain must exceed (0: any mean gain)
      */
     public static List<Trade> plan(double[] base, List<Scored> scored, double z) {
         if (!(z >= 0)) {
@@ -171,13 +173,17 @@ public final class KvLayerPlan {
                     gain[c] = (base[c] - up.chunkNll[c]) - (down.chunkNll[c] - base[c]);
                 }
                 double m = mean(gain);
+                if (m <= 0) {
+                    break;   // the leaner changes come cheapest first: no later one gains on average
+                }
                 double se = Math.sqrt(variance(gain, m) / gain.length);
-                if (m > 0 && m > z * se) {
+                if (m > z * se) {
                     trades.add(new Trade(up, down, m, se));
                     used.add(key(up.change));
                     used.add(key(down.change));
+                    break;
                 }
-                break;   // the cheapest leaner change that fits: if it does not pay, no dearer one would
+                // a dearer leaner change with a steadier cost may still clear z
             }
         }
         return trades;
