@@ -41,11 +41,12 @@ final class KvPlanCommand implements Runnable {
                     + "was chosen on FILE, so this says what it is worth on text it has not seen")
     Path check;
 
-    @Option(names = {"-c", "--ctx-size"}, paramLabel = "N", defaultValue = "1024",
-            description = "tokens per perplexity chunk (default ${DEFAULT-VALUE})")
+    @Option(names = {"-c", "--ctx-size"}, paramLabel = "N", defaultValue = "4096",
+            description = "tokens per perplexity chunk (default ${DEFAULT-VALUE}: one layer's change moves the "
+                    + "perplexity by tenths of a percent, which short or few chunks cannot resolve)")
     int ctx;
 
-    @Option(names = "--chunks", paramLabel = "N", defaultValue = "8",
+    @Option(names = "--chunks", paramLabel = "N", defaultValue = "16",
             description = "chunks scored for each change (default ${DEFAULT-VALUE}; the plan and --check use as many)")
     int chunks;
 
