@@ -5,7 +5,6 @@ import org.junit.jupiter.api.io.TempDir;
 
 import java.nio.file.Files;
 import java.nio.file.Path;
-import java.util.Arrays;
 import java.util.List;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
@@ -24,8 +23,7 @@ class KvPlanCommandTest {
     @Test
     void aPlanKeepsTheBytesAndItsOptionsGiveItsPerplexity(@TempDir Path dir) throws Exception {
         Path model = SparseCommandsTest.tinycode("tinycode-q8_0.gguf");
-        Path text = dir.resolve("text.txt");
-        Files.write(text, Arrays.copyOf(Files.readAllBytes(SparseCommandsTest.tinycode("eval-heldout.txt")), 6000));
+        Path text = SparseCommandsTest.evalText(dir, 6000);
         MainTest.Run r = MainTest.run("kv-plan", "-m", model.toString(), "-f", text.toString(), "-c", "128",
                 "--chunks", "4", "-t", "2", "--backend", "cpu", "--ctk", "turbo3+mean", "--ctv", "turbo3",
                 "--ctk-layer", "-1=q8_0", "--z", "0", "--json");
@@ -63,8 +61,7 @@ class KvPlanCommandTest {
     @Test
     void nothingToTradeAndOneChunkAreRefused(@TempDir Path dir) throws Exception {
         Path model = SparseCommandsTest.tinycode("tinycode-q8_0.gguf");
-        Path text = dir.resolve("text.txt");
-        Files.write(text, Arrays.copyOf(Files.readAllBytes(SparseCommandsTest.tinycode("eval-heldout.txt")), 4000));
+        Path text = SparseCommandsTest.evalText(dir, 4000);
         MainTest.Run q8 = MainTest.run("kv-plan", "-m", model.toString(), "-f", text.toString(), "-c", "128",
                 "-t", "2", "--backend", "cpu", "--ctk", "q8_0", "--ctv", "f16");
         assertEquals(2, q8.code(), q8.err());

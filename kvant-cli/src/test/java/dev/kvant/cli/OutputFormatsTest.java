@@ -3,7 +3,6 @@ package dev.kvant.cli;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
 
-import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.Arrays;
 import java.util.List;
@@ -41,8 +40,7 @@ class OutputFormatsTest {
     @Test
     void perplexityEndsInLlamaCppsFinalEstimate(@TempDir Path dir) throws Exception {
         Path model = SparseCommandsTest.tinycode("tinycode-q8_0.gguf");
-        Path text = dir.resolve("text.txt");
-        Files.write(text, Arrays.copyOf(Files.readAllBytes(SparseCommandsTest.tinycode("eval-heldout.txt")), 4000));
+        Path text = SparseCommandsTest.evalText(dir, 4000);
         String[] args = {"perplexity", "-m", model.toString(), "-f", text.toString(), "-c", "128", "--chunks", "2",
                 "-t", "2", "--backend", "cpu"};
         MainTest.Run plain = MainTest.run(args);

@@ -3,9 +3,7 @@ package dev.kvant.cli;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
 
-import java.nio.file.Files;
 import java.nio.file.Path;
-import java.util.Arrays;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 
@@ -21,9 +19,7 @@ class PerplexityCommandTest {
     @Test
     void chunkNllGivesEachChunksMeanWhoseMeanIsTheLogPerplexity(@TempDir Path dir) throws Exception {
         Path model = SparseCommandsTest.tinycode("tinycode-q8_0.gguf");
-        Path text = dir.resolve("text.txt");
-        byte[] eval = Files.readAllBytes(SparseCommandsTest.tinycode("eval-heldout.txt"));
-        Files.write(text, Arrays.copyOf(eval, 4000));
+        Path text = SparseCommandsTest.evalText(dir, 4000);
         MainTest.Run r = MainTest.run("perplexity", "-m", model.toString(), "-f", text.toString(), "-c", "128",
                 "--chunks", "3", "-t", "2", "--backend", "cpu", "--json", "--chunk-nll");
         assertEquals(0, r.code(), r.err());
@@ -45,8 +41,7 @@ class PerplexityCommandTest {
     @Test
     void aContextTheKvBudgetCannotHoldIsRefused(@TempDir Path dir) throws Exception {
         Path model = SparseCommandsTest.tinycode("tinycode-q8_0.gguf");
-        Path text = dir.resolve("text.txt");
-        Files.write(text, Arrays.copyOf(Files.readAllBytes(SparseCommandsTest.tinycode("eval-heldout.txt")), 4000));
+        Path text = SparseCommandsTest.evalText(dir, 4000);
         MainTest.Run over = MainTest.run("perplexity", "-m", model.toString(), "-f", text.toString(), "-c", "4096",
                 "--chunks", "1", "-t", "2", "--backend", "cpu", "--kv-mem", "1M");
         assertEquals(2, over.code(), over.err());

@@ -220,6 +220,13 @@ class SparseCommandsTest {
         return null;
     }
 
+    /** The first {@code bytes} bytes of tinycode's eval text as {@code dir}/text.txt (skips without the fixture). */
+    static Path evalText(Path dir, int bytes) throws java.io.IOException {
+        Path text = dir.resolve("text.txt");
+        Files.write(text, java.util.Arrays.copyOf(Files.readAllBytes(tinycode("eval-heldout.txt")), bytes));
+        return text;
+    }
+
     @Test
     @Tag("slow")
     void needleOnTinycodeReportsCellsAsJson(@TempDir Path dir) throws Exception {

@@ -74,8 +74,9 @@ public final class KvLayerPlan {
     }
 
     /**
-     * A richer and a leaner change made together (their bytes a token cancel), and per chunk what the pair is taken to
-     * take off the NLL: (base - richer) - (leaner - base), their effects measured alone assumed to add.
+     * A richer and a leaner change made together (their bytes a token cancel): the mean over the chunks of what the
+     * pair is taken to take off a token's NLL, (base - richer) - (leaner - base) (their effects measured alone assumed
+     * to add), and that mean's standard error.
      */
     public record Trade(Scored richer, Scored leaner, double meanGain, double gainError) {
     }
